@@ -1,0 +1,1 @@
+//! kipvs API types.

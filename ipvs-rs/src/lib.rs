@@ -1,0 +1,1 @@
+//! IPVS generic-netlink codec and async handle.

@@ -1,0 +1,7 @@
+//! kipvs proxier: Kubernetes Services and EndpointSlices in, a kernel IPVS table out.
+//!
+//! Data flows one way (see `ARCHITECTURE.md`):
+//! `source` → [`manifests::Snapshot`] → [`plan::plan`] → [`model::DesiredState`] →
+//! [`dataplane::diff`] → [`dataplane::Op`]s → [`dataplane::Dataplane`].
+
+pub mod model;

@@ -1,0 +1,156 @@
+//! The IPVS table kipvs wants and the one the kernel has: the contract between
+//! [`crate::plan`] (which produces a [`DesiredState`]) and [`crate::dataplane`]
+//! (which observes an [`ObservedState`] and converges it with [`crate::dataplane::diff`]).
+//!
+//! Everything here is plain data, ordered (`BTreeMap`/`BTreeSet`) so that output and
+//! operation lists are deterministic.
+
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+/// Transport protocol of a virtual server (`Service.spec.ports[].protocol`).
+///
+/// Kernel values: `IPPROTO_TCP` 6, `IPPROTO_UDP` 17, `IPPROTO_SCTP` 132.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    /// TCP (the Kubernetes default when `protocol` is omitted).
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl Protocol {
+    /// The `ipvsadm` switch selecting this protocol: `-t`, `-u` or `--sctp-service`.
+    pub fn ipvsadm_switch(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "-t",
+            Protocol::Udp => "-u",
+            Protocol::Sctp => "--sctp-service",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        })
+    }
+}
+
+/// Identity of a virtual server: address, port and protocol (IPVS's `(af, protocol, addr, port)`).
+///
+/// Ordered by address, then port, then protocol, which is the order `plan --format ipvsadm` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct VirtualServerKey {
+    /// Virtual address (ClusterIP, node IP, externalIP or load-balancer ingress IP).
+    pub address: IpAddr,
+    /// Virtual port (service port, or nodePort for NodePort virtual servers).
+    pub port: u16,
+    /// Transport protocol.
+    pub protocol: Protocol,
+}
+
+impl VirtualServerKey {
+    /// The socket address of the virtual server.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.address, self.port)
+    }
+}
+
+impl fmt::Display for VirtualServerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.protocol, self.socket_addr())
+    }
+}
+
+/// Scheduler flag bits kipvs may set (kernel `IP_VS_SVC_F_SCHED1..3`); the persistence
+/// flag and the kernel-owned `HASHED` bit are not part of this value.
+pub type SchedFlags = u32;
+
+/// The attributes of a virtual server that kipvs programs (besides its real servers).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VirtualServerSpec {
+    /// IPVS scheduler name (`rr`, `wrr`, `lc`, `sh`, `mh`, ...), from `ipvs.scheduler`.
+    pub scheduler: String,
+    /// Persistence timeout in seconds: `Some` for `sessionAffinity: ClientIP`
+    /// (`sessionAffinityConfig.clientIP.timeoutSeconds`, default 10800), which sets
+    /// `IP_VS_SVC_F_PERSISTENT`.
+    pub persistence_timeout: Option<u32>,
+    /// Scheduler flags (`IP_VS_SVC_F_SCHED1..3`), e.g. `0x10` for `mh` source-port hashing.
+    pub sched_flags: SchedFlags,
+}
+
+/// A virtual server kipvs wants: its spec and its real servers with their weights.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VirtualServer {
+    /// Scheduler, persistence and flags.
+    pub spec: VirtualServerSpec,
+    /// Real servers (`endpoint IP:targetPort`) and their weights: 1 for selected endpoints,
+    /// 0 for serving+terminating endpoints kept while a ready one exists (DESIGN-BRIEF,
+    /// "Semantics decided here"). Forwarding is always masquerade (NAT).
+    pub real_servers: BTreeMap<SocketAddr, u32>,
+    /// The Service ports this virtual server implements, as `namespace/name:portName`.
+    pub service: String,
+}
+
+/// The Service a health-check node port answers for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HealthCheckNodePort {
+    /// Service namespace.
+    pub namespace: String,
+    /// Service name.
+    pub name: String,
+    /// Number of distinct local endpoint IPs that are ready (terminating ones do not count,
+    /// as in kube-proxy's `LocalReadyEndpoints`).
+    pub local_ready_endpoints: usize,
+}
+
+/// Everything the proxier wants programmed on this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DesiredState {
+    /// Virtual servers and their real servers.
+    pub virtual_servers: BTreeMap<VirtualServerKey, VirtualServer>,
+    /// Addresses to bind on the dummy interface `kube-ipvs0` (as /32 or /128): ClusterIPs,
+    /// externalIPs and VIP-mode load-balancer ingress IPs.
+    pub bind_addresses: BTreeSet<IpAddr>,
+    /// healthCheckNodePort → the Service it reports on (LoadBalancer + externalTrafficPolicy Local).
+    pub health_check_node_ports: BTreeMap<u16, HealthCheckNodePort>,
+}
+
+/// A real server as the kernel reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ObservedRealServer {
+    /// Current weight.
+    pub weight: u32,
+    /// Active connections (`IPVS_DEST_ATTR_ACTIVE_CONNS`).
+    pub active_connections: u32,
+    /// Inactive connections (`IPVS_DEST_ATTR_INACT_CONNS`).
+    pub inactive_connections: u32,
+}
+
+/// A virtual server as the kernel reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ObservedVirtualServer {
+    /// Scheduler, persistence and flags (the `HASHED` bit already stripped).
+    pub spec: VirtualServerSpec,
+    /// Real servers by address.
+    pub real_servers: BTreeMap<SocketAddr, ObservedRealServer>,
+}
+
+/// What the kernel holds: every inet virtual server (fwmark ones are not ours and are not
+/// reported) and the addresses bound on `kube-ipvs0`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ObservedState {
+    /// All TCP/UDP/SCTP virtual servers in the network namespace, owned or not.
+    pub virtual_servers: BTreeMap<VirtualServerKey, ObservedVirtualServer>,
+    /// Addresses currently on `kube-ipvs0`.
+    pub bound_addresses: BTreeSet<IpAddr>,
+}
