@@ -1,0 +1,616 @@
+//! [`ProxierConfiguration`]: the proxier's one configuration type.
+//!
+//! The same type is read from a local file (`kipvs-proxier --config`), and will sit inside
+//! `NodeProxyConfig.spec` and `ProxyConfig.spec`. Field names and defaults follow kube-proxy's
+//! `KubeProxyConfiguration` (`kubeproxy.config.k8s.io/v1alpha1`, see
+//! `staging/src/k8s.io/kube-proxy/config/v1alpha1/types.go` and
+//! `pkg/proxy/apis/config/v1alpha1/defaults.go`), restricted to what an IPVS proxier uses, so
+//! that the relevant part of a kube-proxy configuration file moves over unchanged:
+//!
+//! ```yaml
+//! featureGates:
+//!   ProxyTerminatingEndpoints: true
+//! ipvs:
+//!   scheduler: rr
+//!   syncPeriod: 30s
+//!   minSyncPeriod: 0s
+//!   strictARP: false
+//!   tcpTimeout: 0s
+//!   tcpFinTimeout: 0s
+//!   udpTimeout: 0s
+//!   excludeCIDRs: []
+//! nodePortAddresses: []
+//! healthzBindAddress: 0.0.0.0:10256
+//! metricsBindAddress: 127.0.0.1:10249
+//! ```
+//!
+//! Every field is optional. Unknown fields and unknown feature gates are errors, not
+//! silently ignored. The shape stays friendly to a structural CRD schema: addresses and
+//! CIDRs are strings (validated by [`ProxierConfiguration::validate`]), durations are Go
+//! duration strings (`"30s"`, `"1m30s"`), and no field is a `oneOf`.
+
+use crate::duration;
+use crate::gates::{Gate, UnknownGate};
+use ipnet::IpNet;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Configuration of a kipvs proxier (a subset of kube-proxy's `KubeProxyConfiguration`).
+///
+/// `Default` gives kube-proxy's defaults for IPVS mode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ProxierConfiguration {
+    /// Feature gates by name (`ProxyTerminatingEndpoints`, `LoadBalancerIPMode`,
+    /// `KubeProxyDrainingTerminatingNodes`); a gate that is not listed is on. Unknown names
+    /// are rejected.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub feature_gates: BTreeMap<String, bool>,
+    /// IPVS settings (`KubeProxyIPVSConfiguration`).
+    pub ipvs: IpvsConfiguration,
+    /// Which node addresses NodePort virtual servers listen on: CIDRs (each node IP inside
+    /// one of them), or the single value `"primary"` (the Node object's primary IP of each
+    /// family). Empty: every node IP.
+    pub node_port_addresses: Vec<String>,
+    /// `ip:port` of the `/healthz` and `/livez` HTTP server. Default `0.0.0.0:10256`.
+    pub healthz_bind_address: String,
+    /// `ip:port` of the `/metrics` HTTP server. Default `127.0.0.1:10249`.
+    pub metrics_bind_address: String,
+}
+
+/// IPVS settings, as kube-proxy's `ipvs` block (`KubeProxyIPVSConfiguration`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct IpvsConfiguration {
+    /// IPVS scheduler of every virtual server (`rr`, `wrr`, `lc`, `wlc`, `sh`, `mh`, ...).
+    /// Empty means `rr`, as in kube-proxy.
+    pub scheduler: String,
+    /// Longest time between two full resynchronisations, as a Go duration. Default `30s`;
+    /// must be greater than zero.
+    #[serde(with = "duration::serde_go")]
+    #[schemars(with = "String")]
+    pub sync_period: Duration,
+    /// Shortest time between two synchronisations, as a Go duration. Default `0s` (sync on
+    /// every change); must not exceed `syncPeriod`.
+    #[serde(with = "duration::serde_go")]
+    #[schemars(with = "String")]
+    pub min_sync_period: Duration,
+    /// Set `arp_ignore=1` and `arp_announce=2` so the node does not answer ARP for the
+    /// addresses on `kube-ipvs0` (needed by MetalLB in L2 mode). Default false.
+    #[serde(rename = "strictARP")]
+    pub strict_arp: bool,
+    /// IPVS idle timeout of TCP connections, as a Go duration; `0s` keeps the kernel's value
+    /// (900 s).
+    #[serde(with = "duration::serde_go")]
+    #[schemars(with = "String")]
+    pub tcp_timeout: Duration,
+    /// IPVS timeout of TCP connections after a FIN, as a Go duration; `0s` keeps the kernel's
+    /// value (120 s).
+    #[serde(with = "duration::serde_go")]
+    #[schemars(with = "String")]
+    pub tcp_fin_timeout: Duration,
+    /// IPVS timeout of UDP flows, as a Go duration; `0s` keeps the kernel's value (300 s).
+    #[serde(with = "duration::serde_go")]
+    #[schemars(with = "String")]
+    pub udp_timeout: Duration,
+    /// CIDRs whose virtual servers kipvs never deletes (virtual servers owned by something
+    /// else on the node).
+    #[serde(rename = "excludeCIDRs")]
+    pub exclude_cidrs: Vec<String>,
+}
+
+impl Default for ProxierConfiguration {
+    fn default() -> Self {
+        ProxierConfiguration {
+            feature_gates: BTreeMap::new(),
+            ipvs: IpvsConfiguration::default(),
+            node_port_addresses: Vec::new(),
+            healthz_bind_address: "0.0.0.0:10256".to_owned(),
+            metrics_bind_address: "127.0.0.1:10249".to_owned(),
+        }
+    }
+}
+
+impl Default for IpvsConfiguration {
+    fn default() -> Self {
+        IpvsConfiguration {
+            scheduler: String::new(),
+            sync_period: Duration::from_secs(30),
+            min_sync_period: Duration::ZERO,
+            strict_arp: false,
+            tcp_timeout: Duration::ZERO,
+            tcp_fin_timeout: Duration::ZERO,
+            udp_timeout: Duration::ZERO,
+            exclude_cidrs: Vec::new(),
+        }
+    }
+}
+
+impl IpvsConfiguration {
+    /// The scheduler to program: `scheduler`, or `rr` when it is empty (kube-proxy's rule).
+    pub fn effective_scheduler(&self) -> &str {
+        if self.scheduler.is_empty() {
+            "rr"
+        } else {
+            &self.scheduler
+        }
+    }
+
+    /// `excludeCIDRs`, parsed.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first entry that is not a CIDR.
+    pub fn parsed_exclude_cidrs(&self) -> Result<Vec<IpNet>, ConfigError> {
+        self.exclude_cidrs
+            .iter()
+            .enumerate()
+            .map(|(i, cidr)| parse_cidr(cidr, || format!("ipvs.excludeCIDRs[{i}]")))
+            .collect()
+    }
+}
+
+/// One entry of `nodePortAddresses`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodePortAddress {
+    /// `"primary"`: the Node object's primary address of each IP family.
+    Primary,
+    /// Node IPs inside this CIDR.
+    Cidr(IpNet),
+}
+
+/// `nodePortAddresses` value that selects the node's primary IPs (kube-proxy's
+/// `NodePortAddressesPrimary`).
+pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The YAML is malformed or does not fit the schema: an unknown field (named in the
+    /// message), a wrong type, or a bad duration.
+    #[error("invalid configuration: {0}")]
+    Yaml(String),
+    /// `featureGates` names a gate kipvs does not know.
+    #[error("featureGates: {0}")]
+    UnknownGate(#[from] UnknownGate),
+    /// A field has a value that parses but is not allowed.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// Path of the field, e.g. `ipvs.minSyncPeriod` or `ipvs.excludeCIDRs[1]`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An error in a configuration file, with the file's path.
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The error in it.
+        source: Box<ConfigError>,
+    },
+}
+
+impl ProxierConfiguration {
+    /// Parses a YAML (or JSON) document and [validates](Self::validate) it. An empty document
+    /// gives the defaults.
+    ///
+    /// # Errors
+    /// [`ConfigError::Yaml`] for syntax errors, unknown fields and bad durations; the errors
+    /// of [`validate`](Self::validate) otherwise.
+    pub fn from_yaml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: Option<ProxierConfiguration> =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+        let config = config.unwrap_or_default();
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a configuration file.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] if the file cannot be read; otherwise the errors of
+    /// [`from_yaml_str`](Self::from_yaml_str) wrapped in [`ConfigError::File`] with the path.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml_str(&text).map_err(|e| ConfigError::File {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })
+    }
+
+    /// Checks what the types alone cannot: gate names are known, `ipvs.syncPeriod > 0`,
+    /// `ipvs.minSyncPeriod <= ipvs.syncPeriod` (kube-proxy's validation), CIDRs and bind
+    /// addresses parse, and `"primary"` is the only entry of `nodePortAddresses` when present.
+    ///
+    /// # Errors
+    /// The first problem found, naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for name in self.feature_gates.keys() {
+            name.parse::<Gate>()?;
+        }
+        if self.ipvs.sync_period.is_zero() {
+            return Err(invalid("ipvs.syncPeriod", "must be greater than 0"));
+        }
+        if self.ipvs.min_sync_period > self.ipvs.sync_period {
+            return Err(invalid(
+                "ipvs.minSyncPeriod",
+                format!(
+                    "{} must not be greater than ipvs.syncPeriod ({})",
+                    duration::format(self.ipvs.min_sync_period),
+                    duration::format(self.ipvs.sync_period)
+                ),
+            ));
+        }
+        self.ipvs.parsed_exclude_cidrs()?;
+        self.parsed_node_port_addresses()?;
+        self.healthz_socket_addr()?;
+        self.metrics_socket_addr()?;
+        Ok(())
+    }
+
+    /// Whether `gate` is on: its `featureGates` entry, or the gate's default (on).
+    pub fn gate_enabled(&self, gate: Gate) -> bool {
+        self.feature_gates
+            .get(gate.name())
+            .copied()
+            .unwrap_or_else(|| gate.default_enabled())
+    }
+
+    /// `nodePortAddresses`, parsed. Empty means every node IP.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] for an entry that is neither a CIDR nor `"primary"`, or for
+    /// `"primary"` next to other entries.
+    pub fn parsed_node_port_addresses(&self) -> Result<Vec<NodePortAddress>, ConfigError> {
+        let entries = &self.node_port_addresses;
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                let field = || format!("nodePortAddresses[{i}]");
+                if entry == NODE_PORT_ADDRESSES_PRIMARY {
+                    if entries.len() > 1 {
+                        return Err(invalid(
+                            field(),
+                            "\"primary\" must be the only entry (it cannot be combined with CIDRs)",
+                        ));
+                    }
+                    Ok(NodePortAddress::Primary)
+                } else {
+                    parse_cidr(entry, field).map(NodePortAddress::Cidr)
+                }
+            })
+            .collect()
+    }
+
+    /// `healthzBindAddress`, parsed.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] if it is not `ip:port`.
+    pub fn healthz_socket_addr(&self) -> Result<SocketAddr, ConfigError> {
+        parse_socket_addr(&self.healthz_bind_address, "healthzBindAddress")
+    }
+
+    /// `metricsBindAddress`, parsed.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] if it is not `ip:port`.
+    pub fn metrics_socket_addr(&self) -> Result<SocketAddr, ConfigError> {
+        parse_socket_addr(&self.metrics_bind_address, "metricsBindAddress")
+    }
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+fn parse_cidr(text: &str, field: impl FnOnce() -> String) -> Result<IpNet, ConfigError> {
+    text.parse().map_err(|_| {
+        invalid(
+            field(),
+            format!("{text:?} is not a CIDR (such as 10.0.0.0/8 or fd00::/64)"),
+        )
+    })
+}
+
+fn parse_socket_addr(text: &str, field: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|_| {
+        invalid(
+            field,
+            format!("{text:?} is not an ip:port address (such as 0.0.0.0:10256 or [::]:10256)"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_kube_proxys() {
+        let config = ProxierConfiguration::default();
+        assert!(Gate::ALL.into_iter().all(|g| config.gate_enabled(g)));
+        assert_eq!(config.ipvs.effective_scheduler(), "rr");
+        assert_eq!(config.ipvs.sync_period, Duration::from_secs(30));
+        assert_eq!(config.ipvs.min_sync_period, Duration::ZERO);
+        assert!(!config.ipvs.strict_arp);
+        assert_eq!(config.ipvs.tcp_timeout, Duration::ZERO);
+        assert_eq!(config.ipvs.tcp_fin_timeout, Duration::ZERO);
+        assert_eq!(config.ipvs.udp_timeout, Duration::ZERO);
+        assert!(config.ipvs.exclude_cidrs.is_empty());
+        assert!(config.node_port_addresses.is_empty());
+        assert_eq!(
+            config.healthz_socket_addr().unwrap(),
+            "0.0.0.0:10256".parse().unwrap()
+        );
+        assert_eq!(
+            config.metrics_socket_addr().unwrap(),
+            "127.0.0.1:10249".parse().unwrap()
+        );
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn empty_and_partial_documents_take_defaults() {
+        let default = ProxierConfiguration::default();
+        assert_eq!(ProxierConfiguration::from_yaml_str("").unwrap(), default);
+        assert_eq!(
+            ProxierConfiguration::from_yaml_str("# nothing\n").unwrap(),
+            default
+        );
+        assert_eq!(ProxierConfiguration::from_yaml_str("{}").unwrap(), default);
+        let partial = ProxierConfiguration::from_yaml_str("ipvs:\n  scheduler: wlc\n").unwrap();
+        assert_eq!(partial.ipvs.scheduler, "wlc");
+        assert_eq!(partial.ipvs.sync_period, Duration::from_secs(30));
+        assert_eq!(partial.healthz_bind_address, default.healthz_bind_address);
+    }
+
+    #[test]
+    fn full_file() {
+        let yaml = r#"
+featureGates:
+  ProxyTerminatingEndpoints: false
+  LoadBalancerIPMode: true
+  KubeProxyDrainingTerminatingNodes: false
+ipvs:
+  scheduler: mh
+  syncPeriod: 1m30s
+  minSyncPeriod: 500ms
+  strictARP: true
+  tcpTimeout: 15m
+  tcpFinTimeout: 2m
+  udpTimeout: 5m
+  excludeCIDRs: ["10.200.0.0/16", "fd00:200::/64"]
+nodePortAddresses: ["192.168.0.0/16", "fd00::/8"]
+healthzBindAddress: "[::]:10256"
+metricsBindAddress: 0.0.0.0:9100
+"#;
+        let config = ProxierConfiguration::from_yaml_str(yaml).unwrap();
+        assert!(!config.gate_enabled(Gate::ProxyTerminatingEndpoints));
+        assert!(config.gate_enabled(Gate::LoadBalancerIPMode));
+        assert!(!config.gate_enabled(Gate::KubeProxyDrainingTerminatingNodes));
+        assert_eq!(config.ipvs.effective_scheduler(), "mh");
+        assert_eq!(config.ipvs.sync_period, Duration::from_secs(90));
+        assert_eq!(config.ipvs.min_sync_period, Duration::from_millis(500));
+        assert!(config.ipvs.strict_arp);
+        assert_eq!(config.ipvs.tcp_timeout, Duration::from_secs(900));
+        assert_eq!(config.ipvs.tcp_fin_timeout, Duration::from_secs(120));
+        assert_eq!(config.ipvs.udp_timeout, Duration::from_secs(300));
+        assert_eq!(
+            config.ipvs.parsed_exclude_cidrs().unwrap(),
+            vec![
+                "10.200.0.0/16".parse::<IpNet>().unwrap(),
+                "fd00:200::/64".parse().unwrap()
+            ]
+        );
+        assert_eq!(
+            config.parsed_node_port_addresses().unwrap(),
+            vec![
+                NodePortAddress::Cidr("192.168.0.0/16".parse().unwrap()),
+                NodePortAddress::Cidr("fd00::/8".parse().unwrap())
+            ]
+        );
+        assert_eq!(
+            config.healthz_socket_addr().unwrap(),
+            "[::]:10256".parse().unwrap()
+        );
+        assert_eq!(
+            config.metrics_socket_addr().unwrap(),
+            "0.0.0.0:9100".parse().unwrap()
+        );
+
+        // Serializing gives Go durations back, and the result reads back identically.
+        let json = serde_json::to_value(&config).unwrap();
+        assert_eq!(json["ipvs"]["syncPeriod"], "1m30s");
+        assert_eq!(json["ipvs"]["minSyncPeriod"], "500ms");
+        assert_eq!(json["ipvs"]["strictARP"], true);
+        assert_eq!(json["ipvs"]["excludeCIDRs"][0], "10.200.0.0/16");
+        let back: ProxierConfiguration = serde_json::from_value(json).unwrap();
+        assert_eq!(back, config);
+    }
+
+    #[test]
+    fn primary_node_port_addresses() {
+        let config = ProxierConfiguration::from_yaml_str("nodePortAddresses: [primary]\n").unwrap();
+        assert_eq!(
+            config.parsed_node_port_addresses().unwrap(),
+            vec![NodePortAddress::Primary]
+        );
+        let err = ProxierConfiguration::from_yaml_str("nodePortAddresses: [primary, 10.0.0.0/8]\n")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("nodePortAddresses[0]: \"primary\" must be the only entry"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let err = ProxierConfiguration::from_yaml_str("ipvs:\n  schedular: rr\n").unwrap_err();
+        assert!(matches!(err, ConfigError::Yaml(_)), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains("schedular"), "{message}");
+        assert!(message.contains("scheduler"), "{message}");
+
+        let err = ProxierConfiguration::from_yaml_str("mode: ipvs\n").unwrap_err();
+        assert!(err.to_string().contains("mode"), "{err}");
+    }
+
+    #[test]
+    fn unknown_gate_is_named_with_known_ones() {
+        let err =
+            ProxierConfiguration::from_yaml_str("featureGates:\n  TopologyAwareHints: true\n")
+                .unwrap_err();
+        assert!(matches!(err, ConfigError::UnknownGate(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "featureGates: unknown feature gate \"TopologyAwareHints\" (known gates: \
+             ProxyTerminatingEndpoints, LoadBalancerIPMode, KubeProxyDrainingTerminatingNodes)"
+        );
+    }
+
+    #[test]
+    fn bad_durations_are_rejected() {
+        for (yaml, needle) in [
+            ("ipvs:\n  syncPeriod: 30\n", "missing unit"),
+            ("ipvs:\n  syncPeriod: 3d\n", "unknown unit \"d\""),
+            ("ipvs:\n  tcpTimeout: -5s\n", "negative"),
+            ("ipvs:\n  udpTimeout: soon\n", "invalid duration \"soon\""),
+        ] {
+            let err = ProxierConfiguration::from_yaml_str(yaml).unwrap_err();
+            assert!(matches!(err, ConfigError::Yaml(_)), "{yaml}: {err:?}");
+            assert!(err.to_string().contains(needle), "{yaml}: {err}");
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        for (yaml, expected) in [
+            (
+                "ipvs:\n  syncPeriod: 0s\n",
+                "ipvs.syncPeriod: must be greater than 0",
+            ),
+            (
+                "ipvs:\n  syncPeriod: 10s\n  minSyncPeriod: 1m\n",
+                "ipvs.minSyncPeriod: 1m0s must not be greater than ipvs.syncPeriod (10s)",
+            ),
+            (
+                "ipvs:\n  excludeCIDRs: [10.0.0.0/8, 10.0.0.1]\n",
+                "ipvs.excludeCIDRs[1]: \"10.0.0.1\" is not a CIDR",
+            ),
+            (
+                "nodePortAddresses: [eth0]\n",
+                "nodePortAddresses[0]: \"eth0\" is not a CIDR",
+            ),
+            (
+                "healthzBindAddress: 0.0.0.0\n",
+                "healthzBindAddress: \"0.0.0.0\" is not an ip:port address",
+            ),
+            (
+                "metricsBindAddress: localhost:10249\n",
+                "metricsBindAddress: \"localhost:10249\" is not an ip:port address",
+            ),
+        ] {
+            let err = ProxierConfiguration::from_yaml_str(yaml).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::Invalid { .. }),
+                "{yaml}: {err:?}"
+            );
+            assert!(err.to_string().starts_with(expected), "{yaml}: {err}");
+        }
+    }
+
+    #[test]
+    fn from_file_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("kipvs-crds-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.yaml");
+        std::fs::write(&good, "ipvs:\n  scheduler: lc\n").unwrap();
+        assert_eq!(
+            ProxierConfiguration::from_file(&good)
+                .unwrap()
+                .ipvs
+                .scheduler,
+            "lc"
+        );
+
+        let bad = dir.join("bad.yaml");
+        std::fs::write(&bad, "ipvs:\n  bogus: 1\n").unwrap();
+        let err = ProxierConfiguration::from_file(&bad).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.starts_with(&format!("{}: ", bad.display())),
+            "{message}"
+        );
+        assert!(message.contains("bogus"), "{message}");
+
+        let missing = dir.join("missing.yaml");
+        let err = ProxierConfiguration::from_file(&missing).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }), "{err:?}");
+        assert!(err.to_string().contains("missing.yaml"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The CRD-facing schema must stay structural: every property typed, no `oneOf`/`anyOf`
+    /// (see rust-dependencies.md, pitfall 3).
+    #[test]
+    fn schema_is_structural() {
+        let settings = schemars::generate::SchemaSettings::openapi3().with(|s| {
+            s.inline_subschemas = true;
+        });
+        let schema = settings
+            .into_generator()
+            .into_root_schema_for::<ProxierConfiguration>();
+        let value = serde_json::to_value(&schema).unwrap();
+
+        fn check(path: &str, value: &serde_json::Value) {
+            let object = value.as_object().expect("schema is an object");
+            for forbidden in ["oneOf", "anyOf", "allOf", "$ref"] {
+                assert!(
+                    !object.contains_key(forbidden),
+                    "{path} uses {forbidden}: {value}"
+                );
+            }
+            assert!(object.contains_key("type"), "{path} has no type: {value}");
+            if let Some(properties) = object.get("properties").and_then(|p| p.as_object()) {
+                for (name, property) in properties {
+                    check(&format!("{path}.{name}"), property);
+                }
+            }
+            for key in ["items", "additionalProperties"] {
+                if let Some(sub) = object.get(key).filter(|s| s.is_object()) {
+                    check(&format!("{path}[{key}]"), sub);
+                }
+            }
+        }
+        check("ProxierConfiguration", &value);
+        assert_eq!(
+            value["properties"]["featureGates"]["additionalProperties"]["type"],
+            "boolean"
+        );
+        assert_eq!(
+            value["properties"]["ipvs"]["properties"]["syncPeriod"]["type"],
+            "string"
+        );
+    }
+}
