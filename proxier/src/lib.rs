@@ -5,3 +5,4 @@
 //! [`dataplane::diff`] → [`dataplane::Op`]s → [`dataplane::Dataplane`].
 
 pub mod model;
+pub mod sysctl;

@@ -154,3 +154,36 @@ pub struct ObservedState {
     /// Addresses currently on `kube-ipvs0`.
     pub bound_addresses: BTreeSet<IpAddr>,
 }
+
+impl From<&DesiredState> for ObservedState {
+    /// The state a kernel holds right after `desired` was programmed into an empty table:
+    /// same virtual servers, weights and bound addresses, no connections.
+    fn from(desired: &DesiredState) -> Self {
+        ObservedState {
+            virtual_servers: desired
+                .virtual_servers
+                .iter()
+                .map(|(key, vs)| {
+                    let real_servers = vs
+                        .real_servers
+                        .iter()
+                        .map(|(rs, &weight)| {
+                            let observed = ObservedRealServer {
+                                weight,
+                                active_connections: 0,
+                                inactive_connections: 0,
+                            };
+                            (*rs, observed)
+                        })
+                        .collect();
+                    let observed = ObservedVirtualServer {
+                        spec: vs.spec.clone(),
+                        real_servers,
+                    };
+                    (*key, observed)
+                })
+                .collect(),
+            bound_addresses: desired.bind_addresses.clone(),
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! The real [`Dataplane`]: kernel IPVS through `ipvs-rs`, the dummy interface `kube-ipvs0` and
+//! its addresses through rtnetlink, and the sysctls kube-proxy's IPVS mode sets.
+
+use super::{Dataplane, DataplaneError, Op, OpFailure};
+use crate::model::{
+    ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol, VirtualServerKey,
+    VirtualServerSpec,
+};
+use futures::{StreamExt, TryStreamExt};
+use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::link::LinkAttribute;
+use rtnetlink::{AddressMessageBuilder, LinkDummy};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The dummy interface holding every ClusterIP, externalIP and VIP-mode load-balancer IP, as
+/// in kube-proxy (`netlink_linux.go`). It is created if missing and, like upstream, left DOWN
+/// (kubernetes#107662): local routes exist for its addresses regardless, so IPVS sees the
+/// packets in `LOCAL_IN` while the node never answers ARP through it.
+pub const INTERFACE: &str = "kube-ipvs0";
+
+/// How many netlink requests of one stage are in flight at once.
+const PIPELINE_DEPTH: usize = 256;
+
+/// errno values the dataplane treats as success.
+const EEXIST: i32 = libc::EEXIST;
+const EADDRNOTAVAIL: i32 = libc::EADDRNOTAVAIL;
+
+/// The kernel dataplane of one network namespace.
+pub struct KernelDataplane {
+    ipvs: ipvs::Handle,
+    rtnl: rtnetlink::Handle,
+    link_index: u32,
+}
+
+impl KernelDataplane {
+    /// Connect to IPVS (generic netlink) and rtnetlink, and create `kube-ipvs0` if missing.
+    ///
+    /// Errors: [`ipvs::Error::FamilyNotFound`] when the `ip_vs` module is not loaded, rtnetlink
+    /// errors when the dummy link cannot be created (no `dummy` module, no `CAP_NET_ADMIN`).
+    pub async fn connect() -> Result<Self, DataplaneError> {
+        let ipvs = ipvs::Handle::connect().await?;
+        let (conn, rtnl, _) = rtnetlink::new_connection().map_err(|source| DataplaneError::Io {
+            context: "rtnetlink socket".into(),
+            source,
+        })?;
+        tokio::spawn(conn);
+        let link_index = ensure_dummy(&rtnl).await?;
+        Ok(KernelDataplane {
+            ipvs,
+            rtnl,
+            link_index,
+        })
+    }
+
+    /// The IPVS handle (shared with helpers such as the timeouts setup).
+    pub fn ipvs(&self) -> &ipvs::Handle {
+        &self.ipvs
+    }
+
+    async fn bound_addresses(&self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
+        let mut stream = self
+            .rtnl
+            .address()
+            .get()
+            .set_link_index_filter(self.link_index)
+            .execute();
+        let mut out = BTreeSet::new();
+        while let Some(msg) = stream.try_next().await? {
+            if msg.header.index != self.link_index {
+                continue;
+            }
+            for attr in &msg.attributes {
+                if let AddressAttribute::Address(a) = attr {
+                    out.insert(*a);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn apply_one(&self, op: &Op) -> Result<(), DataplaneError> {
+        match op {
+            Op::UnbindAddress(a) => {
+                let msg = address_message(self.link_index, *a);
+                match self.rtnl.address().del(msg).execute().await {
+                    Err(e) if netlink_errno(&e) == Some(EADDRNOTAVAIL) => Ok(()),
+                    r => Ok(r?),
+                }
+            }
+            Op::BindAddress(a) => {
+                let prefix = if a.is_ipv4() { 32 } else { 128 };
+                match self
+                    .rtnl
+                    .address()
+                    .add(self.link_index, *a, prefix)
+                    .execute()
+                    .await
+                {
+                    Err(e) if netlink_errno(&e) == Some(EEXIST) => Ok(()),
+                    r => Ok(r?),
+                }
+            }
+            Op::DeleteVirtualServer(key) => Ok(self.ipvs.delete_service(&service_id(key)).await?),
+            Op::AddVirtualServer(key, spec) => {
+                Ok(self.ipvs.add_service(&service(key, spec)).await?)
+            }
+            Op::UpdateVirtualServer(key, spec) => {
+                Ok(self.ipvs.update_service(&service(key, spec)).await?)
+            }
+            Op::DeleteRealServer { vs, rs } => Ok(self
+                .ipvs
+                .delete_destination(&service_id(vs), rs.ip(), rs.port())
+                .await?),
+            Op::AddRealServer { vs, rs, weight } => {
+                let d = ipvs::Destination::new(rs.ip(), rs.port(), *weight);
+                Ok(self.ipvs.add_destination(&service_id(vs), &d).await?)
+            }
+            Op::UpdateRealServer { vs, rs, weight } => {
+                let d = ipvs::Destination::new(rs.ip(), rs.port(), *weight);
+                Ok(self.ipvs.update_destination(&service_id(vs), &d).await?)
+            }
+        }
+    }
+}
+
+impl Dataplane for KernelDataplane {
+    async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
+        let services = self.ipvs.services().await?;
+        let inet: Vec<(VirtualServerKey, VirtualServerSpec)> =
+            services.iter().filter_map(observed_service).collect();
+        let ipvs = &self.ipvs;
+        let dests: Vec<_> = futures::stream::iter(inet.iter())
+            .map(|(key, _)| async move { ipvs.destinations(&service_id(key)).await })
+            .buffered(PIPELINE_DEPTH)
+            .collect()
+            .await;
+        let mut virtual_servers = BTreeMap::new();
+        for ((key, spec), dests) in inet.into_iter().zip(dests) {
+            let real_servers = match dests {
+                Ok(d) => d
+                    .into_iter()
+                    .map(|d| {
+                        let rs = ObservedRealServer {
+                            weight: d.weight,
+                            active_connections: d.active_connections,
+                            inactive_connections: d.inactive_connections,
+                        };
+                        (std::net::SocketAddr::new(d.address, d.port), rs)
+                    })
+                    .collect(),
+                // Deleted between the two dumps: it is gone.
+                Err(ipvs::Error::NoSuchService) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            virtual_servers.insert(key, ObservedVirtualServer { spec, real_servers });
+        }
+        Ok(ObservedState {
+            virtual_servers,
+            bound_addresses: self.bound_addresses().await?,
+        })
+    }
+
+    async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
+        let mut failures = Vec::new();
+        let this = &*self;
+        for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
+            let results: Vec<_> = futures::stream::iter(stage)
+                .map(|op| async move { (op, this.apply_one(op).await) })
+                .buffer_unordered(PIPELINE_DEPTH)
+                .collect()
+                .await;
+            for (op, result) in results {
+                if let Err(error) = result {
+                    failures.push(OpFailure {
+                        op: op.clone(),
+                        error,
+                    });
+                }
+            }
+        }
+        failures
+    }
+}
+
+/// Find `kube-ipvs0` or create it as a dummy link; returns its interface index.
+async fn ensure_dummy(rtnl: &rtnetlink::Handle) -> Result<u32, DataplaneError> {
+    if let Some(i) = find_link(rtnl).await? {
+        return Ok(i);
+    }
+    match rtnl.link().add(LinkDummy::new(INTERFACE).build()).execute().await {
+        Err(e) if netlink_errno(&e) != Some(EEXIST) => return Err(e.into()),
+        _ => {}
+    }
+    find_link(rtnl)
+        .await?
+        .ok_or_else(|| DataplaneError::NoInterface(INTERFACE.into()))
+}
+
+async fn find_link(rtnl: &rtnetlink::Handle) -> Result<Option<u32>, DataplaneError> {
+    let mut links = rtnl.link().get().execute();
+    while let Some(link) = links.try_next().await? {
+        let named = link
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::IfName(n) if n == INTERFACE));
+        if named {
+            return Ok(Some(link.header.index));
+        }
+    }
+    Ok(None)
+}
+
+fn address_message(index: u32, a: IpAddr) -> netlink_packet_route::address::AddressMessage {
+    match a {
+        IpAddr::V4(v4) => AddressMessageBuilder::<Ipv4Addr>::new()
+            .index(index)
+            .address(v4, 32)
+            .build(),
+        IpAddr::V6(v6) => AddressMessageBuilder::<Ipv6Addr>::new()
+            .index(index)
+            .address(v6, 128)
+            .build(),
+    }
+}
+
+fn netlink_errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+fn ipvs_protocol(p: Protocol) -> ipvs::Protocol {
+    match p {
+        Protocol::Tcp => ipvs::Protocol::Tcp,
+        Protocol::Udp => ipvs::Protocol::Udp,
+        Protocol::Sctp => ipvs::Protocol::Sctp,
+    }
+}
+
+/// The IPVS identity of a virtual server.
+pub fn service_id(key: &VirtualServerKey) -> ipvs::ServiceId {
+    ipvs::ServiceId::Inet {
+        address: key.address,
+        port: key.port,
+        protocol: ipvs_protocol(key.protocol),
+    }
+}
+
+/// The full IPVS service entry for a virtual server: persistence sets `IP_VS_SVC_F_PERSISTENT`
+/// and the timeout; the netmask is the host mask of the family (kube-proxy `ipvs_linux.go`).
+pub fn service(key: &VirtualServerKey, spec: &VirtualServerSpec) -> ipvs::Service {
+    let mut s = ipvs::Service::new(service_id(key), &spec.scheduler);
+    let mut flags = spec.sched_flags;
+    if let Some(t) = spec.persistence_timeout {
+        flags |= ipvs::ServiceFlags::PERSISTENT.0;
+        s.timeout = t;
+    }
+    s.flags = ipvs::ServiceFlags(flags);
+    s
+}
+
+/// The inverse of [`service`] for a dumped entry; `None` for fwmark services and unknown
+/// protocols (never kipvs's). The kernel-owned `HASHED` bit is dropped.
+pub fn observed_service(s: &ipvs::Service) -> Option<(VirtualServerKey, VirtualServerSpec)> {
+    let ipvs::ServiceId::Inet {
+        address,
+        port,
+        protocol,
+    } = s.id
+    else {
+        return None;
+    };
+    let protocol = match protocol {
+        ipvs::Protocol::Tcp => Protocol::Tcp,
+        ipvs::Protocol::Udp => Protocol::Udp,
+        ipvs::Protocol::Sctp => Protocol::Sctp,
+        ipvs::Protocol::Other(_) => return None,
+    };
+    let persistent = s.flags.0 & ipvs::ServiceFlags::PERSISTENT.0 != 0;
+    let sched_flags = s.flags.0
+        & !(ipvs::ServiceFlags::PERSISTENT.0 | ipvs::ServiceFlags::HASHED.0);
+    let key = VirtualServerKey {
+        address,
+        port,
+        protocol,
+    };
+    let spec = VirtualServerSpec {
+        scheduler: s.scheduler.clone(),
+        persistence_timeout: persistent.then_some(s.timeout),
+        sched_flags,
+    };
+    Some((key, spec))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_round_trips_through_ipvs_entry() {
+        let key = VirtualServerKey {
+            address: "fd00::10".parse().unwrap(),
+            port: 53,
+            protocol: Protocol::Udp,
+        };
+        let spec = VirtualServerSpec {
+            scheduler: "mh".into(),
+            persistence_timeout: Some(10800),
+            sched_flags: ipvs::ServiceFlags::SCHED2.0,
+        };
+        let mut entry = service(&key, &spec);
+        assert_eq!(entry.netmask, 128);
+        assert_eq!(
+            entry.flags.0,
+            ipvs::ServiceFlags::PERSISTENT.0 | ipvs::ServiceFlags::SCHED2.0
+        );
+        // The kernel reports HASHED on every dumped service.
+        entry.flags.0 |= ipvs::ServiceFlags::HASHED.0;
+        assert_eq!(observed_service(&entry), Some((key, spec)));
+    }
+
+    #[test]
+    fn non_persistent_service_reports_no_timeout() {
+        let key = VirtualServerKey {
+            address: "10.96.0.10".parse().unwrap(),
+            port: 80,
+            protocol: Protocol::Tcp,
+        };
+        let spec = VirtualServerSpec {
+            scheduler: "rr".into(),
+            persistence_timeout: None,
+            sched_flags: 0,
+        };
+        let entry = service(&key, &spec);
+        assert_eq!(entry.netmask, 0xffff_ffff);
+        assert_eq!(observed_service(&entry), Some((key, spec)));
+    }
+}

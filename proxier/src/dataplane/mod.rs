@@ -1,0 +1,280 @@
+//! Converging the kernel onto the desired state.
+//!
+//! [`diff`] is pure: it compares a [`DesiredState`] with an [`ObservedState`] and returns the
+//! [`Op`]s that make the second equal to the first, in the safe order kpng used (DESIGN-BRIEF,
+//! "Proxier: one direction of flow"):
+//!
+//! 1. unbind addresses from `kube-ipvs0`,
+//! 2. delete (or drain) real servers,
+//! 3. delete virtual servers,
+//! 4. add / update virtual servers,
+//! 5. add / update real servers,
+//! 6. bind addresses to `kube-ipvs0`.
+//!
+//! A [`Dataplane`] applies them: [`kernel::KernelDataplane`] on a real node, [`fake::FakeDataplane`]
+//! in unit tests. Ops inside one stage are independent of each other, so a dataplane may run
+//! them concurrently (the kernel one pipelines them over one netlink socket).
+
+pub mod fake;
+pub mod kernel;
+
+use crate::model::{
+    DesiredState, ObservedState, ObservedVirtualServer, Protocol, VirtualServerKey,
+    VirtualServerSpec,
+};
+use ipnet::IpNet;
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
+
+/// The default `--service-node-port-range` of kube-apiserver (30000-32767).
+pub const DEFAULT_NODE_PORT_RANGE: RangeInclusive<u16> = 30000..=32767;
+
+/// One change to the kernel. Variant order is the order [`diff`] emits them in.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum Op {
+    /// Remove an address from `kube-ipvs0`.
+    UnbindAddress(IpAddr),
+    /// Delete a real server (it has no connections left, or is UDP/SCTP).
+    DeleteRealServer {
+        /// Its virtual server.
+        vs: VirtualServerKey,
+        /// Its address.
+        rs: SocketAddr,
+    },
+    /// Delete a virtual server with all its real servers.
+    DeleteVirtualServer(VirtualServerKey),
+    /// Create a virtual server.
+    AddVirtualServer(VirtualServerKey, VirtualServerSpec),
+    /// Change a virtual server's scheduler, persistence or flags (`IPVS_CMD_SET_SERVICE`).
+    UpdateVirtualServer(VirtualServerKey, VirtualServerSpec),
+    /// Create a real server (masquerade forwarding) with a weight.
+    AddRealServer {
+        /// Its virtual server.
+        vs: VirtualServerKey,
+        /// Its address.
+        rs: SocketAddr,
+        /// Its weight.
+        weight: u32,
+    },
+    /// Change a real server's weight; weight 0 with a real server that left the desired set
+    /// means it is draining (no new connections, existing ones continue).
+    UpdateRealServer {
+        /// Its virtual server.
+        vs: VirtualServerKey,
+        /// Its address.
+        rs: SocketAddr,
+        /// Its new weight.
+        weight: u32,
+    },
+    /// Add an address (/32 or /128) to `kube-ipvs0`.
+    BindAddress(IpAddr),
+}
+
+impl Op {
+    /// The stage (0..=5) this op belongs to; ops of one stage do not depend on each other.
+    pub fn stage(&self) -> u8 {
+        match self {
+            Op::UnbindAddress(_) => 0,
+            Op::DeleteRealServer { .. } => 1,
+            Op::DeleteVirtualServer(_) => 2,
+            Op::AddVirtualServer(..) | Op::UpdateVirtualServer(..) => 3,
+            Op::AddRealServer { .. } | Op::UpdateRealServer { .. } => 4,
+            Op::BindAddress(_) => 5,
+        }
+    }
+
+    /// The variant's name, as logged (`op=AddVirtualServer`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::UnbindAddress(_) => "UnbindAddress",
+            Op::DeleteRealServer { .. } => "DeleteRealServer",
+            Op::DeleteVirtualServer(_) => "DeleteVirtualServer",
+            Op::AddVirtualServer(..) => "AddVirtualServer",
+            Op::UpdateVirtualServer(..) => "UpdateVirtualServer",
+            Op::AddRealServer { .. } => "AddRealServer",
+            Op::UpdateRealServer { .. } => "UpdateRealServer",
+            Op::BindAddress(_) => "BindAddress",
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "op={}", self.name())?;
+        match self {
+            Op::UnbindAddress(a) | Op::BindAddress(a) => write!(f, " address={a}"),
+            Op::DeleteVirtualServer(vs) => write!(f, " vs=\"{vs}\""),
+            Op::AddVirtualServer(vs, s) | Op::UpdateVirtualServer(vs, s) => {
+                write!(f, " vs=\"{vs}\" scheduler={}", s.scheduler)?;
+                if let Some(t) = s.persistence_timeout {
+                    write!(f, " persistence={t}s")?;
+                }
+                Ok(())
+            }
+            Op::DeleteRealServer { vs, rs } => write!(f, " vs=\"{vs}\" rs={rs}"),
+            Op::AddRealServer { vs, rs, weight } | Op::UpdateRealServer { vs, rs, weight } => {
+                write!(f, " vs=\"{vs}\" rs={rs} weight={weight}")
+            }
+        }
+    }
+}
+
+/// Which virtual servers kipvs may delete: it never touches what it does not own.
+///
+/// A virtual server is owned when its address is bound on `kube-ipvs0` (ClusterIPs,
+/// externalIPs, VIP-mode load-balancer IPs: only kipvs binds there) or when it is a NodePort
+/// virtual server (a node IP and a port in the node-port range), and it is not inside
+/// `ipvs.excludeCIDRs` (kube-proxy's `cleanLegacyService` rule). Owned virtual servers that are
+/// not desired are deleted; others are left alone even if they collide with nothing.
+#[derive(Clone, Debug, Default)]
+pub struct Ownership {
+    /// The node IPs NodePort virtual servers are programmed on.
+    pub node_ips: BTreeSet<IpAddr>,
+    /// The NodePort range (kube-apiserver `--service-node-port-range`).
+    pub node_port_range: Option<RangeInclusive<u16>>,
+    /// `ipvs.excludeCIDRs`: virtual servers inside these are never deleted.
+    pub exclude_cidrs: Vec<IpNet>,
+}
+
+impl Ownership {
+    /// Whether kipvs owns the observed virtual server `key`.
+    pub fn owns(&self, key: &VirtualServerKey, observed: &ObservedState) -> bool {
+        if self.exclude_cidrs.iter().any(|c| c.contains(&key.address)) {
+            return false;
+        }
+        let node_port = self.node_ips.contains(&key.address)
+            && self
+                .node_port_range
+                .as_ref()
+                .is_some_and(|r| r.contains(&key.port));
+        node_port || observed.bound_addresses.contains(&key.address)
+    }
+}
+
+/// The operations that turn `observed` into `desired`, in the safe order (see module docs).
+///
+/// - Virtual servers: desired but absent → add; present with a different spec → update;
+///   present, owned ([`Ownership::owns`]) and not desired → delete (with their real servers).
+/// - Real servers of a kept virtual server: absent → add with the desired weight; present with
+///   another weight → update (so a restart never leaves a wanted backend at weight 0,
+///   kubernetes#92019); present and not desired → drained: a TCP real server with active or
+///   inactive connections goes to weight 0 and stays until they end, anything else is deleted
+///   (UDP and SCTP at once, as kube-proxy's `graceful_termination.go`).
+/// - Addresses on `kube-ipvs0`: every bound address that is not desired is unbound (kipvs owns
+///   that interface); every desired address not bound is bound.
+///
+/// Applying the result to `observed` yields `desired` up to draining real servers, and the
+/// diff of a converged state is empty.
+pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Ownership) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for addr in observed.bound_addresses.difference(&desired.bind_addresses) {
+        ops.push(Op::UnbindAddress(*addr));
+    }
+    for (key, ovs) in &observed.virtual_servers {
+        match desired.virtual_servers.get(key) {
+            Some(dvs) => {
+                for (rs, ors) in &ovs.real_servers {
+                    if dvs.real_servers.contains_key(rs) {
+                        continue;
+                    }
+                    let connections = ors.active_connections + ors.inactive_connections;
+                    if key.protocol == Protocol::Tcp && connections > 0 {
+                        if ors.weight != 0 {
+                            ops.push(Op::UpdateRealServer {
+                                vs: *key,
+                                rs: *rs,
+                                weight: 0,
+                            });
+                        }
+                    } else {
+                        ops.push(Op::DeleteRealServer { vs: *key, rs: *rs });
+                    }
+                }
+            }
+            None if ownership.owns(key, observed) => ops.push(Op::DeleteVirtualServer(*key)),
+            None => {}
+        }
+    }
+    for (key, dvs) in &desired.virtual_servers {
+        let ovs: Option<&ObservedVirtualServer> = observed.virtual_servers.get(key);
+        match ovs {
+            None => ops.push(Op::AddVirtualServer(*key, dvs.spec.clone())),
+            Some(o) if o.spec != dvs.spec => {
+                ops.push(Op::UpdateVirtualServer(*key, dvs.spec.clone()))
+            }
+            Some(_) => {}
+        }
+        for (rs, &weight) in &dvs.real_servers {
+            match ovs.and_then(|o| o.real_servers.get(rs)) {
+                None => ops.push(Op::AddRealServer {
+                    vs: *key,
+                    rs: *rs,
+                    weight,
+                }),
+                Some(o) if o.weight != weight => ops.push(Op::UpdateRealServer {
+                    vs: *key,
+                    rs: *rs,
+                    weight,
+                }),
+                Some(_) => {}
+            }
+        }
+    }
+    for addr in desired.bind_addresses.difference(&observed.bound_addresses) {
+        ops.push(Op::BindAddress(*addr));
+    }
+    ops.sort_by_key(Op::stage);
+    ops
+}
+
+/// An operation the dataplane could not apply, and why.
+#[derive(Debug)]
+pub struct OpFailure {
+    /// The failed operation.
+    pub op: Op,
+    /// The error the kernel (or fake) returned.
+    pub error: DataplaneError,
+}
+
+/// Errors of a dataplane.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    /// An IPVS generic-netlink request failed.
+    #[error("ipvs: {0}")]
+    Ipvs(#[from] ipvs::Error),
+    /// An rtnetlink request (the `kube-ipvs0` link or its addresses) failed.
+    #[error("rtnetlink: {0}")]
+    Rtnetlink(#[from] rtnetlink::Error),
+    /// A sysctl or socket operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done (e.g. the sysctl path).
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The dummy interface vanished or could not be created.
+    #[error("interface {0} not found")]
+    NoInterface(String),
+}
+
+/// Something that holds an IPVS table and the addresses of `kube-ipvs0`.
+///
+/// Implementations: [`kernel::KernelDataplane`] (ipvs-rs, rtnetlink, `/proc/sys`) and
+/// [`fake::FakeDataplane`] (in memory, kernel-like errors).
+pub trait Dataplane {
+    /// Read the current state: every inet virtual server with its real servers and their
+    /// connection counts, and the addresses on `kube-ipvs0`.
+    fn observe(&mut self) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send;
+
+    /// Apply `ops` stage by stage ([`Op::stage`]), continuing past failures, and return the
+    /// failures. Ops of one stage may run concurrently.
+    fn apply(&mut self, ops: &[Op]) -> impl Future<Output = Vec<OpFailure>> + Send;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,348 @@
+use super::fake::FakeDataplane;
+use super::*;
+use crate::model::{
+    DesiredState, ObservedRealServer, ObservedState, VirtualServer, VirtualServerSpec,
+};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+fn key(addr: &str, port: u16, protocol: Protocol) -> VirtualServerKey {
+    VirtualServerKey {
+        address: addr.parse().unwrap(),
+        port,
+        protocol,
+    }
+}
+
+fn rr() -> VirtualServerSpec {
+    VirtualServerSpec {
+        scheduler: "rr".into(),
+        persistence_timeout: None,
+        sched_flags: 0,
+    }
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn desired(vss: &[(VirtualServerKey, &[(&str, u32)])], bind: &[&str]) -> DesiredState {
+    DesiredState {
+        virtual_servers: vss
+            .iter()
+            .map(|(k, rss)| {
+                let real_servers = rss.iter().map(|(a, w)| (sa(a), *w)).collect();
+                let vs = VirtualServer {
+                    spec: rr(),
+                    real_servers,
+                    service: "default/web:http".into(),
+                };
+                (*k, vs)
+            })
+            .collect(),
+        bind_addresses: bind.iter().map(|a| a.parse().unwrap()).collect(),
+        health_check_node_ports: BTreeMap::new(),
+    }
+}
+
+fn run(fake: &mut FakeDataplane, ops: &[Op]) {
+    let failures = futures::executor::block_on(fake.apply(ops));
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn converged_state_has_empty_diff() {
+    let d = desired(
+        &[(key("10.96.0.10", 80, Protocol::Tcp), &[("10.244.1.2:8080", 1)])],
+        &["10.96.0.10"],
+    );
+    assert!(diff(&d, &ObservedState::from(&d), &Ownership::default()).is_empty());
+}
+
+#[test]
+fn ops_come_in_safe_order() {
+    let old = desired(
+        &[(key("10.96.0.10", 80, Protocol::Tcp), &[("10.244.1.2:8080", 1)])],
+        &["10.96.0.10"],
+    );
+    let new = desired(
+        &[(key("10.96.0.20", 80, Protocol::Tcp), &[("10.244.1.3:8080", 1)])],
+        &["10.96.0.20"],
+    );
+    let ops = diff(&new, &ObservedState::from(&old), &Ownership::default());
+    let names: Vec<_> = ops.iter().map(Op::name).collect();
+    assert_eq!(
+        names,
+        [
+            "UnbindAddress",
+            "DeleteVirtualServer",
+            "AddVirtualServer",
+            "AddRealServer",
+            "BindAddress"
+        ]
+    );
+}
+
+#[test]
+fn restart_resets_weight_of_wanted_backend() {
+    // kubernetes#92019 / #108319: a wanted real server left at weight 0 gets its weight back.
+    let k = key("10.96.0.10", 80, Protocol::Tcp);
+    let d = desired(&[(k, &[("10.244.1.2:8080", 1)])], &["10.96.0.10"]);
+    let mut o = ObservedState::from(&d);
+    o.virtual_servers
+        .get_mut(&k)
+        .unwrap()
+        .real_servers
+        .get_mut(&sa("10.244.1.2:8080"))
+        .unwrap()
+        .weight = 0;
+    assert_eq!(
+        diff(&d, &o, &Ownership::default()),
+        [Op::UpdateRealServer {
+            vs: k,
+            rs: sa("10.244.1.2:8080"),
+            weight: 1
+        }]
+    );
+}
+
+#[test]
+fn tcp_real_server_with_connections_drains_at_weight_zero() {
+    let k = key("10.96.0.10", 80, Protocol::Tcp);
+    let before = desired(
+        &[(k, &[("10.244.1.2:8080", 1), ("10.244.1.3:8080", 1)])],
+        &["10.96.0.10"],
+    );
+    let after = desired(&[(k, &[("10.244.1.3:8080", 1)])], &["10.96.0.10"]);
+    let mut o = ObservedState::from(&before);
+    let leaving = sa("10.244.1.2:8080");
+    let rs: &mut ObservedRealServer = o
+        .virtual_servers
+        .get_mut(&k)
+        .unwrap()
+        .real_servers
+        .get_mut(&leaving)
+        .unwrap();
+    rs.active_connections = 1;
+    let drain = Op::UpdateRealServer {
+        vs: k,
+        rs: leaving,
+        weight: 0,
+    };
+    assert_eq!(diff(&after, &o, &Ownership::default()), [drain.clone()]);
+    // While it still has connections, nothing more happens.
+    let mut fake = FakeDataplane::new(o);
+    run(&mut fake, &[drain]);
+    assert!(diff(&after, &fake.state, &Ownership::default()).is_empty());
+    // Once they end it is deleted.
+    let rs = fake
+        .state
+        .virtual_servers
+        .get_mut(&k)
+        .unwrap()
+        .real_servers
+        .get_mut(&leaving)
+        .unwrap();
+    rs.active_connections = 0;
+    assert_eq!(
+        diff(&after, &fake.state, &Ownership::default()),
+        [Op::DeleteRealServer {
+            vs: k,
+            rs: leaving
+        }]
+    );
+}
+
+#[test]
+fn udp_real_server_is_deleted_at_once() {
+    let k = key("10.96.0.10", 53, Protocol::Udp);
+    let before = desired(&[(k, &[("10.244.1.2:53", 1)])], &["10.96.0.10"]);
+    let after = desired(&[(k, &[])], &["10.96.0.10"]);
+    let mut o = ObservedState::from(&before);
+    let rs = sa("10.244.1.2:53");
+    o.virtual_servers
+        .get_mut(&k)
+        .unwrap()
+        .real_servers
+        .get_mut(&rs)
+        .unwrap()
+        .inactive_connections = 3;
+    assert_eq!(
+        diff(&after, &o, &Ownership::default()),
+        [Op::DeleteRealServer { vs: k, rs }]
+    );
+}
+
+#[test]
+fn foreign_virtual_servers_are_left_alone() {
+    let ours = key("10.96.0.10", 80, Protocol::Tcp);
+    let nodeport = key("192.168.1.5", 30080, Protocol::Tcp);
+    let foreign = key("192.168.1.5", 8080, Protocol::Tcp);
+    let excluded = key("10.96.5.5", 80, Protocol::Tcp);
+    let mut o = ObservedState::from(&desired(
+        &[(ours, &[]), (nodeport, &[]), (foreign, &[]), (excluded, &[])],
+        &["10.96.0.10", "10.96.5.5"],
+    ));
+    o.bound_addresses.insert("10.96.5.5".parse().unwrap());
+    let ownership = Ownership {
+        node_ips: ["192.168.1.5".parse().unwrap()].into(),
+        node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
+        exclude_cidrs: vec!["10.96.5.0/24".parse().unwrap()],
+    };
+    let ops = diff(&DesiredState::default(), &o, &ownership);
+    assert!(ops.contains(&Op::DeleteVirtualServer(ours)));
+    assert!(ops.contains(&Op::DeleteVirtualServer(nodeport)));
+    assert!(!ops.contains(&Op::DeleteVirtualServer(foreign)));
+    assert!(!ops.contains(&Op::DeleteVirtualServer(excluded)));
+}
+
+#[test]
+fn scheduler_change_updates_in_place() {
+    let k = key("10.96.0.10", 80, Protocol::Tcp);
+    let d = desired(&[(k, &[("10.244.1.2:8080", 1)])], &["10.96.0.10"]);
+    let mut o = ObservedState::from(&d);
+    o.virtual_servers.get_mut(&k).unwrap().spec.scheduler = "wlc".into();
+    assert_eq!(
+        diff(&d, &o, &Ownership::default()),
+        [Op::UpdateVirtualServer(k, rr())]
+    );
+}
+
+fn arb_key() -> impl Strategy<Value = VirtualServerKey> {
+    (
+        prop::sample::select(vec!["10.96.0.1", "10.96.0.2", "fd00::1", "192.168.1.5"]),
+        prop::sample::select(vec![53u16, 80, 30080]),
+        prop::sample::select(vec![Protocol::Tcp, Protocol::Udp, Protocol::Sctp]),
+    )
+        .prop_map(|(a, p, proto)| key(a, p, proto))
+}
+
+fn arb_spec() -> impl Strategy<Value = VirtualServerSpec> {
+    (
+        prop::sample::select(vec!["rr", "wrr", "sh"]),
+        prop::option::of(prop::sample::select(vec![60u32, 10800])),
+    )
+        .prop_map(|(s, p)| VirtualServerSpec {
+            scheduler: s.into(),
+            persistence_timeout: p,
+            sched_flags: 0,
+        })
+}
+
+fn arb_real_servers() -> impl Strategy<Value = BTreeMap<SocketAddr, (u32, u32)>> {
+    prop::collection::btree_map(
+        prop::sample::select(vec![
+            sa("10.244.1.2:80"),
+            sa("10.244.1.3:80"),
+            sa("10.244.2.2:8080"),
+            sa("[fd00:244::2]:80"),
+        ]),
+        (0u32..3, prop::sample::select(vec![0u32, 0, 2])),
+        0..4,
+    )
+}
+
+fn arb_addrs() -> impl Strategy<Value = BTreeSet<IpAddr>> {
+    prop::collection::btree_set(
+        prop::sample::select(vec!["10.96.0.1", "10.96.0.2", "fd00::1", "10.96.9.9"])
+            .prop_map(|a| a.parse::<IpAddr>().unwrap()),
+        0..4,
+    )
+}
+
+fn arb_desired() -> impl Strategy<Value = DesiredState> {
+    (
+        prop::collection::btree_map(arb_key(), (arb_spec(), arb_real_servers()), 0..6),
+        arb_addrs(),
+    )
+        .prop_map(|(vss, bind)| DesiredState {
+            virtual_servers: vss
+                .into_iter()
+                .map(|(k, (spec, rss))| {
+                    let real_servers = rss.into_iter().map(|(a, (w, _))| (a, w)).collect();
+                    let vs = VirtualServer {
+                        spec,
+                        real_servers,
+                        service: "ns/svc:port".into(),
+                    };
+                    (k, vs)
+                })
+                .collect(),
+            bind_addresses: bind,
+            health_check_node_ports: BTreeMap::new(),
+        })
+}
+
+fn arb_observed() -> impl Strategy<Value = ObservedState> {
+    (
+        prop::collection::btree_map(arb_key(), (arb_spec(), arb_real_servers()), 0..6),
+        arb_addrs(),
+    )
+        .prop_map(|(vss, bound)| ObservedState {
+            virtual_servers: vss
+                .into_iter()
+                .map(|(k, (spec, rss))| {
+                    let real_servers = rss
+                        .into_iter()
+                        .map(|(a, (weight, conns))| {
+                            let rs = ObservedRealServer {
+                                weight,
+                                active_connections: conns,
+                                inactive_connections: 0,
+                            };
+                            (a, rs)
+                        })
+                        .collect();
+                    (k, ObservedVirtualServer { spec, real_servers })
+                })
+                .collect(),
+            bound_addresses: bound,
+        })
+}
+
+/// A real server kept only because it drains: not desired, TCP, with connections.
+fn draining(k: &VirtualServerKey, rs: &ObservedRealServer) -> bool {
+    k.protocol == Protocol::Tcp && rs.active_connections + rs.inactive_connections > 0
+}
+
+proptest! {
+    /// apply(diff(d, o)) to o gives d — except owned-elsewhere virtual servers (left alone) and
+    /// TCP real servers still holding connections (kept at weight 0 to drain) — and the
+    /// diff of the result against d is then empty.
+    #[test]
+    fn applying_the_diff_converges(d in arb_desired(), o in arb_observed()) {
+        let ownership = Ownership {
+            node_ips: ["192.168.1.5".parse().unwrap()].into(),
+            node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
+            exclude_cidrs: vec![],
+        };
+        let ops = diff(&d, &o, &ownership);
+        let mut fake = FakeDataplane::new(o.clone());
+        run(&mut fake, &ops);
+        let got = &fake.state;
+        prop_assert_eq!(&got.bound_addresses, &d.bind_addresses);
+        for (k, dvs) in &d.virtual_servers {
+            let gvs = &got.virtual_servers[k];
+            prop_assert_eq!(&gvs.spec, &dvs.spec);
+            for (rs, grs) in &gvs.real_servers {
+                match dvs.real_servers.get(rs) {
+                    Some(w) => prop_assert_eq!(grs.weight, *w),
+                    None => prop_assert!(draining(k, grs) && grs.weight == 0),
+                }
+            }
+            prop_assert!(dvs.real_servers.keys().all(|rs| gvs.real_servers.contains_key(rs)));
+        }
+        for k in got.virtual_servers.keys() {
+            if !d.virtual_servers.contains_key(k) {
+                prop_assert!(!ownership.owns(k, &o), "owned leftover {}", k);
+            }
+        }
+        prop_assert!(diff(&d, got, &ownership).is_empty());
+    }
+
+    /// The diff of any state against itself is empty.
+    #[test]
+    fn diff_of_a_state_with_itself_is_empty(d in arb_desired()) {
+        prop_assert!(diff(&d, &ObservedState::from(&d), &Ownership::default()).is_empty());
+    }
+}
