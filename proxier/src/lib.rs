@@ -4,5 +4,7 @@
 //! `source` → [`manifests::Snapshot`] → [`plan::plan`] → [`model::DesiredState`] →
 //! [`dataplane::diff`] → [`dataplane::Op`]s → [`dataplane::Dataplane`].
 
+pub mod dataplane;
 pub mod model;
+pub mod sync;
 pub mod sysctl;

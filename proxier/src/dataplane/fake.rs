@@ -72,7 +72,10 @@ impl FakeDataplane {
             }
             Op::UpdateRealServer { vs, rs, weight } => {
                 let vs = vss.get_mut(vs).ok_or(ipvs::Error::NoSuchService)?;
-                vs.real_servers.get_mut(rs).ok_or(ipvs::Error::NotFound)?.weight = *weight;
+                vs.real_servers
+                    .get_mut(rs)
+                    .ok_or(ipvs::Error::NotFound)?
+                    .weight = *weight;
             }
         }
         Ok(())

@@ -129,9 +129,10 @@ impl Dataplane for KernelDataplane {
         let services = self.ipvs.services().await?;
         let inet: Vec<(VirtualServerKey, VirtualServerSpec)> =
             services.iter().filter_map(observed_service).collect();
-        let ipvs = &self.ipvs;
-        let dests: Vec<_> = futures::stream::iter(inet.iter())
-            .map(|(key, _)| async move { ipvs.destinations(&service_id(key)).await })
+        // Collected first: a closure inside the stream would not be `Send` for every lifetime.
+        let ids: Vec<_> = inet.iter().map(|(key, _)| service_id(key)).collect();
+        let requests: Vec<_> = ids.iter().map(|id| self.ipvs.destinations(id)).collect();
+        let dests: Vec<_> = futures::stream::iter(requests)
             .buffered(PIPELINE_DEPTH)
             .collect()
             .await;
@@ -163,14 +164,13 @@ impl Dataplane for KernelDataplane {
 
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
         let mut failures = Vec::new();
-        let this = &*self;
         for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
-            let results: Vec<_> = futures::stream::iter(stage)
-                .map(|op| async move { (op, this.apply_one(op).await) })
-                .buffer_unordered(PIPELINE_DEPTH)
+            let requests: Vec<_> = stage.iter().map(|op| self.apply_one(op)).collect();
+            let results: Vec<_> = futures::stream::iter(requests)
+                .buffered(PIPELINE_DEPTH)
                 .collect()
                 .await;
-            for (op, result) in results {
+            for (op, result) in stage.iter().zip(results) {
                 if let Err(error) = result {
                     failures.push(OpFailure {
                         op: op.clone(),
@@ -188,7 +188,12 @@ async fn ensure_dummy(rtnl: &rtnetlink::Handle) -> Result<u32, DataplaneError> {
     if let Some(i) = find_link(rtnl).await? {
         return Ok(i);
     }
-    match rtnl.link().add(LinkDummy::new(INTERFACE).build()).execute().await {
+    match rtnl
+        .link()
+        .add(LinkDummy::new(INTERFACE).build())
+        .execute()
+        .await
+    {
         Err(e) if netlink_errno(&e) != Some(EEXIST) => return Err(e.into()),
         _ => {}
     }
@@ -279,8 +284,8 @@ pub fn observed_service(s: &ipvs::Service) -> Option<(VirtualServerKey, VirtualS
         ipvs::Protocol::Other(_) => return None,
     };
     let persistent = s.flags.0 & ipvs::ServiceFlags::PERSISTENT.0 != 0;
-    let sched_flags = s.flags.0
-        & !(ipvs::ServiceFlags::PERSISTENT.0 | ipvs::ServiceFlags::HASHED.0);
+    let sched_flags =
+        s.flags.0 & !(ipvs::ServiceFlags::PERSISTENT.0 | ipvs::ServiceFlags::HASHED.0);
     let key = VirtualServerKey {
         address,
         port,

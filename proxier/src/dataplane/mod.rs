@@ -34,7 +34,7 @@ use std::ops::RangeInclusive;
 pub const DEFAULT_NODE_PORT_RANGE: RangeInclusive<u16> = 30000..=32767;
 
 /// One change to the kernel. Variant order is the order [`diff`] emits them in.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum Op {
     /// Remove an address from `kube-ipvs0`.
     UnbindAddress(IpAddr),
@@ -125,8 +125,10 @@ impl fmt::Display for Op {
 
 /// Which virtual servers kipvs may delete: it never touches what it does not own.
 ///
-/// A virtual server is owned when its address is bound on `kube-ipvs0` (ClusterIPs,
-/// externalIPs, VIP-mode load-balancer IPs: only kipvs binds there) or when it is a NodePort
+/// A virtual server is owned when its address is bound on `kube-ipvs0`, or is about to be
+/// (ClusterIPs, externalIPs, VIP-mode load-balancer IPs: only kipvs binds there; counting the
+/// addresses about to be bound keeps ownership stable across the sync that binds them), or
+/// when it is a NodePort
 /// virtual server (a node IP and a port in the node-port range), and it is not inside
 /// `ipvs.excludeCIDRs` (kube-proxy's `cleanLegacyService` rule). Owned virtual servers that are
 /// not desired are deleted; others are left alone even if they collide with nothing.
@@ -142,7 +144,12 @@ pub struct Ownership {
 
 impl Ownership {
     /// Whether kipvs owns the observed virtual server `key`.
-    pub fn owns(&self, key: &VirtualServerKey, observed: &ObservedState) -> bool {
+    pub fn owns(
+        &self,
+        key: &VirtualServerKey,
+        desired: &DesiredState,
+        observed: &ObservedState,
+    ) -> bool {
         if self.exclude_cidrs.iter().any(|c| c.contains(&key.address)) {
             return false;
         }
@@ -151,7 +158,9 @@ impl Ownership {
                 .node_port_range
                 .as_ref()
                 .is_some_and(|r| r.contains(&key.port));
-        node_port || observed.bound_addresses.contains(&key.address)
+        node_port
+            || observed.bound_addresses.contains(&key.address)
+            || desired.bind_addresses.contains(&key.address)
     }
 }
 
@@ -195,7 +204,9 @@ pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Owners
                     }
                 }
             }
-            None if ownership.owns(key, observed) => ops.push(Op::DeleteVirtualServer(*key)),
+            None if ownership.owns(key, desired, observed) => {
+                ops.push(Op::DeleteVirtualServer(*key))
+            }
             None => {}
         }
     }

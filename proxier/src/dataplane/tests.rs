@@ -53,7 +53,10 @@ fn run(fake: &mut FakeDataplane, ops: &[Op]) {
 #[test]
 fn converged_state_has_empty_diff() {
     let d = desired(
-        &[(key("10.96.0.10", 80, Protocol::Tcp), &[("10.244.1.2:8080", 1)])],
+        &[(
+            key("10.96.0.10", 80, Protocol::Tcp),
+            &[("10.244.1.2:8080", 1)],
+        )],
         &["10.96.0.10"],
     );
     assert!(diff(&d, &ObservedState::from(&d), &Ownership::default()).is_empty());
@@ -62,11 +65,17 @@ fn converged_state_has_empty_diff() {
 #[test]
 fn ops_come_in_safe_order() {
     let old = desired(
-        &[(key("10.96.0.10", 80, Protocol::Tcp), &[("10.244.1.2:8080", 1)])],
+        &[(
+            key("10.96.0.10", 80, Protocol::Tcp),
+            &[("10.244.1.2:8080", 1)],
+        )],
         &["10.96.0.10"],
     );
     let new = desired(
-        &[(key("10.96.0.20", 80, Protocol::Tcp), &[("10.244.1.3:8080", 1)])],
+        &[(
+            key("10.96.0.20", 80, Protocol::Tcp),
+            &[("10.244.1.3:8080", 1)],
+        )],
         &["10.96.0.20"],
     );
     let ops = diff(&new, &ObservedState::from(&old), &Ownership::default());
@@ -146,10 +155,7 @@ fn tcp_real_server_with_connections_drains_at_weight_zero() {
     rs.active_connections = 0;
     assert_eq!(
         diff(&after, &fake.state, &Ownership::default()),
-        [Op::DeleteRealServer {
-            vs: k,
-            rs: leaving
-        }]
+        [Op::DeleteRealServer { vs: k, rs: leaving }]
     );
 }
 
@@ -180,7 +186,12 @@ fn foreign_virtual_servers_are_left_alone() {
     let foreign = key("192.168.1.5", 8080, Protocol::Tcp);
     let excluded = key("10.96.5.5", 80, Protocol::Tcp);
     let mut o = ObservedState::from(&desired(
-        &[(ours, &[]), (nodeport, &[]), (foreign, &[]), (excluded, &[])],
+        &[
+            (ours, &[]),
+            (nodeport, &[]),
+            (foreign, &[]),
+            (excluded, &[]),
+        ],
         &["10.96.0.10", "10.96.5.5"],
     ));
     o.bound_addresses.insert("10.96.5.5".parse().unwrap());
@@ -334,7 +345,7 @@ proptest! {
         }
         for k in got.virtual_servers.keys() {
             if !d.virtual_servers.contains_key(k) {
-                prop_assert!(!ownership.owns(k, &o), "owned leftover {}", k);
+                prop_assert!(!ownership.owns(k, &d, &o), "owned leftover {}", k);
             }
         }
         prop_assert!(diff(&d, got, &ownership).is_empty());
