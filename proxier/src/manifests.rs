@@ -1,0 +1,551 @@
+//! The manifests source: Services, EndpointSlices and Nodes read from YAML or JSON files, as
+//! `kubectl get -o yaml` prints them.
+//!
+//! A path is a file (YAML with any number of `---`-separated documents, or one JSON document)
+//! or a directory, whose `*.yaml`, `*.yml` and `*.json` files are read in name order (not
+//! recursively; names starting with `.` are skipped). A document may be one object or a list
+//! (`kind: List`, or a typed list such as `ServiceList`, whose items may omit `kind`).
+//!
+//! Kept: `v1` Service, `discovery.k8s.io/v1` EndpointSlice, `v1` Node. Other kinds are ignored
+//! (logged at debug level). Loading is forgiving: a document that does not parse, or an object
+//! that does not deserialize, becomes a [`ManifestError`] naming the file, document and
+//! (when readable) the object, and the rest is still loaded. Each document is parsed with
+//! serde-saphyr into a `serde_json::Value`, then into the k8s-openapi type.
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The objects read from the manifests, in file and document order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    /// `v1` Services.
+    pub services: Vec<Service>,
+    /// `discovery.k8s.io/v1` EndpointSlices.
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// `v1` Nodes.
+    pub nodes: Vec<Node>,
+}
+
+impl Snapshot {
+    /// The Node named `name`, if the manifests hold one.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes
+            .iter()
+            .find(|node| node.metadata.name.as_deref() == Some(name))
+    }
+}
+
+/// A document or object that could not be loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManifestError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based document number in the file (`---` separated; a JSON file is document 1);
+    /// `None` when the whole file is unusable (e.g. not UTF-8).
+    pub document: Option<usize>,
+    /// 0-based index in the document's `items` when the document is a list.
+    pub item: Option<usize>,
+    /// `Kind namespace/name` (or `Kind name`) of the object, when that much could be read.
+    pub object: Option<String>,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(document) = self.document {
+            write!(f, ": document {document}")?;
+        }
+        if let Some(item) = self.item {
+            write!(f, ", items[{item}]")?;
+        }
+        if let Some(object) = &self.object {
+            write!(f, " ({object})")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ManifestError {}
+
+/// Loads the manifests at `path` (a file or a directory, see the module documentation).
+///
+/// # Errors
+/// An I/O error, with the path in its message, if `path` or a file in it cannot be read.
+/// Problems with the contents are returned as [`ManifestError`]s next to what did load.
+pub fn load(path: &Path) -> io::Result<(Snapshot, Vec<ManifestError>)> {
+    let with_path =
+        |e: io::Error, p: &Path| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
+    let metadata = std::fs::metadata(path).map_err(|e| with_path(e, path))?;
+    let files = if metadata.is_dir() {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(|e| with_path(e, path))? {
+            let file = entry.map_err(|e| with_path(e, path))?.path();
+            let name = file
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            let wanted = !name.starts_with('.')
+                && matches!(
+                    file.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                );
+            if wanted && file.is_file() {
+                files.push(file);
+            }
+        }
+        files.sort();
+        files
+    } else {
+        vec![path.to_owned()]
+    };
+
+    let mut loader = Loader::default();
+    for file in files {
+        let bytes = std::fs::read(&file).map_err(|e| with_path(e, &file))?;
+        loader.file = file;
+        match String::from_utf8(bytes) {
+            Ok(text) => loader.load_text(&text),
+            Err(e) => loader.error(None, None, None, format!("not UTF-8: {e}")),
+        }
+    }
+    Ok((loader.snapshot, loader.errors))
+}
+
+/// Accumulates objects and errors while walking files and documents.
+#[derive(Default)]
+struct Loader {
+    file: PathBuf,
+    snapshot: Snapshot,
+    errors: Vec<ManifestError>,
+}
+
+impl Loader {
+    fn error(
+        &mut self,
+        document: Option<usize>,
+        item: Option<usize>,
+        object: Option<String>,
+        message: String,
+    ) {
+        self.errors.push(ManifestError {
+            file: self.file.clone(),
+            document,
+            item,
+            object,
+            message,
+        });
+    }
+
+    fn load_text(&mut self, text: &str) {
+        if self.file.extension().and_then(|e| e.to_str()) == Some("json") {
+            match serde_json::from_str::<Value>(text) {
+                Ok(value) => self.load_document(1, value),
+                Err(e) => self.error(Some(1), None, None, format!("invalid JSON: {e}")),
+            }
+            return;
+        }
+        for (index, document) in split_documents(text).into_iter().enumerate() {
+            let number = index + 1;
+            let options = serde_saphyr::options! { with_snippet: false };
+            match serde_saphyr::from_str_with_options::<Option<Value>>(document.text, options) {
+                Ok(Some(value)) => self.load_document(number, value),
+                Ok(None) => {}
+                Err(_) => {
+                    // Parse again with the lines before the document blanked out, so that the
+                    // error's line numbers are the file's (only on this rare path).
+                    let padded =
+                        format!("{}{}", "\n".repeat(document.first_line - 1), document.text);
+                    let options = serde_saphyr::options! { with_snippet: false };
+                    let message =
+                        serde_saphyr::from_str_with_options::<Option<Value>>(&padded, options)
+                            .err()
+                            .map_or_else(
+                                || "invalid YAML".to_owned(),
+                                |e| format!("invalid YAML: {e}"),
+                            );
+                    self.error(Some(number), None, None, message);
+                }
+            }
+        }
+    }
+
+    fn load_document(&mut self, document: usize, value: Value) {
+        if value.is_null() {
+            return;
+        }
+        let kind = value
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let items = value.get("items").and_then(Value::as_array);
+        match items {
+            Some(items) if kind.ends_with("List") => {
+                let api_version = value.get("apiVersion").cloned();
+                // A typed list (`ServiceList`) may omit its items' kind.
+                let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
+                for (i, item) in items.iter().enumerate() {
+                    let mut item = item.clone();
+                    if let (Some(object), Some(item_kind)) = (item.as_object_mut(), item_kind) {
+                        object
+                            .entry("kind")
+                            .or_insert_with(|| Value::from(item_kind));
+                        if let Some(api_version) = &api_version {
+                            object
+                                .entry("apiVersion")
+                                .or_insert_with(|| api_version.clone());
+                        }
+                    }
+                    self.load_object(document, Some(i), item);
+                }
+            }
+            _ => self.load_object(document, None, value),
+        }
+    }
+
+    fn load_object(&mut self, document: usize, item: Option<usize>, value: Value) {
+        let Some(object) = value.as_object() else {
+            self.error(
+                Some(document),
+                item,
+                None,
+                "not an object (expected a Kubernetes object with apiVersion and kind)".into(),
+            );
+            return;
+        };
+        let field = |name: &str| {
+            let text = object.get(name).and_then(Value::as_str);
+            text.unwrap_or_default().to_owned()
+        };
+        let (api_version, kind) = (field("apiVersion"), field("kind"));
+        let metadata = object.get("metadata");
+        let meta = |name: &str| metadata.and_then(|m| m.get(name)).and_then(Value::as_str);
+        let name = match (meta("namespace"), meta("name")) {
+            (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
+            (None, Some(name)) => name.to_owned(),
+            _ => String::new(),
+        };
+        let label = [kind.as_str(), &name].join(" ").trim().to_owned();
+        let label = Some(label).filter(|l| !l.is_empty());
+        let expected = match kind.as_str() {
+            "Service" | "Node" => "v1",
+            "EndpointSlice" => "discovery.k8s.io/v1",
+            "" => {
+                self.error(Some(document), item, label, "has no kind".into());
+                return;
+            }
+            _ => {
+                tracing::debug!(
+                    file = %self.file.display(),
+                    document,
+                    kind = kind.as_str(),
+                    "ignoring object of a kind the proxier does not use"
+                );
+                return;
+            }
+        };
+        if api_version != expected {
+            self.error(
+                Some(document),
+                item,
+                label,
+                format!(
+                    "apiVersion {api_version:?} is not supported for {kind} (expected {expected})"
+                ),
+            );
+            return;
+        }
+        let result = match kind.as_str() {
+            "Service" => typed(value).map(|o| self.snapshot.services.push(o)),
+            "EndpointSlice" => typed(value).map(|o| self.snapshot.endpoint_slices.push(o)),
+            _ => typed(value).map(|o| self.snapshot.nodes.push(o)),
+        };
+        if let Err(e) = result {
+            self.error(Some(document), item, label, format!("invalid {kind}: {e}"));
+        }
+    }
+}
+
+fn typed<T: DeserializeOwned>(value: Value) -> Result<T, serde_json::Error> {
+    serde_json::from_value(value)
+}
+
+/// One YAML document of a stream.
+#[derive(Debug, PartialEq, Eq)]
+struct Document<'a> {
+    /// 1-based line of the file where the document's text starts.
+    first_line: usize,
+    /// The document's text, without its `---` marker.
+    text: &'a str,
+}
+
+/// Splits a YAML stream at document markers: a line that is `---` (or starts with `--- `)
+/// begins a document, a line `...` ends one. Text before the first marker counts as a
+/// document only if it holds more than blank lines and comments, so `---` at the top of a
+/// file does not shift the numbering.
+fn split_documents(text: &str) -> Vec<Document<'_>> {
+    let mut documents = Vec::new();
+    let mut start = 0;
+    let mut first_line = 1;
+    let mut offset = 0;
+    let mut seen_marker = false;
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        let is_start = bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t");
+        let is_end = bare == "...";
+        if is_start || is_end {
+            let body = &text[start..offset];
+            if seen_marker || !is_blank_or_comments(body) {
+                documents.push(Document {
+                    first_line,
+                    text: body,
+                });
+            }
+            seen_marker = true;
+            // Content after `--- ` on the marker line belongs to the new document.
+            start = if is_start {
+                offset + 3
+            } else {
+                offset + line.len()
+            };
+            first_line = index + 1;
+            if is_end {
+                first_line += 1;
+            }
+        }
+        offset += line.len();
+    }
+    let body = &text[start..];
+    if !is_blank_or_comments(body) || (seen_marker && documents.is_empty()) {
+        documents.push(Document {
+            first_line,
+            text: body,
+        });
+    }
+    documents
+}
+
+fn is_blank_or_comments(text: &str) -> bool {
+    text.lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with('#')
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(input: &str) -> Vec<(usize, &str)> {
+        split_documents(input)
+            .into_iter()
+            .map(|d| (d.first_line, d.text))
+            .collect()
+    }
+
+    #[test]
+    fn splits_documents() {
+        assert_eq!(texts("a: 1\n"), [(1, "a: 1\n")]);
+        assert_eq!(
+            texts("---\na: 1\n---\nb: 2\n"),
+            [(1, "\na: 1\n"), (3, "\nb: 2\n")]
+        );
+        assert_eq!(texts("# top\n---\na: 1\n"), [(2, "\na: 1\n")]);
+        assert_eq!(texts("a: 1\n---\n"), [(1, "a: 1\n")]);
+        assert_eq!(texts("a: 1\n...\nb: 2\n"), [(1, "a: 1\n"), (3, "b: 2\n")]);
+        assert_eq!(texts("--- {a: 1}\n"), [(1, " {a: 1}\n")]);
+        assert_eq!(texts("a: |\n  ---x\n"), [(1, "a: |\n  ---x\n")]);
+        // Empty documents between markers keep their number.
+        assert_eq!(texts("---\n---\nb: 1\n"), [(1, "\n"), (2, "\nb: 1\n")]);
+        assert_eq!(texts(""), []);
+    }
+
+    fn load_str(name: &str, text: &str) -> (Snapshot, Vec<ManifestError>) {
+        let mut loader = Loader {
+            file: PathBuf::from(name),
+            ..Loader::default()
+        };
+        loader.load_text(text);
+        (loader.snapshot, loader.errors)
+    }
+
+    #[test]
+    fn loads_objects_lists_and_skips_other_kinds() {
+        let yaml = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: cm}
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-abc, namespace: default, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  endpoints: [{addresses: [10.244.0.5]}]
+- apiVersion: v1
+  kind: Node
+  metadata: {name: test-node}
+---
+apiVersion: v1
+kind: ServiceList
+items:
+- metadata: {name: dns, namespace: kube-system}
+  spec: {clusterIP: 10.96.0.10}
+"#;
+        let (snapshot, errors) = load_str("a.yaml", yaml);
+        assert_eq!(errors, []);
+        let names = |metas: Vec<Option<String>>| metas.into_iter().flatten().collect::<Vec<_>>();
+        assert_eq!(
+            names(
+                snapshot
+                    .services
+                    .iter()
+                    .map(|s| s.metadata.name.clone())
+                    .collect()
+            ),
+            ["web", "dns"]
+        );
+        assert_eq!(snapshot.endpoint_slices.len(), 1);
+        assert_eq!(snapshot.endpoint_slices[0].address_type, "IPv4");
+        assert!(snapshot.node("test-node").is_some());
+        assert!(snapshot.node("other").is_none());
+    }
+
+    #[test]
+    fn bad_documents_and_objects_are_reported_and_skipped() {
+        let yaml = r#"# header
+---
+apiVersion: v1
+kind: Service
+metadata: {name: good, namespace: default}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: bad-ports, namespace: default}
+spec: {ports: "eighty"}
+---
+key: [unclosed
+---
+apiVersion: discovery.k8s.io/v1beta1
+kind: EndpointSlice
+metadata: {name: old, namespace: default}
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Node
+  metadata: {name: n1}
+  status: {addresses: 7}
+- just a string
+---
+metadata: {name: kindless}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: also-good, namespace: default}
+"#;
+        let (snapshot, errors) = load_str("m.yaml", yaml);
+        let services: Vec<_> = snapshot
+            .services
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(services, ["good", "also-good"]);
+        let rendered: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(rendered.len(), 6, "{rendered:#?}");
+        assert!(
+            rendered[0]
+                .starts_with("m.yaml: document 2 (Service default/bad-ports): invalid Service: "),
+            "{}",
+            rendered[0]
+        );
+        assert!(
+            rendered[1].starts_with("m.yaml: document 3: invalid YAML: "),
+            "{}",
+            rendered[1]
+        );
+        // Line numbers are the file's, not the document's.
+        assert!(rendered[1].contains("line 12"), "{}", rendered[1]);
+        assert_eq!(
+            rendered[2],
+            "m.yaml: document 4 (EndpointSlice default/old): apiVersion \"discovery.k8s.io/v1beta1\" \
+             is not supported for EndpointSlice (expected discovery.k8s.io/v1)"
+        );
+        assert!(
+            rendered[3].starts_with("m.yaml: document 5, items[0] (Node n1): invalid Node: "),
+            "{}",
+            rendered[3]
+        );
+        assert_eq!(
+            rendered[4],
+            "m.yaml: document 5, items[1]: not an object (expected a Kubernetes object with \
+             apiVersion and kind)"
+        );
+        assert_eq!(rendered[5], "m.yaml: document 6 (kindless): has no kind");
+    }
+
+    #[test]
+    fn json_and_directories() {
+        let dir = std::env::temp_dir().join(format!("kipvs-manifests-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(
+            dir.join("b.json"),
+            r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test-node"}}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("a.yml"),
+            "apiVersion: v1\nkind: Node\nmetadata: {name: first}\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("c.json"), "{ nope").unwrap();
+        std::fs::write(dir.join("notes.txt"), "kind: Node").unwrap();
+        std::fs::write(dir.join(".hidden.yaml"), "kind: Node").unwrap();
+        std::fs::write(
+            dir.join("sub/d.yaml"),
+            "apiVersion: v1\nkind: Node\nmetadata: {name: d}\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("latin1.yaml"), b"kind: \xe9\n").unwrap();
+
+        let (snapshot, errors) = load(&dir).unwrap();
+        let nodes: Vec<_> = snapshot
+            .nodes
+            .iter()
+            .map(|n| n.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(nodes, ["first", "test-node"]);
+        assert_eq!(errors.len(), 2, "{errors:#?}");
+        assert_eq!(errors[0].file, dir.join("c.json"));
+        assert_eq!(errors[0].document, Some(1));
+        assert!(
+            errors[0].message.starts_with("invalid JSON: "),
+            "{}",
+            errors[0]
+        );
+        assert_eq!(errors[1].file, dir.join("latin1.yaml"));
+        assert_eq!(errors[1].document, None);
+
+        let (single, errors) = load(&dir.join("a.yml")).unwrap();
+        assert_eq!(single.nodes.len(), 1);
+        assert!(errors.is_empty());
+
+        let missing = load(&dir.join("missing")).unwrap_err();
+        assert!(missing.to_string().contains("missing"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,389 @@
+//! Planning one Service: its virtual servers, bind addresses and health-check node port.
+
+use super::endpoints::{self, Endpoint, Selection};
+use super::{
+    PlanContext, Problem, SERVICE_PROXY_NAME_LABEL, namespace_of, parse_protocol, port_number,
+};
+use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+/// `sessionAffinityConfig.clientIP.timeoutSeconds` when unset (the API default, 3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
+
+/// Largest `timeoutSeconds` the API accepts (one day).
+const MAX_AFFINITY_TIMEOUT_SECONDS: i32 = 86_400;
+
+/// What one Service contributes to the desired state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServicePlan {
+    /// Service namespace.
+    pub namespace: String,
+    /// Service name.
+    pub name: String,
+    /// The Service's virtual servers.
+    pub virtual_servers: BTreeMap<VirtualServerKey, VirtualServer>,
+    /// Addresses of its virtual servers to bind on `kube-ipvs0` (cluster IPs, external IPs,
+    /// VIP-mode load-balancer IPs).
+    pub bind_addresses: BTreeSet<IpAddr>,
+    /// Its health-check node port, for LoadBalancer Services with
+    /// `externalTrafficPolicy: Local` and `spec.healthCheckNodePort` set.
+    pub health_check_node_port: Option<(u16, HealthCheckNodePort)>,
+    /// `internalTrafficPolicy: Local`, endpoints exist, none on this node (for some port).
+    pub no_local_endpoints_internal: bool,
+    /// `externalTrafficPolicy: Local` applies, endpoints exist, none on this node (for some
+    /// port), so the external virtual servers use the cluster-wide endpoints.
+    pub no_local_endpoints_external: bool,
+    /// Some virtual server is served by the KEP-1669 fallback (serving+terminating endpoints
+    /// at weight 1).
+    pub terminating_fallback: bool,
+    /// Problems with the Service or its EndpointSlices.
+    pub problems: Vec<Problem>,
+}
+
+/// The Service types kipvs programs (ExternalName is skipped before this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ServiceType {
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+}
+
+/// Plans one Service from its own EndpointSlices (those labelled with its name, in its
+/// namespace).
+///
+/// Returns `None` for Services kipvs does not handle: headless (`clusterIP: None`),
+/// `type: ExternalName`, and those labelled `service.kubernetes.io/service-proxy-name`.
+/// Invalid fields become problems in the returned plan; the rest of the Service is planned.
+pub fn plan_service(
+    service: &Service,
+    slices: &[&EndpointSlice],
+    context: &PlanContext,
+) -> Option<ServicePlan> {
+    let meta = &service.metadata;
+    if meta
+        .labels
+        .as_ref()
+        .is_some_and(|labels| labels.contains_key(SERVICE_PROXY_NAME_LABEL))
+    {
+        return None;
+    }
+    let default_spec = ServiceSpec::default();
+    let spec = service.spec.as_ref().unwrap_or(&default_spec);
+    let mut plan = ServicePlan {
+        namespace: namespace_of(meta).to_owned(),
+        name: meta.name.clone().unwrap_or_default(),
+        ..ServicePlan::default()
+    };
+    let problem = |message: String| Problem::new("Service", meta, message);
+
+    let service_type = match spec.type_.as_deref().unwrap_or("ClusterIP") {
+        "ExternalName" => return None,
+        "ClusterIP" => ServiceType::ClusterIp,
+        "NodePort" => ServiceType::NodePort,
+        "LoadBalancer" => ServiceType::LoadBalancer,
+        other => {
+            plan.problems.push(problem(format!(
+                "unknown spec.type {other:?}; treated as ClusterIP"
+            )));
+            ServiceType::ClusterIp
+        }
+    };
+
+    // Cluster IPs: `clusterIPs` (dual-stack aware), or the legacy `clusterIP`.
+    let (field, texts): (&str, Vec<&String>) = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().collect()),
+        _ => ("spec.clusterIP", spec.cluster_ip.iter().collect()),
+    };
+    if texts.iter().any(|ip| *ip == "None") {
+        return None;
+    }
+    if texts.iter().all(|ip| ip.is_empty()) {
+        plan.problems.push(problem(
+            "spec.clusterIP is not set; the Service is skipped (as kube-proxy does)".to_owned(),
+        ));
+        return Some(plan);
+    }
+    let indexed = field == "spec.clusterIPs";
+    let cluster_ips = parse_ips(
+        texts,
+        |i| indexed_field(field, indexed.then_some(i)),
+        |m| plan.problems.push(problem(m)),
+    );
+    if cluster_ips.is_empty() {
+        return Some(plan);
+    }
+    // The Service's IP families are those of its cluster IPs; external addresses of another
+    // family are ignored (kube-proxy runs one proxier per family).
+    let in_service_families = |ip: &IpAddr| cluster_ips.iter().any(|c| c.is_ipv4() == ip.is_ipv4());
+
+    let external_ips: Vec<IpAddr> = parse_ips(
+        spec.external_ips.iter().flatten(),
+        |i| indexed_field("spec.externalIPs", Some(i)),
+        |m| plan.problems.push(problem(m)),
+    )
+    .into_iter()
+    .filter(in_service_families)
+    .collect();
+
+    let load_balancer_ips: Vec<IpAddr> = if service_type == ServiceType::LoadBalancer {
+        load_balancer_vips(service, context, |m| plan.problems.push(problem(m)))
+            .into_iter()
+            .filter(in_service_families)
+            .collect()
+    } else {
+        Vec::new()
+    };
+
+    let mut vs_spec = context.vs_spec.clone();
+    if spec.session_affinity.as_deref() == Some("ClientIP") {
+        let timeout = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|config| config.client_ip.as_ref())
+            .and_then(|client_ip| client_ip.timeout_seconds);
+        vs_spec.persistence_timeout = Some(match timeout {
+            None => DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+            Some(t) if (1..=MAX_AFFINITY_TIMEOUT_SECONDS).contains(&t) => t.unsigned_abs(),
+            Some(t) => {
+                plan.problems.push(problem(format!(
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range \
+                     (1..{MAX_AFFINITY_TIMEOUT_SECONDS}); using {DEFAULT_AFFINITY_TIMEOUT_SECONDS}"
+                )));
+                DEFAULT_AFFINITY_TIMEOUT_SECONDS
+            }
+        });
+    }
+
+    let endpoints = endpoints::collect(slices, &context.node_name, &mut plan.problems);
+
+    let has_node_ports = service_type != ServiceType::ClusterIp;
+    // externalTrafficPolicy only applies to externally reachable Services (kube-proxy's
+    // `ExternallyAccessible`: NodePort, LoadBalancer, or any externalIPs).
+    let externally_accessible = has_node_ports
+        || spec
+            .external_ips
+            .as_ref()
+            .is_some_and(|ips| !ips.is_empty());
+    let external_local =
+        externally_accessible && spec.external_traffic_policy.as_deref() == Some("Local");
+    let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+
+    for (i, port) in spec.ports.iter().flatten().enumerate() {
+        let protocol = match parse_protocol(port.protocol.as_deref()) {
+            Ok(protocol) => protocol,
+            Err(message) => {
+                plan.problems
+                    .push(problem(format!("spec.ports[{i}]: {message}; port skipped")));
+                continue;
+            }
+        };
+        let Some(number) = port_number(port.port) else {
+            plan.problems.push(problem(format!(
+                "spec.ports[{i}].port {} is out of range; port skipped",
+                port.port
+            )));
+            continue;
+        };
+        let node_port = match port.node_port.filter(|_| has_node_ports) {
+            None | Some(0) => None,
+            Some(value) => {
+                let parsed = port_number(value);
+                if parsed.is_none() {
+                    plan.problems.push(problem(format!(
+                        "spec.ports[{i}].nodePort {value} is out of range; no NodePort virtual servers"
+                    )));
+                }
+                parsed
+            }
+        };
+        let port_name = port.name.clone().unwrap_or_default();
+        let service_port = if port_name.is_empty() {
+            format!("{}/{}", plan.namespace, plan.name)
+        } else {
+            format!("{}/{}:{port_name}", plan.namespace, plan.name)
+        };
+        let port_endpoints = endpoints
+            .get(&(port_name, protocol))
+            .map_or(&[][..], Vec::as_slice);
+
+        for ipv4 in [true, false] {
+            let family_cluster_ips: Vec<IpAddr> = cluster_ips
+                .iter()
+                .copied()
+                .filter(|ip| ip.is_ipv4() == ipv4)
+                .collect();
+            if family_cluster_ips.is_empty() {
+                continue;
+            }
+            let in_family = |e: &&Endpoint| e.address.is_ipv4() == ipv4;
+            let cluster = endpoints::select(
+                port_endpoints.iter().filter(in_family),
+                context.terminating_endpoints,
+            );
+            let local = endpoints::select(
+                port_endpoints.iter().filter(in_family).filter(|e| e.local),
+                context.terminating_endpoints,
+            );
+            let no_local = local.is_empty() && !cluster.is_empty();
+            let internal = if internal_local { &local } else { &cluster };
+            let external = if external_local && !local.is_empty() {
+                &local
+            } else {
+                &cluster
+            };
+            plan.no_local_endpoints_internal |= internal_local && no_local;
+            plan.no_local_endpoints_external |= external_local && no_local;
+
+            let add =
+                |plan: &mut ServicePlan, address: IpAddr, port: u16, selection: &Selection| {
+                    let key = VirtualServerKey {
+                        address,
+                        port,
+                        protocol,
+                    };
+                    let virtual_server = VirtualServer {
+                        spec: vs_spec.clone(),
+                        real_servers: selection.real_servers.clone(),
+                        service: service_port.clone(),
+                    };
+                    plan.terminating_fallback |= selection.fallback;
+                    match plan.virtual_servers.entry(key) {
+                        Entry::Vacant(entry) => {
+                            entry.insert(virtual_server);
+                        }
+                        Entry::Occupied(entry) if *entry.get() == virtual_server => {}
+                        Entry::Occupied(entry) => plan.problems.push(problem(format!(
+                            "virtual server {key} is defined twice (for {} and spec.ports[{i}]); \
+                         the first definition is used",
+                            entry.get().service
+                        ))),
+                    }
+                };
+            for &ip in &family_cluster_ips {
+                add(&mut plan, ip, number, internal);
+                plan.bind_addresses.insert(ip);
+            }
+            let family = |ip: &&IpAddr| ip.is_ipv4() == ipv4;
+            for &ip in external_ips.iter().chain(&load_balancer_ips).filter(family) {
+                add(&mut plan, ip, number, external);
+                plan.bind_addresses.insert(ip);
+            }
+            if let Some(node_port) = node_port {
+                for &ip in context.node_port_ips.iter().filter(family) {
+                    add(&mut plan, ip, node_port, external);
+                }
+            }
+        }
+    }
+
+    if service_type == ServiceType::LoadBalancer && external_local {
+        match spec.health_check_node_port {
+            None | Some(0) => {}
+            Some(value) => match port_number(value) {
+                Some(port) => {
+                    // Distinct local ready endpoint IPs over all ports, as kube-proxy's
+                    // `LocalReadyEndpoints` (terminating ones do not count: 503 when only
+                    // terminating endpoints are left, per the design brief).
+                    let local_ready: BTreeSet<IpAddr> = endpoints
+                        .values()
+                        .flatten()
+                        .filter(|e| e.local && e.ready)
+                        .map(|e| e.address.ip())
+                        .collect();
+                    plan.health_check_node_port = Some((
+                        port,
+                        HealthCheckNodePort {
+                            namespace: plan.namespace.clone(),
+                            name: plan.name.clone(),
+                            local_ready_endpoints: local_ready.len(),
+                        },
+                    ));
+                }
+                None => plan.problems.push(problem(format!(
+                    "spec.healthCheckNodePort {value} is out of range; no health check"
+                ))),
+            },
+        }
+    }
+    Some(plan)
+}
+
+/// `field[i]` or `field`.
+fn indexed_field(field: &str, index: Option<usize>) -> String {
+    match index {
+        Some(i) => format!("{field}[{i}]"),
+        None => field.to_owned(),
+    }
+}
+
+/// Parses IP address strings, reporting each invalid one (named by `field(index)`) and
+/// skipping it.
+fn parse_ips<'a>(
+    texts: impl IntoIterator<Item = &'a String>,
+    field: impl Fn(usize) -> String,
+    mut report: impl FnMut(String),
+) -> Vec<IpAddr> {
+    texts
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, text)| match text.parse() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                report(format!(
+                    "{} {text:?} is not a valid IP address; ignored",
+                    field(i)
+                ));
+                None
+            }
+        })
+        .collect()
+}
+
+/// The VIP-mode load-balancer ingress IPs of a LoadBalancer Service (KEP-1860).
+///
+/// Hostname-only entries are ignored. With `LoadBalancerIPMode` on, `ipMode: Proxy` entries
+/// are left out (no virtual server, no binding) and `ipMode` unset or `VIP` is a VIP; an
+/// unknown mode is reported and left out, as kube-proxy's `IsVIPMode` does. With the gate off
+/// every ingress IP is a VIP.
+fn load_balancer_vips(
+    service: &Service,
+    context: &PlanContext,
+    mut report: impl FnMut(String),
+) -> Vec<IpAddr> {
+    let ingress = service
+        .status
+        .as_ref()
+        .and_then(|status| status.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    let mut vips = Vec::new();
+    for (i, entry) in ingress.into_iter().flatten().enumerate() {
+        let Some(text) = entry.ip.as_ref().filter(|ip| !ip.is_empty()) else {
+            continue;
+        };
+        let Ok(ip) = text.parse::<IpAddr>() else {
+            report(format!(
+                "status.loadBalancer.ingress[{i}].ip {text:?} is not a valid IP address; ignored"
+            ));
+            continue;
+        };
+        if context.load_balancer_ip_mode {
+            match entry.ip_mode.as_deref() {
+                None | Some("VIP") => {}
+                Some("Proxy") => continue,
+                Some(other) => {
+                    report(format!(
+                        "status.loadBalancer.ingress[{i}].ipMode {other:?} is unknown (expected VIP \
+                         or Proxy); {ip} is not treated as a VIP"
+                    ));
+                    continue;
+                }
+            }
+        }
+        vips.push(ip);
+    }
+    vips
+}
