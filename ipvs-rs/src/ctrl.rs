@@ -34,6 +34,15 @@ pub(crate) fn family_id(reply: &GenlCtrl) -> Option<u16> {
     })
 }
 
+/// Maps the errno of a failed `CTRL_CMD_GETFAMILY`: `ENOENT` means the
+/// family is not registered.
+pub(crate) fn family_error(errno: i32) -> Error {
+    match errno {
+        libc::ENOENT => Error::FamilyNotFound,
+        errno => Error::from_errno(errno),
+    }
+}
+
 /// Asks the kernel for the id of the generic-netlink family `name` over a
 /// short-lived socket of its own. If the family is not registered yet, the
 /// kernel first tries to load the module that declares it
@@ -56,8 +65,7 @@ pub(crate) async fn resolve_family(name: &str) -> Result<u16, Error> {
                         None => id.ok_or_else(|| {
                             Error::Decode("CTRL_CMD_GETFAMILY reply lacks a family id".into())
                         }),
-                        Some(libc::ENOENT) => Err(Error::FamilyNotFound),
-                        Some(errno) => Err(Error::from_errno(errno)),
+                        Some(errno) => Err(family_error(errno)),
                     };
                 }
                 _ => {}

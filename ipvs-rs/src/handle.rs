@@ -43,6 +43,35 @@ pub(crate) fn request_message(
     message
 }
 
+/// What one message received for a request means.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// An IPVS message of the answer (a reply or a dump entry).
+    Reply(IpvsMessage),
+    /// The request is over: acknowledged or dump complete (`Ok`), or
+    /// refused by the kernel (`Err`, from the negative errno of an
+    /// `NLMSG_ERROR` or of an `NLMSG_DONE` that ends a failed dump).
+    End(Result<(), Error>),
+    /// Nothing for the request (`NLMSG_NOOP`).
+    Skip,
+}
+
+/// Classifies one message received for a request.
+pub(crate) fn step(message: NetlinkMessage<GenlMessage<IpvsMessage>>) -> Step {
+    match message.payload {
+        NetlinkPayload::InnerMessage(genl) => Step::Reply(genl.payload),
+        NetlinkPayload::Error(err) => Step::End(match err.code {
+            None => Ok(()),
+            Some(code) => Err(Error::from_errno(code.get().saturating_abs())),
+        }),
+        NetlinkPayload::Done(done) => Step::End(match done.code {
+            0 => Ok(()),
+            code => Err(Error::from_errno(code.saturating_abs())),
+        }),
+        _ => Step::Skip,
+    }
+}
+
 /// A connection to the kernel's IPVS configuration interface (the `IPVS`
 /// generic-netlink family of `net/netfilter/ipvs/ip_vs_ctl.c`).
 ///
@@ -250,21 +279,10 @@ impl Handle {
         let mut replies = self.connection.request(message, SocketAddr::new(0, 0))?;
         let mut answer = Vec::new();
         while let Some(reply) = replies.next().await {
-            match reply.payload {
-                NetlinkPayload::InnerMessage(genl) => answer.push(genl.payload),
-                NetlinkPayload::Error(err) => {
-                    return match err.code {
-                        None => Ok(answer),
-                        Some(code) => Err(Error::from_errno(code.get().saturating_abs())),
-                    };
-                }
-                NetlinkPayload::Done(done) => {
-                    return match done.code {
-                        0 => Ok(answer),
-                        code => Err(Error::from_errno(code.saturating_abs())),
-                    };
-                }
-                _ => {}
+            match step(reply) {
+                Step::Reply(message) => answer.push(message),
+                Step::End(result) => return result.map(|()| answer),
+                Step::Skip => {}
             }
         }
         // The connection dropped the request without a final message.
