@@ -5,6 +5,10 @@
 //! [`dataplane::diff`] → [`dataplane::Op`]s → [`dataplane::Dataplane`].
 
 pub mod dataplane;
+pub mod format;
+pub mod manifests;
 pub mod model;
+pub mod plan;
+pub mod run;
 pub mod sync;
 pub mod sysctl;

@@ -75,7 +75,9 @@ impl<D: Dataplane> Syncer<D> {
 mod tests {
     use super::*;
     use crate::dataplane::fake::FakeDataplane;
-    use crate::model::{ObservedState, Protocol, VirtualServer, VirtualServerKey, VirtualServerSpec};
+    use crate::model::{
+        ObservedState, Protocol, VirtualServer, VirtualServerKey, VirtualServerSpec,
+    };
 
     fn state() -> DesiredState {
         let key = VirtualServerKey {

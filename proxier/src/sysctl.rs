@@ -149,9 +149,11 @@ mod tests {
             .collect();
         assert!(paths.contains(&"net/ipv4/conf/all/arp_ignore"));
         assert!(paths.contains(&"net/ipv4/conf/all/arp_announce"));
-        assert!(!required(Some((6, 1)), false)
-            .iter()
-            .any(|s| s.path.contains("arp")));
+        assert!(
+            !required(Some((6, 1)), false)
+                .iter()
+                .any(|s| s.path.contains("arp"))
+        );
     }
 
     #[test]

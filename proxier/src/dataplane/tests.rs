@@ -138,7 +138,10 @@ fn tcp_real_server_with_connections_drains_at_weight_zero() {
         rs: leaving,
         weight: 0,
     };
-    assert_eq!(diff(&after, &o, &Ownership::default()), [drain.clone()]);
+    assert_eq!(
+        diff(&after, &o, &Ownership::default()),
+        std::slice::from_ref(&drain)
+    );
     // While it still has connections, nothing more happens.
     let mut fake = FakeDataplane::new(o);
     run(&mut fake, &[drain]);
