@@ -105,6 +105,12 @@ impl Handle {
     /// [`Error::Io`] when a socket cannot be opened.
     pub async fn connect() -> Result<Handle, Error> {
         let family_id = ctrl::resolve_family(IpvsMessage::family_name()).await?;
+        Handle::open(family_id)
+    }
+
+    /// Opens the socket and spawns its connection task, for messages of the
+    /// generic-netlink family `family_id`.
+    pub(crate) fn open(family_id: u16) -> Result<Handle, Error> {
         let (mut connection, handle, _unsolicited) =
             netlink_proto::new_connection::<GenlMessage<IpvsMessage>>(NETLINK_GENERIC)?;
         // Hand acknowledgements and end-of-dump markers to the requests so
@@ -270,7 +276,7 @@ impl Handle {
 
     /// Sends one request and collects the IPVS messages of its answer, up to
     /// the acknowledgement (do) or `NLMSG_DONE` (dump).
-    async fn execute(
+    pub(crate) async fn execute(
         &self,
         payload: IpvsMessage,
         kind: Request,

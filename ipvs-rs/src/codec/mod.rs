@@ -22,7 +22,7 @@
 //! * unknown attributes parse into the `Other(DefaultNla)` variant of each
 //!   enum and emit back unchanged; malformed known attributes (wrong length,
 //!   truncated headers, invalid UTF-8 in names) give a
-//!   [`DecodeError`](netlink_packet_core::DecodeError), never a panic.
+//!   [`DecodeError`], never a panic.
 
 mod dest;
 mod info;

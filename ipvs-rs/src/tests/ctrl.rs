@@ -101,3 +101,20 @@ fn missing_family_maps_to_family_not_found() {
     assert!(matches!(family_error(libc::ENOENT), Error::FamilyNotFound));
     assert!(matches!(family_error(libc::EPERM), Error::PermissionDenied));
 }
+
+/// Positive control against the running kernel: `nlctrl` itself is always
+/// registered, with the fixed id `GENL_ID_CTRL`. This parses a real
+/// `CTRL_CMD_NEWFAMILY` reply (operations, multicast groups) end to end.
+#[tokio::test]
+async fn resolves_a_family_the_kernel_has() {
+    let id = crate::ctrl::resolve_family("nlctrl").await.unwrap();
+    assert_eq!(id, 0x10);
+}
+
+#[tokio::test]
+async fn unknown_family_is_family_not_found() {
+    let err = crate::ctrl::resolve_family("kipvs-no-such")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::FamilyNotFound), "got {err:?}");
+}

@@ -19,6 +19,7 @@ mod dest;
 mod errors;
 mod robustness;
 mod service;
+mod transport;
 mod types;
 
 use netlink_packet_core::NetlinkMessage;
