@@ -213,7 +213,9 @@ mod tests {
     fn condition_matrix() {
         // (ready, serving, terminating) → weight alone (gate on), weight next to a ready one
         // (gate on), weight with the gate off. None: not a real server.
-        let matrix: [((bool, bool, bool), Option<u32>, Option<u32>, Option<u32>); 8] = [
+        type Weight = Option<u32>;
+        type Row = ((bool, bool, bool), Weight, Weight, Weight);
+        let matrix: [Row; 8] = [
             ((true, true, false), Some(1), Some(1), Some(1)),
             // ready+terminating cannot come from the API server, but nil `ready` defaults to
             // true: kube-proxy treats such an endpoint as ready, so does kipvs.

@@ -1,0 +1,184 @@
+//! Data-driven `plan()` vectors: every directory under `testdata/plan/` is one case.
+//!
+//! A case holds:
+//! - `input.yaml`: Services, EndpointSlices and Nodes (read with [`manifests::load`]). It starts
+//!   with comments naming the upstream kube-proxy test it mirrors and where kipvs's semantics
+//!   differ. The node is `test-node`; its IPs come from a `# node-ips: a, b` comment, else from
+//!   the InternalIP addresses of a Node named `test-node` in the input, else there are none.
+//! - `config.yaml` (optional): the [`ProxierConfiguration`]; defaults otherwise.
+//! - `expected.ipvsadm`: the `ipvsadm -Sn` rules ([`format::ipvsadm`]).
+//! - `expected.bind`: addresses bound on `kube-ipvs0`, one per line.
+//! - `expected.healthcheck`: health-check node ports, `port namespace/name localReadyEndpoints`.
+//! - `expected.problems`: manifest errors (file names relative to the case), then plan problems.
+//! - `expected.counts`: the non-zero metric counts, `name value`.
+//!
+//! Every expectation file but `expected.ipvsadm` may be left out, which means "nothing": no
+//! bound address, no health-check port, no problem, all counts zero.
+
+use kipvs_crds::ProxierConfiguration;
+use kipvs_proxier::format;
+use kipvs_proxier::manifests;
+use kipvs_proxier::plan::{self, Plan, PlanInput};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+const NODE_NAME: &str = "test-node";
+
+fn case_dirs() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plan");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+fn read_optional(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => panic!("{}: {e}", path.display()),
+    }
+}
+
+/// Node IPs from the `# node-ips:` comment of the input.
+fn node_ips_comment(input: &str) -> Option<Vec<IpAddr>> {
+    input.lines().find_map(|line| {
+        let list = line.strip_prefix("# node-ips:")?;
+        Some(
+            list.split(',')
+                .map(str::trim)
+                .filter(|ip| !ip.is_empty())
+                .map(|ip| ip.parse().unwrap_or_else(|_| panic!("bad node IP {ip:?}")))
+                .collect(),
+        )
+    })
+}
+
+/// Everything a case checks, rendered as the expectation files spell it.
+struct Outcome {
+    ipvsadm: String,
+    bind: String,
+    healthcheck: String,
+    problems: String,
+    counts: String,
+}
+
+fn run_case(dir: &Path) -> Outcome {
+    let input_path = dir.join("input.yaml");
+    let input = std::fs::read_to_string(&input_path).unwrap();
+    assert!(
+        input.starts_with("# "),
+        "{}: must start with a comment naming the upstream test",
+        input_path.display()
+    );
+    let (snapshot, manifest_errors) = manifests::load(&input_path).unwrap();
+    let config_path = dir.join("config.yaml");
+    let config = if config_path.exists() {
+        ProxierConfiguration::from_file(&config_path).unwrap()
+    } else {
+        ProxierConfiguration::default()
+    };
+    let node = snapshot.node(NODE_NAME);
+    let node_ips = node_ips_comment(&input)
+        .or_else(|| node.map(plan::node_internal_ips))
+        .unwrap_or_default();
+
+    let Plan {
+        desired,
+        problems,
+        no_local_endpoints,
+        terminating_fallback_services,
+    } = plan::plan(&PlanInput {
+        services: &snapshot.services,
+        endpoint_slices: &snapshot.endpoint_slices,
+        node_name: NODE_NAME,
+        node,
+        node_ips: &node_ips,
+        config: &config,
+    });
+
+    let mut bind = String::new();
+    for address in &desired.bind_addresses {
+        writeln!(bind, "{address}").unwrap();
+    }
+    let mut healthcheck = String::new();
+    for (port, hc) in &desired.health_check_node_ports {
+        let (namespace, name, count) = (&hc.namespace, &hc.name, hc.local_ready_endpoints);
+        writeln!(healthcheck, "{port} {namespace}/{name} {count}").unwrap();
+    }
+    let mut rendered_problems = String::new();
+    for mut error in manifest_errors {
+        error.file = error.file.strip_prefix(dir).unwrap().to_owned();
+        writeln!(rendered_problems, "{error}").unwrap();
+    }
+    for problem in &problems {
+        writeln!(rendered_problems, "{problem}").unwrap();
+    }
+    let mut counts = String::new();
+    for (name, value) in [
+        ("no_local_endpoints_internal", no_local_endpoints.internal),
+        ("no_local_endpoints_external", no_local_endpoints.external),
+        (
+            "terminating_fallback_services",
+            terminating_fallback_services,
+        ),
+    ] {
+        if value != 0 {
+            writeln!(counts, "{name} {value}").unwrap();
+        }
+    }
+    Outcome {
+        ipvsadm: format::ipvsadm(&desired),
+        bind,
+        healthcheck,
+        problems: rendered_problems,
+        counts,
+    }
+}
+
+#[test]
+fn plan_vectors() {
+    let dirs = case_dirs();
+    assert!(
+        dirs.len() >= 30,
+        "expected the full vector set, found {}",
+        dirs.len()
+    );
+    let mut failures = String::new();
+    for dir in &dirs {
+        let case = dir.file_name().unwrap().to_string_lossy();
+        let expected_ipvsadm = dir.join("expected.ipvsadm");
+        assert!(
+            expected_ipvsadm.exists(),
+            "{case}: expected.ipvsadm is missing"
+        );
+        let outcome = run_case(dir);
+        for (file, actual) in [
+            ("expected.ipvsadm", &outcome.ipvsadm),
+            ("expected.bind", &outcome.bind),
+            ("expected.healthcheck", &outcome.healthcheck),
+            ("expected.problems", &outcome.problems),
+            ("expected.counts", &outcome.counts),
+        ] {
+            let expected = read_optional(&dir.join(file));
+            if &expected != actual {
+                writeln!(
+                    failures,
+                    "── {case}/{file}\n   expected:\n{}   actual:\n{}",
+                    indent(&expected),
+                    indent(actual)
+                )
+                .unwrap();
+            }
+        }
+    }
+    assert!(failures.is_empty(), "plan vectors differ:\n{failures}");
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|line| format!("     {line}\n")).collect()
+}
