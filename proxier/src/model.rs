@@ -47,7 +47,8 @@ impl fmt::Display for Protocol {
 
 /// Identity of a virtual server: address, port and protocol (IPVS's `(af, protocol, addr, port)`).
 ///
-/// Ordered by address, then port, then protocol, which is the order `plan --format ipvsadm` prints.
+/// Ordered by address, then port, then protocol (`plan --format ipvsadm` uses ipvsadm's own
+/// order instead; see [`crate::format::ipvsadm`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct VirtualServerKey {
     /// Virtual address (ClusterIP, node IP, externalIP or load-balancer ingress IP).
