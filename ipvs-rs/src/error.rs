@@ -27,11 +27,11 @@ pub enum Error {
     NotFound,
     /// `EINVAL`: a required attribute is missing or malformed, an IPv6
     /// netmask outside 1..=128, a destination of another family without
-    /// tunnel forwarding, a timeout above `i32::MAX`, or an unknown command.
+    /// tunnel forwarding, or a timeout above `INT_MAX / HZ` seconds.
     #[error("invalid argument (EINVAL)")]
     InvalidArgument,
-    /// `EOPNOTSUPP`: the kernel does not support the operation (for example
-    /// a tunnel type it was built without).
+    /// `EOPNOTSUPP`: the family has no handler for the command
+    /// (`genl_family_rcv_msg`), e.g. a command newer than the kernel.
     #[error("operation not supported (EOPNOTSUPP)")]
     NotSupported,
     /// `EAFNOSUPPORT`: address family other than `AF_INET`/`AF_INET6`, or

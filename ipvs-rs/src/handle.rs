@@ -258,7 +258,7 @@ impl Handle {
     /// Sets the connection timeouts (`IPVS_CMD_SET_CONFIG`,
     /// `ip_vs_set_timeout`); a 0 leaves that timeout unchanged.
     ///
-    /// Errors: [`Error::InvalidArgument`] for a value above `i32::MAX`.
+    /// Errors: [`Error::InvalidArgument`] for a value above `INT_MAX / HZ`.
     pub async fn set_timeouts(&self, timeouts: &Timeouts) -> Result<(), Error> {
         self.execute(IpvsMessage::set_config(timeouts), Request::Do)
             .await

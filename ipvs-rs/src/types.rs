@@ -221,7 +221,7 @@ impl BitOr for ServiceFlags {
 /// Traffic counters and rate estimates of a service or destination.
 ///
 /// Read from `IPVS_SVC_ATTR_STATS64` / `IPVS_DEST_ATTR_STATS64` (all u64,
-/// Linux ≥ 4.1) when present, otherwise from the older `..._STATS` nest whose
+/// on current kernels) when present, otherwise from the older `..._STATS` nest whose
 /// counters other than the byte counts are 32 bits wide and wrap. Rates are
 /// the kernel estimator's values (`ip_vs_est.c`), updated every 2 seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -257,7 +257,7 @@ pub struct Service {
     /// Scheduler name, e.g. `rr`, `wrr`, `lc`, `sh`, `mh`; at most 15 bytes
     /// (`IP_VS_SCHEDNAME_MAXLEN` − 1). The kernel loads `ip_vs_<name>` on
     /// demand and answers `ENOENT` if there is no such scheduler. `none`
-    /// means "no scheduler" on Linux ≥ 4.20 and is what the kernel reports
+    /// means "no scheduler" on kernels that allow that, and is what they report
     /// for a service without one.
     pub scheduler: String,
     /// Service flags. Writes send them with mask `0xffffffff` (every flag is
@@ -354,7 +354,8 @@ pub struct Destination {
     /// kernel stores an `int`: values above `i32::MAX` fail with `ERANGE`.
     pub weight: u32,
     /// Upper connection threshold; 0 means unlimited. The kernel answers
-    /// `ERANGE` when `lower_threshold > upper_threshold` and both are set.
+    /// `ERANGE` when `lower_threshold > upper_threshold`, also when the upper
+    /// one is 0.
     pub upper_threshold: u32,
     /// Lower connection threshold; 0 means unset.
     pub lower_threshold: u32,
@@ -393,7 +394,7 @@ impl Destination {
 ///
 /// In [`crate::Handle::set_timeouts`] a 0 leaves that timeout unchanged
 /// (`ip_vs_set_timeout` only applies non-zero values); values above
-/// `i32::MAX` fail with `EINVAL`. [`crate::Handle::timeouts`] reports 0 for a
+/// `INT_MAX / HZ` fail with `EINVAL`. [`crate::Handle::timeouts`] reports 0 for a
 /// protocol the kernel was built without (`CONFIG_IP_VS_PROTO_TCP`/`UDP`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Timeouts {

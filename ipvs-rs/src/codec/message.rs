@@ -460,8 +460,9 @@ fn service_entry_attrs(service: &Service) -> Vec<ServiceAttr> {
     }
     attrs.extend([
         ServiceAttr::Flags(IpvsFlags {
-            // HASHED is kernel-owned: kernels before 5.13 refuse to hash a
-            // new service that arrives with it set.
+            // HASHED is kernel-owned: kernels without the 2021 fix in
+            // ip_vs_add_service copy it and then leave the new service
+            // out of the hash table.
             flags: service.flags.without_hashed(),
             mask: u32::MAX,
         }),
@@ -549,7 +550,6 @@ fn service_from_attrs(attrs: &[ServiceAttr]) -> Result<Service, Error> {
 fn dest_from_attrs(attrs: &[DestAttr]) -> Result<Destination, Error> {
     let mut address = None;
     let mut port = None;
-    let mut forward = ForwardMethod::default();
     let mut dest = Destination::new(IpAddr::from([0, 0, 0, 0]), 0, 0);
     let mut stats = None;
     let mut stats64 = None;
@@ -558,7 +558,7 @@ fn dest_from_attrs(attrs: &[DestAttr]) -> Result<Destination, Error> {
             DestAttr::Addr(v) => address = Some(*v),
             DestAttr::Port(v) => port = Some(*v),
             DestAttr::FwdMethod(raw) => {
-                forward = ForwardMethod::from_raw(*raw)
+                dest.forward = ForwardMethod::from_raw(*raw)
                     .ok_or_else(|| Error::Decode(format!("unknown forwarding method {raw}")))?
             }
             DestAttr::Weight(v) => dest.weight = *v,
@@ -578,7 +578,6 @@ fn dest_from_attrs(attrs: &[DestAttr]) -> Result<Destination, Error> {
     }
     dest.address = address.ok_or_else(|| missing("IPVS_DEST_ATTR_ADDR"))?;
     dest.port = port.ok_or_else(|| missing("IPVS_DEST_ATTR_PORT"))?;
-    dest.forward = forward;
     dest.stats = Stats::from_nests(stats, stats64);
     Ok(dest)
 }
