@@ -387,3 +387,82 @@ fn load_balancer_vips(
     }
     vips
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kipvs_crds::ProxierConfiguration;
+
+    fn context() -> PlanContext {
+        let node_ips = ["192.168.0.10".parse().unwrap()];
+        PlanContext::new(
+            "test-node",
+            None,
+            &node_ips,
+            &ProxierConfiguration::default(),
+        )
+        .0
+    }
+
+    fn service(yaml: &str) -> Service {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn skipped_services_have_no_plan() {
+        for yaml in [
+            "metadata: {name: a}\nspec: {clusterIP: None, ports: [{port: 80}]}",
+            "metadata: {name: a}\nspec: {clusterIPs: [None], ports: [{port: 80}]}",
+            "metadata: {name: a}\nspec: {type: ExternalName, externalName: x.example}",
+            "metadata: {name: a, labels: {service.kubernetes.io/service-proxy-name: x}}\n\
+             spec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}",
+        ] {
+            assert_eq!(
+                plan_service(&service(yaml), &[], &context()),
+                None,
+                "{yaml}"
+            );
+        }
+    }
+
+    #[test]
+    fn service_without_cluster_ip_is_reported() {
+        let plan = plan_service(
+            &service("metadata: {name: a}\nspec: {ports: [{port: 80}]}"),
+            &[],
+            &context(),
+        )
+        .unwrap();
+        assert!(plan.virtual_servers.is_empty());
+        assert_eq!(
+            plan.problems[0].to_string(),
+            "Service default/a: spec.clusterIP is not set; the Service is skipped (as kube-proxy does)"
+        );
+    }
+
+    #[test]
+    fn conflicting_ports_keep_the_first_definition() {
+        let yaml = "metadata: {name: a, namespace: ns}\n\
+                    spec: {clusterIP: 10.0.0.1, type: Fancy, ports: [{name: x, port: 80}, {name: y, port: 80}]}";
+        let slice: EndpointSlice = serde_saphyr::from_str(
+            "metadata: {name: a-1, namespace: ns}\naddressType: IPv4\n\
+             endpoints: [{addresses: [10.1.0.1]}]\nports: [{name: y, port: 8080}]",
+        )
+        .unwrap();
+        let plan = plan_service(&service(yaml), &[&slice], &context()).unwrap();
+        let messages: Vec<String> = plan.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            messages,
+            [
+                "Service ns/a: unknown spec.type \"Fancy\"; treated as ClusterIP",
+                "Service ns/a: virtual server TCP 10.0.0.1:80 is defined twice (for ns/a:x and \
+                 spec.ports[1]); the first definition is used",
+            ]
+        );
+        let only = plan.virtual_servers.values().next().unwrap();
+        assert_eq!(only.service, "ns/a:x");
+        assert!(only.real_servers.is_empty());
+        assert_eq!(plan.virtual_servers.len(), 1);
+        assert_eq!(plan.bind_addresses.len(), 1);
+    }
+}
