@@ -90,3 +90,37 @@ async fn concurrent_dumps_and_requests_all_complete() {
         result.unwrap();
     }
 }
+
+/// Handles and their request futures can move across threads (for
+/// `tokio::spawn` on a multi-threaded runtime), and errors suit `anyhow`.
+/// The futures are only built, never polled, so nothing is sent.
+#[tokio::test]
+async fn handles_futures_and_errors_are_send_and_sync() {
+    fn send<T: Send>(_: T) {}
+    fn send_sync_static<T: Send + Sync + 'static>() {}
+    send_sync_static::<Handle>();
+    send_sync_static::<Error>();
+    let handle = Handle::open(GENL_ID_CTRL).unwrap();
+    let service = crate::Service::new(
+        crate::ServiceId::Fwmark {
+            family: crate::AddressFamily::Inet,
+            mark: 1,
+        },
+        "rr",
+    );
+    let dest = crate::Destination::new(std::net::Ipv4Addr::LOCALHOST.into(), 80, 1);
+    let id = &service.id;
+    send(handle.services());
+    send(handle.service(id));
+    send(handle.add_service(&service));
+    send(handle.update_service(&service));
+    send(handle.delete_service(id));
+    send(handle.destinations(id));
+    send(handle.add_destination(id, &dest));
+    send(handle.update_destination(id, &dest));
+    send(handle.delete_destination(id, dest.address, dest.port));
+    send(handle.timeouts());
+    send(handle.set_timeouts(&crate::Timeouts::default()));
+    send(handle.info());
+    send(Handle::connect());
+}
