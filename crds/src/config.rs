@@ -170,19 +170,19 @@ pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {error}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error (part of the message, so not also a `source()`).
+        error: std::io::Error,
     },
     /// The YAML is malformed or does not fit the schema: an unknown field (named in the
     /// message), a wrong type, or a bad duration.
     #[error("invalid configuration: {0}")]
     Yaml(String),
     /// `featureGates` names a gate kipvs does not know.
-    #[error("featureGates: {0}")]
+    #[error(transparent)]
     UnknownGate(#[from] UnknownGate),
     /// A field has a value that parses but is not allowed.
     #[error("{field}: {message}")]
@@ -193,12 +193,12 @@ pub enum ConfigError {
         message: String,
     },
     /// An error in a configuration file, with the file's path.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     File {
         /// The file.
         path: PathBuf,
-        /// The error in it.
-        source: Box<ConfigError>,
+        /// The error in it (part of the message, so not also a `source()`).
+        error: Box<ConfigError>,
     },
 }
 
@@ -224,13 +224,13 @@ impl ProxierConfiguration {
     /// [`from_yaml_str`](Self::from_yaml_str) wrapped in [`ConfigError::File`] with the path.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Self::from_yaml_str(&text).map_err(|e| ConfigError::File {
             path: path.to_owned(),
-            source: Box::new(e),
+            error: Box::new(e),
         })
     }
 
