@@ -8,8 +8,8 @@ use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage, NetlinkPaylo
 use netlink_packet_generic::GenlMessage;
 use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
 use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
-use netlink_proto::sys::SocketAddr;
-use netlink_proto::sys::protocols::NETLINK_GENERIC;
+use netlink_sys::SocketAddr;
+use netlink_sys::protocols::NETLINK_GENERIC;
 
 use crate::error::Error;
 

@@ -6,8 +6,8 @@ use futures::StreamExt;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_generic::{GenlFamily, GenlMessage};
 use netlink_proto::ConnectionHandle;
-use netlink_proto::sys::SocketAddr;
-use netlink_proto::sys::protocols::NETLINK_GENERIC;
+use netlink_sys::SocketAddr;
+use netlink_sys::protocols::NETLINK_GENERIC;
 
 use crate::codec::IpvsMessage;
 use crate::ctrl;
