@@ -182,8 +182,8 @@ pub enum ConfigError {
     #[error("invalid configuration: {0}")]
     Yaml(String),
     /// `featureGates` names a gate kipvs does not know.
-    #[error(transparent)]
-    UnknownGate(#[from] UnknownGate),
+    #[error("featureGates: {0}")]
+    UnknownGate(UnknownGate),
     /// A field has a value that parses but is not allowed.
     #[error("{field}: {message}")]
     Invalid {
@@ -200,6 +200,12 @@ pub enum ConfigError {
         /// The error in it (part of the message, so not also a `source()`).
         error: Box<ConfigError>,
     },
+}
+
+impl From<UnknownGate> for ConfigError {
+    fn from(e: UnknownGate) -> Self {
+        ConfigError::UnknownGate(e)
+    }
 }
 
 impl ProxierConfiguration {
