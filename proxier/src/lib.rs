@@ -10,5 +10,6 @@ pub mod manifests;
 pub mod model;
 pub mod plan;
 pub mod run;
+pub mod store;
 pub mod sync;
 pub mod sysctl;

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
-use kipvs_proxier::run::{self, ManifestsSource};
+use kipvs_proxier::run::{Engine, ManifestsSource, NodeIdentity, Planner, SourceHandle};
 use kipvs_proxier::{format, sysctl};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -74,6 +74,12 @@ fn source(args: &SourceArgs) -> ManifestsSource {
     ManifestsSource {
         path: args.manifests.clone(),
         node_name: args.node.clone(),
+    }
+}
+
+fn identity(args: &SourceArgs) -> NodeIdentity {
+    NodeIdentity {
+        name: args.node.clone(),
         node_ips: args.node_ips.clone(),
     }
 }
@@ -134,9 +140,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             format,
         } => {
             let config = load_config(args.config.as_deref())?;
-            let (plan, _) = source(&args)
-                .plan(&config)
+            let handle = SourceHandle::default();
+            source(&args)
+                .load_into(&handle, None)
                 .with_context(|| format!("reading {}", args.manifests.display()))?;
+            let mut planner = Planner::new(identity(&args), config);
+            let plan = planner.replan(&mut handle.store.lock().expect("store lock"));
             let text = match format {
                 Format::Ipvsadm => format::ipvsadm(&plan.desired),
                 Format::Json => format::json(&plan.desired),
@@ -149,7 +158,19 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 .await
                 .context("connecting to the kernel (are the ip_vs and dummy modules loaded?)")?;
             setup_kernel(&config, &dataplane).await?;
-            run::run(&source(&args), &config, dataplane, once, shutdown_signal()).await?;
+            let handle = SourceHandle::default();
+            let source = source(&args);
+            let planner = Planner::new(identity(&args), config);
+            let mut engine = Engine::new(handle.clone(), planner, dataplane);
+            if once {
+                source
+                    .load_into(&handle, None)
+                    .with_context(|| format!("reading {}", args.manifests.display()))?;
+                engine.sync().await?;
+            } else {
+                tokio::spawn(source.watch(handle));
+                engine.run(shutdown_signal()).await;
+            }
         }
     }
     Ok(())

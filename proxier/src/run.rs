@@ -1,61 +1,246 @@
-//! `kipvs-proxier run` with the manifests source: re-read the files when they change, plan,
-//! and sync the dataplane; resync in full every `ipvs.syncPeriod`.
+//! The proxier's main loop: sources write objects into a shared [`Store`]; the [`Engine`]
+//! re-plans what changed and syncs the dataplane, at most once per `ipvs.minSyncPeriod` and
+//! at least once per `ipvs.syncPeriod` (kube-proxy's `BoundedFrequencyRunner` contract).
 
 use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, Ownership};
 use crate::manifests;
-use crate::plan::{self, Plan, PlanInput};
-use crate::sync::Syncer;
+use crate::plan::{self, Plan, PlanContext, ServicePlan};
+use crate::store::{ObjectKey, Store};
+use crate::sync::{SyncReport, Syncer};
 use kipvs_crds::config::ProxierConfiguration;
+use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// What the manifests source needs to know besides the files.
+/// What sources hold to feed the engine: the store and the wake-up signal.
+#[derive(Clone, Debug, Default)]
+pub struct SourceHandle {
+    /// Objects; write under the lock, then call [`SourceHandle::changed`].
+    pub store: Arc<Mutex<Store>>,
+    notify: Arc<Notify>,
+}
+
+impl SourceHandle {
+    /// Run `f` on the store and wake the engine.
+    pub fn update(&self, f: impl FnOnce(&mut Store)) {
+        f(&mut self.store.lock().expect("store lock"));
+        self.notify.notify_one();
+    }
+}
+
+/// Which node this proxier runs on.
 #[derive(Clone, Debug)]
-pub struct ManifestsSource {
-    /// File or directory of manifests.
-    pub path: PathBuf,
+pub struct NodeIdentity {
     /// This node's name (endpoints with this `nodeName` are local).
-    pub node_name: String,
+    pub name: String,
     /// Node IPs for NodePort virtual servers; empty means the Node's InternalIP addresses.
     pub node_ips: Vec<IpAddr>,
 }
 
-impl ManifestsSource {
-    /// Load the manifests and plan them. Unreadable documents and unplannable objects are
-    /// logged as warnings naming the object; everything else is planned.
-    ///
-    /// Errors: only when the path itself cannot be read.
-    pub fn plan(&self, config: &ProxierConfiguration) -> io::Result<(Plan, Vec<IpAddr>)> {
-        let (snapshot, errors) = manifests::load(&self.path)?;
-        for e in &errors {
-            tracing::warn!("skipped manifest: {e}");
+/// Plans from the store incrementally: keeps the plan of every Service and re-plans only the
+/// Services whose objects changed (all of them when the Node changed or on the first call).
+pub struct Planner {
+    identity: NodeIdentity,
+    config: ProxierConfiguration,
+    service_plans: BTreeMap<ObjectKey, ServicePlan>,
+    plan: Plan,
+    node_ips: Vec<IpAddr>,
+}
+
+impl Planner {
+    /// A planner for this node and configuration.
+    pub fn new(identity: NodeIdentity, config: ProxierConfiguration) -> Self {
+        Planner {
+            identity,
+            config,
+            service_plans: BTreeMap::new(),
+            plan: Plan::default(),
+            node_ips: Vec::new(),
         }
-        let node = snapshot.node(&self.node_name);
-        let node_ips = if self.node_ips.is_empty() {
+    }
+
+    /// The last plan (desired state, problems, counts).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The configuration planned with.
+    pub fn config(&self) -> &ProxierConfiguration {
+        &self.config
+    }
+
+    /// The node IPs of the last plan (NodePort virtual servers live on them).
+    pub fn node_ips(&self) -> &[IpAddr] {
+        &self.node_ips
+    }
+
+    /// Take the store's changes and re-plan the affected Services; problems with changed
+    /// objects are logged as warnings naming them.
+    pub fn replan(&mut self, store: &mut Store) -> &Plan {
+        let dirty = store.take_dirty();
+        let node = store.node();
+        self.node_ips = if self.identity.node_ips.is_empty() {
             node.map(plan::node_internal_ips).unwrap_or_default()
         } else {
-            self.node_ips.clone()
+            self.identity.node_ips.clone()
         };
-        let plan = plan::plan(&PlanInput {
-            services: &snapshot.services,
-            endpoint_slices: &snapshot.endpoint_slices,
-            node_name: &self.node_name,
-            node,
-            node_ips: &node_ips,
-            config,
-        });
-        for p in &plan.problems {
-            tracing::warn!("{p}");
+        let (context, mut problems) =
+            PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
+        let keys: Vec<ObjectKey> = if dirty.all {
+            self.service_plans.clear();
+            store.services().map(|(k, _)| k.clone()).collect()
+        } else {
+            dirty.services.into_iter().collect()
+        };
+        for key in keys {
+            let planned = store
+                .service(&key)
+                .and_then(|s| plan::plan_service(s, &store.slices_of(&key), &context));
+            match planned {
+                Some(p) => {
+                    for problem in &p.problems {
+                        tracing::warn!("{problem}");
+                    }
+                    self.service_plans.insert(key, p);
+                }
+                None => {
+                    self.service_plans.remove(&key);
+                }
+            }
         }
-        Ok((plan, node_ips))
+        for problem in &problems {
+            tracing::warn!("{problem}");
+        }
+        let mut plan = plan::merge(self.service_plans.values());
+        problems.append(&mut plan.problems);
+        plan.problems = problems;
+        self.plan = plan;
+        &self.plan
     }
 }
 
-/// A cheap fingerprint of the manifests' contents, to notice edits.
+/// Plans from the store and syncs a dataplane.
+pub struct Engine<D> {
+    source: SourceHandle,
+    planner: Planner,
+    syncer: Syncer<D>,
+}
+
+impl<D: Dataplane> Engine<D> {
+    /// An engine over `dataplane`, fed through `source`.
+    pub fn new(source: SourceHandle, planner: Planner, dataplane: D) -> Self {
+        Engine {
+            source,
+            planner,
+            syncer: Syncer::new(dataplane, Ownership::default()),
+        }
+    }
+
+    /// The planner (last plan, configuration).
+    pub fn planner(&self) -> &Planner {
+        &self.planner
+    }
+
+    /// The dataplane.
+    pub fn dataplane(&self) -> &D {
+        self.syncer.dataplane()
+    }
+
+    /// Re-plan what changed and sync the dataplane.
+    ///
+    /// Errors: only when the dataplane cannot be observed; nothing is changed then.
+    pub async fn sync(&mut self) -> Result<SyncReport, crate::dataplane::DataplaneError> {
+        {
+            let mut store = self.source.store.lock().expect("store lock");
+            self.planner.replan(&mut store);
+        }
+        let config = &self.planner.config;
+        self.syncer.ownership = Ownership {
+            node_ips: self.planner.node_ips.iter().copied().collect(),
+            node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
+            exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
+        };
+        self.syncer.sync(&self.planner.plan.desired).await
+    }
+
+    /// Sync at start, then whenever a source reports a change (at most once per
+    /// `ipvs.minSyncPeriod`) and at least every `ipvs.syncPeriod`, until `shutdown` resolves.
+    /// A failed sync is logged and retried at the next trigger; the kernel is left as it is
+    /// on shutdown (never flushed).
+    pub async fn run(&mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let notify = self.source.notify.clone();
+        loop {
+            let started = Instant::now();
+            if let Err(e) = self.sync().await {
+                tracing::error!("sync failed, will retry: {e}");
+            }
+            let ipvs = &self.planner.config.ipvs;
+            let (min_next, period) = (started + ipvs.min_sync_period, ipvs.sync_period);
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = notify.notified() => {}
+                _ = tokio::time::sleep(period) => {}
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep_until(min_next) => {}
+            }
+        }
+    }
+}
+
+/// The manifests source: a file or directory re-read whenever its contents change.
+#[derive(Clone, Debug)]
+pub struct ManifestsSource {
+    /// File or directory of manifests.
+    pub path: PathBuf,
+    /// The node whose Node object is taken from the manifests.
+    pub node_name: String,
+}
+
+/// How often the manifests are checked for changes.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+impl ManifestsSource {
+    /// Load the files into the store if their contents changed since `seen`; returns the new
+    /// fingerprint. Unreadable documents are logged by name and skipped.
+    ///
+    /// Errors: when the path itself cannot be read (the store is left unchanged).
+    pub fn load_into(&self, handle: &SourceHandle, seen: Option<u64>) -> io::Result<u64> {
+        let current = fingerprint(&self.path)?;
+        if Some(current) != seen {
+            let (snapshot, errors) = manifests::load(&self.path)?;
+            for e in &errors {
+                tracing::warn!("skipped manifest: {e}");
+            }
+            handle.update(|store| store.replace_all(snapshot, &self.node_name));
+        }
+        Ok(current)
+    }
+
+    /// Poll the files every [`POLL_INTERVAL`] forever, loading changes into the store.
+    pub async fn watch(self, handle: SourceHandle) {
+        let mut seen = None;
+        loop {
+            match self.load_into(&handle, seen) {
+                Ok(f) => seen = Some(f),
+                Err(e) => {
+                    tracing::error!(path = %self.path.display(), "cannot read manifests: {e}")
+                }
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+}
+
+/// A fingerprint of the manifests' contents, to notice edits (of any size or timestamp).
 fn fingerprint(path: &Path) -> io::Result<u64> {
     let mut hasher = DefaultHasher::new();
     let mut files = vec![path.to_path_buf()];
@@ -67,60 +252,72 @@ fn fingerprint(path: &Path) -> io::Result<u64> {
     }
     for f in files {
         f.hash(&mut hasher);
-        std::fs::read(&f).unwrap_or_default().hash(&mut hasher);
+        std::fs::read(&f)?.hash(&mut hasher);
     }
     Ok(hasher.finish())
 }
 
-/// How often the files are checked for changes.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::fake::FakeDataplane;
 
-/// Run until `shutdown` resolves: sync at start, whenever the manifests change (at most once
-/// per `ipvs.minSyncPeriod`) and at least every `ipvs.syncPeriod`. Failed ops and unreadable
-/// files are logged and retried on the next sync; the kernel state is left as it is on
-/// shutdown (never flushed).
-pub async fn run<D: Dataplane>(
-    source: &ManifestsSource,
-    config: &ProxierConfiguration,
-    dataplane: D,
-    once: bool,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> io::Result<()> {
-    let exclude_cidrs = config.ipvs.parsed_exclude_cidrs().unwrap_or_default();
-    let mut syncer = Syncer::new(dataplane, Ownership::default());
-    let mut seen: Option<u64> = None;
-    let mut last_sync: Option<Instant> = None;
-    tokio::pin!(shutdown);
-    loop {
-        let current = fingerprint(&source.path).ok();
-        let changed = current != seen;
-        let resync_due = last_sync.is_none_or(|t| t.elapsed() >= config.ipvs.sync_period);
-        let allowed = last_sync.is_none_or(|t| t.elapsed() >= config.ipvs.min_sync_period);
-        if (changed || resync_due) && allowed {
-            match source.plan(config) {
-                Ok((plan, node_ips)) => {
-                    syncer.ownership = Ownership {
-                        node_ips: node_ips.into_iter().collect(),
-                        node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
-                        exclude_cidrs: exclude_cidrs.clone(),
-                    };
-                    match syncer.sync(&plan.desired).await {
-                        Ok(_) => seen = current,
-                        Err(e) => tracing::error!("sync failed, nothing changed: {e}"),
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(path = %source.path.display(), "cannot read manifests: {e}")
-                }
-            }
-            last_sync = Some(Instant::now());
-            if once {
-                return Ok(());
-            }
-        }
-        tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            _ = tokio::time::sleep(POLL_INTERVAL) => {}
-        }
+    const WEB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.20
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+endpoints:
+- addresses: [10.244.1.2]
+  conditions: {ready: READY}
+ports: [{name: http, port: 8080, protocol: TCP}]
+"#;
+
+    #[tokio::test]
+    async fn manifest_edits_flow_to_the_dataplane() {
+        let dir = std::env::temp_dir().join(format!("kipvs-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("web.yaml");
+        std::fs::write(&file, WEB.replace("READY", "true")).unwrap();
+        let handle = SourceHandle::default();
+        let source = ManifestsSource {
+            path: file.clone(),
+            node_name: "n1".into(),
+        };
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let mut engine = Engine::new(handle.clone(), planner, FakeDataplane::default());
+        let seen = source.load_into(&handle, None).unwrap();
+        assert_eq!(engine.sync().await.unwrap().ops.len(), 3);
+        // No change: nothing re-planned, nothing applied.
+        assert_eq!(source.load_into(&handle, Some(seen)).unwrap(), seen);
+        assert!(engine.sync().await.unwrap().ops.is_empty());
+        // The endpoint stops being ready: its real server goes away.
+        std::fs::write(&file, WEB.replace("READY", "false")).unwrap();
+        source.load_into(&handle, Some(seen)).unwrap();
+        let report = engine.sync().await.unwrap();
+        assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
+        let vs = engine
+            .dataplane()
+            .state
+            .virtual_servers
+            .values()
+            .next()
+            .unwrap();
+        assert!(vs.real_servers.is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,0 +1,316 @@
+//! The proxier's view of the cluster: Services, EndpointSlices and the own Node, with the
+//! set of Services whose objects changed since the last sync.
+//!
+//! Every source writes here — the manifests source with [`Store::replace_all`] on each file
+//! change, the Kubernetes source with per-object upserts and deletes from its watches (and
+//! `replace_all` on a relist) — and the sync loop takes [`Store::take_dirty`] to re-plan
+//! only what changed. A write that changes nothing marks nothing dirty, so a relist of an
+//! unchanged cluster costs no planning.
+
+use crate::manifests::Snapshot;
+use crate::plan::SERVICE_NAME_LABEL;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// `(namespace, name)` of a namespaced object.
+pub type ObjectKey = (String, String);
+
+/// The key of an object's metadata (`default` namespace when unset, as kubectl does).
+pub fn object_key(meta: &ObjectMeta) -> ObjectKey {
+    (
+        meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The Service an EndpointSlice belongs to (`kubernetes.io/service-name` label, same
+/// namespace), if labelled.
+pub fn slice_service(slice: &EndpointSlice) -> Option<ObjectKey> {
+    let (namespace, _) = object_key(&slice.metadata);
+    let service = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some((namespace, service.clone()))
+}
+
+/// What changed since the last [`Store::take_dirty`].
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Dirty {
+    /// Every Service must be re-planned (first sync, the Node or the configuration changed).
+    pub all: bool,
+    /// Services whose Service object or EndpointSlices changed (including deleted ones).
+    pub services: BTreeSet<ObjectKey>,
+}
+
+impl Dirty {
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.services.is_empty()
+    }
+}
+
+/// Objects by key, plus the dirty set. Starts all-dirty.
+#[derive(Debug)]
+pub struct Store {
+    services: BTreeMap<ObjectKey, Service>,
+    slices: BTreeMap<ObjectKey, EndpointSlice>,
+    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    node: Option<Node>,
+    dirty: Dirty,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Store {
+            services: BTreeMap::new(),
+            slices: BTreeMap::new(),
+            slices_by_service: BTreeMap::new(),
+            node: None,
+            dirty: Dirty {
+                all: true,
+                services: BTreeSet::new(),
+            },
+        }
+    }
+}
+
+impl Store {
+    /// Add or replace a Service; marks it dirty if it changed.
+    pub fn upsert_service(&mut self, service: Service) {
+        let key = object_key(&service.metadata);
+        if self.services.get(&key) != Some(&service) {
+            self.services.insert(key.clone(), service);
+            self.dirty.services.insert(key);
+        }
+    }
+
+    /// Remove a Service; marks it dirty if it existed.
+    pub fn delete_service(&mut self, key: &ObjectKey) {
+        if self.services.remove(key).is_some() {
+            self.dirty.services.insert(key.clone());
+        }
+    }
+
+    /// Add or replace an EndpointSlice; marks its Service (old and new, if the label moved)
+    /// dirty if it changed.
+    pub fn upsert_slice(&mut self, slice: EndpointSlice) {
+        let key = object_key(&slice.metadata);
+        if self.slices.get(&key) == Some(&slice) {
+            return;
+        }
+        self.delete_slice(&key);
+        if let Some(service) = slice_service(&slice) {
+            self.slices_by_service
+                .entry(service.clone())
+                .or_default()
+                .insert(key.clone());
+            self.dirty.services.insert(service);
+        }
+        self.slices.insert(key, slice);
+    }
+
+    /// Remove an EndpointSlice; marks its Service dirty if it existed.
+    pub fn delete_slice(&mut self, key: &ObjectKey) {
+        let Some(old) = self.slices.remove(key) else {
+            return;
+        };
+        if let Some(service) = slice_service(&old) {
+            if let Some(set) = self.slices_by_service.get_mut(&service) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.slices_by_service.remove(&service);
+                }
+            }
+            self.dirty.services.insert(service);
+        }
+    }
+
+    /// Set the own Node (or forget it); marks everything dirty if it changed.
+    pub fn set_node(&mut self, node: Option<Node>) {
+        if self.node != node {
+            self.node = node;
+            self.dirty.all = true;
+        }
+    }
+
+    /// Mark everything dirty (the configuration changed).
+    pub fn mark_all_dirty(&mut self) {
+        self.dirty.all = true;
+    }
+
+    /// Make the store hold exactly `snapshot`'s Services and EndpointSlices and the Node named
+    /// `node_name`; only objects that differ mark their Services dirty.
+    pub fn replace_all(&mut self, snapshot: Snapshot, node_name: &str) {
+        let node = snapshot.node(node_name).cloned();
+        self.set_node(node);
+        let services: BTreeSet<ObjectKey> = snapshot
+            .services
+            .iter()
+            .map(|s| object_key(&s.metadata))
+            .collect();
+        let gone: Vec<ObjectKey> = self
+            .services
+            .keys()
+            .filter(|k| !services.contains(*k))
+            .cloned()
+            .collect();
+        for k in &gone {
+            self.delete_service(k);
+        }
+        let slices: BTreeSet<ObjectKey> = snapshot
+            .endpoint_slices
+            .iter()
+            .map(|s| object_key(&s.metadata))
+            .collect();
+        let gone: Vec<ObjectKey> = self
+            .slices
+            .keys()
+            .filter(|k| !slices.contains(*k))
+            .cloned()
+            .collect();
+        for k in &gone {
+            self.delete_slice(k);
+        }
+        for s in snapshot.services {
+            self.upsert_service(s);
+        }
+        for s in snapshot.endpoint_slices {
+            self.upsert_slice(s);
+        }
+    }
+
+    /// Take (and clear) what changed since the last call.
+    pub fn take_dirty(&mut self) -> Dirty {
+        std::mem::take(&mut self.dirty)
+    }
+
+    /// A Service by key.
+    pub fn service(&self, key: &ObjectKey) -> Option<&Service> {
+        self.services.get(key)
+    }
+
+    /// All Services, in namespace/name order.
+    pub fn services(&self) -> impl Iterator<Item = (&ObjectKey, &Service)> {
+        self.services.iter()
+    }
+
+    /// The EndpointSlices of a Service, in name order.
+    pub fn slices_of(&self, service: &ObjectKey) -> Vec<&EndpointSlice> {
+        self.slices_by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.slices.get(k))
+            .collect()
+    }
+
+    /// The own Node, if known.
+    pub fn node(&self) -> Option<&Node> {
+        self.node.as_ref()
+    }
+
+    /// Number of Services held.
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn service(ns: &str, name: &str, ip: &str) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+                cluster_ip: Some(ip.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn slice(ns: &str, name: &str, service: &str) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([(
+                    SERVICE_NAME_LABEL.to_string(),
+                    service.to_string(),
+                )])),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints: None,
+            ports: None,
+        }
+    }
+
+    fn key(ns: &str, name: &str) -> ObjectKey {
+        (ns.into(), name.into())
+    }
+
+    #[test]
+    fn only_changes_mark_services_dirty() {
+        let mut store = Store::default();
+        store.upsert_service(service("a", "web", "10.96.0.1"));
+        store.upsert_slice(slice("a", "web-1", "web"));
+        assert!(store.take_dirty().all);
+        store.upsert_service(service("a", "web", "10.96.0.1"));
+        store.upsert_slice(slice("a", "web-1", "web"));
+        assert!(store.take_dirty().is_empty());
+        let mut s = slice("a", "web-1", "web");
+        s.address_type = "IPv6".into();
+        store.upsert_slice(s);
+        assert_eq!(store.take_dirty().services, [key("a", "web")].into());
+        assert_eq!(store.slices_of(&key("a", "web")).len(), 1);
+    }
+
+    #[test]
+    fn relabelled_slice_dirties_both_services() {
+        let mut store = Store::default();
+        store.upsert_slice(slice("a", "s1", "web"));
+        store.take_dirty();
+        store.upsert_slice(slice("a", "s1", "api"));
+        assert_eq!(
+            store.take_dirty().services,
+            [key("a", "api"), key("a", "web")].into()
+        );
+        assert!(store.slices_of(&key("a", "web")).is_empty());
+    }
+
+    #[test]
+    fn replace_all_deletes_missing_objects() {
+        let mut store = Store::default();
+        store.replace_all(
+            Snapshot {
+                services: vec![
+                    service("a", "web", "10.96.0.1"),
+                    service("b", "db", "10.96.0.2"),
+                ],
+                endpoint_slices: vec![slice("b", "db-1", "db")],
+                nodes: vec![],
+            },
+            "n1",
+        );
+        store.take_dirty();
+        store.replace_all(
+            Snapshot {
+                services: vec![service("a", "web", "10.96.0.1")],
+                endpoint_slices: vec![],
+                nodes: vec![],
+            },
+            "n1",
+        );
+        let dirty = store.take_dirty();
+        assert!(!dirty.all);
+        assert_eq!(dirty.services, [key("b", "db")].into());
+        assert_eq!(store.service_count(), 1);
+    }
+}
