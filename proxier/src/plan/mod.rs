@@ -45,8 +45,10 @@
 //! sync can keep the [`ServicePlan`]s and re-plan only the Services that changed.
 
 mod endpoints;
+mod index;
 mod service;
 
+pub use index::{DesiredIndex, ServiceKey, Touched};
 pub use service::{ServicePlan, plan_service};
 
 use crate::model::{DesiredState, Protocol, SchedFlags, VirtualServerSpec};
@@ -54,7 +56,6 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kipvs_crds::{Gate, NodePortAddress, ProxierConfiguration};
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -321,51 +322,17 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     plan
 }
 
-/// Combines Service plans into one [`Plan`], in the order given (callers pass namespace/name
-/// order). A virtual server or health-check node port claimed by an earlier Service stays
-/// with it; the later Service gets a [`Problem`]. Bind addresses are united; the
-/// no-local-endpoints and fallback flags are counted.
+/// Combines Service plans into one [`Plan`]. A virtual server or health-check node port
+/// claimed by several Services stays with the first in namespace/name order; the others get a
+/// [`Problem`]. Bind addresses are united; the no-local-endpoints and fallback flags are
+/// counted. (The same rules as [`DesiredIndex`], which keeps the union up to date.)
 pub fn merge<'a>(service_plans: impl IntoIterator<Item = &'a ServicePlan>) -> Plan {
-    let mut plan = Plan::default();
+    let mut index = DesiredIndex::default();
     for service_plan in service_plans {
-        plan.problems.extend(service_plan.problems.iter().cloned());
-        let conflict = |message: String| Problem {
-            kind: "Service",
-            namespace: service_plan.namespace.clone(),
-            name: service_plan.name.clone(),
-            message,
-        };
-        for (key, virtual_server) in &service_plan.virtual_servers {
-            match plan.desired.virtual_servers.entry(*key) {
-                Entry::Vacant(entry) => {
-                    entry.insert(virtual_server.clone());
-                }
-                Entry::Occupied(entry) => plan.problems.push(conflict(format!(
-                    "virtual server {key} is already used by {}; ignored here",
-                    entry.get().service
-                ))),
-            }
-        }
-        plan.desired
-            .bind_addresses
-            .extend(service_plan.bind_addresses.iter().copied());
-        if let Some((port, health_check)) = &service_plan.health_check_node_port {
-            match plan.desired.health_check_node_ports.entry(*port) {
-                Entry::Vacant(entry) => {
-                    entry.insert(health_check.clone());
-                }
-                Entry::Occupied(entry) => plan.problems.push(conflict(format!(
-                    "healthCheckNodePort {port} is already used by {}/{}; ignored here",
-                    entry.get().namespace,
-                    entry.get().name
-                ))),
-            }
-        }
-        plan.no_local_endpoints.internal += usize::from(service_plan.no_local_endpoints_internal);
-        plan.no_local_endpoints.external += usize::from(service_plan.no_local_endpoints_external);
-        plan.terminating_fallback_services += usize::from(service_plan.terminating_fallback);
+        let key = (service_plan.namespace.clone(), service_plan.name.clone());
+        index.update(key, Some(service_plan.clone()));
     }
-    plan
+    index.to_plan()
 }
 
 /// Namespace of a namespaced object; `default` when unset (as `kubectl apply` would).

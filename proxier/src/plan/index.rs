@@ -1,0 +1,334 @@
+//! The desired state as the union of per-Service plans, maintained incrementally.
+//!
+//! [`DesiredIndex::update`] replaces one Service's plan and reports exactly which virtual
+//! servers, bind addresses and health-check node ports may have changed, in time proportional
+//! to that Service's size (plus `log n` map operations), never to the number of Services.
+//! This is what makes a sync's cost follow the change (issue 3, "Incremental sync").
+//!
+//! Conflicts are resolved as [`merge`](super::merge) always did: when several Services claim
+//! one virtual server or health-check node port, the first in namespace/name order keeps it.
+
+use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
+use crate::model::{DesiredState, VirtualServerKey};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+/// A Service's identity: `(namespace, name)`.
+pub type ServiceKey = (String, String);
+
+/// What one [`DesiredIndex::update`] may have changed in the desired state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// Virtual servers whose desired entry may differ (added, removed or changed).
+    pub virtual_servers: BTreeSet<VirtualServerKey>,
+    /// Bind addresses that may have appeared or disappeared.
+    pub addresses: BTreeSet<IpAddr>,
+}
+
+impl Touched {
+    /// Add another update's changes.
+    pub fn extend(&mut self, other: Touched) {
+        self.virtual_servers.extend(other.virtual_servers);
+        self.addresses.extend(other.addresses);
+    }
+}
+
+/// Per-Service plans and their union (see module docs).
+#[derive(Clone, Debug, Default)]
+pub struct DesiredIndex {
+    plans: BTreeMap<ServiceKey, ServicePlan>,
+    vs_claims: BTreeMap<VirtualServerKey, BTreeSet<ServiceKey>>,
+    address_claims: BTreeMap<IpAddr, usize>,
+    health_check_claims: BTreeMap<u16, BTreeSet<ServiceKey>>,
+    desired: DesiredState,
+    no_local_endpoints: NoLocalEndpoints,
+    terminating_fallback_services: usize,
+}
+
+impl DesiredIndex {
+    /// The union of all plans.
+    pub fn desired(&self) -> &DesiredState {
+        &self.desired
+    }
+
+    /// Number of Services with a plan.
+    pub fn len(&self) -> usize {
+        self.plans.len()
+    }
+
+    /// Whether no Service has a plan.
+    pub fn is_empty(&self) -> bool {
+        self.plans.is_empty()
+    }
+
+    /// Replace (`Some`) or remove (`None`) the plan of Service `key`.
+    pub fn update(&mut self, key: ServiceKey, plan: Option<ServicePlan>) -> Touched {
+        let mut touched = Touched::default();
+        if let Some(old) = self.plans.remove(&key) {
+            self.retract(&key, &old, &mut touched);
+        }
+        if let Some(new) = plan {
+            self.assert_plan(&key, &new, &mut touched);
+            self.plans.insert(key, new);
+        }
+        touched
+    }
+
+    fn retract(&mut self, key: &ServiceKey, old: &ServicePlan, touched: &mut Touched) {
+        for vs in old.virtual_servers.keys() {
+            touched.virtual_servers.insert(*vs);
+            let claims = self.vs_claims.get_mut(vs).expect("claimed");
+            claims.remove(key);
+            match claims.first() {
+                None => {
+                    self.vs_claims.remove(vs);
+                    self.desired.virtual_servers.remove(vs);
+                }
+                Some(winner) => {
+                    let entry = self.plans[winner].virtual_servers[vs].clone();
+                    self.desired.virtual_servers.insert(*vs, entry);
+                }
+            }
+        }
+        for address in &old.bind_addresses {
+            let count = self.address_claims.get_mut(address).expect("claimed");
+            *count -= 1;
+            if *count == 0 {
+                self.address_claims.remove(address);
+                self.desired.bind_addresses.remove(address);
+                touched.addresses.insert(*address);
+            }
+        }
+        if let Some((port, _)) = &old.health_check_node_port {
+            let claims = self.health_check_claims.get_mut(port).expect("claimed");
+            claims.remove(key);
+            match claims.first() {
+                None => {
+                    self.health_check_claims.remove(port);
+                    self.desired.health_check_node_ports.remove(port);
+                }
+                Some(winner) => {
+                    let entry = self.plans[winner].health_check_node_port.clone();
+                    let (_, health_check) = entry.expect("claimed");
+                    self.desired
+                        .health_check_node_ports
+                        .insert(*port, health_check);
+                }
+            }
+        }
+        self.count(old, false);
+    }
+
+    fn assert_plan(&mut self, key: &ServiceKey, new: &ServicePlan, touched: &mut Touched) {
+        for (vs, entry) in &new.virtual_servers {
+            touched.virtual_servers.insert(*vs);
+            let claims = self.vs_claims.entry(*vs).or_default();
+            claims.insert(key.clone());
+            if claims.first() == Some(key) {
+                self.desired.virtual_servers.insert(*vs, entry.clone());
+            }
+        }
+        for address in &new.bind_addresses {
+            let count = self.address_claims.entry(*address).or_default();
+            *count += 1;
+            if *count == 1 {
+                self.desired.bind_addresses.insert(*address);
+                touched.addresses.insert(*address);
+            }
+        }
+        if let Some((port, health_check)) = &new.health_check_node_port {
+            let claims = self.health_check_claims.entry(*port).or_default();
+            claims.insert(key.clone());
+            if claims.first() == Some(key) {
+                self.desired
+                    .health_check_node_ports
+                    .insert(*port, health_check.clone());
+            }
+        }
+        self.count(new, true);
+    }
+
+    fn count(&mut self, plan: &ServicePlan, add: bool) {
+        let step = |n: &mut usize, flag: bool| {
+            if flag {
+                if add { *n += 1 } else { *n -= 1 }
+            }
+        };
+        step(
+            &mut self.no_local_endpoints.internal,
+            plan.no_local_endpoints_internal,
+        );
+        step(
+            &mut self.no_local_endpoints.external,
+            plan.no_local_endpoints_external,
+        );
+        step(
+            &mut self.terminating_fallback_services,
+            plan.terminating_fallback,
+        );
+    }
+
+    /// The problems of Service `key`: its own, then the virtual servers and health-check node
+    /// ports it lost to an earlier Service.
+    pub fn problems_of(&self, key: &ServiceKey) -> Vec<Problem> {
+        let Some(plan) = self.plans.get(key) else {
+            return Vec::new();
+        };
+        let mut problems = plan.problems.clone();
+        let conflict = |message: String| Problem {
+            kind: "Service",
+            namespace: plan.namespace.clone(),
+            name: plan.name.clone(),
+            message,
+        };
+        for vs in plan.virtual_servers.keys() {
+            let winner = self.vs_claims[vs].first().expect("claimed");
+            if winner != key {
+                let by = &self.desired.virtual_servers[vs].service;
+                problems.push(conflict(format!(
+                    "virtual server {vs} is already used by {by}; ignored here"
+                )));
+            }
+        }
+        if let Some((port, _)) = &plan.health_check_node_port {
+            let winner = self.health_check_claims[port].first().expect("claimed");
+            if winner != key {
+                problems.push(conflict(format!(
+                    "healthCheckNodePort {port} is already used by {}/{}; ignored here",
+                    winner.0, winner.1
+                )));
+            }
+        }
+        problems
+    }
+
+    /// The whole [`Plan`]: the desired state, every Service's problems in namespace/name
+    /// order, and the counts. O(number of Services): for `plan` and reports, not the sync path.
+    pub fn to_plan(&self) -> Plan {
+        Plan {
+            desired: self.desired.clone(),
+            problems: self
+                .plans
+                .keys()
+                .flat_map(|k| self.problems_of(k))
+                .collect(),
+            no_local_endpoints: self.no_local_endpoints,
+            terminating_fallback_services: self.terminating_fallback_services,
+        }
+    }
+
+    /// The counts behind the no-local-endpoints and terminating-fallback metrics.
+    pub fn counts(&self) -> (NoLocalEndpoints, usize) {
+        (self.no_local_endpoints, self.terminating_fallback_services)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{HealthCheckNodePort, Protocol, VirtualServer, VirtualServerSpec};
+    use crate::plan::merge;
+    use proptest::prelude::*;
+
+    fn plan_for(
+        ns: &str,
+        name: &str,
+        vss: &[(u16, u32)],
+        addrs: &[u8],
+        hc: Option<u16>,
+    ) -> ServicePlan {
+        let service = format!("{ns}/{name}:p");
+        ServicePlan {
+            namespace: ns.into(),
+            name: name.into(),
+            virtual_servers: vss
+                .iter()
+                .map(|&(port, weight)| {
+                    let key = VirtualServerKey {
+                        address: "10.96.0.1".parse().unwrap(),
+                        port,
+                        protocol: Protocol::Tcp,
+                    };
+                    let vs = VirtualServer {
+                        spec: VirtualServerSpec {
+                            scheduler: "rr".into(),
+                            persistence_timeout: None,
+                            sched_flags: 0,
+                        },
+                        real_servers: [("10.244.0.1:80".parse().unwrap(), weight)].into(),
+                        service: service.clone(),
+                    };
+                    (key, vs)
+                })
+                .collect(),
+            bind_addresses: addrs
+                .iter()
+                .map(|&a| IpAddr::from([10, 96, 0, a]))
+                .collect(),
+            health_check_node_port: hc.map(|port| {
+                let hc = HealthCheckNodePort {
+                    namespace: ns.into(),
+                    name: name.into(),
+                    local_ready_endpoints: 1,
+                };
+                (port, hc)
+            }),
+            no_local_endpoints_internal: vss.len() % 2 == 0,
+            no_local_endpoints_external: addrs.len() % 2 == 1,
+            terminating_fallback: hc.is_some(),
+            problems: vec![],
+        }
+    }
+
+    fn arb_update() -> impl Strategy<Value = (usize, Option<ServicePlan>)> {
+        let names = ["a", "b", "c", "d"];
+        (
+            0usize..4,
+            prop::option::weighted(
+                0.8,
+                (
+                    prop::collection::vec(
+                        (prop::sample::select(vec![80u16, 81, 82]), 0u32..2),
+                        0..3,
+                    ),
+                    prop::collection::vec(1u8..4, 0..3),
+                    prop::option::of(prop::sample::select(vec![30000u16, 30001])),
+                ),
+            ),
+        )
+            .prop_map(move |(i, content)| {
+                let plan =
+                    content.map(|(vss, addrs, hc)| plan_for("ns", names[i], &vss, &addrs, hc));
+                (i, plan)
+            })
+    }
+
+    proptest! {
+        /// After any sequence of updates the index equals `merge` of the final plans, and
+        /// every change to the desired state was reported as touched.
+        #[test]
+        fn incremental_updates_match_a_full_merge(updates in prop::collection::vec(arb_update(), 1..20)) {
+            let names = ["a", "b", "c", "d"];
+            let mut index = DesiredIndex::default();
+            let mut current: BTreeMap<usize, ServicePlan> = BTreeMap::new();
+            for (i, plan) in updates {
+                let before = index.desired().clone();
+                let touched = index.update(("ns".into(), names[i].into()), plan.clone());
+                match plan {
+                    Some(p) => current.insert(i, p),
+                    None => current.remove(&i),
+                };
+                let after = index.desired();
+                let changed_vs = before.virtual_servers.keys().chain(after.virtual_servers.keys())
+                    .filter(|k| before.virtual_servers.get(*k) != after.virtual_servers.get(*k));
+                for k in changed_vs {
+                    prop_assert!(touched.virtual_servers.contains(k), "{} not touched", k);
+                }
+                for a in before.bind_addresses.symmetric_difference(&after.bind_addresses) {
+                    prop_assert!(touched.addresses.contains(a));
+                }
+                prop_assert_eq!(index.to_plan(), merge(current.values()));
+            }
+        }
+    }
+}
