@@ -19,8 +19,8 @@ pub mod fake;
 pub mod kernel;
 
 use crate::model::{
-    DesiredState, ObservedState, ObservedVirtualServer, Protocol, VirtualServerKey,
-    VirtualServerSpec,
+    DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
+    VirtualServerKey, VirtualServerSpec,
 };
 use ipnet::IpNet;
 use serde::Serialize;
@@ -177,41 +177,58 @@ impl Ownership {
 ///   that interface); every desired address not bound is bound.
 ///
 /// Applying the result to `observed` yields `desired` up to draining real servers, and the
-/// diff of a converged state is empty.
+/// diff of a converged state is empty. Cost: O(size of both states); see [`diff_scoped`].
 pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Ownership) -> Vec<Op> {
+    let keys: BTreeSet<VirtualServerKey> = desired
+        .virtual_servers
+        .keys()
+        .chain(observed.virtual_servers.keys())
+        .copied()
+        .collect();
+    let addresses: BTreeSet<IpAddr> = desired
+        .bind_addresses
+        .union(&observed.bound_addresses)
+        .copied()
+        .collect();
+    diff_scoped(
+        desired,
+        observed,
+        ownership,
+        &keys,
+        &addresses,
+        &BTreeSet::new(),
+    )
+}
+
+/// [`diff`] restricted to the virtual servers `keys` and the addresses `addresses` (what an
+/// incremental sync touched), in O(size of those entries · log n). Real servers listed in
+/// `expired_drains` are deleted even though they still have connections (their maximum drain
+/// time passed).
+pub fn diff_scoped(
+    desired: &DesiredState,
+    observed: &ObservedState,
+    ownership: &Ownership,
+    keys: &BTreeSet<VirtualServerKey>,
+    addresses: &BTreeSet<IpAddr>,
+    expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
+) -> Vec<Op> {
     let mut ops = Vec::new();
-    for addr in observed.bound_addresses.difference(&desired.bind_addresses) {
-        ops.push(Op::UnbindAddress(*addr));
-    }
-    for (key, ovs) in &observed.virtual_servers {
-        match desired.virtual_servers.get(key) {
-            Some(dvs) => {
-                for (rs, ors) in &ovs.real_servers {
-                    if dvs.real_servers.contains_key(rs) {
-                        continue;
-                    }
-                    let connections = ors.active_connections + ors.inactive_connections;
-                    if key.protocol == Protocol::Tcp && connections > 0 {
-                        if ors.weight != 0 {
-                            ops.push(Op::UpdateRealServer {
-                                vs: *key,
-                                rs: *rs,
-                                weight: 0,
-                            });
-                        }
-                    } else {
-                        ops.push(Op::DeleteRealServer { vs: *key, rs: *rs });
-                    }
-                }
-            }
-            None if ownership.owns(key, desired, observed) => {
-                ops.push(Op::DeleteVirtualServer(*key))
-            }
-            None => {}
+    for address in addresses {
+        let wanted = desired.bind_addresses.contains(address);
+        match (wanted, observed.bound_addresses.contains(address)) {
+            (true, false) => ops.push(Op::BindAddress(*address)),
+            (false, true) => ops.push(Op::UnbindAddress(*address)),
+            _ => {}
         }
     }
-    for (key, dvs) in &desired.virtual_servers {
-        let ovs: Option<&ObservedVirtualServer> = observed.virtual_servers.get(key);
+    for key in keys {
+        let ovs = observed.virtual_servers.get(key);
+        let Some(dvs) = desired.virtual_servers.get(key) else {
+            if ovs.is_some() && ownership.owns(key, desired, observed) {
+                ops.push(Op::DeleteVirtualServer(*key));
+            }
+            continue;
+        };
         match ovs {
             None => ops.push(Op::AddVirtualServer(*key, dvs.spec.clone())),
             Some(o) if o.spec != dvs.spec => {
@@ -220,26 +237,110 @@ pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Owners
             Some(_) => {}
         }
         for (rs, &weight) in &dvs.real_servers {
-            match ovs.and_then(|o| o.real_servers.get(rs)) {
-                None => ops.push(Op::AddRealServer {
-                    vs: *key,
-                    rs: *rs,
-                    weight,
-                }),
-                Some(o) if o.weight != weight => ops.push(Op::UpdateRealServer {
-                    vs: *key,
-                    rs: *rs,
-                    weight,
-                }),
+            let (vs, rs) = (*key, *rs);
+            match ovs.and_then(|o| o.real_servers.get(&rs)) {
+                None => ops.push(Op::AddRealServer { vs, rs, weight }),
+                Some(o) if o.weight != weight => ops.push(Op::UpdateRealServer { vs, rs, weight }),
                 Some(_) => {}
             }
         }
-    }
-    for addr in desired.bind_addresses.difference(&observed.bound_addresses) {
-        ops.push(Op::BindAddress(*addr));
+        for (rs, ors) in ovs.iter().flat_map(|o| &o.real_servers) {
+            if dvs.real_servers.contains_key(rs) {
+                continue;
+            }
+            let (vs, rs) = (*key, *rs);
+            let connections = ors.active_connections + ors.inactive_connections;
+            let drains = key.protocol == Protocol::Tcp
+                && connections > 0
+                && !expired_drains.contains(&(vs, rs));
+            if !drains {
+                ops.push(Op::DeleteRealServer { vs, rs });
+            } else if ors.weight != 0 {
+                ops.push(Op::UpdateRealServer { vs, rs, weight: 0 });
+            }
+        }
     }
     ops.sort_by_key(Op::stage);
     ops
+}
+
+/// Real servers that are draining in `observed`: present at weight 0 in a desired virtual
+/// server that no longer wants them.
+pub fn draining<'a>(
+    desired: &'a DesiredState,
+    observed: &'a ObservedState,
+) -> impl Iterator<Item = (VirtualServerKey, SocketAddr)> + 'a {
+    observed.virtual_servers.iter().flat_map(move |(key, ovs)| {
+        let dvs = desired.virtual_servers.get(key);
+        ovs.real_servers
+            .iter()
+            .filter(move |(rs, o)| {
+                o.weight == 0 && dvs.is_some_and(|d| !d.real_servers.contains_key(*rs))
+            })
+            .map(move |(rs, _)| (*key, *rs))
+    })
+}
+
+impl ObservedState {
+    /// The state after `op`, as the kernel would change it. Errors mirror the kernel's
+    /// (`ip_vs_ctl.c`): adding an existing virtual or real server is `EEXIST`
+    /// ([`ipvs::Error::Exists`]); touching a missing virtual server is `ESRCH`
+    /// ([`ipvs::Error::NoSuchService`]); a missing real server is `ENOENT`
+    /// ([`ipvs::Error::NotFound`]). Binding a bound address succeeds (kube-proxy treats
+    /// `EEXIST` as bound), unbinding a missing one too (`ENXIO` is ignored upstream).
+    ///
+    /// Used by the fake dataplane and by the kernel syncer's cache of the kernel's state.
+    pub fn apply(&mut self, op: &Op) -> Result<(), ipvs::Error> {
+        let vss = &mut self.virtual_servers;
+        match op {
+            Op::UnbindAddress(a) => {
+                self.bound_addresses.remove(a);
+            }
+            Op::BindAddress(a) => {
+                self.bound_addresses.insert(*a);
+            }
+            Op::DeleteVirtualServer(key) => {
+                vss.remove(key).ok_or(ipvs::Error::NoSuchService)?;
+            }
+            Op::AddVirtualServer(key, spec) => {
+                if vss.contains_key(key) {
+                    return Err(ipvs::Error::Exists);
+                }
+                let vs = ObservedVirtualServer {
+                    spec: spec.clone(),
+                    real_servers: Default::default(),
+                };
+                vss.insert(*key, vs);
+            }
+            Op::UpdateVirtualServer(key, spec) => {
+                vss.get_mut(key).ok_or(ipvs::Error::NoSuchService)?.spec = spec.clone();
+            }
+            Op::DeleteRealServer { vs, rs } => {
+                let vs = vss.get_mut(vs).ok_or(ipvs::Error::NoSuchService)?;
+                vs.real_servers.remove(rs).ok_or(ipvs::Error::NotFound)?;
+            }
+            Op::AddRealServer { vs, rs, weight } => {
+                let vs = vss.get_mut(vs).ok_or(ipvs::Error::NoSuchService)?;
+                if vs.real_servers.contains_key(rs) {
+                    return Err(ipvs::Error::Exists);
+                }
+                let observed = ObservedRealServer {
+                    weight: *weight,
+                    active_connections: 0,
+                    inactive_connections: 0,
+                };
+                vs.real_servers.insert(*rs, observed);
+            }
+            Op::UpdateRealServer { vs, rs, weight } => {
+                let vs = vss.get_mut(vs).ok_or(ipvs::Error::NoSuchService)?;
+                vs.real_servers
+                    .get_mut(rs)
+                    .ok_or(ipvs::Error::NotFound)?
+                    .weight = *weight;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An operation the dataplane could not apply, and why.
