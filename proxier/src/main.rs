@@ -145,7 +145,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 .load_into(&handle, None)
                 .with_context(|| format!("reading {}", args.manifests.display()))?;
             let mut planner = Planner::new(identity(&args), config);
-            let plan = planner.replan(&mut handle.store.lock().expect("store lock"));
+            planner.replan(&mut handle.store.lock().expect("store lock"));
+            let plan = planner.plan();
             let text = match format {
                 Format::Ipvsadm => format::ipvsadm(&plan.desired),
                 Format::Json => format::json(&plan.desired),

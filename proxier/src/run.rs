@@ -4,11 +4,11 @@
 
 use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, Ownership};
 use crate::manifests;
-use crate::plan::{self, Plan, PlanContext, ServicePlan};
+use crate::model::DesiredState;
+use crate::plan::{self, DesiredIndex, Plan, PlanContext, Touched};
 use crate::store::{ObjectKey, Store};
 use crate::sync::{SyncReport, Syncer};
 use kipvs_crds::config::ProxierConfiguration;
-use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
 use std::net::IpAddr;
@@ -43,14 +43,23 @@ pub struct NodeIdentity {
     pub node_ips: Vec<IpAddr>,
 }
 
-/// Plans from the store incrementally: keeps the plan of every Service and re-plans only the
-/// Services whose objects changed (all of them when the Node changed or on the first call).
+/// Plans from the store incrementally: keeps the plan of every Service in a [`DesiredIndex`]
+/// and re-plans only the Services whose objects changed (all of them when the Node changed or
+/// on the first call).
 pub struct Planner {
     identity: NodeIdentity,
     config: ProxierConfiguration,
-    service_plans: BTreeMap<ObjectKey, ServicePlan>,
-    plan: Plan,
+    index: DesiredIndex,
     node_ips: Vec<IpAddr>,
+}
+
+/// What a [`Planner::replan`] changed.
+#[derive(Debug)]
+pub enum Replanned {
+    /// Everything was re-planned (first plan, Node or configuration change).
+    All,
+    /// Only these virtual servers and addresses may have changed.
+    Touched(Touched),
 }
 
 impl Planner {
@@ -59,15 +68,19 @@ impl Planner {
         Planner {
             identity,
             config,
-            service_plans: BTreeMap::new(),
-            plan: Plan::default(),
+            index: DesiredIndex::default(),
             node_ips: Vec::new(),
         }
     }
 
-    /// The last plan (desired state, problems, counts).
-    pub fn plan(&self) -> &Plan {
-        &self.plan
+    /// The desired state of every Service.
+    pub fn desired(&self) -> &DesiredState {
+        self.index.desired()
+    }
+
+    /// The whole plan (desired state, every problem, counts). O(number of Services).
+    pub fn plan(&self) -> Plan {
+        self.index.to_plan()
     }
 
     /// The configuration planned with.
@@ -80,56 +93,56 @@ impl Planner {
         &self.node_ips
     }
 
-    /// Take the store's changes and re-plan the affected Services; problems with changed
-    /// objects are logged as warnings naming them.
-    pub fn replan(&mut self, store: &mut Store) -> &Plan {
+    /// Take the store's changes and re-plan the affected Services; problems of re-planned
+    /// Services are logged as warnings naming them.
+    pub fn replan(&mut self, store: &mut Store) -> Replanned {
         let dirty = store.take_dirty();
         let node = store.node();
-        self.node_ips = if self.identity.node_ips.is_empty() {
-            node.map(plan::node_internal_ips).unwrap_or_default()
+        let (keys, all): (Vec<ObjectKey>, bool) = if dirty.all {
+            self.index = DesiredIndex::default();
+            self.node_ips = if self.identity.node_ips.is_empty() {
+                node.map(plan::node_internal_ips).unwrap_or_default()
+            } else {
+                self.identity.node_ips.clone()
+            };
+            (store.services().map(|(k, _)| k.clone()).collect(), true)
         } else {
-            self.identity.node_ips.clone()
+            (dirty.services.into_iter().collect(), false)
         };
-        let (context, mut problems) =
+        let (context, problems) =
             PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
-        let keys: Vec<ObjectKey> = if dirty.all {
-            self.service_plans.clear();
-            store.services().map(|(k, _)| k.clone()).collect()
-        } else {
-            dirty.services.into_iter().collect()
-        };
-        for key in keys {
-            let planned = store
-                .service(&key)
-                .and_then(|s| plan::plan_service(s, &store.slices_of(&key), &context));
-            match planned {
-                Some(p) => {
-                    for problem in &p.problems {
-                        tracing::warn!("{problem}");
-                    }
-                    self.service_plans.insert(key, p);
-                }
-                None => {
-                    self.service_plans.remove(&key);
-                }
+        if all {
+            for problem in &problems {
+                tracing::warn!("{problem}");
             }
         }
-        for problem in &problems {
-            tracing::warn!("{problem}");
+        let mut touched = Touched::default();
+        for key in &keys {
+            let planned = store
+                .service(key)
+                .and_then(|s| plan::plan_service(s, &store.slices_of(key), &context));
+            touched.extend(self.index.update(key.clone(), planned));
+            for problem in self.index.problems_of(key) {
+                tracing::warn!("{problem}");
+            }
         }
-        let mut plan = plan::merge(self.service_plans.values());
-        problems.append(&mut plan.problems);
-        plan.problems = problems;
-        self.plan = plan;
-        &self.plan
+        if all {
+            Replanned::All
+        } else {
+            Replanned::Touched(touched)
+        }
     }
 }
+
+/// How often draining real servers are checked for remaining connections.
+pub const DRAIN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Plans from the store and syncs a dataplane.
 pub struct Engine<D> {
     source: SourceHandle,
     planner: Planner,
     syncer: Syncer<D>,
+    last_full_sync: Option<Instant>,
 }
 
 impl<D: Dataplane> Engine<D> {
@@ -139,6 +152,7 @@ impl<D: Dataplane> Engine<D> {
             source,
             planner,
             syncer: Syncer::new(dataplane, Ownership::default()),
+            last_full_sync: None,
         }
     }
 
@@ -147,26 +161,50 @@ impl<D: Dataplane> Engine<D> {
         &self.planner
     }
 
+    /// The syncer (dataplane, drains).
+    pub fn syncer(&self) -> &Syncer<D> {
+        &self.syncer
+    }
+
     /// The dataplane.
     pub fn dataplane(&self) -> &D {
         self.syncer.dataplane()
     }
 
-    /// Re-plan what changed and sync the dataplane.
+    /// Re-plan what changed and sync the dataplane: in full on the first sync, after a Node or
+    /// configuration change and once per `ipvs.syncPeriod`; otherwise only what changed.
     ///
     /// Errors: only when the dataplane cannot be observed; nothing is changed then.
     pub async fn sync(&mut self) -> Result<SyncReport, crate::dataplane::DataplaneError> {
-        {
+        let replanned = {
             let mut store = self.source.store.lock().expect("store lock");
-            self.planner.replan(&mut store);
-        }
+            self.planner.replan(&mut store)
+        };
         let config = &self.planner.config;
         self.syncer.ownership = Ownership {
             node_ips: self.planner.node_ips.iter().copied().collect(),
             node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
             exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
         };
-        self.syncer.sync(&self.planner.plan.desired).await
+        let period_over = self
+            .last_full_sync
+            .is_none_or(|t| t.elapsed() >= config.ipvs.sync_period);
+        let desired = self.planner.index.desired();
+        match replanned {
+            Replanned::Touched(touched) if !period_over => {
+                self.syncer.sync_touched(desired, &touched).await
+            }
+            _ => {
+                let report = self.syncer.sync(desired).await?;
+                self.last_full_sync = Some(Instant::now());
+                Ok(report)
+            }
+        }
+    }
+
+    /// Check draining real servers (see [`Syncer::check_drains`]).
+    pub async fn check_drains(&mut self) -> Result<SyncReport, crate::dataplane::DataplaneError> {
+        self.syncer.check_drains(self.planner.index.desired()).await
     }
 
     /// Sync at start, then whenever a source reports a change (at most once per
@@ -183,10 +221,20 @@ impl<D: Dataplane> Engine<D> {
             }
             let ipvs = &self.planner.config.ipvs;
             let (min_next, period) = (started + ipvs.min_sync_period, ipvs.sync_period);
-            tokio::select! {
-                _ = &mut shutdown => return,
-                _ = notify.notified() => {}
-                _ = tokio::time::sleep(period) => {}
+            let resync = tokio::time::sleep(period);
+            tokio::pin!(resync);
+            loop {
+                let draining = !self.syncer.drains().is_empty();
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = notify.notified() => break,
+                    _ = &mut resync => break,
+                    _ = tokio::time::sleep(DRAIN_CHECK_INTERVAL), if draining => {
+                        if let Err(e) = self.check_drains().await {
+                            tracing::error!("drain check failed, will retry: {e}");
+                        }
+                    }
+                }
             }
             tokio::select! {
                 _ = &mut shutdown => return,

@@ -1,10 +1,26 @@
-//! One synchronisation: observe the dataplane, [`diff`] against the desired state, apply.
+//! Synchronisation: observe the dataplane, [`diff`] against the desired state, apply.
+//!
+//! Three kinds of sync, so that cost follows change:
+//! - [`Syncer::sync`] (start, periodic resync): observe the whole kernel table, diff it all.
+//! - [`Syncer::sync_touched`] (a Service or its endpoints changed): diff only the virtual
+//!   servers and addresses the change touched, against a cache of the kernel's state that is
+//!   kept up to date with every applied op. One endpoint change costs a handful of netlink
+//!   messages whatever the size of the table.
+//! - [`Syncer::check_drains`] (while real servers drain): re-read only the virtual servers
+//!   holding draining real servers, and delete those whose connections ended or whose
+//!   maximum drain time passed.
 
-use crate::dataplane::{Dataplane, DataplaneError, Op, OpFailure, Ownership, diff};
-use crate::model::DesiredState;
-use std::time::{Duration, Instant};
+use crate::dataplane::{
+    Dataplane, DataplaneError, Op, OpFailure, Ownership, diff_scoped, draining, full_scope,
+};
+use crate::model::{DesiredState, ObservedState, VirtualServerKey};
+use crate::plan::Touched;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::time::Instant;
 
-/// The outcome of one [`Syncer::sync`].
+/// The outcome of one sync.
 #[derive(Debug)]
 pub struct SyncReport {
     /// The operations that were attempted, in order.
@@ -15,12 +31,25 @@ pub struct SyncReport {
     pub duration: Duration,
 }
 
-/// Drives a [`Dataplane`] towards desired states. Holds no state of its own between syncs:
-/// every sync observes the kernel, so a restart adopts whatever is already programmed.
+/// The default longest time a removed TCP real server drains before it is deleted with its
+/// remaining connections (kube-proxy's historical `rsGracefulDeletePeriod`, 15 minutes).
+pub const DEFAULT_MAX_DRAIN: Duration = Duration::from_secs(15 * 60);
+
+/// Drives a [`Dataplane`] towards desired states.
+///
+/// Nothing it keeps is needed after a restart: a new process observes the kernel and adopts
+/// what matches, and a real server still at weight 0 but desired gets its weight back.
 pub struct Syncer<D> {
     dataplane: D,
     /// Which virtual servers this proxier may delete.
     pub ownership: Ownership,
+    /// Longest drain of a removed TCP real server.
+    pub max_drain: Duration,
+    /// The kernel's state after the last sync, with every applied op folded in; `None` until
+    /// the first full sync and after a failed op (the next sync then re-observes).
+    cache: Option<ObservedState>,
+    /// Draining real servers and when they started draining (in this process).
+    drains: BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
 }
 
 impl<D: Dataplane> Syncer<D> {
@@ -29,6 +58,9 @@ impl<D: Dataplane> Syncer<D> {
         Syncer {
             dataplane,
             ownership,
+            max_drain: DEFAULT_MAX_DRAIN,
+            cache: None,
+            drains: BTreeMap::new(),
         }
     }
 
@@ -37,28 +69,148 @@ impl<D: Dataplane> Syncer<D> {
         &self.dataplane
     }
 
-    /// Observe, diff and apply. Every op is logged at info level as `op=Name ...`, failures at
-    /// warn level; a final `sync complete ops=N failed=M` line summarises.
+    /// Draining real servers and when each started draining.
+    pub fn drains(&self) -> &BTreeMap<(VirtualServerKey, SocketAddr), Instant> {
+        &self.drains
+    }
+
+    /// Full sync: observe everything, diff everything, apply.
     ///
     /// Errors: only when the dataplane cannot be observed (nothing is changed then); failed
     /// ops are reported in [`SyncReport::failures`] and retried by the next sync.
     pub async fn sync(&mut self, desired: &DesiredState) -> Result<SyncReport, DataplaneError> {
         let start = Instant::now();
         let observed = self.dataplane.observe().await?;
-        let ops = diff(desired, &observed, &self.ownership);
+        let (keys, addresses) = full_scope(desired, &observed);
+        let expired = self.expired(start);
+        let ops = diff_scoped(
+            desired,
+            &observed,
+            &self.ownership,
+            &keys,
+            &addresses,
+            &expired,
+        );
+        self.cache = Some(observed);
+        self.apply(desired, ops, start, "full").await
+    }
+
+    /// Incremental sync of what `touched` names, against the cached kernel state; a full
+    /// [`sync`](Self::sync) when there is no cache yet.
+    pub async fn sync_touched(
+        &mut self,
+        desired: &DesiredState,
+        touched: &Touched,
+    ) -> Result<SyncReport, DataplaneError> {
+        let Some(cache) = &self.cache else {
+            return self.sync(desired).await;
+        };
+        let start = Instant::now();
+        let expired = self.expired(start);
+        let ops = diff_scoped(
+            desired,
+            cache,
+            &self.ownership,
+            &touched.virtual_servers,
+            &touched.addresses,
+            &expired,
+        );
+        self.apply(desired, ops, start, "incremental").await
+    }
+
+    /// Re-read the virtual servers holding draining real servers and delete those whose
+    /// connections ended or whose drain exceeded [`max_drain`](Self::max_drain). A no-op
+    /// when nothing drains.
+    pub async fn check_drains(
+        &mut self,
+        desired: &DesiredState,
+    ) -> Result<SyncReport, DataplaneError> {
+        let start = Instant::now();
+        let keys: BTreeSet<VirtualServerKey> = self.drains.keys().map(|(k, _)| *k).collect();
+        if keys.is_empty() || self.cache.is_none() {
+            return Ok(SyncReport {
+                ops: vec![],
+                failures: vec![],
+                duration: start.elapsed(),
+            });
+        }
+        let list: Vec<VirtualServerKey> = keys.iter().copied().collect();
+        let fresh = self.dataplane.observe_virtual_servers(&list).await?;
+        let cache = self.cache.as_mut().expect("checked");
+        for key in &list {
+            match fresh.get(key) {
+                Some(vs) => cache.virtual_servers.insert(*key, vs.clone()),
+                None => cache.virtual_servers.remove(key),
+            };
+        }
+        let expired = self.expired(start);
+        let cache = self.cache.as_ref().expect("checked");
+        let ops = diff_scoped(
+            desired,
+            cache,
+            &self.ownership,
+            &keys,
+            &BTreeSet::new(),
+            &expired,
+        );
+        self.apply(desired, ops, start, "drain check").await
+    }
+
+    /// Draining real servers past their maximum drain time at `now`.
+    fn expired(&self, now: Instant) -> BTreeSet<(VirtualServerKey, SocketAddr)> {
+        self.drains
+            .iter()
+            .filter(|(_, since)| now.duration_since(**since) >= self.max_drain)
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// Apply `ops`, fold the successful ones into the cache, track drains, log.
+    async fn apply(
+        &mut self,
+        desired: &DesiredState,
+        ops: Vec<Op>,
+        start: Instant,
+        kind: &str,
+    ) -> Result<SyncReport, DataplaneError> {
         for op in &ops {
             tracing::info!("{op}");
         }
-        let failures = self.dataplane.apply(&ops).await;
+        let failures = if ops.is_empty() {
+            Vec::new()
+        } else {
+            self.dataplane.apply(&ops).await
+        };
         for f in &failures {
             tracing::warn!(error = %f.error, "failed {}", f.op);
         }
+        if failures.is_empty() {
+            if let Some(cache) = &mut self.cache {
+                for op in &ops {
+                    if let Err(e) = cache.apply(op) {
+                        tracing::debug!("cache out of step ({e}) after {op}; will re-observe");
+                        self.cache = None;
+                        break;
+                    }
+                }
+            }
+        } else {
+            self.cache = None;
+        }
+        if let Some(cache) = &self.cache {
+            let now: BTreeSet<_> = draining(desired, cache).collect();
+            self.drains.retain(|k, _| now.contains(k));
+            for k in now {
+                self.drains.entry(k).or_insert(start);
+            }
+        }
         let duration = start.elapsed();
         tracing::info!(
+            kind,
             ops = ops.len(),
             failed = failures.len(),
-            virtual_servers = desired.virtual_servers.len(),
-            duration_ms = duration.as_millis() as u64,
+            draining = self.drains.len(),
+            duration_us = duration.as_micros() as u64,
             "sync complete ops={} failed={}",
             ops.len(),
             failures.len()
@@ -75,35 +227,49 @@ impl<D: Dataplane> Syncer<D> {
 mod tests {
     use super::*;
     use crate::dataplane::fake::FakeDataplane;
-    use crate::model::{
-        ObservedState, Protocol, VirtualServer, VirtualServerKey, VirtualServerSpec,
-    };
+    use crate::model::{Protocol, VirtualServer, VirtualServerSpec};
 
-    fn state() -> DesiredState {
-        let key = VirtualServerKey {
+    fn key(port: u16) -> VirtualServerKey {
+        VirtualServerKey {
             address: "10.96.0.10".parse().unwrap(),
-            port: 80,
+            port,
             protocol: Protocol::Tcp,
-        };
+        }
+    }
+
+    fn state(backends: &[&str]) -> DesiredState {
         let vs = VirtualServer {
             spec: VirtualServerSpec {
                 scheduler: "rr".into(),
                 persistence_timeout: None,
                 sched_flags: 0,
             },
-            real_servers: [("10.244.1.2:8080".parse().unwrap(), 1)].into(),
+            real_servers: backends.iter().map(|b| (b.parse().unwrap(), 1)).collect(),
             service: "default/web:http".into(),
         };
         DesiredState {
-            virtual_servers: [(key, vs)].into(),
+            virtual_servers: [(key(80), vs)].into(),
             bind_addresses: ["10.96.0.10".parse().unwrap()].into(),
             health_check_node_ports: Default::default(),
         }
     }
 
+    fn set_connections(syncer: &mut Syncer<FakeDataplane>, rs: &str, active: u32) {
+        let vs = syncer
+            .dataplane
+            .state
+            .virtual_servers
+            .get_mut(&key(80))
+            .unwrap();
+        vs.real_servers
+            .get_mut(&rs.parse().unwrap())
+            .unwrap()
+            .active_connections = active;
+    }
+
     #[tokio::test]
     async fn second_sync_is_a_no_op_and_restart_adopts() {
-        let desired = state();
+        let desired = state(&["10.244.1.2:8080"]);
         let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default());
         let first = syncer.sync(&desired).await.unwrap();
         assert_eq!(first.ops.len(), 3);
@@ -114,5 +280,80 @@ mod tests {
         assert_eq!(kernel, ObservedState::from(&desired));
         let mut restarted = Syncer::new(FakeDataplane::new(kernel), Ownership::default());
         assert!(restarted.sync(&desired).await.unwrap().ops.is_empty());
+    }
+
+    #[tokio::test]
+    async fn incremental_sync_touches_only_what_changed() {
+        let before = state(&["10.244.1.2:8080"]);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default());
+        syncer.sync(&before).await.unwrap();
+        let after = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
+        let touched = Touched {
+            virtual_servers: [key(80)].into(),
+            addresses: Default::default(),
+        };
+        let report = syncer.sync_touched(&after, &touched).await.unwrap();
+        assert_eq!(
+            report.ops,
+            [Op::AddRealServer {
+                vs: key(80),
+                rs: "10.244.1.3:8080".parse().unwrap(),
+                weight: 1
+            }]
+        );
+        assert_eq!(syncer.dataplane.state, ObservedState::from(&after));
+        // The cache followed: a full sync finds nothing to do.
+        assert!(syncer.sync(&after).await.unwrap().ops.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn draining_real_server_is_deleted_when_idle_or_after_max_drain() {
+        let both = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
+        let one = state(&["10.244.1.3:8080"]);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default());
+        syncer.max_drain = Duration::from_secs(60);
+        syncer.sync(&both).await.unwrap();
+        set_connections(&mut syncer, "10.244.1.2:8080", 1);
+        // Leaves the desired set with a live connection: weight 0, kept.
+        let report = syncer.sync(&one).await.unwrap();
+        assert_eq!(report.ops.len(), 1);
+        assert_eq!(syncer.drains().len(), 1);
+        assert!(syncer.check_drains(&one).await.unwrap().ops.is_empty());
+        // The connection ends: the next check deletes it.
+        set_connections(&mut syncer, "10.244.1.2:8080", 0);
+        let report = syncer.check_drains(&one).await.unwrap();
+        assert!(matches!(report.ops[..], [Op::DeleteRealServer { .. }]));
+        assert!(syncer.drains().is_empty());
+        assert_eq!(syncer.dataplane.state, ObservedState::from(&one));
+
+        // Again, but the connection never ends: deleted once max_drain passed.
+        syncer.sync(&both).await.unwrap();
+        set_connections(&mut syncer, "10.244.1.2:8080", 5);
+        syncer.sync(&one).await.unwrap();
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(syncer.check_drains(&one).await.unwrap().ops.is_empty());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let report = syncer.check_drains(&one).await.unwrap();
+        assert!(matches!(report.ops[..], [Op::DeleteRealServer { .. }]));
+    }
+
+    #[tokio::test]
+    async fn drained_real_server_wanted_again_returns_without_delete() {
+        let both = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
+        let one = state(&["10.244.1.3:8080"]);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default());
+        syncer.sync(&both).await.unwrap();
+        set_connections(&mut syncer, "10.244.1.2:8080", 1);
+        syncer.sync(&one).await.unwrap();
+        let report = syncer.sync(&both).await.unwrap();
+        assert_eq!(
+            report.ops,
+            [Op::UpdateRealServer {
+                vs: key(80),
+                rs: "10.244.1.2:8080".parse().unwrap(),
+                weight: 1
+            }]
+        );
+        assert!(syncer.drains().is_empty());
     }
 }

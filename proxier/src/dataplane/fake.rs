@@ -1,7 +1,8 @@
 //! An in-memory [`Dataplane`] with the kernel's error behaviour, for unit tests.
 
 use super::{Dataplane, DataplaneError, Op, OpFailure};
-use crate::model::ObservedState;
+use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
+use std::collections::BTreeMap;
 
 /// An IPVS table and a `kube-ipvs0` address list held in memory.
 ///
@@ -27,6 +28,16 @@ impl FakeDataplane {
 impl Dataplane for FakeDataplane {
     async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
         Ok(self.state.clone())
+    }
+
+    async fn observe_virtual_servers(
+        &mut self,
+        keys: &[VirtualServerKey],
+    ) -> Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, DataplaneError> {
+        Ok(keys
+            .iter()
+            .filter_map(|k| Some((*k, self.state.virtual_servers.get(k)?.clone())))
+            .collect())
     }
 
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {

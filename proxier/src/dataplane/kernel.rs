@@ -11,7 +11,7 @@ use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::LinkAttribute;
 use rtnetlink::{AddressMessageBuilder, LinkDummy};
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The dummy interface holding every ClusterIP, externalIP and VIP-mode load-balancer IP, as
 /// in kube-proxy (`netlink_linux.go`). It is created if missing and, like upstream, left DOWN
@@ -139,17 +139,7 @@ impl Dataplane for KernelDataplane {
         let mut virtual_servers = BTreeMap::new();
         for ((key, spec), dests) in inet.into_iter().zip(dests) {
             let real_servers = match dests {
-                Ok(d) => d
-                    .into_iter()
-                    .map(|d| {
-                        let rs = ObservedRealServer {
-                            weight: d.weight,
-                            active_connections: d.active_connections,
-                            inactive_connections: d.inactive_connections,
-                        };
-                        (std::net::SocketAddr::new(d.address, d.port), rs)
-                    })
-                    .collect(),
+                Ok(d) => real_servers(d),
                 // Deleted between the two dumps: it is gone.
                 Err(ipvs::Error::NoSuchService) => continue,
                 Err(e) => return Err(e.into()),
@@ -160,6 +150,37 @@ impl Dataplane for KernelDataplane {
             virtual_servers,
             bound_addresses: self.bound_addresses().await?,
         })
+    }
+
+    async fn observe_virtual_servers(
+        &mut self,
+        keys: &[VirtualServerKey],
+    ) -> Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, DataplaneError> {
+        let ids: Vec<_> = keys.iter().map(service_id).collect();
+        let services: Vec<_> = ids.iter().map(|id| self.ipvs.service(id)).collect();
+        let services: Vec<_> = futures::stream::iter(services)
+            .buffered(PIPELINE_DEPTH)
+            .collect()
+            .await;
+        let dests: Vec<_> = ids.iter().map(|id| self.ipvs.destinations(id)).collect();
+        let dests: Vec<_> = futures::stream::iter(dests)
+            .buffered(PIPELINE_DEPTH)
+            .collect()
+            .await;
+        let mut out = BTreeMap::new();
+        for ((key, service), dests) in keys.iter().zip(services).zip(dests) {
+            let spec = match service {
+                Ok(s) => match observed_service(&s) {
+                    Some((_, spec)) => spec,
+                    None => continue,
+                },
+                Err(ipvs::Error::NoSuchService) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let real_servers = real_servers(dests?);
+            out.insert(*key, ObservedVirtualServer { spec, real_servers });
+        }
+        Ok(out)
     }
 
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
@@ -181,6 +202,21 @@ impl Dataplane for KernelDataplane {
         }
         failures
     }
+}
+
+/// Real servers by address from a destination dump.
+fn real_servers(dests: Vec<ipvs::Destination>) -> BTreeMap<SocketAddr, ObservedRealServer> {
+    dests
+        .into_iter()
+        .map(|d| {
+            let rs = ObservedRealServer {
+                weight: d.weight,
+                active_connections: d.active_connections,
+                inactive_connections: d.inactive_connections,
+            };
+            (SocketAddr::new(d.address, d.port), rs)
+        })
+        .collect()
 }
 
 /// Find `kube-ipvs0` or create it as a dummy link; returns its interface index.

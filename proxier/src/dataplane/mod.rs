@@ -24,7 +24,7 @@ use crate::model::{
 };
 use ipnet::IpNet;
 use serde::Serialize;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -179,17 +179,7 @@ impl Ownership {
 /// Applying the result to `observed` yields `desired` up to draining real servers, and the
 /// diff of a converged state is empty. Cost: O(size of both states); see [`diff_scoped`].
 pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Ownership) -> Vec<Op> {
-    let keys: BTreeSet<VirtualServerKey> = desired
-        .virtual_servers
-        .keys()
-        .chain(observed.virtual_servers.keys())
-        .copied()
-        .collect();
-    let addresses: BTreeSet<IpAddr> = desired
-        .bind_addresses
-        .union(&observed.bound_addresses)
-        .copied()
-        .collect();
+    let (keys, addresses) = full_scope(desired, observed);
     diff_scoped(
         desired,
         observed,
@@ -198,6 +188,25 @@ pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Owners
         &addresses,
         &BTreeSet::new(),
     )
+}
+
+/// Every virtual server and address of either state: the scope of a full [`diff`].
+pub fn full_scope(
+    desired: &DesiredState,
+    observed: &ObservedState,
+) -> (BTreeSet<VirtualServerKey>, BTreeSet<IpAddr>) {
+    let keys = desired
+        .virtual_servers
+        .keys()
+        .chain(observed.virtual_servers.keys())
+        .copied()
+        .collect();
+    let addresses = desired
+        .bind_addresses
+        .union(&observed.bound_addresses)
+        .copied()
+        .collect();
+    (keys, addresses)
 }
 
 /// [`diff`] restricted to the virtual servers `keys` and the addresses `addresses` (what an
@@ -382,6 +391,15 @@ pub trait Dataplane {
     /// Read the current state: every inet virtual server with its real servers and their
     /// connection counts, and the addresses on `kube-ipvs0`.
     fn observe(&mut self) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send;
+
+    /// Read only the virtual servers `keys` (those that exist) with their real servers and
+    /// connection counts: the cheap refresh of draining real servers.
+    fn observe_virtual_servers(
+        &mut self,
+        keys: &[VirtualServerKey],
+    ) -> impl Future<
+        Output = Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, DataplaneError>,
+    > + Send;
 
     /// Apply `ops` stage by stage ([`Op::stage`]), continuing past failures, and return the
     /// failures. Ops of one stage may run concurrently.

@@ -273,8 +273,8 @@ mod tests {
                 };
                 (port, hc)
             }),
-            no_local_endpoints_internal: vss.len() % 2 == 0,
-            no_local_endpoints_external: addrs.len() % 2 == 1,
+            no_local_endpoints_internal: vss.len().is_multiple_of(2),
+            no_local_endpoints_external: !addrs.len().is_multiple_of(2),
             terminating_fallback: hc.is_some(),
             problems: vec![],
         }
