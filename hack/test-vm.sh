@@ -1,0 +1,88 @@
+#!/bin/bash
+# The real-kernel VM suite: build the proxier and the ipvs-rs kernel test (debug, host target), fetch
+# Debian's kernel + QEMU + userland through apt into the cache, pack them with tests/vm and the example
+# cluster into an initrd, and boot once (QEMU software emulation) to run every guest test.
+# Prints each guest test's result and the wall times; exits non-zero on any FAIL or missing result.
+#
+# usage: hack/test-vm.sh [--demo]      (--demo: what hack/demo.sh shows, instead of the tests)
+# env:   VMCACHE (~/.cache/kipvs-vm), VMTIMEOUT (s, 600), CARGO_TARGET_DIR; output in $target/vm/
+#        KIPVS_PROXIER: use this proxier executable instead of building one
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VM=$ROOT/hack/vm
+MODE=test; [ "${1:-}" = --demo ] && MODE=demo
+export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
+ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+T0=$(date +%s%N)
+
+# --- build: executables from cargo's JSON messages (no guessing at target dir layout) ---
+executable() { # NAME: path of the built executable whose target is NAME
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$1" | tail -n1
+}
+cd "$ROOT"
+t=$(date +%s%N)
+PROXIER=${KIPVS_PROXIER:-$(cargo build -p kipvs-proxier --bin kipvs-proxier --message-format=json-render-diagnostics |
+  executable kipvs-proxier)}
+[ -x "$PROXIER" ] || { echo "test-vm: no kipvs-proxier binary" >&2; exit 1; }
+KTEST=""
+if [ "$MODE" = test ] && [ -f ipvs-rs/tests/kernel.rs ]; then
+  KTEST=$(cargo test -p ipvs-rs --test kernel --no-run --message-format=json-render-diagnostics | executable kernel)
+  [ -x "$KTEST" ] || { echo "test-vm: no ipvs-rs kernel test binary" >&2; exit 1; }
+fi
+T_BUILD=$(ms "$t")
+
+# --- fetch (no-op when cached) and the base initramfs (cached by its inputs) ---
+t=$(date +%s%N)
+"$VM/fetch.sh"
+T_FETCH=$(ms "$t"); t=$(date +%s%N)
+OUT=${CARGO_TARGET_DIR:-$ROOT/target}/vm; mkdir -p "$OUT" "$VMCACHE/initramfs"
+key=$(cat "$VM/build-initramfs.sh" "$VM/init" "$VM/moddeps.py" "$VMCACHE/stamp" "$(command -v ip)" | sha256sum | cut -c1-16)
+BASE=$VMCACHE/initramfs/base-$key.cpio.gz
+if [ ! -f "$BASE" ]; then
+  rm -f "$VMCACHE"/initramfs/base-*.cpio.gz
+  "$VM/build-initramfs.sh" "$BASE.tmp" && mv "$BASE.tmp" "$BASE"
+fi
+
+# --- payload: /payload/{run.sh,bin/,tests/,manifests/} appended to the initrd ---
+P=$(mktemp -d); trap 'rm -rf "$P"' EXIT
+mkdir -p "$P/bin" "$P/tests" "$P/manifests"
+printf '#!/bin/sh\nexec sh /payload/tests/run.sh %s\n' "$MODE" > "$P/run.sh"
+cp "$PROXIER" "$P/bin/kipvs-proxier"
+[ -z "$KTEST" ] || cp "$KTEST" "$P/bin/ipvs-rs-kernel"
+cp -r "$ROOT"/tests/vm/. "$P/tests/"; cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
+"$VM/build-payload.sh" "$P" "$OUT/payload.cpio.gz"
+cat "$BASE" "$OUT/payload.cpio.gz" > "$OUT/initrd.gz"
+T_IMAGE=$(ms "$t")
+echo "test-vm: initrd $(du -h "$OUT/initrd.gz" | cut -f1) (base $(du -h "$BASE" | cut -f1), payload $(du -h "$OUT/payload.cpio.gz" | cut -f1))"
+
+# --- one boot runs everything ---
+t=$(date +%s%N)
+set +e
+VMLOG=$OUT/console.log VMTIMEOUT=${VMTIMEOUT:-600} "$VM/run-vm.sh" "$OUT/initrd.gz"
+rc=$?
+set -e
+T_VM=$(ms "$t")
+
+# --- results: one PASS/FAIL/SKIP line per guest test; a test that printed none is MISSING ---
+echo
+echo "=== VM suite ($MODE): console log $OUT/console.log"
+fail=0
+[ "$rc" -eq 0 ] || { echo "  guest exit status $rc"; fail=1; }
+grep -E '^(PASS|FAIL|SKIP) ' "$OUT/console.log" | sed 's/^/  /' || true
+if [ "$MODE" = test ]; then expected="topology"; for f in tests/vm/[0-9][0-9]-*.sh; do
+    n=$(basename "$f" .sh); expected="$expected ${n#[0-9][0-9]-}"; done
+else expected="topology demo"; fi
+for n in $expected; do
+  grep -qE "^(PASS|SKIP) $n\$|^(PASS|SKIP) $n:" "$OUT/console.log" && continue
+  grep -qE "^FAIL $n:" "$OUT/console.log" || echo "  MISSING $n (no result line)"
+  fail=1
+done
+echo "=== wall: build $((T_BUILD / 1000)).$((T_BUILD % 1000 / 100)) s, fetch $((T_FETCH / 1000)).$((T_FETCH % 1000 / 100)) s," \
+  "initrd $((T_IMAGE / 1000)).$((T_IMAGE % 1000 / 100)) s, VM boot-to-exit $((T_VM / 1000)).$((T_VM % 1000 / 100)) s," \
+  "total $(( $(ms "$T0") / 1000 )) s"
+[ "$fail" -eq 0 ] && echo "=== OK" || echo "=== FAILED"
+exit "$fail"

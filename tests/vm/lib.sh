@@ -1,0 +1,101 @@
+# Shared helpers for the guest-side VM tests (POSIX sh, busybox). Sourced by run.sh and every test.
+# Layout in the guest: /payload/tests (this dir), /payload/manifests/cluster (the example cluster),
+# /payload/bin/kipvs-proxier. Tests work on a copy of the manifests in $M, which they may edit.
+
+# busybox sh runs its own applets before $PATH: its `ip` lacks netns/veth/dummy, so force iproute2
+ip() { /sbin/ip "$@"; }
+
+T=/payload/tests
+KIPVS=${KIPVS:-/payload/bin/kipvs-proxier}
+NODE=test-node
+NODE_IP=192.168.100.1 # the Node's InternalIP; bound on vclient, the veth towards the client netns
+W=/tmp/kipvs          # scratch: live manifests, proxier logs, snapshots
+M=$W/manifests
+TEST=$(basename "$0" .sh); TEST=${TEST#[0-9][0-9]-}
+FAILED=""
+
+now() { cut -d' ' -f1 /proc/uptime; }
+say() { echo "  $*"; }
+ok() { echo "  ok: $*"; }
+bad() { echo "  not ok: $*"; [ -n "$FAILED" ] || FAILED=$*; }
+check() { # DESCRIPTION COMMAND...: ok/not ok by the command's status
+  d=$1; shift
+  if "$@"; then ok "$d"; else bad "$d"; fi
+}
+skip() { echo "SKIP $TEST: $*"; exit 0; }
+finish() { # the one result line per test that hack/test-vm.sh looks for
+  if [ -z "$FAILED" ]; then echo "PASS $TEST"; else echo "FAIL $TEST: $FAILED"; exit 1; fi
+}
+indent() { sed 's/^/    /'; }
+
+# ---- the proxier -------------------------------------------------------------------------------
+plan() { "$KIPVS" plan --node "$NODE" --manifests "$M" "$@"; }
+# bind addresses from `plan --format json` ("bind_addresses":[...]), one per line, prefix length dropped
+plan_bind() {
+  plan --format json | tr -d ' \n\t' | sed -n 's/.*"bind_addresses":\[\([^]]*\)\].*/\1/p' |
+    grep -oE '[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+' | sort -u
+}
+kernel_bind() { ip -o -4 addr show dev kube-ipvs0 2>/dev/null | awk '{print $4}' | sed 's#/.*##' | sort -u; }
+kernel_table() { ipvsadm -Sn | sort; }
+
+alive() { # PID: running and not a zombie
+  [ -r "/proc/$1/stat" ] && ! grep -q '^[0-9]* ([^)]*) Z' "/proc/$1/stat"
+}
+proxier_pid() { cat "$W/proxier.pid" 2>/dev/null; }
+proxier_log() { echo "$W/proxier.$(cat "$W/proxier.n" 2>/dev/null || echo 0).log"; }
+proxier_start() { # start `kipvs-proxier run` in the background; log to $W/proxier.N.log
+  n=$(( $(cat "$W/proxier.n" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$W/proxier.n"
+  "$KIPVS" run --node "$NODE" --manifests "$M" > "$W/proxier.$n.log" 2>&1 &
+  echo $! > "$W/proxier.pid"
+  say "started kipvs-proxier run (pid $!, log $W/proxier.$n.log)"
+}
+proxier_ensure() { p=$(proxier_pid); [ -n "$p" ] && alive "$p" || proxier_start; }
+proxier_stop() { # SIGTERM, then SIGKILL after 10 s; 0 if it is gone
+  p=$(proxier_pid); [ -n "$p" ] || return 0
+  kill "$p" 2>/dev/null; i=0
+  while alive "$p" && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
+  alive "$p" && { say "proxier ignored SIGTERM, killing"; kill -9 "$p"; sleep 0.2; }
+  ! alive "$p"
+}
+
+# Wait until the kernel's table equals the plan for the current manifests (the proxier re-reads
+# the files itself). On timeout, show the difference and the log's tail.
+converged() {
+  plan > "$W/plan.out" 2> "$W/plan.err" || return 1
+  sort "$W/plan.out" > "$W/plan.sorted"; kernel_table > "$W/kernel.sorted"
+  cmp -s "$W/plan.sorted" "$W/kernel.sorted"
+}
+wait_converged() { # [TIMEOUT_S=30]
+  n=$(( ${1:-30} * 4 )); t0=$(now)
+  while [ "$n" -gt 0 ]; do
+    converged && { say "converged in $(awk "BEGIN{print $(now) - $t0}") s"; return 0; }
+    p=$(proxier_pid); { [ -n "$p" ] && alive "$p"; } || { say "the proxier is not running"; n=0; break; }
+    sleep 0.25; n=$((n - 1))
+  done
+  say "not converged after ${1:-30} s; plan (-) vs kernel (+):"
+  [ -s "$W/plan.err" ] && indent < "$W/plan.err"
+  diff -u "$W/plan.sorted" "$W/kernel.sorted" | indent
+  say "proxier log tail:"; tail -n 15 "$(proxier_log)" | indent
+  return 1
+}
+
+# ---- traffic, always from the client netns (192.168.100.2, routed through the node) -------------
+# one HTTP request; prints the backend's answer (its pod name) or nothing
+http_get() { # IP PORT
+  ip netns exec client sh -c "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 $1 $2" 2>/dev/null | tail -n1
+}
+# one UDP datagram; prints the first answer line. stdin stays open 1 s so nc waits for the reply
+udp_ask() { # IP PORT
+  ip netns exec client sh -c "(echo q; sleep 1) | nc.traditional -u -q 0 -w 2 $1 $2" 2>/dev/null | head -n1
+}
+# N requests; prints the answers one per line ("-" for no answer)
+many() { # N FUNC IP PORT
+  i=0; while [ $i -lt "$1" ]; do a=$("$2" "$3" "$4"); echo "${a:--}"; i=$((i + 1)); done
+}
+distinct() { sort -u | tr '\n' ' ' | sed 's/ $//'; }
+
+# ---- manifest edits (atomic: write aside, then rename into the watched dir) ------------------------
+set_conditions() { # FILE ENDPOINT_IP READY SERVING TERMINATING
+  sed "/^  - $2\$/,/terminating:/{s/ready: .*/ready: $3/;s/serving: .*/serving: $4/;s/terminating: .*/terminating: $5/}" \
+    "$M/$1" > "$W/edit.tmp" && mv "$W/edit.tmp" "$M/$1"
+}

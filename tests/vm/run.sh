@@ -1,0 +1,30 @@
+#!/bin/sh
+# Guest-side entry point of the VM suite (called by /payload/run.sh, see hack/test-vm.sh).
+# usage: run.sh [test|demo]
+#   test: build the example cluster's pods as netns, run every NN-*.sh in order (each prints one
+#         PASS/FAIL/SKIP line), exit 1 if any failed.
+#   demo: same set-up, then demo.sh prints the table, the addresses and the traffic results.
+MODE=${1:-test}
+. /payload/tests/lib.sh
+. /payload/tests/topology.sh
+mkdir -p "$W" && cp -r /payload/manifests/cluster "$M"
+echo "--- topology: $(echo $PODS | wc -w) pods + client netns (uptime $(now))"
+topology_up
+failed=0
+if topology_check; then echo "PASS topology"; else echo "FAIL topology: a backend does not answer directly"; failed=1; fi
+
+[ "$MODE" = demo ] && exec sh "$T/demo.sh"
+
+for t in "$T"/[0-9][0-9]-*.sh; do
+  echo "=== $(basename "$t") (uptime $(now))"
+  sh "$t" || failed=$((failed + 1))
+done
+p=$(proxier_pid); [ -n "$p" ] && alive "$p" && kill "$p"
+if [ "$failed" -gt 0 ]; then
+  for l in "$W"/proxier.*.log; do
+    [ -f "$l" ] || continue
+    echo "--- $l (last 40 lines)"; tail -n 40 "$l"
+  done
+fi
+echo "=== $failed test(s) failed (uptime $(now))"
+[ "$failed" -eq 0 ]
