@@ -29,8 +29,8 @@
 //! CIDRs are strings (validated by [`ProxierConfiguration::validate`]), durations are Go
 //! duration strings (`"30s"`, `"1m30s"`), and no field is a `oneOf`.
 
-use crate::duration;
 use crate::gates::{Gate, UnknownGate};
+use crate::{duration, schema};
 use ipnet::IpNet;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -49,6 +49,7 @@ pub struct ProxierConfiguration {
     /// `KubeProxyDrainingTerminatingNodes`); a gate that is not listed is on. Unknown names
     /// are rejected.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "schema::feature_gates")]
     pub feature_gates: BTreeMap<String, bool>,
     /// IPVS settings (`KubeProxyIPVSConfiguration`).
     pub ipvs: IpvsConfiguration,
@@ -72,12 +73,12 @@ pub struct IpvsConfiguration {
     /// Longest time between two full resynchronisations, as a Go duration. Default `30s`;
     /// must be greater than zero.
     #[serde(with = "duration::serde_go")]
-    #[schemars(with = "String")]
+    #[schemars(schema_with = "schema::go_duration")]
     pub sync_period: Duration,
     /// Shortest time between two synchronisations, as a Go duration. Default `0s` (sync on
     /// every change); must not exceed `syncPeriod`.
     #[serde(with = "duration::serde_go")]
-    #[schemars(with = "String")]
+    #[schemars(schema_with = "schema::go_duration")]
     pub min_sync_period: Duration,
     /// Set `arp_ignore=1` and `arp_announce=2` so the node does not answer ARP for the
     /// addresses on `kube-ipvs0` (needed by MetalLB in L2 mode). Default false.
@@ -86,16 +87,16 @@ pub struct IpvsConfiguration {
     /// IPVS idle timeout of TCP connections, as a Go duration; `0s` keeps the kernel's value
     /// (900 s).
     #[serde(with = "duration::serde_go")]
-    #[schemars(with = "String")]
+    #[schemars(schema_with = "schema::go_duration")]
     pub tcp_timeout: Duration,
     /// IPVS timeout of TCP connections after a FIN, as a Go duration; `0s` keeps the kernel's
     /// value (120 s).
     #[serde(with = "duration::serde_go")]
-    #[schemars(with = "String")]
+    #[schemars(schema_with = "schema::go_duration")]
     pub tcp_fin_timeout: Duration,
     /// IPVS timeout of UDP flows, as a Go duration; `0s` keeps the kernel's value (300 s).
     #[serde(with = "duration::serde_go")]
-    #[schemars(with = "String")]
+    #[schemars(schema_with = "schema::go_duration")]
     pub udp_timeout: Duration,
     /// CIDRs whose virtual servers kipvs never deletes (virtual servers owned by something
     /// else on the node).
@@ -610,10 +611,12 @@ metricsBindAddress: 0.0.0.0:9100
             }
         }
         check("ProxierConfiguration", &value);
-        assert_eq!(
-            value["properties"]["featureGates"]["additionalProperties"]["type"],
-            "boolean"
-        );
+        for gate in Gate::ALL {
+            assert_eq!(
+                value["properties"]["featureGates"]["properties"][gate.name()]["type"],
+                "boolean"
+            );
+        }
         assert_eq!(
             value["properties"]["ipvs"]["properties"]["syncPeriod"]["type"],
             "string"

@@ -38,6 +38,24 @@ impl Gate {
         }
     }
 
+    /// One sentence on what the gate changes (the CRD schema's description of it).
+    pub fn description(self) -> &'static str {
+        match self {
+            Gate::ProxyTerminatingEndpoints => {
+                "KEP-1669: route to serving+terminating endpoints when no ready one exists \
+                 (kept at weight 0 while a ready one exists). Default true."
+            }
+            Gate::LoadBalancerIPMode => {
+                "KEP-1860: a load-balancer ingress IP with ipMode Proxy gets no virtual server \
+                 and is not bound on the node. Default true."
+            }
+            Gate::KubeProxyDrainingTerminatingNodes => {
+                "KEP-3836: /healthz fails while the node is being deleted or tainted \
+                 ToBeDeletedByClusterAutoscaler. Default true."
+            }
+        }
+    }
+
     /// Whether the gate is on when `featureGates` does not mention it (all are GA upstream).
     pub fn default_enabled(self) -> bool {
         true

@@ -2,12 +2,29 @@
 //!
 //! - [`ProxierConfiguration`]: the proxier's configuration, with kube-proxy's
 //!   `KubeProxyConfiguration` field names (see [`config`]).
+//! - [`ProxyConfig`]: a configuration for a set of nodes and its staged rollout (see
+//!   [`proxyconfig`]).
+//! - [`NodeProxyConfig`]: one node's configuration, written by the operator, with a status
+//!   written by the node's proxier (see [`nodeproxyconfig`]).
 //! - [`Gate`]: the feature gates kipvs understands.
 //! - [`duration`]: Go-style duration strings (`"30s"`, `"1m30s"`).
+//! - [`crd`]: the CustomResourceDefinitions as the `crdgen` binary writes them.
 
 pub mod config;
+pub mod crd;
 pub mod duration;
 pub mod gates;
+pub mod nodeproxyconfig;
+pub mod proxyconfig;
+pub mod schema;
 
 pub use config::{ConfigError, IpvsConfiguration, NodePortAddress, ProxierConfiguration};
 pub use gates::{Gate, UnknownGate};
+pub use nodeproxyconfig::{
+    NodePhase, NodeProxyConfig, NodeProxyConfigSpec, NodeProxyConfigStatus, OPERATOR_FIELD_MANAGER,
+    PROXIER_FIELD_MANAGER,
+};
+pub use proxyconfig::{
+    CountOrPercent, PROMOTE_ANNOTATION, ProxyConfig, ProxyConfigSpec, ProxyConfigStatus,
+    REST_STAGE, RolloutSpec, SpecError, Stage, StagePhase, StageStatus,
+};

@@ -1,0 +1,144 @@
+//! `NodeProxyConfig` (`kipvs.io/v1alpha1`, cluster-scoped): the configuration one node's proxier
+//! should run, named after the node.
+//!
+//! Two writers, each owning its half through server-side apply:
+//!
+//! - **spec**: the operator (field manager [`OPERATOR_FIELD_MANAGER`]) writes `revision`,
+//!   `assignedAt` and `config` when the node's desired revision changes, and sets its
+//!   `ProxyConfig` as the controlling owner (deleting the ProxyConfig deletes its
+//!   NodeProxyConfigs).
+//! - **status**: the node's proxier (field manager [`PROXIER_FIELD_MANAGER`]) writes
+//!   [`NodeProxyConfigStatus`] on the `status` subresource, e.g.
+//!
+//! ```text
+//! PATCH /apis/kipvs.io/v1alpha1/nodeproxyconfigs/<node>/status?fieldManager=kipvs-proxier&force=true
+//! Content-Type: application/apply-patch+yaml
+//! {"apiVersion": "kipvs.io/v1alpha1", "kind": "NodeProxyConfig", "metadata": {"name": "<node>"},
+//!  "status": {"observedRevision": "5f0c2a9e1b", "phase": "Applied", "healthy": true,
+//!             "lastSyncTime": "2026-11-22T10:00:00Z", "message": "", "syncErrors": 0}}
+//! ```
+//!
+//! ([`NodeProxyConfigStatus::apply_patch`] builds that body.) The proxier must report on every
+//! change of `spec.revision` (Pending when it starts, Applied or Failed when done) and whenever
+//! its health flips; between changes, refreshing `lastSyncTime` at most once a minute is enough
+//! (the operator does not use it as a heartbeat). When a node has no NodeProxyConfig, its
+//! proxier runs its local configuration (`--config`).
+
+use crate::config::ProxierConfiguration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Field manager of the operator's server-side applies (NodeProxyConfig spec, ProxyConfig
+/// status).
+pub const OPERATOR_FIELD_MANAGER: &str = "kipvs-operator";
+
+/// Field manager the proxier uses for its server-side applies of NodeProxyConfig status.
+pub const PROXIER_FIELD_MANAGER: &str = "kipvs-proxier";
+
+/// The configuration one node's proxier should run.
+// kube-derive takes one printcolumn(...) per column; clippy reads repeated keys as duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "kipvs.io",
+    version = "v1alpha1",
+    kind = "NodeProxyConfig",
+    plural = "nodeproxyconfigs",
+    shortname = "npxc",
+    category = "kipvs",
+    status = "NodeProxyConfigStatus",
+    derive = "PartialEq",
+    doc = "The proxier configuration of one node (named after it), written by kipvs-operator from \
+           a ProxyConfig; its status is written by the node's proxier.",
+    printcolumn(
+        name = "Revision",
+        type_ = "string",
+        json_path = ".spec.revision",
+        description = "Revision the node should run"
+    ),
+    printcolumn(
+        name = "Observed",
+        type_ = "string",
+        json_path = ".status.observedRevision",
+        description = "Revision the proxier last acted on"
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Healthy", type_ = "boolean", json_path = ".status.healthy"),
+    printcolumn(name = "Last-Sync", type_ = "date", json_path = ".status.lastSyncTime"),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.message"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProxyConfigSpec {
+    /// Revision of config (the owning ProxyConfig's revision scheme: a hash of the effective
+    /// configuration). The proxier echoes it in status.observedRevision.
+    pub revision: String,
+    /// When the operator set this revision; the rollout's applyTimeout counts from here.
+    pub assigned_at: Time,
+    /// The configuration to run, complete (defaults filled in).
+    pub config: ProxierConfiguration,
+}
+
+/// What a node's proxier reports about its NodeProxyConfig. Every field is optional so that a
+/// proxier may apply only what it knows; the operator reads a missing field as "not yet".
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeProxyConfigStatus {
+    /// The spec.revision this status is about: the last one the proxier started applying.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_revision: Option<String>,
+    /// Pending (observedRevision is being applied), Applied (it is in effect and a sync with it
+    /// completed) or Failed (it was rejected or cannot be applied; message says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<NodePhase>,
+    /// The proxier's liveness verdict (its /livez: the sync loop runs and its last sync
+    /// succeeded recently). Not /healthz: that one also fails on draining nodes (KEP-3836),
+    /// which the operator recognises from the Node itself and skips.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    /// When the last successful IPVS sync finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_time: Option<Time>,
+    /// Human-readable detail: why a revision Failed, or the last sync error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Failed syncs since observedRevision was applied (0 after a clean apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_errors: Option<u64>,
+}
+
+/// The proxier's progress on `observedRevision`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum NodePhase {
+    /// Seen, not yet in effect.
+    Pending,
+    /// In effect; a sync with it completed.
+    Applied,
+    /// Rejected or impossible to apply.
+    Failed,
+}
+
+impl NodeProxyConfigStatus {
+    /// The body of a server-side apply of this status to the `status` subresource of the
+    /// NodeProxyConfig named `node` (send it with field manager [`PROXIER_FIELD_MANAGER`] and
+    /// `force`, as `kube::api::Patch::Apply`).
+    pub fn apply_patch(&self, node: &str) -> serde_json::Value {
+        use kube::Resource;
+        serde_json::json!({
+            "apiVersion": NodeProxyConfig::api_version(&()),
+            "kind": NodeProxyConfig::kind(&()),
+            "metadata": { "name": node },
+            "status": self,
+        })
+    }
+}
