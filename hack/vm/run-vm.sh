@@ -21,7 +21,7 @@ timeout -k 5 "${VMTIMEOUT:-300}" "$QEMU_DIR/usr/bin/qemu-system-x86_64" \
   -L "$QEMU_DIR/usr/share/qemu" -L "$QEMU_DIR/usr/share/seabios" \
   -accel tcg,thread=multi -cpu max -m "${VMMEM:-1024}" -smp "${VMSMP:-1}" \
   -nographic -no-reboot -nic none -kernel "$KERNEL" -initrd "$INITRD" \
-  -append "console=ttyS0 panic=-1 quiet loglevel=3 ${VMAPPEND:-}" "$@" </dev/null 2>&1 |
+  -append "console=ttyS0 panic=-1 quiet loglevel=3 mitigations=off ${VMAPPEND:-}" "$@" </dev/null 2>&1 |
   tr -d '\r' | sed -u -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc//g' | tee "$LOG"
 qrc=${PIPESTATUS[0]}
 echo "run-vm: qemu rc=$qrc wall=$(( ($(date +%s%N) - start) / 1000000 )) ms"

@@ -13,6 +13,7 @@ if plan | sort | cmp -s - "$W/expected.sorted"; then ok "plan is the expected ta
 else bad "plan differs from tests/vm/expected/cluster.ipvsadm"; plan | sort | diff -u "$W/expected.sorted" - | indent; fi
 
 plan_bind > "$W/bind.plan"; kernel_bind > "$W/bind.kernel"
+check "plan --format json lists bind addresses" [ -s "$W/bind.plan" ]
 say "kube-ipvs0: $(tr '\n' ' ' < "$W/bind.kernel")"
 check "kube-ipvs0 holds exactly the planned bind addresses" cmp -s "$W/bind.plan" "$W/bind.kernel"
 cmp -s "$W/bind.plan" "$W/bind.kernel" || diff -u "$W/bind.plan" "$W/bind.kernel" | indent

@@ -17,6 +17,8 @@ done
 counters() {
   ipvsadm -Ln --stats | awk '$1 ~ /^(TCP|UDP|SCTP|FWM)$/ { vs = $1 " " $2; print vs, $3 } $1 == "->" && NF > 2 { print vs, "->", $2, $3 }'
 }
+# the kernel folds its per-CPU counters into what ipvsadm shows every 2 s (IPVS estimator): let it catch up
+sleep 2.5
 counters > "$W/counters.before"; kernel_table > "$W/table.before"; kernel_bind > "$W/bind.before"
 say "connection counters before the restart:"; indent < "$W/counters.before"
 check "some connections were counted" sh -c "awk '\$NF > 0' $W/counters.before | grep -q ."
@@ -30,6 +32,8 @@ sync_line=$(grep -m1 'sync complete' "$second")
 say "second run: $sync_line"
 check "second run completed a sync within 30 s" [ -n "$sync_line" ]
 case $sync_line in *"ops=0"*) ok "its first sync applied ops=0" ;; *) bad "first sync after restart was not ops=0: $sync_line" ;; esac
+check "converged after the restart" wait_converged 30
+sleep 2.5 # later syncs and the counter estimator get their chance to show churn
 ops=$(grep 'op=' "$second")
 [ -z "$ops" ] || { say "op= lines of the second run:"; echo "$ops" | indent; }
 churn=$(grep -o 'op=[A-Za-z_]*' "$second" | grep -iE '(add|del|remove|flush|create)' | grep -iE '(virtual|real|server|service|dest)' | sort -u | tr '\n' ' ')

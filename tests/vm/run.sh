@@ -23,7 +23,7 @@ p=$(proxier_pid); [ -n "$p" ] && alive "$p" && kill "$p"
 if [ "$failed" -gt 0 ]; then
   for l in "$W"/proxier.*.log; do
     [ -f "$l" ] || continue
-    echo "--- $l (last 40 lines)"; tail -n 40 "$l"
+    echo "--- $l (up to 200 lines)"; head -n 200 "$l"
   done
 fi
 echo "=== $failed test(s) failed (uptime $(now))"
