@@ -6,7 +6,11 @@
 
 pub mod dataplane;
 pub mod format;
+pub mod grpc_health;
+pub mod health;
+pub mod kube_source;
 pub mod manifests;
+pub mod metrics;
 pub mod model;
 pub mod plan;
 pub mod run;

@@ -2,12 +2,19 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use kipvs_crds::Gate;
 use kipvs_crds::config::ProxierConfiguration;
+use kipvs_proxier::dataplane::Dataplane;
+use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
-use kipvs_proxier::run::{Engine, ManifestsSource, NodeIdentity, Planner, SourceHandle};
-use kipvs_proxier::{format, sysctl};
-use std::net::IpAddr;
+use kipvs_proxier::health::{self, ProxyHealth, ServiceHealthServers};
+use kipvs_proxier::kube_source::KubeSource;
+use kipvs_proxier::metrics::Metrics;
+use kipvs_proxier::run::{Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle};
+use kipvs_proxier::{format, grpc_health, sysctl};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
 /// kipvs proxier: programs kernel IPVS from Kubernetes Services and EndpointSlices.
@@ -24,9 +31,10 @@ struct SourceArgs {
     /// This node's name (endpoints with this nodeName are local).
     #[arg(long = "node", env = "KIPVS_NODE_NAME")]
     node: String,
-    /// YAML/JSON file (multi-document or a List) or directory of Services, EndpointSlices and Nodes.
+    /// YAML/JSON file (multi-document or a List) or directory of Services, EndpointSlices and
+    /// Nodes. Without it, `run` watches the Kubernetes API.
     #[arg(long)]
-    manifests: PathBuf,
+    manifests: Option<PathBuf>,
     /// ProxierConfiguration file (kube-proxy field names). Defaults apply without it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -43,6 +51,41 @@ enum Format {
     Json,
 }
 
+/// Which dataplane `run` programs.
+#[derive(Clone, Copy, ValueEnum)]
+enum DataplaneKind {
+    /// Kernel IPVS, rtnetlink and sysctls.
+    Kernel,
+    /// An in-memory table (tests on hosts without IPVS).
+    Fake,
+}
+
+/// The Kubernetes API and the proxier's own servers (`run` only).
+#[derive(clap::Args)]
+struct ClusterArgs {
+    /// kubeconfig for the Kubernetes API source; default: in-cluster config, then
+    /// $KUBECONFIG or ~/.kube/config. Ignored with --manifests.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// `ip:port` of /healthz and /livez (overrides healthzBindAddress).
+    #[arg(long)]
+    healthz_bind_address: Option<String>,
+    /// `ip:port` of /metrics (overrides metricsBindAddress).
+    #[arg(long)]
+    metrics_bind_address: Option<String>,
+    /// `ip:port` of the gRPC health service (grpc.health.v1.Health: "" mirrors /livez,
+    /// "kipvs.io/healthz" mirrors /healthz); off when not given.
+    #[arg(long)]
+    grpc_health_bind_address: Option<SocketAddr>,
+    /// Address health-check node ports listen on; default: every address (`::`, else
+    /// `0.0.0.0`).
+    #[arg(long)]
+    health_check_bind_ip: Option<IpAddr>,
+    /// The dataplane to program (`fake`: in memory, for tests without kernel IPVS).
+    #[arg(long, value_enum, default_value = "kernel", hide = true)]
+    dataplane: DataplaneKind,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Print the desired IPVS state for the manifests without touching the kernel.
@@ -53,10 +96,12 @@ enum Command {
         #[arg(long, value_enum, default_value = "ipvsadm")]
         format: Format,
     },
-    /// Program the kernel from the manifests and keep it in step as they change.
+    /// Program the kernel from the Kubernetes API (or the manifests) and keep it in step.
     Run {
         #[command(flatten)]
         source: SourceArgs,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// Sync once and exit.
         #[arg(long)]
         once: bool,
@@ -70,11 +115,114 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<ProxierConfiguration> {
     })
 }
 
-fn source(args: &SourceArgs) -> ManifestsSource {
-    ManifestsSource {
-        path: args.manifests.clone(),
+/// The manifests source of `args` (`plan` needs one).
+fn manifests_source(args: &SourceArgs) -> anyhow::Result<ManifestsSource> {
+    let path = args.manifests.clone().context("--manifests is required")?;
+    Ok(ManifestsSource {
+        path,
         node_name: args.node.clone(),
+    })
+}
+
+/// A client from `--kubeconfig`, or the default (in-cluster, then $KUBECONFIG / ~/.kube/config).
+async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Bind `addr` for one of the proxier's servers, naming it in the error.
+fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    health::bind(addr).with_context(|| format!("binding the {what} server to {addr}"))
+}
+
+/// Start the health, metrics and gRPC health servers and the source; returns the handle
+/// the engine syncs from (ready once the source has loaded everything).
+async fn start(
+    args: &SourceArgs,
+    cluster: &ClusterArgs,
+    config: &ProxierConfiguration,
+) -> anyhow::Result<SourceHandle> {
+    let metrics = Metrics::new();
+    let health = ProxyHealth::new(
+        2 * config.ipvs.sync_period,
+        config.gate_enabled(Gate::KubeProxyDrainingTerminatingNodes),
+    );
+    let bind_ips = match cluster.health_check_bind_ip {
+        Some(ip) => vec![ip],
+        None => vec![Ipv6Addr::UNSPECIFIED.into(), Ipv4Addr::UNSPECIFIED.into()],
+    };
+    let health_check_ports = ServiceHealthServers::new(health.clone(), bind_ips);
+    let observers: Vec<Arc<dyn Observer>> = vec![
+        Arc::new(health.clone()),
+        Arc::new(metrics.clone()),
+        Arc::new(health_check_ports),
+    ];
+    let handle = SourceHandle::gated().with_observer(Arc::new(observers));
+
+    let healthz_addr = match &cluster.healthz_bind_address {
+        Some(a) => a
+            .parse()
+            .with_context(|| format!("--healthz-bind-address {a:?}"))?,
+        None => config.healthz_socket_addr()?,
+    };
+    let metrics_addr = match &cluster.metrics_bind_address {
+        Some(a) => a
+            .parse()
+            .with_context(|| format!("--metrics-bind-address {a:?}"))?,
+        None => config.metrics_socket_addr()?,
+    };
+    let never = std::future::pending::<()>;
+    let listener = bind(healthz_addr, "healthz")?;
+    tokio::spawn(health::serve(listener, health.routes(&metrics), never()));
+    let listener = bind(metrics_addr, "metrics")?;
+    tokio::spawn(health::serve(listener, metrics.routes(), never()));
+    tracing::info!(%healthz_addr, %metrics_addr, "serving /healthz, /livez and /metrics");
+    if let Some(addr) = cluster.grpc_health_bind_address {
+        let listener = bind(addr, "gRPC health")?;
+        tokio::spawn(async move {
+            if let Err(e) = grpc_health::serve(listener, health, never()).await {
+                tracing::error!("gRPC health server failed: {e}");
+            }
+        });
+        tracing::info!(%addr, "serving grpc.health.v1.Health");
     }
+
+    if args.manifests.is_some() {
+        tokio::spawn(manifests_source(args)?.watch(handle.clone()));
+    } else {
+        let client = kube_client(cluster.kubeconfig.as_deref()).await?;
+        let source = KubeSource {
+            client,
+            node_name: args.node.clone(),
+            metrics,
+        };
+        tokio::spawn(source.run(handle.clone()));
+    }
+    Ok(handle)
+}
+
+/// Sync once the source is ready, then once (`--once`) or until a shutdown signal.
+async fn run_engine<D: Dataplane>(
+    handle: SourceHandle,
+    planner: Planner,
+    dataplane: D,
+    once: bool,
+) -> anyhow::Result<()> {
+    let mut engine = Engine::new(handle.clone(), planner, dataplane);
+    if once {
+        handle.wait_ready().await;
+        engine.sync().await?;
+    } else {
+        engine.run(shutdown_signal()).await;
+    }
+    Ok(())
 }
 
 fn identity(args: &SourceArgs) -> NodeIdentity {
@@ -141,9 +289,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         } => {
             let config = load_config(args.config.as_deref())?;
             let handle = SourceHandle::default();
-            source(&args)
+            let source = manifests_source(&args)?;
+            source
                 .load_into(&handle, None)
-                .with_context(|| format!("reading {}", args.manifests.display()))?;
+                .with_context(|| format!("reading {}", source.path.display()))?;
             let mut planner = Planner::new(identity(&args), config);
             planner.replan(&mut handle.store.lock().expect("store lock"));
             let plan = planner.plan();
@@ -153,24 +302,31 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             };
             print!("{text}");
         }
-        Command::Run { source: args, once } => {
+        Command::Run {
+            source: args,
+            cluster,
+            once,
+        } => {
             let config = load_config(args.config.as_deref())?;
-            let dataplane = KernelDataplane::connect()
-                .await
-                .context("connecting to the kernel (are the ip_vs and dummy modules loaded?)")?;
-            setup_kernel(&config, &dataplane).await?;
-            let handle = SourceHandle::default();
-            let source = source(&args);
-            let planner = Planner::new(identity(&args), config);
-            let mut engine = Engine::new(handle.clone(), planner, dataplane);
-            if once {
-                source
-                    .load_into(&handle, None)
-                    .with_context(|| format!("reading {}", args.manifests.display()))?;
-                engine.sync().await?;
-            } else {
-                tokio::spawn(source.watch(handle));
-                engine.run(shutdown_signal()).await;
+            if let Some(path) = &args.manifests {
+                // Fail early on an unreadable path (the watch would only log it).
+                std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+            }
+            let planner = Planner::new(identity(&args), config.clone());
+            match cluster.dataplane {
+                DataplaneKind::Kernel => {
+                    let dataplane = KernelDataplane::connect().await.context(
+                        "connecting to the kernel (are the ip_vs and dummy modules loaded?)",
+                    )?;
+                    setup_kernel(&config, &dataplane).await?;
+                    let handle = start(&args, &cluster, &config).await?;
+                    run_engine(handle, planner, dataplane, once).await?;
+                }
+                DataplaneKind::Fake => {
+                    tracing::warn!("fake dataplane: nothing is programmed into the kernel");
+                    let handle = start(&args, &cluster, &config).await?;
+                    run_engine(handle, planner, FakeDataplane::default(), once).await?;
+                }
             }
         }
     }

@@ -2,35 +2,137 @@
 //! re-plans what changed and syncs the dataplane, at most once per `ipvs.minSyncPeriod` and
 //! at least once per `ipvs.syncPeriod` (kube-proxy's `BoundedFrequencyRunner` contract).
 
-use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, Ownership};
+use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Ownership};
 use crate::manifests;
-use crate::model::DesiredState;
-use crate::plan::{self, DesiredIndex, Plan, PlanContext, Touched};
+use crate::model::{DesiredState, VirtualServerKey};
+use crate::plan::{self, DesiredIndex, NoLocalEndpoints, Plan, PlanContext, Touched};
 use crate::store::{ObjectKey, Store};
 use crate::sync::{SyncReport, Syncer};
 use kipvs_crds::config::ProxierConfiguration;
+use std::collections::BTreeMap;
+use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::sync::Notify;
+use std::time::{Duration, SystemTime};
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-/// What sources hold to feed the engine: the store and the wake-up signal.
-#[derive(Clone, Debug, Default)]
+/// Told what sources write and what the engine syncs: the health servers and the metrics
+/// implement it ([`crate::health`], [`crate::metrics`]). Every method defaults to nothing.
+pub trait Observer: Send + Sync {
+    /// The store changed: a source wrote to it, or the engine took its dirty set. Called under
+    /// the store lock, so it must be quick.
+    fn store_updated(&self, _store: &Store) {}
+    /// The engine finished a sync (successful or not).
+    fn sync_finished(&self, _outcome: &SyncOutcome<'_>) {}
+}
+
+impl Observer for Vec<Arc<dyn Observer>> {
+    fn store_updated(&self, store: &Store) {
+        for o in self {
+            o.store_updated(store);
+        }
+    }
+
+    fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
+        for o in self {
+            o.sync_finished(outcome);
+        }
+    }
+}
+
+/// What one [`Engine::sync`] did, for [`Observer`]s.
+pub struct SyncOutcome<'a> {
+    /// The sync's result (`Err`: the dataplane could not be observed; nothing was changed).
+    pub result: &'a Result<SyncReport, DataplaneError>,
+    /// The desired state synced towards.
+    pub desired: &'a DesiredState,
+    /// Services with a Local traffic policy and no local endpoint, by policy.
+    pub no_local_endpoints: NoLocalEndpoints,
+    /// Services served by the KEP-1669 fallback to serving+terminating endpoints.
+    pub terminating_fallback_services: usize,
+    /// Draining real servers and since when.
+    pub drains: &'a BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
+    /// EndpointSlice change trigger times this sync programmed (see
+    /// [`Store::take_trigger_times`]).
+    pub trigger_times: &'a [SystemTime],
+}
+
+/// What sources hold to feed the engine: the store, the wake-up signal, the readiness gate
+/// and the observers of changes.
+#[derive(Clone)]
 pub struct SourceHandle {
-    /// Objects; write under the lock, then call [`SourceHandle::changed`].
+    /// Objects; write through [`SourceHandle::update`] so that the engine and observers hear.
     pub store: Arc<Mutex<Store>>,
     notify: Arc<Notify>,
+    ready: Arc<watch::Sender<bool>>,
+    observer: Arc<dyn Observer>,
+}
+
+impl Default for SourceHandle {
+    /// An empty store that is ready at once, with no observer.
+    fn default() -> Self {
+        SourceHandle {
+            store: Arc::default(),
+            notify: Arc::default(),
+            ready: Arc::new(watch::Sender::new(true)),
+            observer: Arc::new(Vec::new()),
+        }
+    }
+}
+
+impl fmt::Debug for SourceHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SourceHandle")
+            .field("ready", &self.is_ready())
+            .finish_non_exhaustive()
+    }
 }
 
 impl SourceHandle {
-    /// Run `f` on the store and wake the engine.
+    /// An empty store that is not ready until [`mark_ready`](Self::mark_ready): the engine's
+    /// [`run`](Engine::run) programs nothing before the source has loaded everything once
+    /// (an empty store would delete what a previous run programmed).
+    pub fn gated() -> Self {
+        let handle = SourceHandle::default();
+        handle.ready.send_replace(false);
+        handle
+    }
+
+    /// The same handle, telling `observer` about every store change and sync.
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// Run `f` on the store, tell the observer and wake the engine.
     pub fn update(&self, f: impl FnOnce(&mut Store)) {
-        f(&mut self.store.lock().expect("store lock"));
+        {
+            let mut store = self.store.lock().expect("store lock");
+            f(&mut store);
+            self.observer.store_updated(&store);
+        }
         self.notify.notify_one();
+    }
+
+    /// The source has loaded everything once: the engine may sync.
+    pub fn mark_ready(&self) {
+        self.ready.send_replace(true);
+    }
+
+    /// Whether [`mark_ready`](Self::mark_ready) was called (or the handle was never gated).
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Wait until the source is ready.
+    pub async fn wait_ready(&self) {
+        let mut ready = self.ready.subscribe();
+        // The sender lives as long as `self`, so this cannot fail.
+        let _ = ready.wait_for(|r| *r).await;
     }
 }
 
@@ -175,10 +277,16 @@ impl<D: Dataplane> Engine<D> {
     /// configuration change and once per `ipvs.syncPeriod`; otherwise only what changed.
     ///
     /// Errors: only when the dataplane cannot be observed; nothing is changed then.
-    pub async fn sync(&mut self) -> Result<SyncReport, crate::dataplane::DataplaneError> {
-        let replanned = {
+    ///
+    /// The source's observer hears of the taken changes and of the outcome.
+    pub async fn sync(&mut self) -> Result<SyncReport, DataplaneError> {
+        let observer = self.source.observer.clone();
+        let (replanned, trigger_times) = {
             let mut store = self.source.store.lock().expect("store lock");
-            self.planner.replan(&mut store)
+            let trigger_times = store.take_trigger_times();
+            let replanned = self.planner.replan(&mut store);
+            observer.store_updated(&store);
+            (replanned, trigger_times)
         };
         let config = &self.planner.config;
         self.syncer.ownership = Ownership {
@@ -190,30 +298,47 @@ impl<D: Dataplane> Engine<D> {
             .last_full_sync
             .is_none_or(|t| t.elapsed() >= config.ipvs.sync_period);
         let desired = self.planner.index.desired();
-        match replanned {
+        let result = match replanned {
             Replanned::Touched(touched) if !period_over => {
                 self.syncer.sync_touched(desired, &touched).await
             }
             _ => {
-                let report = self.syncer.sync(desired).await?;
-                self.last_full_sync = Some(Instant::now());
-                Ok(report)
+                let result = self.syncer.sync(desired).await;
+                if result.is_ok() {
+                    self.last_full_sync = Some(Instant::now());
+                }
+                result
             }
-        }
+        };
+        let (no_local_endpoints, terminating_fallback_services) = self.planner.index.counts();
+        observer.sync_finished(&SyncOutcome {
+            result: &result,
+            desired,
+            no_local_endpoints,
+            terminating_fallback_services,
+            drains: self.syncer.drains(),
+            trigger_times: &trigger_times,
+        });
+        result
     }
 
     /// Check draining real servers (see [`Syncer::check_drains`]).
-    pub async fn check_drains(&mut self) -> Result<SyncReport, crate::dataplane::DataplaneError> {
+    pub async fn check_drains(&mut self) -> Result<SyncReport, DataplaneError> {
         self.syncer.check_drains(self.planner.index.desired()).await
     }
 
-    /// Sync at start, then whenever a source reports a change (at most once per
-    /// `ipvs.minSyncPeriod`) and at least every `ipvs.syncPeriod`, until `shutdown` resolves.
-    /// A failed sync is logged and retried at the next trigger; the kernel is left as it is
-    /// on shutdown (never flushed).
+    /// Sync once the source is ready ([`SourceHandle::wait_ready`]), then whenever a source
+    /// reports a change (at most once per `ipvs.minSyncPeriod`) and at least every
+    /// `ipvs.syncPeriod`, until `shutdown` resolves. A failed sync is logged and retried at
+    /// the next trigger; the kernel is left as it is on shutdown (never flushed).
     pub async fn run(&mut self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let notify = self.source.notify.clone();
+        let source = self.source.clone();
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = source.wait_ready() => {}
+        }
         loop {
             let started = Instant::now();
             if let Err(e) = self.sync().await {
@@ -278,7 +403,10 @@ impl ManifestsSource {
         let mut seen = None;
         loop {
             match self.load_into(&handle, seen) {
-                Ok(f) => seen = Some(f),
+                Ok(f) => {
+                    seen = Some(f);
+                    handle.mark_ready();
+                }
                 Err(e) => {
                     tracing::error!(path = %self.path.display(), "cannot read manifests: {e}")
                 }

@@ -13,6 +13,11 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
+
+/// Annotation on EndpointSlices with the time of the Pod or Service change that last
+/// changed them (RFC 3339); the start of kube-proxy's network programming latency.
+pub const LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// `(namespace, name)` of a namespaced object.
 pub type ObjectKey = (String, String);
@@ -49,6 +54,15 @@ impl Dirty {
     }
 }
 
+/// Numbers of object changes (writes that changed something), by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChangeCounts {
+    /// Service adds, updates and deletes.
+    pub services: u64,
+    /// EndpointSlice adds, updates and deletes.
+    pub endpoint_slices: u64,
+}
+
 /// Objects by key, plus the dirty set. Starts all-dirty.
 #[derive(Debug)]
 pub struct Store {
@@ -57,6 +71,12 @@ pub struct Store {
     slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
     node: Option<Node>,
     dirty: Dirty,
+    /// Changes since the store was created.
+    changes: ChangeCounts,
+    /// Changes since the last [`Store::take_dirty`].
+    pending: ChangeCounts,
+    /// [`LAST_CHANGE_TRIGGER_TIME`]s of the EndpointSlice changes not yet taken.
+    trigger_times: Vec<SystemTime>,
 }
 
 impl Default for Store {
@@ -70,6 +90,9 @@ impl Default for Store {
                 all: true,
                 services: BTreeSet::new(),
             },
+            changes: ChangeCounts::default(),
+            pending: ChangeCounts::default(),
+            trigger_times: Vec::new(),
         }
     }
 }
@@ -81,6 +104,7 @@ impl Store {
         if self.services.get(&key) != Some(&service) {
             self.services.insert(key.clone(), service);
             self.dirty.services.insert(key);
+            self.count_service_change();
         }
     }
 
@@ -88,6 +112,7 @@ impl Store {
     pub fn delete_service(&mut self, key: &ObjectKey) {
         if self.services.remove(key).is_some() {
             self.dirty.services.insert(key.clone());
+            self.count_service_change();
         }
     }
 
@@ -98,7 +123,12 @@ impl Store {
         if self.slices.get(&key) == Some(&slice) {
             return;
         }
-        self.delete_slice(&key);
+        if self.slices.contains_key(&key) {
+            self.delete_slice(&key); // counts the change
+        } else {
+            self.count_slice_change();
+        }
+        self.trigger_times.extend(trigger_time(&slice));
         if let Some(service) = slice_service(&slice) {
             self.slices_by_service
                 .entry(service.clone())
@@ -114,6 +144,7 @@ impl Store {
         let Some(old) = self.slices.remove(key) else {
             return;
         };
+        self.count_slice_change();
         if let Some(service) = slice_service(&old) {
             if let Some(set) = self.slices_by_service.get_mut(&service) {
                 set.remove(key);
@@ -143,44 +174,82 @@ impl Store {
     pub fn replace_all(&mut self, snapshot: Snapshot, node_name: &str) {
         let node = snapshot.node(node_name).cloned();
         self.set_node(node);
-        let services: BTreeSet<ObjectKey> = snapshot
-            .services
-            .iter()
-            .map(|s| object_key(&s.metadata))
-            .collect();
+        self.replace_services(snapshot.services);
+        self.replace_slices(snapshot.endpoint_slices);
+    }
+
+    /// Make the store hold exactly `services` (a relist of that kind): Services not listed
+    /// are deleted; only those that differ mark their Services dirty.
+    pub fn replace_services(&mut self, services: Vec<Service>) {
+        let listed: BTreeSet<ObjectKey> =
+            services.iter().map(|s| object_key(&s.metadata)).collect();
         let gone: Vec<ObjectKey> = self
             .services
             .keys()
-            .filter(|k| !services.contains(*k))
+            .filter(|k| !listed.contains(*k))
             .cloned()
             .collect();
         for k in &gone {
             self.delete_service(k);
         }
-        let slices: BTreeSet<ObjectKey> = snapshot
-            .endpoint_slices
-            .iter()
-            .map(|s| object_key(&s.metadata))
-            .collect();
+        for s in services {
+            self.upsert_service(s);
+        }
+    }
+
+    /// Make the store hold exactly `slices` (a relist of that kind): EndpointSlices not listed
+    /// are deleted; only those that differ mark their Services dirty.
+    pub fn replace_slices(&mut self, slices: Vec<EndpointSlice>) {
+        let listed: BTreeSet<ObjectKey> = slices.iter().map(|s| object_key(&s.metadata)).collect();
         let gone: Vec<ObjectKey> = self
             .slices
             .keys()
-            .filter(|k| !slices.contains(*k))
+            .filter(|k| !listed.contains(*k))
             .cloned()
             .collect();
         for k in &gone {
             self.delete_slice(k);
         }
-        for s in snapshot.services {
-            self.upsert_service(s);
-        }
-        for s in snapshot.endpoint_slices {
+        for s in slices {
             self.upsert_slice(s);
         }
     }
 
+    /// Whether something changed since the last [`take_dirty`](Self::take_dirty): a sync is
+    /// due.
+    pub fn is_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Changes since the store was created, by kind (monotonic).
+    pub fn change_totals(&self) -> ChangeCounts {
+        self.changes
+    }
+
+    /// Changes since the last [`take_dirty`](Self::take_dirty), by kind.
+    pub fn pending_changes(&self) -> ChangeCounts {
+        self.pending
+    }
+
+    /// Take the [`LAST_CHANGE_TRIGGER_TIME`]s of the EndpointSlice writes since the last call
+    /// (one per changed slice carrying a parsable annotation).
+    pub fn take_trigger_times(&mut self) -> Vec<SystemTime> {
+        std::mem::take(&mut self.trigger_times)
+    }
+
+    fn count_service_change(&mut self) {
+        self.changes.services += 1;
+        self.pending.services += 1;
+    }
+
+    fn count_slice_change(&mut self) {
+        self.changes.endpoint_slices += 1;
+        self.pending.endpoint_slices += 1;
+    }
+
     /// Take (and clear) what changed since the last call.
     pub fn take_dirty(&mut self) -> Dirty {
+        self.pending = ChangeCounts::default();
         std::mem::take(&mut self.dirty)
     }
 
@@ -213,6 +282,17 @@ impl Store {
     pub fn service_count(&self) -> usize {
         self.services.len()
     }
+}
+
+/// The slice's [`LAST_CHANGE_TRIGGER_TIME`], if set and RFC 3339.
+fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
+    let value = slice
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(LAST_CHANGE_TRIGGER_TIME)?;
+    let at: k8s_openapi::jiff::Timestamp = value.parse().ok()?;
+    Some(at.into())
 }
 
 #[cfg(test)]
@@ -283,6 +363,36 @@ mod tests {
             [key("a", "api"), key("a", "web")].into()
         );
         assert!(store.slices_of(&key("a", "web")).is_empty());
+    }
+
+    #[test]
+    fn changes_are_counted_by_kind_and_trigger_times_kept() {
+        let mut store = Store::default();
+        store.upsert_service(service("a", "web", "10.96.0.1"));
+        store.upsert_service(service("a", "web", "10.96.0.1"));
+        let mut s = slice("a", "web-1", "web");
+        s.metadata.annotations = Some(BTreeMap::from([(
+            LAST_CHANGE_TRIGGER_TIME.to_string(),
+            "2026-11-22T10:00:00Z".to_string(),
+        )]));
+        store.upsert_slice(s.clone());
+        s.address_type = "IPv6".into();
+        store.upsert_slice(s);
+        store.delete_slice(&key("a", "web-1"));
+        let counts = ChangeCounts {
+            services: 1,
+            endpoint_slices: 3,
+        };
+        assert_eq!(store.change_totals(), counts);
+        assert_eq!(store.pending_changes(), counts);
+        assert!(store.is_dirty());
+        store.take_dirty();
+        assert!(!store.is_dirty());
+        assert_eq!(store.pending_changes(), ChangeCounts::default());
+        assert_eq!(store.change_totals(), counts);
+        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_795_341_600);
+        assert_eq!(store.take_trigger_times(), [at, at]);
+        assert!(store.take_trigger_times().is_empty());
     }
 
     #[test]

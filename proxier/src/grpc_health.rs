@@ -1,0 +1,78 @@
+//! The standard gRPC health service (`grpc.health.v1.Health`, Check and Watch), so that the
+//! proxier's DaemonSet can use `livenessProbe.grpc` and `readinessProbe.grpc` (KEP-2727).
+//!
+//! Services:
+//! - `""` (what the kubelet asks when the probe names no service) mirrors `/livez`;
+//! - [`HEALTHZ_SERVICE`] (`kipvs.io/healthz`) mirrors `/healthz`.
+//!
+//! `SERVING` when the HTTP endpoint would answer 200, `NOT_SERVING` otherwise. A publisher task
+//! recomputes both whenever the [`ProxyHealth`] changes and at the moment a pending change
+//! goes stale, so Check and Watch agree with the HTTP endpoints at all times.
+
+use crate::health::{Probe, ProxyHealth};
+use std::future::Future;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+/// The gRPC service name that mirrors `/healthz` (the empty name mirrors `/livez`).
+pub const HEALTHZ_SERVICE: &str = "kipvs.io/healthz";
+
+fn serving(healthy: bool) -> ServingStatus {
+    if healthy {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    }
+}
+
+/// Keep `reporter`'s two services equal to `health`'s `/livez` and `/healthz`, forever.
+async fn publish(health: ProxyHealth, reporter: HealthReporter) {
+    let mut changes = health.subscribe();
+    let mut last = None;
+    loop {
+        let now = (
+            serving(health.check(Probe::Livez).healthy),
+            serving(health.check(Probe::Healthz).healthy),
+        );
+        if last != Some(now) {
+            reporter.set_service_status("", now.0).await;
+            reporter.set_service_status(HEALTHZ_SERVICE, now.1).await;
+            last = Some(now);
+        }
+        let stale_at = health.stale_at();
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep_until(stale_at.unwrap_or_else(tokio::time::Instant::now)), if stale_at.is_some() => {}
+        }
+    }
+}
+
+/// Serve `grpc.health.v1.Health` for `health` on `listener` until `shutdown` resolves.
+///
+/// Errors: the transport's, if serving fails.
+pub async fn serve(
+    listener: TcpListener,
+    health: ProxyHealth,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    // Set both statuses before the first request can arrive.
+    reporter
+        .set_service_status("", serving(health.check(Probe::Livez).healthy))
+        .await;
+    reporter
+        .set_service_status(
+            HEALTHZ_SERVICE,
+            serving(health.check(Probe::Healthz).healthy),
+        )
+        .await;
+    let publisher = tokio::spawn(publish(health, reporter));
+    let result = tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+        .await;
+    publisher.abort();
+    result
+}

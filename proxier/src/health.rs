@@ -1,0 +1,445 @@
+//! The proxier's health, as kube-proxy reports it (`pkg/proxy/healthcheck`), on HTTP:
+//!
+//! - `/livez` on `healthzBindAddress` (default `0.0.0.0:10256`): 200 while the proxier is
+//!   healthy, 503 when a change queued by a source was not synced within `2 × ipvs.syncPeriod`
+//!   (kube-proxy's `healthTimeout`). A proxier that is starting or fully synced is healthy.
+//! - `/healthz` on the same address: `/livez`, and with the `KubeProxyDrainingTerminatingNodes`
+//!   gate on (KEP-3836) also that the own Node is eligible: known, without a
+//!   `deletionTimestamp` and without the taint `ToBeDeletedByClusterAutoscaler` (an
+//!   `unschedulable` Node stays eligible). With the gate off `/healthz` equals `/livez` and its
+//!   body has no `nodeEligible`.
+//!
+//!   Both bodies are kube-proxy's JSON: `{"lastUpdated", "currentTime", "nodeEligible"
+//!   (healthz, gate on), "healthy", "status": {"IPv4"|"IPv6": {"lastUpdated", "healthy"}}}`,
+//!   times in RFC 3339; on 200 `lastUpdated` is the current time (kube-proxy keeps that for
+//!   backward compatibility). kipvs syncs both IP families in one engine, so `status` has
+//!   both families, with the same values, once the first sync is done. Answers are counted in
+//!   `kubeproxy_proxy_healthz_total{code}` / `kubeproxy_proxy_livez_total{code}`.
+//! - health-check node ports ([`ServiceHealthServers`]): one listener per
+//!   `spec.healthCheckNodePort` of the plan (LoadBalancer Services with
+//!   `externalTrafficPolicy: Local`), answering any path with 200 only when the node has
+//!   local **ready** endpoints for the Service and the proxier is live, 503 otherwise (only
+//!   terminating endpoints included), with the body
+//!   `{"service":{"namespace","name"},"localEndpoints":N,"serviceProxyHealthy":bool}` and the
+//!   header `X-Load-Balancing-Endpoint-Weight: N`.
+
+use crate::metrics::Metrics;
+use crate::model::HealthCheckNodePort;
+use crate::run::{Observer, SyncOutcome};
+use crate::store::Store;
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+use warp::Filter;
+use warp::http::StatusCode;
+use warp::reply::{Reply, Response};
+
+/// The taint the Cluster Autoscaler puts on a Node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Header with the number of local ready endpoints, on health-check node port answers.
+pub const ENDPOINT_WEIGHT_HEADER: &str = "X-Load-Balancing-Endpoint-Weight";
+
+/// Whether `node` may receive load-balancer traffic (KEP-3836): it is known, has no
+/// `deletionTimestamp` and no [`TO_BE_DELETED_TAINT`].
+pub fn node_eligible(node: Option<&Node>) -> bool {
+    let Some(node) = node else {
+        return false;
+    };
+    let tainted = node
+        .spec
+        .iter()
+        .flat_map(|spec| spec.taints.iter().flatten())
+        .any(|taint| taint.key == TO_BE_DELETED_TAINT);
+    node.metadata.deletion_timestamp.is_none() && !tainted
+}
+
+/// Which endpoint is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// `/livez`: the proxier syncs in time.
+    Livez,
+    /// `/healthz`: `/livez`, and the Node is eligible when the gate is on.
+    Healthz,
+}
+
+#[derive(Debug)]
+struct State {
+    /// When the last sync ended (monotonic, for staleness; wall clock, for bodies).
+    last_updated: Option<(Instant, SystemTime)>,
+    /// When the oldest change not yet synced was queued.
+    oldest_queued: Option<Instant>,
+    node_eligible: bool,
+}
+
+/// The proxier's health: the sync timestamps and the Node's eligibility. Cheap to clone
+/// (shared state). Fed as an [`Observer`]: a store write that leaves changes to sync queues
+/// an update; a sync that could observe the dataplane marks the proxier updated (as
+/// kube-proxy's IPVS mode, failed individual ops do not make it stale; they are counted in
+/// `kipvs_sync_errors_total`).
+#[derive(Clone, Debug)]
+pub struct ProxyHealth {
+    state: Arc<Mutex<State>>,
+    timeout: Duration,
+    node_gate: bool,
+    changed: Arc<watch::Sender<()>>,
+}
+
+/// One family's part of a health body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FamilyHealth {
+    /// End of the last sync (RFC 3339).
+    pub last_updated: String,
+    /// Whether this family syncs in time.
+    pub healthy: bool,
+}
+
+/// The JSON body of `/healthz` and `/livez` (kube-proxy's `ProxyHealth`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthBody {
+    /// End of the last sync; the current time when healthy (RFC 3339).
+    pub last_updated: String,
+    /// Now (RFC 3339).
+    pub current_time: String,
+    /// Whether the Node is eligible (only on `/healthz` with the gate on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_eligible: Option<bool>,
+    /// The answer: 200 when true, 503 otherwise.
+    pub healthy: bool,
+    /// Per IP family (`IPv4`, `IPv6`); empty before the first sync.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub status: BTreeMap<&'static str, FamilyHealth>,
+}
+
+/// Go's zero `time.Time` as JSON: what kube-proxy reports before its first sync.
+const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+/// RFC 3339 with as many fractional digits as needed (Go's `RFC3339Nano`).
+fn rfc3339(at: SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(at)
+        .map_or_else(|_| ZERO_TIME.to_owned(), |t| t.to_string())
+}
+
+impl ProxyHealth {
+    /// Health that goes stale when a queued change waits longer than `timeout` (kube-proxy:
+    /// `2 × syncPeriod`); `node_gate` is the `KubeProxyDrainingTerminatingNodes` gate. The
+    /// Node counts as eligible until the first store write tells otherwise.
+    pub fn new(timeout: Duration, node_gate: bool) -> Self {
+        ProxyHealth {
+            state: Arc::new(Mutex::new(State {
+                last_updated: None,
+                oldest_queued: None,
+                node_eligible: true,
+            })),
+            timeout,
+            node_gate,
+            changed: Arc::new(watch::Sender::new(())),
+        }
+    }
+
+    fn modify(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.state.lock().expect("health lock"));
+        self.changed.send_replace(());
+    }
+
+    /// A change is waiting to be synced (kube-proxy's `QueuedUpdate`): starts the staleness
+    /// clock unless it already runs.
+    pub fn queued_update(&self) {
+        self.modify(|s| {
+            s.oldest_queued.get_or_insert_with(Instant::now);
+        });
+    }
+
+    /// A sync ended (kube-proxy's `Updated`): nothing is waiting any more.
+    pub fn updated(&self) {
+        self.modify(|s| {
+            s.oldest_queued = None;
+            s.last_updated = Some((Instant::now(), SystemTime::now()));
+        });
+    }
+
+    /// Record the Node's eligibility (see [`node_eligible`]).
+    pub fn set_node(&self, node: Option<&Node>) {
+        let eligible = node_eligible(node);
+        if self.state.lock().expect("health lock").node_eligible != eligible {
+            self.modify(|s| s.node_eligible = eligible);
+        }
+    }
+
+    /// Whether `/livez` answers 200 now.
+    pub fn live(&self) -> bool {
+        self.check(Probe::Livez).healthy
+    }
+
+    /// The answer of `probe` now.
+    pub fn check(&self, probe: Probe) -> HealthBody {
+        let state = self.state.lock().expect("health lock");
+        let now = SystemTime::now();
+        let live = state
+            .oldest_queued
+            .is_none_or(|queued| queued.elapsed() < self.timeout);
+        let node_eligible =
+            (probe == Probe::Healthz && self.node_gate).then_some(state.node_eligible);
+        let healthy = live && node_eligible.unwrap_or(true);
+        let last = state.last_updated.map(|(_, wall)| rfc3339(wall));
+        let status = last
+            .iter()
+            .flat_map(|last| {
+                ["IPv4", "IPv6"].map(|family| {
+                    let health = FamilyHealth {
+                        last_updated: last.clone(),
+                        healthy: live,
+                    };
+                    (family, health)
+                })
+            })
+            .collect();
+        let last_updated = match (healthy, last) {
+            (true, _) => rfc3339(now),
+            (false, Some(last)) => last,
+            (false, None) => ZERO_TIME.to_owned(),
+        };
+        HealthBody {
+            last_updated,
+            current_time: rfc3339(now),
+            node_eligible,
+            healthy,
+            status,
+        }
+    }
+
+    /// When `/livez` turns unhealthy unless a sync ends first (`None`: not pending, or
+    /// already stale).
+    pub fn stale_at(&self) -> Option<Instant> {
+        let state = self.state.lock().expect("health lock");
+        let at = state.oldest_queued? + self.timeout;
+        (at > Instant::now()).then_some(at)
+    }
+
+    /// A receiver that sees a change whenever the health state changes (time passing does
+    /// not count: see [`stale_at`](Self::stale_at)).
+    pub fn subscribe(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+
+    /// The `/healthz` and `/livez` routes, counting answers in `metrics`.
+    pub fn routes(
+        &self,
+        metrics: &Metrics,
+    ) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone + use<> {
+        let route = |probe: Probe, path: &'static str| {
+            let (health, metrics) = (self.clone(), metrics.clone());
+            warp::path(path).and(warp::path::end()).map(move || {
+                let body = health.check(probe);
+                let code = if body.healthy {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                let counter = match probe {
+                    Probe::Healthz => &metrics.healthz_total,
+                    Probe::Livez => &metrics.livez_total,
+                };
+                counter.with_label_values(&[code.as_str()]).inc();
+                json_reply(code, &body)
+            })
+        };
+        route(Probe::Healthz, "healthz")
+            .or(route(Probe::Livez, "livez"))
+            .unify()
+    }
+}
+
+impl Observer for ProxyHealth {
+    fn store_updated(&self, store: &Store) {
+        if store.is_dirty() {
+            self.queued_update();
+        }
+        self.set_node(store.node());
+    }
+
+    fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
+        if outcome.result.is_ok() {
+            self.updated();
+        }
+    }
+}
+
+/// A JSON answer with kube-proxy's headers.
+fn json_reply(code: StatusCode, body: &impl Serialize) -> Response {
+    let json = serde_json::to_string(body).expect("health bodies serialize");
+    let reply = warp::reply::with_status(json, code);
+    let reply = warp::reply::with_header(reply, "Content-Type", "application/json");
+    warp::reply::with_header(reply, "X-Content-Type-Options", "nosniff").into_response()
+}
+
+/// Bind `addr` for a server (with `SO_REUSEADDR`, as Go's listeners, so a port freed a moment
+/// ago binds again).
+///
+/// Errors: the bind or listen error, e.g. `EADDRINUSE`.
+pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// Serve `routes` on `listener` until `shutdown` resolves (then finish open requests).
+pub async fn serve<F>(
+    listener: TcpListener,
+    routes: F,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) where
+    F: Filter<Extract = (Response,)> + Clone + Send + Sync + 'static,
+{
+    warp::serve(routes)
+        .incoming(listener)
+        .graceful(shutdown)
+        .run()
+        .await;
+}
+
+/// The health-check node port servers: one listener per port of the desired state's
+/// `health_check_node_ports`, opened and closed as the plan changes ([`Observer`]:
+/// after every sync). A port that cannot be bound is logged once and retried at each sync.
+#[derive(Clone)]
+pub struct ServiceHealthServers {
+    health: ProxyHealth,
+    /// Addresses to try in order for each listener (e.g. `::` then `0.0.0.0`).
+    bind_ips: Vec<IpAddr>,
+    services: Arc<RwLock<BTreeMap<u16, HealthCheckNodePort>>>,
+    listeners: Arc<Mutex<Listeners>>,
+}
+
+#[derive(Default)]
+struct Listeners {
+    open: BTreeMap<u16, oneshot::Sender<()>>,
+    failed: BTreeMap<u16, String>,
+}
+
+/// The JSON body of a health-check node port answer.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ServiceHealthBody<'a> {
+    service: ServiceName<'a>,
+    local_endpoints: usize,
+    service_proxy_healthy: bool,
+}
+
+#[derive(Serialize)]
+struct ServiceName<'a> {
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl ServiceHealthServers {
+    /// No listeners yet; each will bind the first of `bind_ips` that works.
+    pub fn new(health: ProxyHealth, bind_ips: Vec<IpAddr>) -> Self {
+        ServiceHealthServers {
+            health,
+            bind_ips,
+            services: Arc::default(),
+            listeners: Arc::default(),
+        }
+    }
+
+    /// Ports with an open listener.
+    pub fn listening(&self) -> Vec<u16> {
+        let listeners = self.listeners.lock().expect("listeners lock");
+        listeners.open.keys().copied().collect()
+    }
+
+    /// Make the listeners match `ports`: close those not wanted, open the missing ones (must
+    /// run inside a Tokio runtime), and answer with the new endpoint counts from now on.
+    pub fn sync(&self, ports: &BTreeMap<u16, HealthCheckNodePort>) {
+        *self.services.write().expect("services lock") = ports.clone();
+        let mut listeners = self.listeners.lock().expect("listeners lock");
+        listeners.open.retain(|port, _| ports.contains_key(port));
+        listeners.failed.retain(|port, _| ports.contains_key(port));
+        for (&port, service) in ports {
+            if listeners.open.contains_key(&port) {
+                continue;
+            }
+            match self.listen(port) {
+                Ok(close) => {
+                    tracing::info!(port, service = %format_args!("{}/{}", service.namespace, service.name), "health-check node port open");
+                    listeners.failed.remove(&port);
+                    listeners.open.insert(port, close);
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    if listeners.failed.get(&port) != Some(&message) {
+                        tracing::error!(port, service = %format_args!("{}/{}", service.namespace, service.name), "cannot open health-check node port: {message}");
+                        listeners.failed.insert(port, message);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bind `port` and serve it until the returned sender is dropped.
+    fn listen(&self, port: u16) -> io::Result<oneshot::Sender<()>> {
+        let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no bind address");
+        for ip in &self.bind_ips {
+            match bind(SocketAddr::new(*ip, port)) {
+                Ok(listener) => {
+                    let (close, closed) = oneshot::channel::<()>();
+                    let routes = self.routes(port);
+                    tokio::spawn(serve(listener, routes, async {
+                        let _ = closed.await;
+                    }));
+                    return Ok(close);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Any path on `port`: the Service's local ready endpoints and the proxier's liveness.
+    fn routes(
+        &self,
+        port: u16,
+    ) -> impl Filter<Extract = (Response,), Error = std::convert::Infallible> + Clone + use<> {
+        let (services, health) = (self.services.clone(), self.health.clone());
+        warp::any().map(move || {
+            let services = services.read().expect("services lock");
+            let (namespace, name, count) = services.get(&port).map_or(("", "", 0), |s| {
+                (&*s.namespace, &*s.name, s.local_ready_endpoints)
+            });
+            let healthy = health.live();
+            let code = if count > 0 && healthy {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            let body = ServiceHealthBody {
+                service: ServiceName { namespace, name },
+                local_endpoints: count,
+                service_proxy_healthy: healthy,
+            };
+            let reply = json_reply(code, &body);
+            warp::reply::with_header(reply, ENDPOINT_WEIGHT_HEADER, count.to_string())
+                .into_response()
+        })
+    }
+}
+
+impl Observer for ServiceHealthServers {
+    fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
+        self.sync(&outcome.desired.health_check_node_ports);
+    }
+}

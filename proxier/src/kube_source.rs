@@ -1,0 +1,206 @@
+//! The Kubernetes API source: kube-runtime watchers on Services, EndpointSlices
+//! (`discovery.k8s.io/v1`) and the own Node, writing into the [`Store`] through a
+//! [`SourceHandle`].
+//!
+//! - Each watcher lists, then watches; on `410 Gone` or a broken watch it lists again. A list
+//!   is buffered and replaces that kind in the store at once when complete
+//!   ([`Store::replace_services`], [`Store::replace_slices`]), so objects deleted while the
+//!   watch was down go away then, and unchanged ones cost nothing.
+//! - Errors never clear the store: while the API server is unreachable the last known
+//!   objects stay, so nothing is deleted from the kernel. Each watcher retries with
+//!   kube-runtime's default backoff (0.8 s doubling to 30 s).
+//! - The handle is marked ready (the engine may program) once every kind has been listed
+//!   once.
+//! - An API server that does not serve `discovery.k8s.io/v1` EndpointSlices (Kubernetes
+//!   < 1.21 answers 404) is reported once as an error and in
+//!   `kipvs_api_resource_unavailable{resource="endpointslices.discovery.k8s.io/v1"}`; the
+//!   proxier then runs with Services only (virtual servers without real servers) and keeps
+//!   retrying, picking the EndpointSlices up when they appear.
+//!
+//! Services and EndpointSlices are filtered as kube-proxy filters them
+//! ([`PROXY_LABEL_SELECTOR`]); the Node by the field selector `metadata.name=<node>`.
+
+use crate::metrics::Metrics;
+use crate::run::SourceHandle;
+use crate::store::{Store, object_key};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+
+/// kube-proxy's label selector for Services and EndpointSlices: not handed to another proxy
+/// (`service.kubernetes.io/service-proxy-name`), not headless.
+pub const PROXY_LABEL_SELECTOR: &str =
+    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// The EndpointSlice resource the proxier needs, as named in logs and metrics.
+pub const ENDPOINT_SLICES_RESOURCE: &str = "endpointslices.discovery.k8s.io/v1";
+
+/// A kind the source watches and how it goes into the store.
+trait Kind:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+    /// Name in logs.
+    const NAME: &'static str;
+    /// Whether the proxier can run without it when the API server does not serve it.
+    const OPTIONAL: bool;
+    fn apply(store: &mut Store, object: Self);
+    fn delete(store: &mut Store, object: &Self);
+    fn replace(store: &mut Store, objects: Vec<Self>);
+}
+
+impl Kind for Service {
+    const NAME: &'static str = "Service";
+    const OPTIONAL: bool = false;
+    fn apply(store: &mut Store, object: Self) {
+        store.upsert_service(object);
+    }
+    fn delete(store: &mut Store, object: &Self) {
+        store.delete_service(&object_key(&object.metadata));
+    }
+    fn replace(store: &mut Store, objects: Vec<Self>) {
+        store.replace_services(objects);
+    }
+}
+
+impl Kind for EndpointSlice {
+    const NAME: &'static str = "EndpointSlice";
+    const OPTIONAL: bool = true;
+    fn apply(store: &mut Store, object: Self) {
+        store.upsert_slice(object);
+    }
+    fn delete(store: &mut Store, object: &Self) {
+        store.delete_slice(&object_key(&object.metadata));
+    }
+    fn replace(store: &mut Store, objects: Vec<Self>) {
+        store.replace_slices(objects);
+    }
+}
+
+impl Kind for Node {
+    const NAME: &'static str = "Node";
+    const OPTIONAL: bool = false;
+    fn apply(store: &mut Store, object: Self) {
+        store.set_node(Some(object));
+    }
+    fn delete(store: &mut Store, _: &Self) {
+        store.set_node(None);
+    }
+    fn replace(store: &mut Store, objects: Vec<Self>) {
+        store.set_node(objects.into_iter().next());
+    }
+}
+
+/// Marks the handle ready once every kind has been listed once.
+struct Synced {
+    handle: SourceHandle,
+    kinds: Mutex<BTreeSet<&'static str>>,
+}
+
+impl Synced {
+    fn mark(&self, kind: &'static str) {
+        let mut kinds = self.kinds.lock().expect("synced lock");
+        if kinds.insert(kind) && kinds.len() == 3 {
+            tracing::info!("Services, EndpointSlices and the Node listed; programming starts");
+            self.handle.mark_ready();
+        }
+    }
+}
+
+/// The Kubernetes API source for one node.
+#[derive(Clone)]
+pub struct KubeSource {
+    /// The API client (in-cluster, a kubeconfig, or a test double).
+    pub client: Client,
+    /// This node's name (its Node object is watched).
+    pub node_name: String,
+    /// Where unavailable resources are reported.
+    pub metrics: Metrics,
+}
+
+impl KubeSource {
+    /// Watch everything into `handle` forever (see module docs).
+    pub async fn run(self, handle: SourceHandle) {
+        let synced = Arc::new(Synced {
+            handle: handle.clone(),
+            kinds: Mutex::default(),
+        });
+        let labels = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
+        let node = watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
+        tokio::join!(
+            self.follow::<Service>(labels.clone(), &handle, &synced),
+            self.follow::<EndpointSlice>(labels, &handle, &synced),
+            self.follow::<Node>(node, &handle, &synced),
+        );
+    }
+
+    /// Apply one kind's watch events to the store, forever.
+    async fn follow<K: Kind>(
+        &self,
+        config: watcher::Config,
+        handle: &SourceHandle,
+        synced: &Synced,
+    ) {
+        let api = Api::<K>::all(self.client.clone());
+        let mut events = watcher::watcher(api, config).default_backoff().boxed();
+        let mut listing: Vec<K> = Vec::new();
+        let mut unavailable = false;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Init) => listing.clear(),
+                Ok(Event::InitApply(object)) => listing.push(object),
+                Ok(Event::InitDone) => {
+                    let objects = std::mem::take(&mut listing);
+                    tracing::info!(kind = K::NAME, count = objects.len(), "listed");
+                    handle.update(|store| K::replace(store, objects));
+                    if unavailable {
+                        tracing::info!(
+                            resource = ENDPOINT_SLICES_RESOURCE,
+                            "the API server serves it now"
+                        );
+                        self.metrics
+                            .set_resource_unavailable(ENDPOINT_SLICES_RESOURCE, false);
+                        unavailable = false;
+                    }
+                    synced.mark(K::NAME);
+                }
+                Ok(Event::Apply(object)) => handle.update(|store| K::apply(store, object)),
+                Ok(Event::Delete(object)) => handle.update(|store| K::delete(store, &object)),
+                Err(e) if K::OPTIONAL && is_not_found(&e) => {
+                    if !unavailable {
+                        tracing::error!(
+                            resource = ENDPOINT_SLICES_RESOURCE,
+                            "the API server does not serve {ENDPOINT_SLICES_RESOURCE} (404; \
+                             Kubernetes >= 1.21 is needed): running with Services only, \
+                             without endpoints, and retrying"
+                        );
+                        self.metrics
+                            .set_resource_unavailable(ENDPOINT_SLICES_RESOURCE, true);
+                        unavailable = true;
+                    }
+                    synced.mark(K::NAME);
+                }
+                Err(e) => tracing::warn!(
+                    kind = K::NAME,
+                    "watch failed, keeping the last known objects and retrying: {e}"
+                ),
+            }
+        }
+    }
+}
+
+/// Whether a watcher error is the API server's 404 for the resource.
+fn is_not_found(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
+        _ => false,
+    }
+}
