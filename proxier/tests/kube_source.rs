@@ -1,0 +1,405 @@
+//! The Kubernetes API source against a scripted API server (tower-test): recorded list and
+//! watch answers, including a relist after `410 Gone`, an outage during which nothing is
+//! deleted, and a server without `discovery.k8s.io/v1` EndpointSlices.
+
+use http::{Request, Response, StatusCode};
+use kipvs_crds::config::ProxierConfiguration;
+use kipvs_proxier::dataplane::Op;
+use kipvs_proxier::dataplane::fake::FakeDataplane;
+use kipvs_proxier::kube_source::{ENDPOINT_SLICES_RESOURCE, KubeSource};
+use kipvs_proxier::metrics::{self, Metrics};
+use kipvs_proxier::run::{Engine, NodeIdentity, Planner, SourceHandle};
+use kipvs_proxier::store::Store;
+use kube::client::Body;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+const NODE: &str = "test-node";
+
+/// One scripted answer of the API server.
+enum Reply {
+    /// A list of `kind` (the item kind) at resource version `rv`.
+    List(&'static str, Vec<Value>, &'static str),
+    /// A watch stream: these events, then the end of the stream.
+    Watch(Vec<Value>),
+    /// An error status.
+    Status(u16, &'static str),
+}
+
+/// The resources the source watches, by URL path.
+const RESOURCES: [(&str, &str); 3] = [
+    ("services", "/api/v1/services"),
+    ("endpointslices", "/apis/discovery.k8s.io/v1/endpointslices"),
+    ("nodes", "/api/v1/nodes"),
+];
+
+/// A scripted API server: each resource answers its requests in order with the replies
+/// pushed for it, waiting (like a quiet watch) while none is queued.
+struct ApiServer {
+    scripts: BTreeMap<&'static str, mpsc::UnboundedSender<Reply>>,
+    /// Every request as `resource list|watch query`, in arrival order.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl ApiServer {
+    fn start() -> (ApiServer, kube::Client) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut scripts = BTreeMap::new();
+        let mut queues = BTreeMap::new();
+        for (name, path) in RESOURCES {
+            let (tx, rx) = mpsc::unbounded_channel();
+            scripts.insert(name, tx);
+            queues.insert(path, Arc::new(tokio::sync::Mutex::new(rx)));
+        }
+        let requests = log.clone();
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                let path = request.uri().path().to_owned();
+                let query = request.uri().query().unwrap_or_default().to_owned();
+                let (name, _) = RESOURCES
+                    .iter()
+                    .find(|(_, p)| *p == path)
+                    .unwrap_or_else(|| panic!("unexpected request {path}"));
+                let verb = if query.contains("watch=true") {
+                    "watch"
+                } else {
+                    "list"
+                };
+                requests
+                    .lock()
+                    .unwrap()
+                    .push(format!("{name} {verb} {query}"));
+                let queue = queues[path.as_str()].clone();
+                tokio::spawn(async move {
+                    let Some(reply) = queue.lock().await.recv().await else {
+                        return;
+                    };
+                    send.send_response(answer(reply));
+                });
+            }
+        });
+        let client = kube::Client::new(service, "default");
+        (ApiServer { scripts, log }, client)
+    }
+
+    fn push(&self, resource: &str, reply: Reply) {
+        self.scripts[resource].send(reply).unwrap();
+    }
+
+    fn requests(&self, resource: &str) -> Vec<String> {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .filter(|r| r.split(' ').next() == Some(resource))
+            .cloned()
+            .collect()
+    }
+}
+
+fn answer(reply: Reply) -> Response<Body> {
+    let (code, body) = match reply {
+        Reply::List(kind, items, rv) => {
+            let list = json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items});
+            (200, list.to_string())
+        }
+        Reply::Watch(events) => {
+            let lines: Vec<String> = events.iter().map(|e| e.to_string() + "\n").collect();
+            (200, lines.concat())
+        }
+        Reply::Status(code, reason) => (code, status(code, reason).to_string()),
+    };
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap())
+        .header("content-type", "application/json")
+        .body(Body::from(body.into_bytes()))
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": format!("test: {reason}"), "reason": reason, "code": code})
+}
+
+fn event(kind: &str, object: Value) -> Value {
+    json!({"type": kind, "object": object})
+}
+
+fn service(name: &str, ip: &str, rv: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": "default", "resourceVersion": rv},
+           "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}})
+}
+
+fn slice(service: &str, ip: &str, rv: &str) -> Value {
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": format!("{service}-1"), "namespace": "default", "resourceVersion": rv,
+                        "labels": {"kubernetes.io/service-name": service}},
+           "addressType": "IPv4",
+           "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+}
+
+fn node(rv: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "resourceVersion": rv}})
+}
+
+/// The source, its handle, the API double and an engine over the fake dataplane.
+struct Fixture {
+    api: ApiServer,
+    handle: SourceHandle,
+    metrics: Metrics,
+    engine: Engine<FakeDataplane>,
+}
+
+fn fixture() -> Fixture {
+    let (api, client) = ApiServer::start();
+    let handle = SourceHandle::gated();
+    let metrics = Metrics::new();
+    let source = KubeSource {
+        client,
+        node_name: NODE.into(),
+        metrics: metrics.clone(),
+    };
+    tokio::spawn(source.run(handle.clone()));
+    let identity = NodeIdentity {
+        name: NODE.into(),
+        node_ips: vec![],
+    };
+    let planner = Planner::new(identity, ProxierConfiguration::default());
+    let engine = Engine::new(handle.clone(), planner, FakeDataplane::default());
+    Fixture {
+        api,
+        handle,
+        metrics,
+        engine,
+    }
+}
+
+impl Fixture {
+    fn services(&self) -> Vec<String> {
+        let store = self.handle.store.lock().unwrap();
+        store
+            .services()
+            .map(|((_, name), _)| name.clone())
+            .collect()
+    }
+
+    /// Wait (in virtual time) until `check` holds for the store.
+    async fn until(&self, what: &str, check: impl Fn(&Store) -> bool) {
+        for _ in 0..1000 {
+            if check(&self.handle.store.lock().unwrap()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "timed out waiting for {what}; requests: {:?}",
+            self.api.log.lock().unwrap()
+        );
+    }
+
+    /// Wait until `resource` has received `n` requests (up to two minutes of virtual time:
+    /// the watcher backs off up to 30 s between retries).
+    async fn requests(&self, resource: &str, n: usize) {
+        for _ in 0..12_000 {
+            if self.api.requests(resource).len() >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "{resource} got fewer than {n} requests: {:?}",
+            self.api.requests(resource)
+        );
+    }
+
+    fn virtual_servers(&self) -> usize {
+        self.engine.dataplane().state.virtual_servers.len()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn relist_after_410_replaces_and_an_outage_deletes_nothing() {
+    let f = fixture();
+    f.api.push(
+        "services",
+        Reply::List(
+            "ServiceList",
+            vec![
+                service("web", "10.96.0.10", "1"),
+                service("db", "10.96.0.11", "1"),
+            ],
+            "1",
+        ),
+    );
+    f.api.push(
+        "endpointslices",
+        Reply::List(
+            "EndpointSliceList",
+            vec![slice("web", "10.244.1.2", "1")],
+            "1",
+        ),
+    );
+    f.until("the first Service list", |s| s.service_count() == 2)
+        .await;
+    f.requests("endpointslices", 2).await; // listed, now watching
+    assert!(!f.handle.is_ready(), "ready before the Node was listed");
+    f.api
+        .push("nodes", Reply::List("NodeList", vec![node("1")], "1"));
+    f.until("the Node", |s| s.node().is_some()).await;
+    let mut f = f;
+    tokio::time::timeout(Duration::from_secs(5), f.handle.wait_ready())
+        .await
+        .expect("ready");
+
+    // kube-proxy's selectors, and the own Node only.
+    let first = &f.api.requests("services")[0];
+    assert!(first.contains("labelSelector=%21service.kubernetes.io%2Fservice-proxy-name%2C%21service.kubernetes.io%2Fheadless"), "{first}");
+    let first = &f.api.requests("nodes")[0];
+    assert!(
+        first.contains("fieldSelector=metadata.name%3Dtest-node"),
+        "{first}"
+    );
+
+    f.engine.sync().await.unwrap();
+    assert_eq!(f.virtual_servers(), 2);
+
+    // Watch events, then 410 Gone: the watcher lists again, and the relist replaces the
+    // Services (api, added then, is gone; cache is new; web unchanged).
+    f.api.push(
+        "services",
+        Reply::Watch(vec![
+            event("ADDED", service("api", "10.96.0.12", "2")),
+            event("DELETED", service("db", "10.96.0.11", "3")),
+            json!({"type": "ERROR", "object": status(410, "Expired")}),
+        ]),
+    );
+    f.until("the watch events", |s| {
+        s.service_count() == 2 && s.service(&("default".into(), "api".into())).is_some()
+    })
+    .await;
+    assert_eq!(f.services(), ["api", "web"]);
+    f.api.push(
+        "services",
+        Reply::List(
+            "ServiceList",
+            vec![
+                service("web", "10.96.0.10", "1"),
+                service("cache", "10.96.0.13", "5"),
+            ],
+            "5",
+        ),
+    );
+    f.until("the relist", |s| {
+        s.service(&("default".into(), "cache".into())).is_some()
+    })
+    .await;
+    assert_eq!(f.services(), ["cache", "web"]);
+    let verbs: Vec<String> = f
+        .api
+        .requests("services")
+        .iter()
+        .map(|r| r.split(' ').nth(1).unwrap().to_owned())
+        .collect();
+    assert_eq!(verbs, ["list", "watch", "list", "watch"]);
+    let report = f.engine.sync().await.unwrap();
+    assert!(report.ops.iter().any(
+        |op| matches!(op, Op::AddVirtualServer(k, _) if k.address.to_string() == "10.96.0.13")
+    ));
+    assert_eq!(f.virtual_servers(), 2);
+
+    // An outage: every request fails for a while. The store keeps everything and syncs
+    // during the outage delete nothing.
+    for resource in ["services", "endpointslices", "nodes"] {
+        for _ in 0..3 {
+            f.api
+                .push(resource, Reply::Status(503, "ServiceUnavailable"));
+        }
+    }
+    let before = f.api.requests("services").len();
+    f.requests("services", before + 3).await;
+    f.requests("endpointslices", 5).await;
+    f.requests("nodes", 5).await;
+    let applied = f.engine.dataplane().applied.len();
+    let report = f.engine.sync().await.unwrap();
+    assert!(report.ops.is_empty(), "{:?}", report.ops);
+    assert_eq!(f.engine.dataplane().applied.len(), applied);
+    assert_eq!(f.services(), ["cache", "web"]);
+    {
+        let store = f.handle.store.lock().unwrap();
+        assert_eq!(store.slices_of(&("default".into(), "web".into())).len(), 1);
+        assert!(store.node().is_some());
+    }
+
+    // Back: the watch resumes from the last resource version.
+    f.api.push(
+        "services",
+        Reply::Watch(vec![event("DELETED", service("cache", "10.96.0.13", "6"))]),
+    );
+    f.until("the resumed watch", |s| s.service_count() == 1)
+        .await;
+    let last = f.api.requests("services");
+    assert!(
+        last.iter()
+            .rev()
+            .nth(1)
+            .unwrap()
+            .contains("resourceVersion=5"),
+        "{last:?}"
+    );
+    f.engine.sync().await.unwrap();
+    assert_eq!(f.virtual_servers(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn missing_endpoint_slices_v1_is_reported_and_services_still_program() {
+    let mut f = fixture();
+    let unavailable = |m: &Metrics| {
+        let name =
+            format!("kipvs_api_resource_unavailable{{resource=\"{ENDPOINT_SLICES_RESOURCE}\"}}");
+        metrics::sample(&m.encode(), &name)
+    };
+    f.api.push(
+        "services",
+        Reply::List("ServiceList", vec![service("web", "10.96.0.10", "1")], "1"),
+    );
+    f.api
+        .push("nodes", Reply::List("NodeList", vec![node("1")], "1"));
+    for _ in 0..3 {
+        f.api.push("endpointslices", Reply::Status(404, "NotFound"));
+    }
+    tokio::time::timeout(Duration::from_secs(5), f.handle.wait_ready())
+        .await
+        .expect("ready without EndpointSlices");
+    assert_eq!(unavailable(&f.metrics), Some(1.0));
+    f.engine.sync().await.unwrap();
+    let vs = &f.engine.dataplane().state.virtual_servers;
+    assert_eq!(vs.len(), 1);
+    assert!(vs.values().all(|vs| vs.real_servers.is_empty()));
+
+    // It keeps retrying, and picks the EndpointSlices up once they are served.
+    f.requests("endpointslices", 3).await;
+    assert_eq!(unavailable(&f.metrics), Some(1.0));
+    f.api.push(
+        "endpointslices",
+        Reply::List(
+            "EndpointSliceList",
+            vec![slice("web", "10.244.1.2", "2")],
+            "2",
+        ),
+    );
+    f.until("the EndpointSlices", |s| {
+        s.slices_of(&("default".into(), "web".into())).len() == 1
+    })
+    .await;
+    assert_eq!(unavailable(&f.metrics), Some(0.0));
+    f.engine.sync().await.unwrap();
+    let vs = &f.engine.dataplane().state.virtual_servers;
+    assert_eq!(
+        vs.values().map(|vs| vs.real_servers.len()).sum::<usize>(),
+        1
+    );
+}
