@@ -6,7 +6,7 @@
 #
 # usage: hack/test-vm.sh [--demo]      (--demo: what hack/demo.sh shows, instead of the tests)
 # env:   VMCACHE (~/.cache/kipvs-vm), VMTIMEOUT (s, 600), CARGO_TARGET_DIR; output in $target/vm/
-#        KIPVS_PROXIER: use this proxier executable instead of building one
+#        KIPVS_PROXIER, KIPVS_KERNEL_TEST: use these executables instead of building them
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VM=$ROOT/hack/vm
@@ -29,7 +29,9 @@ PROXIER=${KIPVS_PROXIER:-$(cargo build -p kipvs-proxier --bin kipvs-proxier --me
   executable kipvs-proxier)}
 [ -x "$PROXIER" ] || { echo "test-vm: no kipvs-proxier binary" >&2; exit 1; }
 KTEST=""
-if [ "$MODE" = test ] && [ -f ipvs-rs/tests/kernel.rs ]; then
+if [ "$MODE" = test ] && [ -n "${KIPVS_KERNEL_TEST:-}" ]; then
+  KTEST=$KIPVS_KERNEL_TEST
+elif [ "$MODE" = test ] && [ -f ipvs-rs/tests/kernel.rs ]; then
   KTEST=$(cargo test -p ipvs-rs --test kernel --no-run --message-format=json-render-diagnostics | executable kernel)
   [ -x "$KTEST" ] || { echo "test-vm: no ipvs-rs kernel test binary" >&2; exit 1; }
 fi

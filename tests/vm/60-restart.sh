@@ -38,6 +38,8 @@ ops=$(grep 'op=' "$second")
 [ -z "$ops" ] || { say "op= lines of the second run:"; echo "$ops" | indent; }
 churn=$(grep -o 'op=[A-Za-z_]*' "$second" | grep -iE '(add|del|remove|flush|create)' | grep -iE '(virtual|real|server|service|dest)' | sort -u | tr '\n' ' ')
 check "no virtual/real server added or deleted by the second run ${churn:+($churn)}" [ -z "$churn" ]
+failures=$(grep -c 'sync failed' "$second")
+check "no failed sync in the second run (got $failures; a failed sync waits for the next trigger)" [ "$failures" -eq 0 ]
 check "table unchanged" sh -c "ipvsadm -Sn | sort | cmp -s - $W/table.before"
 kernel_bind > "$W/bind.after"
 check "kube-ipvs0 addresses unchanged" cmp -s "$W/bind.before" "$W/bind.after"

@@ -20,6 +20,9 @@ for t in "$T"/[0-9][0-9]-*.sh; do
   sh "$t" || failed=$((failed + 1))
 done
 p=$(proxier_pid); [ -n "$p" ] && alive "$p" && kill "$p"
+# errors the proxier recovered from do not fail a test, but must not go unnoticed
+errs=$(grep -hE '(ERROR|WARN)' "$W"/proxier.*.log 2>/dev/null)
+[ -z "$errs" ] || { echo "--- proxier ERROR/WARN lines"; echo "$errs"; }
 if [ "$failed" -gt 0 ]; then
   for l in "$W"/proxier.*.log; do
     [ -f "$l" ] || continue
