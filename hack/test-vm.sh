@@ -74,7 +74,9 @@ echo
 echo "=== VM suite ($MODE): console log $OUT/console.log"
 fail=0
 [ "$rc" -eq 0 ] || { echo "  guest exit status $rc"; fail=1; }
-grep -E '^(PASS|FAIL|SKIP) ' "$OUT/console.log" | sed 's/^/  /' || true
+# results with the guest's per-test seconds ("TIME name s")
+awk '$1 == "TIME" { t[$2] = $3; next } /^(PASS|FAIL|SKIP) / { n = $2; sub(":$", "", n); r[++k] = $0; name[k] = n }
+  END { for (i = 1; i <= k; i++) printf "  %s%s\n", r[i], (name[i] in t) ? "  [" t[name[i]] " s]" : "" }' "$OUT/console.log"
 if [ "$MODE" = test ]; then expected="topology"; for f in tests/vm/[0-9][0-9]-*.sh; do
     n=$(basename "$f" .sh); expected="$expected ${n#[0-9][0-9]-}"; done
 else expected="topology demo"; fi

@@ -66,6 +66,7 @@ if ! download; then
   rm -f "$D"/*.deb
   download || { echo "fetch: download failed" >&2; exit 1; }
 fi
+rm -f "$STAMP" # an interrupted unpack must not look complete
 rm -rf "$VMCACHE/debs" "$VMCACHE/qemu" "$VMCACHE/userland" "$VMCACHE"/kernel-*
 mv "$D" "$VMCACHE/debs"; D=$VMCACHE/debs
 deb() { ls "$D/$1"_*.deb; } # exactly one per package: the dir was filled from one resolve

@@ -16,8 +16,9 @@ if topology_check; then echo "PASS topology"; else echo "FAIL topology: a backen
 [ "$MODE" = demo ] && exec sh "$T/demo.sh"
 
 for t in "$T"/[0-9][0-9]-*.sh; do
-  echo "=== $(basename "$t") (uptime $(now))"
+  echo "=== $(basename "$t") (uptime $(now))"; t0=$(now)
   sh "$t" || failed=$((failed + 1))
+  n=$(basename "$t" .sh); echo "TIME ${n#[0-9][0-9]-} $(awk "BEGIN{print $(now) - $t0}")"
 done
 p=$(proxier_pid); [ -n "$p" ] && alive "$p" && kill "$p"
 # errors the proxier recovered from do not fail a test, but must not go unnoticed
