@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The proxier against a real kube-apiserver (v1.20.2 from hack/control-plane.sh, on loopback), with the fake
+# (in-memory) dataplane since the host kernel has no IPVS. Checks, in order:
+#   - `run --kubeconfig` starts, serves /livez, and reports once that discovery.k8s.io/v1 EndpointSlices are not
+#     served (1.20 has only v1beta1) while it keeps running with Services only;
+#   - /healthz is 503 while its Node does not exist, 200 once kubectl creates it;
+#   - the Services kubectl creates reach the plan (kipvs_virtual_servers, change counters), and the LoadBalancer
+#     Service's healthCheckNodePort answers 503 with no local endpoint;
+#   - tainting the Node ToBeDeletedByClusterAutoscaler flips /healthz to 503 while /livez stays 200, and back;
+#   - a deleted Service leaves the plan; a deleted Node fails /healthz;
+#   - with the apiserver gone the proxier keeps running and keeps its objects (nothing is deleted).
+# Ends with "N passed, M failed"; exit status 1 if anything failed.
+#
+# env: KIPVS_PROXIER (binary; default: cargo build, target/debug/kipvs-proxier), CLUSTER_STATE (state dir,
+#      default a temporary one, removed unless KEEP=1), CP_PORT/CP_ETCD_PORT (apiserver and etcd ports, default
+#      26443/33790: not hack/control-plane.sh's defaults, so that a control plane started by hand keeps running),
+#      CPCACHE (hack/control-plane.sh), PORT_BASE (first of three local ports for healthz, metrics and gRPC
+#      health; default 20256).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export RUST_BACKTRACE=0
+STATE=${CLUSTER_STATE:-$(mktemp -d /tmp/kipvs-cluster.XXXXXX)}
+mkdir -p "$STATE"
+export CP_PORT=${CP_PORT:-26443} CP_ETCD_PORT=${CP_ETCD_PORT:-33790}
+PORT_BASE=${PORT_BASE:-20256}
+HZ=127.0.0.1:$PORT_BASE MP=127.0.0.1:$((PORT_BASE + 1)) GP=127.0.0.1:$((PORT_BASE + 2))
+NODE=test-node
+pass=0 fail=0
+say() { printf 'cluster: %s\n' "$*"; }
+ok() { pass=$((pass + 1)); say "ok   $*"; }
+bad() { fail=$((fail + 1)); say "FAIL $*"; }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+now() { date +%s.%N; }
+
+if [ -z "${KIPVS_PROXIER:-}" ]; then
+  cargo build -q -p kipvs-proxier
+  KIPVS_PROXIER=target/debug/kipvs-proxier
+fi
+
+proxier_pid=""
+cleanup() {
+  [ -n "$proxier_pid" ] && kill "$proxier_pid" 2>/dev/null && wait "$proxier_pid" 2>/dev/null
+  hack/control-plane.sh stop "$STATE" || true
+  if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
+}
+trap cleanup EXIT
+
+for port in "$CP_PORT" "$CP_ETCD_PORT" "$((CP_ETCD_PORT + 10))" "$PORT_BASE" "$((PORT_BASE + 1))" "$((PORT_BASE + 2))"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    say "port $port is in use; set CP_PORT, CP_ETCD_PORT or PORT_BASE"; trap - EXIT; exit 2
+  fi
+done
+t0=$(now)
+hack/control-plane.sh start "$STATE"
+KC=$STATE/kubeconfig
+k() { kubectl --kubeconfig "$KC" "$@"; }
+say "control plane up in $(awk "BEGIN{printf \"%.1f\", $(now) - $t0}") s"
+
+"$KIPVS_PROXIER" run --kubeconfig "$KC" --node "$NODE" --dataplane=fake --healthz-bind-address "$HZ" \
+  --metrics-bind-address "$MP" --grpc-health-bind-address "$GP" --health-check-bind-ip 127.0.0.1 \
+  > "$STATE/proxier.log" 2>&1 &
+proxier_pid=$!
+LOG=$STATE/proxier.log
+
+code() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://$1"; }
+body() { curl -s -m 2 "http://$1"; }
+metric() { curl -s -m 2 "http://$MP/metrics" | awk -v n="$1" '$1 == n { print $2 }'; }
+# until TIMEOUT_S COMMAND...: retry every 0.2 s
+until_() { local n=$(($1 * 5)); shift; while [ "$n" -gt 0 ]; do "$@" && return 0; sleep 0.2; n=$((n - 1)); done; return 1; }
+is() { [ "$("${@:2}")" = "$1" ]; } # is EXPECTED COMMAND...
+alive() { kill -0 "$proxier_pid" 2>/dev/null; }
+
+check "the proxier serves /livez (200)" until_ 30 is 200 code "$HZ/livez"
+ES='kipvs_api_resource_unavailable{resource="endpointslices.discovery.k8s.io/v1"}'
+check "EndpointSlice v1 missing: reported in $ES" until_ 30 is 1 metric "$ES"
+check "EndpointSlice v1 missing: logged as an error" grep -q 'ERROR.*does not serve endpointslices.discovery.k8s.io/v1' "$LOG"
+check "/healthz is 503 while the Node does not exist" until_ 10 is 503 code "$HZ/healthz"
+check "  ... with nodeEligible false" sh -c "curl -s http://$HZ/healthz | grep -q '\"nodeEligible\":false'"
+
+# The apiserver's own `default/kubernetes` Service is there from the start.
+check "the kubernetes Service is planned (kipvs_virtual_servers 1)" until_ 20 is 1 metric kipvs_virtual_servers
+k apply -f tests/cluster/objects.yaml > "$STATE/apply.log" 2>&1 || { cat "$STATE/apply.log"; bad "kubectl apply"; }
+check "/healthz is 200 once the Node exists" until_ 20 is 200 code "$HZ/healthz"
+check "the two new Services' cluster IPs are planned (kipvs_virtual_servers 3)" until_ 20 is 3 metric kipvs_virtual_servers
+changes=$(metric kubeproxy_sync_proxy_rules_service_changes_total)
+check "service changes counted ($changes)" [ "${changes:-0}" -ge 2 ]
+HCP=$(k get service shop -o jsonpath='{.spec.healthCheckNodePort}')
+say "shop's healthCheckNodePort: $HCP"
+check "its health-check node port answers 503 (no local endpoint)" until_ 10 is 503 code "127.0.0.1:$HCP/"
+check "  ... with localEndpoints 0" sh -c "curl -s http://127.0.0.1:$HCP/ | grep -q '\"localEndpoints\":0'"
+check "  ... and X-Load-Balancing-Endpoint-Weight: 0" \
+  sh -c "curl -s -D - -o /dev/null http://127.0.0.1:$HCP/ | grep -qi '^x-load-balancing-endpoint-weight: 0'"
+
+k taint nodes "$NODE" ToBeDeletedByClusterAutoscaler=1700000000:NoSchedule > /dev/null
+t=$(now)
+check "tainted ToBeDeletedByClusterAutoscaler: /healthz 503" until_ 20 is 503 code "$HZ/healthz"
+say "  /healthz flipped $(awk "BEGIN{printf \"%.2f\", $(now) - $t}") s after kubectl taint"
+check "  ... with nodeEligible false" sh -c "curl -s http://$HZ/healthz | grep -q '\"nodeEligible\":false'"
+check "  ... while /livez stays 200" is 200 code "$HZ/livez"
+k taint nodes "$NODE" ToBeDeletedByClusterAutoscaler- > /dev/null
+check "taint removed: /healthz 200 again" until_ 20 is 200 code "$HZ/healthz"
+
+k delete service web > /dev/null
+check "a deleted Service leaves the plan (kipvs_virtual_servers 2)" until_ 20 is 2 metric kipvs_virtual_servers
+check "the health-check node port still answers" is 503 code "127.0.0.1:$HCP/"
+k delete node "$NODE" > /dev/null
+check "a deleted Node fails /healthz (503)" until_ 20 is 503 code "$HZ/healthz"
+check "  ... while /livez stays 200" is 200 code "$HZ/livez"
+
+# The apiserver goes away: the proxier keeps running with what it knows.
+kill "$(cat "$STATE/apiserver.pid")"
+sleep 5
+check "apiserver gone: the proxier keeps running" alive
+check "  ... and keeps its objects (kipvs_virtual_servers 2)" is 2 metric kipvs_virtual_servers
+check "  ... and /livez 200" is 200 code "$HZ/livez"
+check "  ... and logs the failed watches" grep -q 'watch failed, keeping the last known objects' "$LOG"
+n=$(grep -c 'does not serve endpointslices.discovery.k8s.io/v1' "$LOG" || true)
+check "the missing EndpointSlice API was logged once (got $n)" [ "$n" = 1 ]
+check "the proxier never exited" alive
+
+if [ "$fail" -gt 0 ]; then say "proxier log tail:"; tail -n 30 "$LOG" | sed 's/^/    /'; fi
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
