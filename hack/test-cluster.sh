@@ -91,6 +91,10 @@ check "  ... with localEndpoints 0" sh -c "curl -s http://127.0.0.1:$HCP/ | grep
 check "  ... and X-Load-Balancing-Endpoint-Weight: 0" \
   sh -c "curl -s -D - -o /dev/null http://127.0.0.1:$HCP/ | grep -qi '^x-load-balancing-endpoint-weight: 0'"
 
+"$KIPVS_PROXIER" inspect --kubeconfig "$KC" --node "$NODE" --dataplane=fake > "$STATE/inspect.txt" 2>&1 || true
+check "inspect lists the Services from the API, by name" grep -q '^default/shop:http$' "$STATE/inspect.txt"
+check "  ... with their virtual servers" grep -q 'TCP 10.96.0.51:80 rr' "$STATE/inspect.txt"
+
 k taint nodes "$NODE" ToBeDeletedByClusterAutoscaler=1700000000:NoSchedule > /dev/null
 t=$(now)
 check "tainted ToBeDeletedByClusterAutoscaler: /healthz 503" until_ 20 is 503 code "$HZ/healthz"

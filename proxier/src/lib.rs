@@ -8,6 +8,7 @@ pub mod dataplane;
 pub mod format;
 pub mod grpc_health;
 pub mod health;
+pub mod inspect;
 pub mod kube_source;
 pub mod manifests;
 pub mod metrics;

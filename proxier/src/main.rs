@@ -11,10 +11,11 @@ use kipvs_proxier::health::{self, ProxyHealth, ServiceHealthServers};
 use kipvs_proxier::kube_source::KubeSource;
 use kipvs_proxier::metrics::Metrics;
 use kipvs_proxier::run::{Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle};
-use kipvs_proxier::{format, grpc_health, sysctl};
+use kipvs_proxier::{format, grpc_health, inspect, sysctl};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 
 /// kipvs proxier: programs kernel IPVS from Kubernetes Services and EndpointSlices.
@@ -51,7 +52,19 @@ enum Format {
     Json,
 }
 
-/// Which dataplane `run` programs.
+/// Output of `inspect`.
+#[derive(Clone, Copy, ValueEnum)]
+enum InspectFormat {
+    /// One block per Service port: virtual servers, real servers, verdicts.
+    Text,
+    /// The same as JSON.
+    Json,
+}
+
+/// How long `inspect` waits for the API server's lists.
+const INSPECT_LIST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Which dataplane `run` programs (or `inspect` reads).
 #[derive(Clone, Copy, ValueEnum)]
 enum DataplaneKind {
     /// Kernel IPVS, rtnetlink and sysctls.
@@ -95,6 +108,22 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "ipvsadm")]
         format: Format,
+    },
+    /// Compare the desired IPVS state with the kernel's, by Service (desired and kernel
+    /// weights, connection counts, and what the kernel has that no Service wants).
+    Inspect {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// kubeconfig when reading the Kubernetes API (no --manifests); default: in-cluster
+        /// config, then $KUBECONFIG or ~/.kube/config.
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "text")]
+        format: InspectFormat,
+        /// The dataplane to read (`fake`: an empty table, for tests without kernel IPVS).
+        #[arg(long, value_enum, default_value = "kernel", hide = true)]
+        dataplane: DataplaneKind,
     },
     /// Program the kernel from the Kubernetes API (or the manifests) and keep it in step.
     Run {
@@ -208,6 +237,35 @@ async fn start(
     Ok(handle)
 }
 
+/// The desired state for `args`: from the manifests, or listed from the Kubernetes API.
+async fn desired_state(
+    args: &SourceArgs,
+    kubeconfig: Option<&Path>,
+) -> anyhow::Result<kipvs_proxier::model::DesiredState> {
+    let config = load_config(args.config.as_deref())?;
+    let handle = SourceHandle::gated();
+    if args.manifests.is_some() {
+        let source = manifests_source(args)?;
+        source
+            .load_into(&handle, None)
+            .with_context(|| format!("reading {}", source.path.display()))?;
+    } else {
+        let source = KubeSource {
+            client: kube_client(kubeconfig).await?,
+            node_name: args.node.clone(),
+            metrics: Metrics::new(),
+        };
+        let listing = tokio::spawn(source.run(handle.clone()));
+        tokio::time::timeout(INSPECT_LIST_TIMEOUT, handle.wait_ready())
+            .await
+            .context("the API server's lists did not complete in 30 s")?;
+        listing.abort();
+    }
+    let mut planner = Planner::new(identity(args), config);
+    planner.replan(&mut handle.store.lock().expect("store lock"));
+    Ok(planner.desired().clone())
+}
+
 /// Sync once the source is ready, then once (`--once`) or until a shutdown signal.
 async fn run_engine<D: Dataplane>(
     handle: SourceHandle,
@@ -302,6 +360,30 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             };
             print!("{text}");
         }
+        Command::Inspect {
+            source: args,
+            kubeconfig,
+            format,
+            dataplane,
+        } => {
+            let desired = desired_state(&args, kubeconfig.as_deref()).await?;
+            let observed = match dataplane {
+                DataplaneKind::Kernel => {
+                    let mut kernel = KernelDataplane::connect().await.context(
+                        "connecting to the kernel (are the ip_vs and dummy modules loaded?)",
+                    )?;
+                    kernel.observe().await?
+                }
+                DataplaneKind::Fake => Default::default(),
+            };
+            let inspection = inspect::inspect(&desired, &observed);
+            match format {
+                InspectFormat::Text => print!("{}", inspection.text()),
+                InspectFormat::Json => {
+                    println!("{}", serde_json::to_string_pretty(&inspection)?)
+                }
+            }
+        }
         Command::Run {
             source: args,
             cluster,
@@ -337,6 +419,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
