@@ -290,6 +290,13 @@ fn identity(args: &SourceArgs) -> NodeIdentity {
     }
 }
 
+/// The kernel dataplane, with a hint when IPVS is not there.
+async fn connect_kernel() -> anyhow::Result<KernelDataplane> {
+    KernelDataplane::connect()
+        .await
+        .context("connecting to the kernel (are the ip_vs and dummy modules loaded?)")
+}
+
 /// Kernel settings made once at start, each logged (kube-proxy `NewProxier`).
 async fn setup_kernel(
     config: &ProxierConfiguration,
@@ -369,9 +376,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let desired = desired_state(&args, kubeconfig.as_deref()).await?;
             let observed = match dataplane {
                 DataplaneKind::Kernel => {
-                    let mut kernel = KernelDataplane::connect().await.context(
-                        "connecting to the kernel (are the ip_vs and dummy modules loaded?)",
-                    )?;
+                    let mut kernel = connect_kernel().await?;
                     kernel.observe().await?
                 }
                 DataplaneKind::Fake => Default::default(),
@@ -397,9 +402,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let planner = Planner::new(identity(&args), config.clone());
             match cluster.dataplane {
                 DataplaneKind::Kernel => {
-                    let dataplane = KernelDataplane::connect().await.context(
-                        "connecting to the kernel (are the ip_vs and dummy modules loaded?)",
-                    )?;
+                    let dataplane = connect_kernel().await?;
                     setup_kernel(&config, &dataplane).await?;
                     let handle = start(&args, &cluster, &config).await?;
                     run_engine(handle, planner, dataplane, once).await?;

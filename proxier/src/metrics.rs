@@ -16,7 +16,7 @@
 //! | `kubeproxy_proxy_healthz_total{code}`, `kubeproxy_proxy_livez_total{code}` | counter | `/healthz` and `/livez` answers by status code |
 //! | `kipvs_virtual_servers`, `kipvs_real_servers` | gauge | virtual and real servers in the desired state after the last successful sync |
 //! | `kipvs_real_servers_draining` | gauge | real servers at weight 0 waiting for their connections to end |
-//! | `kipvs_real_servers_draining_oldest_seconds` | gauge | age of the oldest drain (0 when none) |
+//! | `kipvs_real_servers_draining_oldest_seconds` | gauge | age of the oldest drain at the last sync (0 when none) |
 //! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed) or the name of a failed op (`AddRealServer`, ...) |
 //! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
 //! | `kipvs_api_resource_unavailable{resource}` | gauge | 1 while the API server does not serve a resource kipvs watches (e.g. `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21) |

@@ -22,6 +22,10 @@ use tonic_health::pb::health_client::HealthClient;
 
 const NODE: &str = "test-node";
 
+/// The health timeout (kube-proxy: 2 × syncPeriod) of the tests that let a change go stale:
+/// long enough for a loaded machine to answer a request before it, short for the suite.
+const STALE_AFTER: Duration = Duration::from_secs(1);
+
 /// Everything a running proxier has, minus the source and the kernel.
 struct Proxier {
     handle: SourceHandle,
@@ -157,7 +161,7 @@ fn free_port() -> u16 {
 
 #[tokio::test]
 async fn livez_goes_stale_when_a_queued_change_waits_too_long() {
-    let mut p = proxier(Duration::from_millis(300), true);
+    let mut p = proxier(STALE_AFTER, true);
     // Starting: nothing queued, nothing synced yet — healthy, as kube-proxy.
     let livez = get(p.addr, "/livez").await.unwrap();
     assert_eq!(livez.status, 200);
@@ -172,7 +176,7 @@ async fn livez_goes_stale_when_a_queued_change_waits_too_long() {
     // A change is queued and not synced within the timeout: both fail.
     p.handle.update(|s| s.set_node(Some(node(None, false))));
     assert_eq!(get(p.addr, "/livez").await.unwrap().status, 200);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(STALE_AFTER + Duration::from_millis(200)).await;
     let livez = get(p.addr, "/livez").await.unwrap();
     assert_eq!(livez.status, 503);
     assert_eq!(livez.json()["lastUpdated"], "0001-01-01T00:00:00Z");
@@ -401,7 +405,7 @@ async fn grpc_status(
 
 #[tokio::test]
 async fn grpc_health_mirrors_livez_and_healthz_as_the_kubelet_asks() {
-    let mut p = proxier(Duration::from_millis(300), true);
+    let mut p = proxier(STALE_AFTER, true);
     let listener = health::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(grpc_health::serve(
@@ -461,7 +465,7 @@ async fn grpc_health_mirrors_livez_and_healthz_as_the_kubelet_asks() {
 
     // A queued change goes stale: livez fails too, at the deadline, without another event.
     p.handle.update(|s| s.set_node(Some(node(None, false))));
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(STALE_AFTER + Duration::from_millis(200)).await;
     assert_eq!(
         grpc_status(&mut client, "").await,
         ServingStatus::NotServing
