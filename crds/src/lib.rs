@@ -25,6 +25,6 @@ pub use nodeproxyconfig::{
     PROXIER_FIELD_MANAGER,
 };
 pub use proxyconfig::{
-    CountOrPercent, PROMOTE_ANNOTATION, ProxyConfig, ProxyConfigSpec, ProxyConfigStatus,
-    REST_STAGE, RolloutSpec, SpecError, Stage, StagePhase, StageStatus,
+    CountOrPercent, NodeFailure, PROMOTE_ANNOTATION, ProxyConfig, ProxyConfigSpec,
+    ProxyConfigStatus, REST_STAGE, RolloutSpec, SpecError, Stage, StagePhase, StageStatus,
 };

@@ -18,11 +18,19 @@
 //!             "lastSyncTime": "2026-11-22T10:00:00Z", "message": "", "syncErrors": 0}}
 //! ```
 //!
-//! ([`NodeProxyConfigStatus::apply_patch`] builds that body.) The proxier must report on every
-//! change of `spec.revision` (Pending when it starts, Applied or Failed when done) and whenever
-//! its health flips; between changes, refreshing `lastSyncTime` at most once a minute is enough
-//! (the operator does not use it as a heartbeat). When a node has no NodeProxyConfig, its
-//! proxier runs its local configuration (`--config`).
+//! ([`NodeProxyConfigStatus::apply_patch`] builds that body.) The contract the operator relies on:
+//!
+//! - when `spec.revision` changes, report `observedRevision` = it with phase Pending, then
+//!   Applied (after the first successful sync with it) or Failed (with a message);
+//! - report `healthy` whenever it flips;
+//! - after a restart with an unchanged `spec.revision`, do not go back to Pending: report
+//!   Applied once the first sync succeeded (the previous status stays meanwhile). A node whose
+//!   target revision is not Applied and healthy once `applyTimeout` has passed since
+//!   `spec.assignedAt` counts as failed and can halt a rollout;
+//! - refreshing `lastSyncTime` at most once a minute is enough (it is for people; the operator
+//!   does not use it as a heartbeat).
+//!
+//! When a node has no NodeProxyConfig, its proxier runs its local configuration (`--config`).
 
 use crate::config::ProxierConfiguration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

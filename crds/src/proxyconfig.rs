@@ -207,14 +207,15 @@ pub struct Stage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::optional_count_or_percent")]
     pub size: Option<CountOrPercent>,
-    /// How many of the stage's nodes may be updating (given the revision but not yet healthy)
-    /// or failed at once: a count, or a percentage of the stage's nodes (rounded up, at least
-    /// 1). Default 1.
+    /// How many of the stage's nodes may be updating (given the revision but not yet healthy) at
+    /// once: a count, or a percentage of the stage's nodes (rounded up, at least 1). Default 1.
     #[serde(default = "CountOrPercent::one")]
     #[schemars(schema_with = "schema::count_or_percent")]
     pub max_unavailable: CountOrPercent,
     /// How long the stage must stay healthy after its last node became healthy before the next
-    /// stage starts (Go duration). Default 0s.
+    /// stage starts (Go duration); a node that turns unhealthy meanwhile fails the revision.
+    /// Default 0s. A stage with no node to wait for (empty, or only skipped nodes) neither soaks
+    /// nor pauses.
     #[serde(default, with = "duration::serde_go")]
     #[schemars(schema_with = "schema::go_duration")]
     pub soak_duration: Duration,
@@ -479,6 +480,10 @@ pub struct ProxyConfigStatus {
     /// Nodes failed on the target revision (Failed, unhealthy or silent past applyTimeout).
     #[serde(default)]
     pub failed_nodes: u32,
+    /// Nodes that failed the target revision (or, after it was marked bad, the revision that
+    /// failed), with why; at most 20.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<NodeFailure>,
     /// Nodes skipped because they are being deleted, tainted ToBeDeletedByClusterAutoscaler or
     /// NotReady: they neither block nor fail the rollout.
     #[serde(default)]
@@ -495,6 +500,19 @@ pub struct ProxyConfigStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "schema::conditions")]
     pub conditions: Vec<Condition>,
+}
+
+/// A node that failed a revision.
+#[derive(KubeSchema, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFailure {
+    /// The node.
+    pub node: String,
+    /// The revision it failed.
+    pub revision: String,
+    /// What the proxier reported (phase Failed and its message), or that it was not applied
+    /// and healthy within applyTimeout (with what it did report).
+    pub message: String,
 }
 
 /// Progress of one stage of the target revision.

@@ -1,0 +1,12 @@
+//! kipvs-operator: turns each `ProxyConfig` into one `NodeProxyConfig` per selected node and
+//! rolls changes out stage by stage, gated on the health the proxiers report.
+//!
+//! - [`rollout`]: the decision, a pure function (no I/O, no clock), with its rules.
+//! - [`conditions`]: the status conditions and their transition times.
+//! - [`revision`]: configuration revisions and node hashes.
+//! - [`sim`]: an in-memory fleet to drive the decision (tests, benchmarks, what-if runs).
+
+pub mod conditions;
+pub mod revision;
+pub mod rollout;
+pub mod sim;

@@ -1,0 +1,85 @@
+//! Content hashes: the revision of a configuration, and the stable per-node hash that orders
+//! nodes when a stage takes a share of them.
+//!
+//! Both are FNV-1a (64 bit) followed by a SplitMix64 finaliser, so that names differing only in
+//! their last characters (`node-001`, `node-002`) still spread over the whole range. The values
+//! are part of the API (stored in NodeProxyConfig specs and ProxyConfig status): changing the
+//! function would re-roll every node, so it must not change.
+
+use kipvs_crds::ProxierConfiguration;
+
+/// Number of hex digits of a revision (40 bits: collisions are irrelevant at fleet scale; the
+/// revision is for humans and for equality).
+const REVISION_HEX_DIGITS: usize = 10;
+
+fn hash64(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // SplitMix64 finaliser.
+    hash ^= hash >> 30;
+    hash = hash.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    hash ^= hash >> 27;
+    hash = hash.wrapping_mul(0x94d0_49bb_1331_11eb);
+    hash ^ (hash >> 31)
+}
+
+/// The revision of a configuration: a hash of its JSON form with every default filled in (the
+/// typed value, so `{}` and a file spelling out kube-proxy's defaults have the same revision).
+/// Field order is the struct's and maps are sorted, so the JSON is canonical.
+pub fn config_revision(config: &ProxierConfiguration) -> String {
+    let json = serde_json::to_vec(config).expect("ProxierConfiguration serializes to JSON");
+    let hex = format!("{:016x}", hash64(&json));
+    hex[..REVISION_HEX_DIGITS].to_owned()
+}
+
+/// The stable hash of a node name that orders nodes when a stage takes a count or a percentage
+/// of them.
+pub fn node_hash(name: &str) -> u64 {
+    hash64(name.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kipvs_crds::Gate;
+
+    #[test]
+    fn revision_ignores_spelling_but_not_content() {
+        let default = ProxierConfiguration::default();
+        let spelled: ProxierConfiguration = ProxierConfiguration::from_yaml_str(
+            "ipvs: {syncPeriod: 30s, minSyncPeriod: 0s}\nhealthzBindAddress: 0.0.0.0:10256\n",
+        )
+        .unwrap();
+        assert_eq!(config_revision(&default), config_revision(&spelled));
+        let mut changed = default.clone();
+        changed
+            .feature_gates
+            .insert(Gate::LoadBalancerIPMode.name().to_owned(), false);
+        assert_ne!(config_revision(&default), config_revision(&changed));
+        assert_eq!(config_revision(&default).len(), REVISION_HEX_DIGITS);
+    }
+
+    /// Pinned values: the functions are part of the stored state (see the module docs).
+    #[test]
+    fn hashes_are_stable() {
+        assert_eq!(
+            config_revision(&ProxierConfiguration::default()),
+            "1c44149eae"
+        );
+        assert_eq!(node_hash("node-1"), 0x1395_0d4e_f307_e655);
+    }
+
+    #[test]
+    fn node_hashes_spread_similar_names() {
+        let mut below_half = 0;
+        for i in 0..1000 {
+            if node_hash(&format!("node-{i:04}")) < u64::MAX / 2 {
+                below_half += 1;
+            }
+        }
+        assert!((400..600).contains(&below_half), "{below_half}");
+    }
+}

@@ -1,0 +1,954 @@
+//! The rollout decision, as a pure function: one `ProxyConfig`, the Nodes, the
+//! `NodeProxyConfig`s and the time in; the writes to make, the status to report, the Events to
+//! publish and when to look again out. No I/O and no clock, so it is unit-tested, simulated over
+//! thousands of nodes (`tests/simulation.rs`) and benchmarked (`benches/decide.rs`) directly; the
+//! controller is the I/O around it.
+//!
+//! # The rules (the field docs of [`kipvs_crds::ProxyConfigSpec`] are the user-facing version)
+//!
+//! - **Selection.** A node is the ProxyConfig's if `spec.nodeSelector` matches it. If another
+//!   ProxyConfig also selects it, or its NodeProxyConfig is controlled by another ProxyConfig,
+//!   it is a *conflict*: never written, counted and named in status, `Degraded`.
+//! - **Skipped nodes**: being deleted, tainted `ToBeDeletedByClusterAutoscaler`, or NotReady.
+//!   They get no writes and neither block a stage nor count as failures.
+//! - **Revisions.** The target is spec's revision unless it is bad; then, with autoRollback,
+//!   the last good revision (mode *rollback*), else spec's revision with no further writes (mode
+//!   *halted*).
+//! - **Node state** against the revision its NodeProxyConfig carries: *healthy* (status reports
+//!   it Applied and healthy), *failed* (Failed, or not healthy once `applyTimeout` has passed
+//!   since `spec.assignedAt`), otherwise *in flight*.
+//! - **Stages** ([`RolloutSpec::effective_stages`]): a node belongs to the first stage whose
+//!   selector matches and, for a sized stage, whose size bound (fixed when the revision's
+//!   rollout starts) its name hash does not exceed. The *cursor* is the first stage not yet
+//!   complete. Stages up to the cursor get the target revision, at most `maxUnavailable` of a
+//!   stage's nodes in flight at once; stages after it keep the last good revision (nodes without
+//!   a NodeProxyConfig get it; with no last good revision they get nothing and keep their local
+//!   configuration). A stage is complete when every node that is not skipped is healthy or
+//!   failed within the budget, its soak has passed since then, and (with `pause`) it has been
+//!   promoted. A stage with no node to wait for is complete at once. When the last stage is
+//!   complete, the target becomes the last good revision.
+//! - **Failure.** More failed nodes on the target revision than `failureBudget` mark the
+//!   revision bad; with autoRollback every node the ProxyConfig controls that is not on the last
+//!   good revision gets it back at once (or loses its NodeProxyConfig if there is none).
+//! - **Nodes no longer selected** lose the NodeProxyConfig this ProxyConfig controls.
+//! - **`spec.paused`**: the decision is computed and reported, but nothing is written and no
+//!   stage advances.
+
+use crate::conditions::ConditionSet;
+use crate::revision::{config_revision, node_hash};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kipvs_crds::proxyconfig::parse_selector;
+use kipvs_crds::{
+    NodeFailure, NodePhase, NodeProxyConfig, NodeProxyConfigStatus, PROMOTE_ANNOTATION,
+    ProxierConfiguration, ProxyConfigSpec, ProxyConfigStatus, RolloutSpec, StagePhase, StageStatus,
+};
+use kube::core::{Selector, SelectorExt};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Taint the cluster autoscaler puts on a node it is about to delete (KEP-3836).
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// How many bad revisions, conflicting node names and failures status keeps.
+const MAX_BAD_REVISIONS: usize = 10;
+const MAX_LISTED: usize = 20;
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// Why a node is skipped (neither written nor waited for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    /// `metadata.deletionTimestamp` is set.
+    Deleting,
+    /// Tainted `ToBeDeletedByClusterAutoscaler`.
+    ScaleDown,
+    /// The Ready condition is not True.
+    NotReady,
+}
+
+/// What the decision needs of a Node.
+#[derive(Clone, Debug)]
+pub struct NodeView<'a> {
+    /// Node name (= NodeProxyConfig name).
+    pub name: &'a str,
+    /// Node labels.
+    pub labels: &'a BTreeMap<String, String>,
+    /// Set when the node is skipped.
+    pub skip: Option<SkipReason>,
+}
+
+impl<'a> NodeView<'a> {
+    /// Reads name, labels, deletion, the autoscaler taint and the Ready condition of `node`.
+    pub fn from_node(node: &'a Node) -> Self {
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True");
+        let skip = if node.metadata.deletion_timestamp.is_some() {
+            Some(SkipReason::Deleting)
+        } else if tainted {
+            Some(SkipReason::ScaleDown)
+        } else if !ready {
+            Some(SkipReason::NotReady)
+        } else {
+            None
+        };
+        NodeView {
+            name: node.metadata.name.as_deref().unwrap_or_default(),
+            labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+            skip,
+        }
+    }
+}
+
+/// What the decision needs of a NodeProxyConfig.
+#[derive(Clone, Debug)]
+pub struct NpcView<'a> {
+    /// Name of the ProxyConfig that controls it (its controller ownerReference).
+    pub owner: Option<&'a str>,
+    /// `spec.revision`.
+    pub revision: &'a str,
+    /// `spec.assignedAt`.
+    pub assigned_at: Timestamp,
+    /// What the proxier reported.
+    pub status: Option<&'a NodeProxyConfigStatus>,
+}
+
+impl<'a> NpcView<'a> {
+    /// Reads the controller owner, the spec and the status of `npc`.
+    pub fn from_npc(npc: &'a NodeProxyConfig) -> Self {
+        let owner = npc
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true) && o.kind == "ProxyConfig")
+            .map(|o| o.name.as_str());
+        NpcView {
+            owner,
+            revision: &npc.spec.revision,
+            assigned_at: npc.spec.assigned_at.0,
+            status: npc.status.as_ref(),
+        }
+    }
+}
+
+/// Everything one decision looks at.
+#[derive(Clone, Debug)]
+pub struct Input<'a> {
+    /// The ProxyConfig's name.
+    pub name: &'a str,
+    /// Its `metadata.generation`.
+    pub generation: Option<i64>,
+    /// Its spec.
+    pub spec: &'a ProxyConfigSpec,
+    /// Its status as last written (the rollout's memory: cursor, timestamps, last good).
+    pub status: Option<&'a ProxyConfigStatus>,
+    /// Its annotations (for [`PROMOTE_ANNOTATION`]).
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// Selectors of the other ProxyConfigs, for conflict detection.
+    pub others: &'a [Selector],
+    /// Every Node.
+    pub nodes: &'a [NodeView<'a>],
+    /// Every NodeProxyConfig, by name.
+    pub npcs: &'a HashMap<&'a str, NpcView<'a>>,
+    /// The time of the decision.
+    pub now: Timestamp,
+}
+
+/// A write to a NodeProxyConfig.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// Create or update the node's NodeProxyConfig with this revision (and `assignedAt` = now).
+    Assign {
+        /// The node.
+        node: String,
+        /// The revision.
+        revision: Arc<str>,
+        /// Its configuration.
+        config: Arc<ProxierConfiguration>,
+    },
+    /// Delete the node's NodeProxyConfig (it is this ProxyConfig's and should not exist).
+    Delete {
+        /// The node.
+        node: String,
+    },
+}
+
+impl Write {
+    /// The node written.
+    pub fn node(&self) -> &str {
+        match self {
+            Write::Assign { node, .. } | Write::Delete { node } => node,
+        }
+    }
+}
+
+/// An Event to publish about the ProxyConfig.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Warning (true) or Normal.
+    pub warning: bool,
+    /// CamelCase reason, e.g. `StageStarted`.
+    pub reason: &'static str,
+    /// What happened.
+    pub message: String,
+}
+
+/// The outcome of one decision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The status to report.
+    pub status: ProxyConfigStatus,
+    /// NodeProxyConfig writes, at most one per node.
+    pub writes: Vec<Write>,
+    /// Events to publish.
+    pub events: Vec<Note>,
+    /// When to decide again even if nothing changes (a soak ends, an apply timeout expires).
+    pub requeue_after: Option<Duration>,
+}
+
+/// A node's state against the revision its NodeProxyConfig carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Health {
+    Healthy,
+    InFlight,
+    Failed,
+}
+
+/// One selected, non-conflicting node, with what the decision derives about it.
+struct Member<'a> {
+    view: &'a NodeView<'a>,
+    hash: u64,
+    npc: Option<&'a NpcView<'a>>,
+    stage: usize,
+}
+
+impl Member<'_> {
+    fn revision(&self) -> Option<&str> {
+        self.npc.map(|n| n.revision)
+    }
+    fn health(&self, timeout: Duration, now: Timestamp) -> Option<Health> {
+        self.npc.map(|npc| health(npc, timeout, now))
+    }
+}
+
+fn health(npc: &NpcView<'_>, timeout: Duration, now: Timestamp) -> Health {
+    let status = npc
+        .status
+        .filter(|s| s.observed_revision.as_deref() == Some(npc.revision));
+    let phase = status.and_then(|s| s.phase);
+    if phase == Some(NodePhase::Applied) && status.and_then(|s| s.healthy) == Some(true) {
+        Health::Healthy
+    } else if phase == Some(NodePhase::Failed) || now >= deadline(npc, timeout) {
+        Health::Failed
+    } else {
+        Health::InFlight
+    }
+}
+
+fn deadline(npc: &NpcView<'_>, timeout: Duration) -> Timestamp {
+    npc.assigned_at
+        .checked_add(timeout)
+        .unwrap_or(Timestamp::MAX)
+}
+
+fn until(now: Timestamp, then: Timestamp) -> Duration {
+    let d = then.duration_since(now);
+    Duration::try_from(d.max(SignedDuration::ZERO)).unwrap_or(Duration::ZERO)
+}
+
+/// Decides what to do about one ProxyConfig. See the module docs for the rules.
+pub fn decide(input: &Input<'_>) -> Decision {
+    let prev = input.status.cloned().unwrap_or_default();
+    let mut d = Decider {
+        input,
+        prev: &prev,
+        status: ProxyConfigStatus {
+            observed_generation: input.generation,
+            last_good_revision: prev.last_good_revision.clone(),
+            last_good_config: prev.last_good_config.clone(),
+            bad_revisions: prev.bad_revisions.clone(),
+            ..ProxyConfigStatus::default()
+        },
+        writes: Vec::new(),
+        events: Vec::new(),
+        requeue: None,
+        conditions: ConditionSet::new(&prev.conditions, input.now, input.generation),
+    };
+    d.run();
+    let Decider {
+        mut status,
+        writes,
+        events,
+        requeue,
+        conditions,
+        ..
+    } = d;
+    status.conditions = conditions.finish();
+    Decision {
+        status,
+        writes,
+        events,
+        requeue_after: requeue,
+    }
+}
+
+struct Decider<'a> {
+    input: &'a Input<'a>,
+    prev: &'a ProxyConfigStatus,
+    status: ProxyConfigStatus,
+    writes: Vec<Write>,
+    events: Vec<Note>,
+    requeue: Option<Duration>,
+    conditions: ConditionSet,
+}
+
+/// How the target revision was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Rollout,
+    Halted,
+    Rollback,
+}
+
+impl<'a> Decider<'a> {
+    fn note(&mut self, warning: bool, reason: &'static str, message: String) {
+        self.events.push(Note {
+            warning,
+            reason,
+            message,
+        });
+    }
+
+    fn requeue_at(&mut self, at: Timestamp) {
+        let after = until(self.input.now, at);
+        self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
+    }
+
+    fn run(&mut self) {
+        let input = self.input;
+        let spec = input.spec;
+        self.conditions.set_paused(spec.paused);
+        let own = match spec.validate().and_then(|()| {
+            spec.node_selector
+                .as_ref()
+                .map(|s| parse_selector(s, "spec.nodeSelector"))
+                .transpose()
+        }) {
+            Ok(selector) => selector.unwrap_or_default(),
+            Err(e) => {
+                let message = e.to_string();
+                if !self
+                    .prev
+                    .conditions
+                    .iter()
+                    .any(|c| c.reason == "InvalidSpec" && c.message == message)
+                {
+                    self.note(true, "InvalidSpec", message.clone());
+                }
+                self.conditions.invalid_spec(&message);
+                self.status.revision = self.prev.revision.clone();
+                self.status.target_revision = self.prev.target_revision.clone();
+                return;
+            }
+        };
+        let spec_revision = config_revision(&spec.config);
+        self.status.revision = Some(spec_revision.clone());
+
+        // Selection and conflicts.
+        let mut members: Vec<Member<'a>> = Vec::with_capacity(input.nodes.len());
+        let mut conflicts: Vec<&str> = Vec::new();
+        let mut unselected_owned: Vec<&str> = Vec::new();
+        for view in input.nodes {
+            let npc = input.npcs.get(view.name);
+            let ours = npc.is_some_and(|n| n.owner == Some(input.name));
+            if !own.matches(view.labels) {
+                if ours {
+                    unselected_owned.push(view.name);
+                }
+                continue;
+            }
+            let foreign = npc.is_some_and(|n| n.owner != Some(input.name));
+            if foreign || input.others.iter().any(|o| o.matches(view.labels)) {
+                conflicts.push(view.name);
+                continue;
+            }
+            members.push(Member {
+                view,
+                hash: node_hash(view.name),
+                npc: npc.filter(|_| ours),
+                stage: 0,
+            });
+        }
+        // NodeProxyConfigs of ours whose Node is gone also go.
+        let node_names: HashSet<&str> = input.nodes.iter().map(|n| n.name).collect();
+        for (name, npc) in input.npcs {
+            if npc.owner == Some(input.name) && !node_names.contains(name) {
+                unselected_owned.push(name);
+            }
+        }
+        for node in unselected_owned {
+            self.write(Write::Delete {
+                node: node.to_owned(),
+            });
+        }
+        conflicts.sort_unstable();
+        self.report_conflicts(&conflicts);
+        self.status.total_nodes = count(members.len() + conflicts.len());
+        self.status.skipped_nodes = count(members.iter().filter(|m| m.view.skip.is_some()).count());
+        members.sort_unstable_by(|a, b| (a.hash, a.view.name).cmp(&(b.hash, b.view.name)));
+
+        // The target revision.
+        let bad = self.status.bad_revisions.contains(&spec_revision);
+        let mode = match (bad, spec.rollout.auto_rollback) {
+            (false, _) => Mode::Rollout,
+            (true, false) => Mode::Halted,
+            (true, true) => Mode::Rollback,
+        };
+        match mode {
+            Mode::Rollout => self.rollout(&mut members, spec_revision),
+            Mode::Halted => self.halted(&members, spec_revision),
+            Mode::Rollback => self.rollback(&members, &spec_revision),
+        }
+        self.report_availability(&members);
+    }
+
+    fn report_conflicts(&mut self, conflicts: &[&str]) {
+        self.status.conflicting_node_count = count(conflicts.len());
+        self.status.conflicting_nodes = conflicts
+            .iter()
+            .take(MAX_LISTED)
+            .map(|s| s.to_string())
+            .collect();
+        if !conflicts.is_empty() && self.prev.conflicting_nodes != self.status.conflicting_nodes {
+            self.note(
+                true,
+                "NodeConflict",
+                format!(
+                    "{} node(s) are also selected by another ProxyConfig and are left alone: {}",
+                    conflicts.len(),
+                    list(conflicts)
+                ),
+            );
+        }
+        self.conditions.conflicts(conflicts);
+    }
+
+    /// Available: no node this ProxyConfig controls is failed on the revision it carries.
+    fn report_availability(&mut self, members: &[Member<'_>]) {
+        let timeout = self.input.spec.rollout.apply_timeout;
+        let now = self.input.now;
+        let mut failed = Vec::new();
+        let mut healthy = 0;
+        let mut configured = 0;
+        for m in members.iter().filter(|m| m.view.skip.is_none()) {
+            match m.health(timeout, now) {
+                Some(Health::Healthy) => healthy += 1,
+                Some(Health::Failed) => failed.push(m.view.name),
+                _ => {}
+            }
+            configured += usize::from(m.npc.is_some());
+        }
+        self.conditions.available(&failed, healthy, configured);
+    }
+
+    /// Records a write, unless spec.paused (then nothing is written).
+    fn write(&mut self, write: Write) {
+        if !self.input.spec.paused {
+            self.writes.push(write);
+        }
+    }
+
+    fn assign(&mut self, node: &str, revision: &Arc<str>, config: &Arc<ProxierConfiguration>) {
+        self.write(Write::Assign {
+            node: node.to_owned(),
+            revision: revision.clone(),
+            config: config.clone(),
+        });
+    }
+
+    /// After a revision failed, status keeps its stages and failures for diagnosis (unless this
+    /// decision just filled them).
+    fn keep_failed_rollout(&mut self) {
+        if self.status.stages.is_empty() {
+            self.status.stages = self.prev.stages.clone();
+        }
+        if self.status.failures.is_empty() {
+            self.status.failures = self.prev.failures.clone();
+        }
+    }
+
+    /// Every node this ProxyConfig controls returns to the last good revision at once.
+    fn rollback(&mut self, members: &[Member<'_>], bad: &str) {
+        let good = self.status.last_good_revision.clone();
+        self.status.target_revision = good.clone();
+        self.keep_failed_rollout();
+        let timeout = self.input.spec.rollout.apply_timeout;
+        let now = self.input.now;
+        let mut returning = 0;
+        let (mut updated, mut healthy) = (0, 0);
+        match (good, self.status.last_good_config.clone()) {
+            (Some(good), Some(config)) => {
+                let revision: Arc<str> = good.as_str().into();
+                let config = Arc::new(config);
+                for m in members.iter().filter(|m| m.view.skip.is_none()) {
+                    if m.revision() == Some(&good) {
+                        updated += 1;
+                        match m.health(timeout, now) {
+                            Some(Health::Healthy) => healthy += 1,
+                            Some(Health::InFlight) => {
+                                returning += 1;
+                                self.requeue_at(deadline(m.npc.unwrap(), timeout));
+                            }
+                            _ => {}
+                        }
+                    } else {
+                        returning += 1;
+                        self.assign(m.view.name, &revision, &config);
+                    }
+                }
+            }
+            _ => {
+                for m in members
+                    .iter()
+                    .filter(|m| m.view.skip.is_none() && m.npc.is_some())
+                {
+                    returning += 1;
+                    self.write(Write::Delete {
+                        node: m.view.name.to_owned(),
+                    });
+                }
+            }
+        }
+        self.status.updated_nodes = updated;
+        self.status.healthy_nodes = healthy;
+        self.conditions
+            .rolled_back(bad, self.status.last_good_revision.as_deref(), returning);
+        if returning > 0 && self.prev.target_revision.as_deref() == Some(bad) {
+            let to = self
+                .status
+                .last_good_revision
+                .as_deref()
+                .unwrap_or("the local configuration");
+            self.note(
+                true,
+                "RollingBack",
+                format!("revision {bad} is bad: returning {returning} node(s) to {to}"),
+            );
+        }
+    }
+
+    /// A bad revision without autoRollback: nothing moves; nodes without configuration still get
+    /// the last good revision.
+    fn halted(&mut self, members: &[Member<'_>], bad: String) {
+        self.keep_failed_rollout();
+        self.status.updated_nodes = count(
+            members
+                .iter()
+                .filter(|m| m.revision() == Some(&bad))
+                .count(),
+        );
+        self.status.target_revision = Some(bad.clone());
+        if let (Some(good), Some(config)) = (
+            self.status.last_good_revision.clone(),
+            self.status.last_good_config.clone(),
+        ) {
+            let revision: Arc<str> = good.into();
+            let config = Arc::new(config);
+            for m in members
+                .iter()
+                .filter(|m| m.view.skip.is_none() && m.npc.is_none())
+            {
+                self.assign(m.view.name, &revision, &config);
+            }
+        }
+        self.conditions.halted(&bad);
+    }
+
+    fn rollout(&mut self, members: &mut [Member<'a>], target: String) {
+        let input = self.input;
+        let rollout: &RolloutSpec = &input.spec.rollout;
+        let stages = rollout.effective_stages();
+        let now = input.now;
+        let continuing = self.prev.target_revision.as_deref() == Some(target.as_str());
+        let done = continuing && self.prev.last_good_revision.as_deref() == Some(target.as_str());
+        self.status.target_revision = Some(target.clone());
+        let revision: Arc<str> = target.as_str().into();
+        let config = Arc::new(input.spec.config.clone());
+        let good: Option<(Arc<str>, Arc<ProxierConfiguration>)> = self
+            .status
+            .last_good_revision
+            .clone()
+            .zip(self.status.last_good_config.clone())
+            .map(|(r, c)| (r.into(), Arc::new(c)));
+
+        // Stage statuses: carried over by name while the same revision rolls out.
+        let carried: HashMap<&str, &StageStatus> = if continuing {
+            self.prev
+                .stages
+                .iter()
+                .map(|s| (s.name.as_str(), s))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let mut stage_status: Vec<StageStatus> = stages
+            .iter()
+            .map(|stage| match carried.get(stage.name.as_str()) {
+                Some(s) => StageStatus {
+                    name: stage.name.clone(),
+                    phase: s.phase,
+                    size_bound: s.size_bound.clone(),
+                    started_at: s.started_at.clone(),
+                    healthy_at: s.healthy_at.clone(),
+                    promoted_at: s.promoted_at.clone(),
+                    ..StageStatus::default()
+                },
+                None => StageStatus {
+                    name: stage.name.clone(),
+                    phase: if done {
+                        StagePhase::Complete
+                    } else {
+                        StagePhase::Waiting
+                    },
+                    ..StageStatus::default()
+                },
+            })
+            .collect();
+
+        // Membership (members are sorted by hash, which is the order sized stages take them in).
+        let selectors: Vec<Selector> = stages
+            .iter()
+            .map(|s| {
+                s.node_selector
+                    .as_ref()
+                    .map(|sel| parse_selector(sel, "").expect("validated"))
+                    .unwrap_or_default()
+            })
+            .collect();
+        let pool = members.len();
+        let mut taken = vec![0usize; stages.len()];
+        let mut bounds: Vec<Option<u64>> = stage_status
+            .iter()
+            .map(|s| {
+                s.size_bound
+                    .as_deref()
+                    .and_then(|b| u64::from_str_radix(b, 16).ok())
+            })
+            .collect();
+        let fresh_bound: Vec<bool> = stages
+            .iter()
+            .zip(&bounds)
+            .map(|(s, b)| s.size.is_some() && b.is_none())
+            .collect();
+        for m in members.iter_mut() {
+            let mut stage = stages.len() - 1;
+            for (i, s) in stages.iter().enumerate() {
+                if !selectors[i].matches(m.view.labels) {
+                    continue;
+                }
+                let fits = match s.size {
+                    None => true,
+                    Some(size) if fresh_bound[i] => taken[i] < size.of(pool),
+                    Some(_) => bounds[i].is_some_and(|b| m.hash <= b),
+                };
+                if fits {
+                    stage = i;
+                    break;
+                }
+            }
+            m.stage = stage;
+            taken[stage] += 1;
+            if fresh_bound[stage] {
+                bounds[stage] = Some(m.hash);
+            }
+        }
+        for (i, status) in stage_status.iter_mut().enumerate() {
+            if stages[i].size.is_some() {
+                status.size_bound = bounds[i].map(|b| format!("{b:016x}"));
+            }
+        }
+
+        // Per-stage state.
+        let timeout = rollout.apply_timeout;
+        let mut failed_total = Vec::new();
+        let mut in_flight = vec![0usize; stages.len()];
+        for m in members.iter() {
+            let st = &mut stage_status[m.stage];
+            st.total += 1;
+            if m.view.skip.is_some() {
+                st.skipped += 1;
+                continue;
+            }
+            if m.revision() != Some(target.as_str()) {
+                continue;
+            }
+            st.updated += 1;
+            match m.health(timeout, now) {
+                Some(Health::Healthy) => st.healthy += 1,
+                Some(Health::Failed) => {
+                    st.failed += 1;
+                    failed_total.push(m);
+                }
+                Some(Health::InFlight) | None => {
+                    in_flight[m.stage] += 1;
+                    if let Some(npc) = m.npc {
+                        self.requeue_at(deadline(npc, timeout));
+                    }
+                }
+            }
+        }
+        self.status.updated_nodes = count(stage_status.iter().map(|s| s.updated as usize).sum());
+        self.status.healthy_nodes = count(stage_status.iter().map(|s| s.healthy as usize).sum());
+        self.status.failed_nodes = count(failed_total.len());
+        let failed_names: Vec<&str> = failed_total.iter().map(|m| m.view.name).collect();
+        self.report_failures(&target, &failed_total);
+
+        // Over budget: the revision is bad (a revision that already reached every node is the
+        // last good one; its failures only make the ProxyConfig unavailable).
+        if !done && failed_total.len() > rollout.failure_budget as usize {
+            self.status.bad_revisions.push(target.clone());
+            let excess = self
+                .status
+                .bad_revisions
+                .len()
+                .saturating_sub(MAX_BAD_REVISIONS);
+            self.status.bad_revisions.drain(..excess);
+            self.note(
+                true,
+                "RevisionFailed",
+                format!(
+                    "revision {target} failed on {} node(s) (failure budget {}): {}",
+                    failed_names.len(),
+                    rollout.failure_budget,
+                    list(&failed_names)
+                ),
+            );
+            self.status.stages = stage_status;
+            self.conditions.revision_failed(&target, &failed_names);
+            if rollout.auto_rollback {
+                self.rollback(members, &target);
+            } else {
+                self.halted(members, target);
+            }
+            return;
+        }
+        self.conditions.failures_within_budget(&failed_names);
+
+        // Walk the stages: complete ones advance the cursor; writes up to the cursor.
+        let paused = input.spec.paused;
+        let promote = input.annotations.and_then(|a| a.get(PROMOTE_ANNOTATION));
+        let mut cursor = stages.len();
+        for (i, stage) in stages.iter().enumerate() {
+            let st = &mut stage_status[i];
+            if st.phase == StagePhase::Complete {
+                continue;
+            }
+            if paused {
+                cursor = i;
+                break;
+            }
+            if st.started_at.is_none() {
+                st.started_at = Some(Time(now));
+                let message = format!(
+                    "stage {} started for revision {target}: {} node(s), maxUnavailable {}",
+                    stage.name, st.total, stage.max_unavailable
+                );
+                self.events.push(Note {
+                    warning: false,
+                    reason: "StageStarted",
+                    message,
+                });
+            }
+            let waiting = st.total - st.skipped;
+            let settled = st.healthy + st.failed;
+            if settled < waiting {
+                st.phase = StagePhase::Progressing;
+                st.healthy_at = None;
+                cursor = i;
+                break;
+            }
+            let empty = waiting == 0;
+            let healthy_at = st.healthy_at.get_or_insert(Time(now)).0;
+            let soak_end = healthy_at
+                .checked_add(stage.soak_duration)
+                .unwrap_or(Timestamp::MAX);
+            if !empty && now < soak_end {
+                st.phase = StagePhase::Soaking;
+                self.requeue_at(soak_end);
+                cursor = i;
+                break;
+            }
+            if !empty && stage.pause && st.promoted_at.is_none() {
+                if promote.map(String::as_str) == Some(&format!("{}@{target}", stage.name)) {
+                    st.promoted_at = Some(Time(now));
+                    let message = format!("stage {} of revision {target} promoted", stage.name);
+                    self.events.push(Note {
+                        warning: false,
+                        reason: "StagePromoted",
+                        message,
+                    });
+                } else {
+                    st.phase = StagePhase::AwaitingPromotion;
+                    cursor = i;
+                    break;
+                }
+            }
+            st.phase = StagePhase::Complete;
+            let message = format!(
+                "stage {} complete for revision {target}: {} healthy, {} failed, {} skipped",
+                stage.name, st.healthy, st.failed, st.skipped
+            );
+            self.events.push(Note {
+                warning: false,
+                reason: "StageComplete",
+                message,
+            });
+        }
+
+        // Writes: the target up to the cursor (within maxUnavailable), the last good revision
+        // to unconfigured nodes beyond it.
+        let mut slots: Vec<usize> = stages
+            .iter()
+            .zip(&stage_status)
+            .zip(&in_flight)
+            .map(|((stage, st), &busy)| {
+                stage
+                    .max_unavailable
+                    .of(st.total as usize)
+                    .max(1)
+                    .saturating_sub(busy)
+            })
+            .collect();
+        for m in members.iter() {
+            if m.view.skip.is_some() || m.revision() == Some(target.as_str()) {
+                continue;
+            }
+            if m.stage <= cursor {
+                if slots[m.stage] > 0 {
+                    slots[m.stage] -= 1;
+                    self.assign(m.view.name, &revision, &config);
+                    stage_status[m.stage].updated += 1;
+                    self.status.updated_nodes += 1;
+                    self.requeue_at(now.checked_add(timeout).unwrap_or(Timestamp::MAX));
+                }
+            } else if m.npc.is_none()
+                && let Some((good_revision, good_config)) = &good
+            {
+                self.assign(m.view.name, good_revision, good_config);
+            }
+        }
+
+        // The rollout is complete once every stage is.
+        if cursor == stages.len() {
+            if self.status.last_good_revision.as_deref() != Some(target.as_str()) {
+                self.status.last_good_revision = Some(target.clone());
+                self.status.last_good_config = Some(input.spec.config.clone());
+                self.note(
+                    false,
+                    "RolloutComplete",
+                    format!("revision {target} is on every node"),
+                );
+            }
+            self.status.stage = None;
+        } else {
+            let stage = &stages[cursor];
+            self.status.stage = Some(stage.name.clone());
+            if stage_status[cursor].phase == StagePhase::AwaitingPromotion {
+                let command = format!(
+                    "kubectl annotate proxyconfig {} {PROMOTE_ANNOTATION}={}@{target} --overwrite",
+                    input.name, stage.name
+                );
+                if self.prev.stage.as_deref() != Some(stage.name.as_str())
+                    || self.prev.stages.get(cursor).map(|s| s.phase)
+                        != Some(StagePhase::AwaitingPromotion)
+                {
+                    self.note(
+                        false,
+                        "StageAwaitingPromotion",
+                        format!("stage {} waits for promotion: {command}", stage.name),
+                    );
+                }
+                self.conditions.awaiting_promotion(&stage.name, &command);
+            }
+        }
+        self.conditions.progress(
+            &target,
+            &stages,
+            &stage_status,
+            cursor,
+            self.status.updated_nodes,
+            self.status.healthy_nodes,
+        );
+        self.status.stages = stage_status;
+    }
+
+    /// Failed nodes in status, and an Event for each node that newly failed.
+    fn report_failures(&mut self, target: &str, failed: &[&Member<'_>]) {
+        let timeout = self.input.spec.rollout.apply_timeout;
+        for m in failed.iter().take(MAX_LISTED) {
+            let status = m.npc.and_then(|n| n.status);
+            let message = match status.filter(|s| s.phase == Some(NodePhase::Failed)) {
+                Some(s) => format!("Failed: {}", s.message.as_deref().unwrap_or("(no message)")),
+                None => format!(
+                    "not applied and healthy within applyTimeout {} (reported: observedRevision {}, phase {}, healthy {})",
+                    kipvs_crds::duration::format(timeout),
+                    status
+                        .and_then(|s| s.observed_revision.as_deref())
+                        .unwrap_or("-"),
+                    status
+                        .and_then(|s| s.phase)
+                        .map_or_else(|| "-".to_owned(), |p| format!("{p:?}")),
+                    status
+                        .and_then(|s| s.healthy)
+                        .map_or_else(|| "-".to_owned(), |h| h.to_string()),
+                ),
+            };
+            let failure = NodeFailure {
+                node: m.view.name.to_owned(),
+                revision: target.to_owned(),
+                message,
+            };
+            if !self
+                .prev
+                .failures
+                .iter()
+                .any(|f| f.node == failure.node && f.revision == failure.revision)
+            {
+                self.note(
+                    true,
+                    "NodeFailed",
+                    format!(
+                        "node {} failed revision {target}: {}",
+                        failure.node, failure.message
+                    ),
+                );
+            }
+            self.status.failures.push(failure);
+        }
+    }
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The first names of a list, for messages.
+pub(crate) fn list(names: &[&str]) -> String {
+    let mut text = names.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+    if names.len() > 5 {
+        text.push_str(&format!(" and {} more", names.len() - 5));
+    }
+    text
+}
