@@ -1,6 +1,7 @@
 //! [`Handle`]: the async IPVS client.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
@@ -93,6 +94,9 @@ pub(crate) fn step(message: NetlinkMessage<GenlMessage<IpvsMessage>>) -> Step {
 pub struct Handle {
     connection: ConnectionHandle<GenlMessage<IpvsMessage>>,
     family_id: u16,
+    /// The kernel runs one dump per socket at a time (`__netlink_dump_start` answers
+    /// `EBUSY` to a second one), so dumps take turns; do-requests are never held back.
+    dump_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Handle {
@@ -121,6 +125,7 @@ impl Handle {
         Ok(Handle {
             connection: handle,
             family_id,
+            dump_turn: Arc::default(),
         })
     }
 
@@ -281,6 +286,10 @@ impl Handle {
         payload: IpvsMessage,
         kind: Request,
     ) -> Result<Vec<IpvsMessage>, Error> {
+        let _turn = match kind {
+            Request::Dump => Some(self.dump_turn.lock().await),
+            Request::Do => None,
+        };
         let message = request_message(payload, self.family_id, kind);
         let mut replies = self.connection.request(message, SocketAddr::new(0, 0))?;
         let mut answer = Vec::new();

@@ -236,6 +236,10 @@ impl Planner {
     }
 }
 
+/// How soon a sync that failed (or had failed ops) is first retried; the delay doubles while
+/// it keeps failing, up to `ipvs.syncPeriod`.
+pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How often draining real servers are checked for remaining connections.
 pub const DRAIN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -329,8 +333,8 @@ impl<D: Dataplane> Engine<D> {
 
     /// Sync once the source is ready ([`SourceHandle::wait_ready`]), then whenever a source
     /// reports a change (at most once per `ipvs.minSyncPeriod`) and at least every
-    /// `ipvs.syncPeriod`, until `shutdown` resolves. A failed sync is logged and retried at
-    /// the next trigger; the kernel is left as it is on shutdown (never flushed).
+    /// `ipvs.syncPeriod`, until `shutdown` resolves. A failed sync is logged and retried after
+    /// [`RETRY_INTERVAL`], doubling while it fails; the kernel is left as it is on shutdown (never flushed).
     pub async fn run(&mut self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let notify = self.source.notify.clone();
@@ -339,13 +343,25 @@ impl<D: Dataplane> Engine<D> {
             _ = &mut shutdown => return,
             _ = source.wait_ready() => {}
         }
+        let mut retry = Duration::ZERO;
         loop {
             let started = Instant::now();
-            if let Err(e) = self.sync().await {
-                tracing::error!("sync failed, will retry: {e}");
-            }
+            let failed = match self.sync().await {
+                Ok(report) => !report.failures.is_empty(),
+                Err(e) => {
+                    tracing::error!("sync failed, will retry: {e}");
+                    true
+                }
+            };
             let ipvs = &self.planner.config.ipvs;
-            let (min_next, period) = (started + ipvs.min_sync_period, ipvs.sync_period);
+            let (min_next, mut period) = (started + ipvs.min_sync_period, ipvs.sync_period);
+            if failed {
+                // Retry soon rather than a whole syncPeriod later, backing off while it fails.
+                retry = (retry * 2).clamp(RETRY_INTERVAL, period);
+                period = retry;
+            } else {
+                retry = Duration::ZERO;
+            }
             let resync = tokio::time::sleep(period);
             tokio::pin!(resync);
             loop {

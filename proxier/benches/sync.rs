@@ -1,0 +1,200 @@
+//! Planning and diffing cost at cluster scale (issue 3, "Benchmarks"): a full plan + diff of
+//! N Services from scratch, and one endpoint change applied incrementally, for N = 1k, 10k and
+//! 50k Services (10 endpoints each, 2 ports, mixed ClusterIP / NodePort / LoadBalancer).
+//! The kernel side (netlink round trips) is measured in the VM (`hack/bench-vm.sh`).
+//!
+//! Run: `cargo bench -p kipvs-proxier --bench sync`. Peak memory (VmHWM) after building each
+//! size is printed before the timings.
+
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use k8s_openapi::api::core::v1::{
+    LoadBalancerIngress, LoadBalancerStatus, Service, ServicePort, ServiceSpec, ServiceStatus,
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kipvs_crds::config::ProxierConfiguration;
+use kipvs_proxier::dataplane::{Ownership, diff, diff_scoped};
+use kipvs_proxier::model::ObservedState;
+use kipvs_proxier::run::{NodeIdentity, Planner, Replanned};
+use kipvs_proxier::store::Store;
+use std::collections::BTreeSet;
+use std::hint::black_box;
+
+const SIZES: [usize; 3] = [1_000, 10_000, 50_000];
+
+fn ip(base: u32, i: usize) -> String {
+    std::net::Ipv4Addr::from(base + i as u32).to_string()
+}
+
+fn service(i: usize) -> Service {
+    let kind = match i % 10 {
+        0 => "LoadBalancer",
+        1..=3 => "NodePort",
+        _ => "ClusterIP",
+    };
+    let ports = (0..2)
+        .map(|p| ServicePort {
+            name: Some(format!("p{p}")),
+            port: 80 + p,
+            protocol: Some("TCP".into()),
+            node_port: (kind != "ClusterIP")
+                .then_some(30000 + ((i * 2 + p as usize) % 2768) as i32),
+            ..Default::default()
+        })
+        .collect();
+    let lb = (kind == "LoadBalancer").then(|| ServiceStatus {
+        load_balancer: Some(LoadBalancerStatus {
+            ingress: Some(vec![LoadBalancerIngress {
+                ip: Some(ip(0xCB00_7100, i)),
+                ..Default::default()
+            }]),
+        }),
+        ..Default::default()
+    });
+    Service {
+        metadata: ObjectMeta {
+            namespace: Some(format!("ns{}", i % 100)),
+            name: Some(format!("svc{i}")),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some(kind.into()),
+            cluster_ip: Some(ip(0x0A60_0000, i)),
+            ports: Some(ports),
+            ..Default::default()
+        }),
+        status: lb,
+    }
+}
+
+fn slice(i: usize, ready_first: bool) -> EndpointSlice {
+    let endpoints = (0..10)
+        .map(|e| Endpoint {
+            addresses: vec![ip(0x0AF4_0000, i * 10 + e)],
+            conditions: Some(EndpointConditions {
+                ready: Some(e != 0 || ready_first),
+                serving: Some(true),
+                terminating: Some(false),
+            }),
+            node_name: Some(format!("node-{}", e % 5)),
+            ..Default::default()
+        })
+        .collect();
+    EndpointSlice {
+        metadata: ObjectMeta {
+            namespace: Some(format!("ns{}", i % 100)),
+            name: Some(format!("svc{i}-abc")),
+            labels: Some([("kubernetes.io/service-name".to_string(), format!("svc{i}"))].into()),
+            ..Default::default()
+        },
+        address_type: "IPv4".into(),
+        endpoints: Some(endpoints),
+        ports: Some(
+            (0..2)
+                .map(|p| EndpointPort {
+                    name: Some(format!("p{p}")),
+                    port: Some(8080 + p),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn store(n: usize) -> Store {
+    let mut store = Store::default();
+    for i in 0..n {
+        store.upsert_service(service(i));
+        store.upsert_slice(slice(i, true));
+    }
+    store
+}
+
+fn planner() -> Planner {
+    let identity = NodeIdentity {
+        name: "node-0".into(),
+        node_ips: vec!["192.168.0.10".parse().unwrap()],
+    };
+    Planner::new(identity, ProxierConfiguration::default())
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn full(c: &mut Criterion) {
+    let mut group = c.benchmark_group("full plan+diff");
+    group.sample_size(10);
+    for n in SIZES {
+        let base = peak_rss_kib();
+        let mut s = store(n);
+        let mut p = planner();
+        p.replan(&mut s);
+        let vs = p.desired().virtual_servers.len();
+        println!(
+            "{n} Services: {vs} virtual servers; peak RSS {} MiB (+{} MiB for store and plan)",
+            peak_rss_kib() / 1024,
+            peak_rss_kib().saturating_sub(base) / 1024
+        );
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter_batched(
+                planner,
+                |mut p| {
+                    s.mark_all_dirty();
+                    p.replan(&mut s);
+                    black_box(diff(
+                        p.desired(),
+                        &ObservedState::default(),
+                        &Ownership::default(),
+                    ))
+                },
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+fn incremental(c: &mut Criterion) {
+    let mut group = c.benchmark_group("one endpoint change");
+    for n in SIZES {
+        let mut s = store(n);
+        let mut p = planner();
+        p.replan(&mut s);
+        let mut kernel = ObservedState::from(p.desired());
+        let ownership = Ownership::default();
+        let mut ready = true;
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                ready = !ready;
+                s.upsert_slice(slice(n / 2, ready));
+                let Replanned::Touched(t) = p.replan(&mut s) else {
+                    panic!("an endpoint change must not re-plan everything")
+                };
+                let ops = diff_scoped(
+                    p.desired(),
+                    &kernel,
+                    &ownership,
+                    &t.virtual_servers,
+                    &t.addresses,
+                    &BTreeSet::new(),
+                );
+                assert!(!ops.is_empty());
+                for op in &ops {
+                    kernel.apply(op).unwrap();
+                }
+                black_box(ops.len())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, full, incremental);
+criterion_main!(benches);
