@@ -65,8 +65,15 @@ LOG=$STATE/proxier.log
 code() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://$1"; }
 body() { curl -s -m 2 "http://$1"; }
 metric() { curl -s -m 2 "http://$MP/metrics" | awk -v n="$1" '$1 == n { print $2 }'; }
-# until TIMEOUT_S COMMAND...: retry every 0.2 s
-until_() { local n=$(($1 * 5)); shift; while [ "$n" -gt 0 ]; do "$@" && return 0; sleep 0.2; n=$((n - 1)); done; return 1; }
+# until TIMEOUT_S COMMAND...: retry every $POLL s (0.2)
+until_() {
+  local end; end=$(awk "BEGIN{printf \"%.3f\", $(now) + $1}"); shift
+  while :; do
+    "$@" && return 0
+    awk "BEGIN{exit !($(now) > $end)}" && return 1
+    sleep "${POLL:-0.2}"
+  done
+}
 is() { [ "$("${@:2}")" = "$1" ]; } # is EXPECTED COMMAND...
 alive() { kill -0 "$proxier_pid" 2>/dev/null; }
 
@@ -97,7 +104,7 @@ check "  ... with their virtual servers" grep -q 'TCP 10.96.0.51:80 rr' "$STATE/
 
 k taint nodes "$NODE" ToBeDeletedByClusterAutoscaler=1700000000:NoSchedule > /dev/null
 t=$(now)
-check "tainted ToBeDeletedByClusterAutoscaler: /healthz 503" until_ 20 is 503 code "$HZ/healthz"
+POLL=0.02 check "tainted ToBeDeletedByClusterAutoscaler: /healthz 503" until_ 20 is 503 code "$HZ/healthz"
 say "  /healthz flipped $(awk "BEGIN{printf \"%.2f\", $(now) - $t}") s after kubectl taint"
 check "  ... with nodeEligible false" sh -c "curl -s http://$HZ/healthz | grep -q '\"nodeEligible\":false'"
 check "  ... while /livez stays 200" is 200 code "$HZ/livez"
