@@ -98,6 +98,13 @@ pub struct IpvsConfiguration {
     #[serde(with = "duration::serde_go")]
     #[schemars(schema_with = "schema::go_duration")]
     pub udp_timeout: Duration,
+    /// kipvs extension: the longest a TCP real server that left its Service's endpoints keeps
+    /// draining at weight 0 before it is deleted with whatever connections remain, as a Go
+    /// duration. Default `15m` (kube-proxy's historical `rsGracefulDeletePeriod`); `0s`
+    /// deletes at once.
+    #[serde(with = "duration::serde_go")]
+    #[schemars(with = "String")]
+    pub drain_timeout: Duration,
     /// CIDRs whose virtual servers kipvs never deletes (virtual servers owned by something
     /// else on the node).
     #[serde(rename = "excludeCIDRs")]
@@ -126,6 +133,7 @@ impl Default for IpvsConfiguration {
             tcp_timeout: Duration::ZERO,
             tcp_fin_timeout: Duration::ZERO,
             udp_timeout: Duration::ZERO,
+            drain_timeout: Duration::from_secs(15 * 60),
             exclude_cidrs: Vec::new(),
         }
     }

@@ -254,10 +254,11 @@ pub struct Engine<D> {
 impl<D: Dataplane> Engine<D> {
     /// An engine over `dataplane`, fed through `source`.
     pub fn new(source: SourceHandle, planner: Planner, dataplane: D) -> Self {
+        let max_drain = planner.config.ipvs.drain_timeout;
         Engine {
             source,
             planner,
-            syncer: Syncer::new(dataplane, Ownership::default()),
+            syncer: Syncer::new(dataplane, Ownership::default(), max_drain),
             last_full_sync: None,
         }
     }

@@ -31,10 +31,6 @@ pub struct SyncReport {
     pub duration: Duration,
 }
 
-/// The default longest time a removed TCP real server drains before it is deleted with its
-/// remaining connections (kube-proxy's historical `rsGracefulDeletePeriod`, 15 minutes).
-pub const DEFAULT_MAX_DRAIN: Duration = Duration::from_secs(15 * 60);
-
 /// Drives a [`Dataplane`] towards desired states.
 ///
 /// Nothing it keeps is needed after a restart: a new process observes the kernel and adopts
@@ -43,7 +39,7 @@ pub struct Syncer<D> {
     dataplane: D,
     /// Which virtual servers this proxier may delete.
     pub ownership: Ownership,
-    /// Longest drain of a removed TCP real server.
+    /// Longest drain of a removed TCP real server (`ipvs.drainTimeout`).
     pub max_drain: Duration,
     /// The kernel's state after the last sync, with every applied op folded in; `None` until
     /// the first full sync and after a failed op (the next sync then re-observes).
@@ -53,12 +49,12 @@ pub struct Syncer<D> {
 }
 
 impl<D: Dataplane> Syncer<D> {
-    /// A syncer over `dataplane`.
-    pub fn new(dataplane: D, ownership: Ownership) -> Self {
+    /// A syncer over `dataplane`; removed TCP real servers drain for at most `max_drain`.
+    pub fn new(dataplane: D, ownership: Ownership, max_drain: Duration) -> Self {
         Syncer {
             dataplane,
             ownership,
-            max_drain: DEFAULT_MAX_DRAIN,
+            max_drain,
             cache: None,
             drains: BTreeMap::new(),
         }
@@ -229,6 +225,8 @@ mod tests {
     use crate::dataplane::fake::FakeDataplane;
     use crate::model::{Protocol, VirtualServer, VirtualServerSpec};
 
+    const DRAIN: Duration = Duration::from_secs(900);
+
     fn key(port: u16) -> VirtualServerKey {
         VirtualServerKey {
             address: "10.96.0.10".parse().unwrap(),
@@ -270,7 +268,7 @@ mod tests {
     #[tokio::test]
     async fn second_sync_is_a_no_op_and_restart_adopts() {
         let desired = state(&["10.244.1.2:8080"]);
-        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default());
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
         let first = syncer.sync(&desired).await.unwrap();
         assert_eq!(first.ops.len(), 3);
         assert!(first.failures.is_empty());
@@ -278,14 +276,14 @@ mod tests {
         // A new process over the same kernel state changes nothing.
         let kernel = syncer.dataplane().state.clone();
         assert_eq!(kernel, ObservedState::from(&desired));
-        let mut restarted = Syncer::new(FakeDataplane::new(kernel), Ownership::default());
+        let mut restarted = Syncer::new(FakeDataplane::new(kernel), Ownership::default(), DRAIN);
         assert!(restarted.sync(&desired).await.unwrap().ops.is_empty());
     }
 
     #[tokio::test]
     async fn incremental_sync_touches_only_what_changed() {
         let before = state(&["10.244.1.2:8080"]);
-        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default());
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
         syncer.sync(&before).await.unwrap();
         let after = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
         let touched = Touched {
@@ -310,7 +308,7 @@ mod tests {
     async fn draining_real_server_is_deleted_when_idle_or_after_max_drain() {
         let both = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
         let one = state(&["10.244.1.3:8080"]);
-        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default());
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
         syncer.max_drain = Duration::from_secs(60);
         syncer.sync(&both).await.unwrap();
         set_connections(&mut syncer, "10.244.1.2:8080", 1);
@@ -341,7 +339,7 @@ mod tests {
     async fn drained_real_server_wanted_again_returns_without_delete() {
         let both = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
         let one = state(&["10.244.1.3:8080"]);
-        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default());
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
         syncer.sync(&both).await.unwrap();
         set_connections(&mut syncer, "10.244.1.2:8080", 1);
         syncer.sync(&one).await.unwrap();
