@@ -46,7 +46,8 @@ proxier_pid() { cat "$W/proxier.pid" 2>/dev/null; }
 proxier_log() { echo "$W/proxier.$(cat "$W/proxier.n" 2>/dev/null || echo 0).log"; }
 proxier_start() { # start `kipvs-proxier run` in the background; log to $W/proxier.N.log
   n=$(( $(cat "$W/proxier.n" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$W/proxier.n"
-  NO_COLOR=1 "$KIPVS" run --node "$NODE" --manifests "$M" > "$W/proxier.$n.log" 2>&1 &
+  NO_COLOR=1 "$KIPVS" run --node "$NODE" --manifests "$M" ${KIPVS_CONFIG:+--config "$KIPVS_CONFIG"} \
+    > "$W/proxier.$n.log" 2>&1 &
   echo $! > "$W/proxier.pid"
   say "started kipvs-proxier run (pid $!, log $W/proxier.$n.log)"
 }
