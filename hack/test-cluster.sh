@@ -33,8 +33,8 @@ check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; 
 now() { date +%s.%N; }
 
 if [ -z "${KIPVS_PROXIER:-}" ]; then
-  cargo build -q -p kipvs-proxier
-  KIPVS_PROXIER=target/debug/kipvs-proxier
+  . hack/lib/executables.sh
+  KIPVS_PROXIER=$(executable kipvs-proxier)
 fi
 
 proxier_pid=""

@@ -15,24 +15,17 @@ export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 T0=$(date +%s%N)
 
-# --- build: executables from cargo's JSON messages (no guessing at target dir layout) ---
-executable() { # NAME: path of the built executable whose target is NAME
-  python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
-        print(m["executable"])' "$1" | tail -n1
-}
+# --- build: the executables of the workspace's test build ---
+. "$ROOT/hack/lib/executables.sh"
 cd "$ROOT"
 t=$(date +%s%N)
-PROXIER=${KIPVS_PROXIER:-$(cargo build -p kipvs-proxier --bin kipvs-proxier --message-format=json-render-diagnostics |
-  executable kipvs-proxier)}
+PROXIER=${KIPVS_PROXIER:-$(executable kipvs-proxier)}
 [ -x "$PROXIER" ] || { echo "test-vm: no kipvs-proxier binary" >&2; exit 1; }
 KTEST=""
 if [ "$MODE" = test ] && [ -n "${KIPVS_KERNEL_TEST:-}" ]; then
   KTEST=$KIPVS_KERNEL_TEST
 elif [ "$MODE" = test ] && [ -f ipvs-rs/tests/kernel.rs ]; then
-  KTEST=$(cargo test -p ipvs-rs --test kernel --no-run --message-format=json-render-diagnostics | executable kernel)
+  KTEST=$(executable kernel)
   [ -x "$KTEST" ] || { echo "test-vm: no ipvs-rs kernel test binary" >&2; exit 1; }
 fi
 T_BUILD=$(ms "$t")
