@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (README "Tests"; .ci/run calls it).
 # Layers, fastest first: formatting and lints, unit tests + golden vectors + plan vectors,
-# then the real-kernel VM suite (hack/test-vm.sh). Set KIPVS_SKIP_VM=1 to stop before the VM.
+# then the real-kernel VM suite (hack/test-vm.sh), then the real control plane
+# (kube-apiserver 1.20.2, built once from Debian's source and cached: hack/test-cluster.sh).
+# KIPVS_SKIP_VM=1 skips the VM suite, KIPVS_SKIP_CP=1 the control-plane suites.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
@@ -16,5 +18,11 @@ cargo test --workspace --quiet
 if [ "${KIPVS_SKIP_VM:-0}" != 1 ]; then
   step "real-kernel VM suite (hack/test-vm.sh)"
   hack/test-vm.sh
+fi
+if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
+  step "control plane: build or reuse kube-apiserver 1.20.2 (hack/control-plane.sh build)"
+  hack/control-plane.sh build
+  step "proxier against the real kube-apiserver (hack/test-cluster.sh)"
+  hack/test-cluster.sh
 fi
 echo "all tests passed in $(( $(date +%s) - t0 ))s"
