@@ -1,10 +1,14 @@
-//! Data-driven `plan()` vectors: every directory under `testdata/plan/` is one case.
+//! Data-driven `plan()` vectors: every directory under `testdata/plan/` holding an
+//! `input.yaml` is one case; a directory without one groups the steps of a scenario (its
+//! subdirectories, in name order, each a full snapshot planned on its own).
 //!
 //! A case holds:
 //! - `input.yaml`: Services, EndpointSlices and Nodes (read with [`manifests::load`]). It starts
 //!   with comments naming the upstream kube-proxy test it mirrors and where kipvs's semantics
 //!   differ. The node is `test-node`; its IPs come from a `# node-ips: a, b` comment, else from
 //!   the InternalIP addresses of a Node named `test-node` in the input, else there are none.
+//!   Addresses on the node's other interfaces (not bound on `kube-ipvs0`) come from a
+//!   `# other-interface-addresses: a, b` comment; none without it.
 //! - `config.yaml` (optional): the [`ProxierConfiguration`]; defaults otherwise.
 //! - `expected.ipvsadm`: the `ipvsadm -Sn` rules ([`format::ipvsadm`]).
 //! - `expected.bind`: addresses bound on `kube-ipvs0`, one per line.
@@ -25,15 +29,34 @@ use std::path::{Path, PathBuf};
 
 const NODE_NAME: &str = "test-node";
 
-fn case_dirs() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plan");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/plan")
+}
+
+/// Every case directory under `dir`, in path order: those with an `input.yaml`, found
+/// through step directories.
+fn case_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut subdirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.is_dir())
         .collect();
-    dirs.sort();
-    dirs
+    subdirs.sort();
+    let mut cases = Vec::new();
+    for subdir in subdirs {
+        if subdir.join("input.yaml").exists() {
+            cases.push(subdir);
+        } else {
+            let steps = case_dirs(&subdir);
+            assert!(
+                !steps.is_empty(),
+                "{}: neither input.yaml nor steps",
+                subdir.display()
+            );
+            cases.extend(steps);
+        }
+    }
+    cases
 }
 
 fn read_optional(path: &Path) -> String {
@@ -44,15 +67,19 @@ fn read_optional(path: &Path) -> String {
     }
 }
 
-/// Node IPs from the `# node-ips:` comment of the input.
-fn node_ips_comment(input: &str) -> Option<Vec<IpAddr>> {
+/// The addresses of a `# <name>: a, b` comment of the input.
+fn addresses_comment(input: &str, name: &str) -> Option<Vec<IpAddr>> {
+    let prefix = format!("# {name}:");
     input.lines().find_map(|line| {
-        let list = line.strip_prefix("# node-ips:")?;
+        let list = line.strip_prefix(&prefix)?;
         Some(
             list.split(',')
                 .map(str::trim)
                 .filter(|ip| !ip.is_empty())
-                .map(|ip| ip.parse().unwrap_or_else(|_| panic!("bad node IP {ip:?}")))
+                .map(|ip| {
+                    ip.parse()
+                        .unwrap_or_else(|_| panic!("bad {name} entry {ip:?}"))
+                })
                 .collect(),
         )
     })
@@ -83,9 +110,11 @@ fn run_case(dir: &Path) -> Outcome {
         ProxierConfiguration::default()
     };
     let node = snapshot.node(NODE_NAME);
-    let node_ips = node_ips_comment(&input)
+    let node_ips = addresses_comment(&input, "node-ips")
         .or_else(|| node.map(plan::node_internal_ips))
         .unwrap_or_default();
+    let other_interface_addresses =
+        addresses_comment(&input, "other-interface-addresses").unwrap_or_default();
 
     let Plan {
         desired,
@@ -98,6 +127,7 @@ fn run_case(dir: &Path) -> Outcome {
         node_name: NODE_NAME,
         node,
         node_ips: &node_ips,
+        other_interface_addresses: &other_interface_addresses,
         config: &config,
     });
 
@@ -142,15 +172,16 @@ fn run_case(dir: &Path) -> Outcome {
 
 #[test]
 fn plan_vectors() {
-    let dirs = case_dirs();
+    let root = root();
+    let dirs = case_dirs(&root);
     assert!(
-        dirs.len() >= 30,
+        dirs.len() >= 33,
         "expected the full vector set, found {}",
         dirs.len()
     );
     let mut failures = String::new();
     for dir in &dirs {
-        let case = dir.file_name().unwrap().to_string_lossy();
+        let case = dir.strip_prefix(&root).unwrap().display();
         let expected_ipvsadm = dir.join("expected.ipvsadm");
         assert!(
             expected_ipvsadm.exists(),

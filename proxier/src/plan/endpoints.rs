@@ -2,9 +2,10 @@
 //! servers of a virtual server, with which weight.
 //!
 //! Sources: kube-proxy's `pkg/proxy/endpointslicecache.go` (conditions, `Addresses[0]`,
-//! locality) and `pkg/proxy/topology.go` `CategorizeEndpoints` (ready first, then the
-//! serving+terminating fallback of KEP-1669), adapted to the design brief: while a ready
-//! endpoint exists, serving+terminating ones stay programmed at weight 0.
+//! locality, hints) and `pkg/proxy/topology.go` `CategorizeEndpoints` (ready first, filtered
+//! by topology hints, then the serving+terminating fallback of KEP-1669, which ignores
+//! topology), adapted to the design brief: while a ready endpoint exists, serving+terminating
+//! ones stay programmed at weight 0.
 
 use super::{Problem, Protocol, parse_protocol, port_number};
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
@@ -26,6 +27,36 @@ pub(crate) struct Endpoint {
     pub(crate) terminating: bool,
     /// `nodeName` is this node.
     pub(crate) local: bool,
+    /// `hints.forZones`, relative to this node's zone.
+    pub(crate) zone_hint: Hint,
+    /// `hints.forNodes`, relative to this node.
+    pub(crate) node_hint: Hint,
+}
+
+/// What an endpoint's topology hints (`hints.forZones` or `hints.forNodes`) say about this
+/// node. Computed when the slices are read, so that an [`Endpoint`] stays a small `Copy` value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hint {
+    /// No hint of this kind (the list is unset or empty).
+    Absent,
+    /// Hints exist, none for this node (or zone; also when the node has no zone).
+    Elsewhere,
+    /// One of the hints names this node (or its zone).
+    Here,
+}
+
+impl Hint {
+    /// The hint for `ours` among `names`.
+    fn of<'a>(names: impl IntoIterator<Item = &'a str>, ours: Option<&str>) -> Hint {
+        let mut hint = Hint::Absent;
+        for name in names {
+            if Some(name) == ours {
+                return Hint::Here;
+            }
+            hint = Hint::Elsewhere;
+        }
+        hint
+    }
 }
 
 impl Endpoint {
@@ -53,28 +84,47 @@ pub(crate) type EndpointsByPort = BTreeMap<(String, Protocol), Vec<Endpoint>>;
 
 /// Reads the endpoints of a Service from its slices.
 ///
-/// FQDN slices and ports without a number are ignored, as in kube-proxy. Only `addresses[0]`
-/// of an endpoint is used. An endpoint address that is not an IP, or a port that is out of
-/// range or of an unknown protocol, is reported as a [`Problem`] naming the slice and left
-/// out. Duplicates across slices are merged, keeping the best-conditioned entry.
+/// FQDN slices and ports without a number are ignored, as in kube-proxy. A slice's
+/// `addressType` (`IPv4` or `IPv6`) is its family, as in kube-proxy, which gives each
+/// family's proxier only the slices of its type: an endpoint address of the other family is
+/// reported as a [`Problem`] and left out, and a slice of another `addressType` is reported and
+/// skipped. Only `addresses[0]` of an endpoint is used. An endpoint address that is not an IP,
+/// or a port that is out of range or of an unknown protocol, is reported naming the slice and
+/// left out. Duplicates across slices are merged, keeping the best-conditioned entry.
+///
+/// `node_name` and `zone` (this node's `topology.kubernetes.io/zone`) decide locality and
+/// what the hints say ([`Hint`]).
 pub(crate) fn collect(
     slices: &[&EndpointSlice],
     node_name: &str,
+    zone: Option<&str>,
     problems: &mut Vec<Problem>,
 ) -> EndpointsByPort {
     let mut by_port: BTreeMap<(String, Protocol), BTreeMap<SocketAddr, Endpoint>> = BTreeMap::new();
     for slice in slices {
-        if slice.address_type == "FQDN" {
-            continue;
-        }
         let problem = |message: String| Problem::new("EndpointSlice", &slice.metadata, message);
+        let ipv4 = match slice.address_type.as_str() {
+            "IPv4" => true,
+            "IPv6" => false,
+            "FQDN" => continue,
+            other => {
+                problems.push(problem(format!(
+                    "addressType {other:?} is unknown (expected IPv4, IPv6 or FQDN); slice ignored"
+                )));
+                continue;
+            }
+        };
         let mut addresses = Vec::new();
         for (i, endpoint) in slice.endpoints.iter().flatten().enumerate() {
             let Some(text) = endpoint.addresses.first() else {
                 continue;
             };
             match text.parse::<IpAddr>() {
-                Ok(ip) => addresses.push((ip, endpoint)),
+                Ok(ip) if ip.is_ipv4() == ipv4 => addresses.push((ip, endpoint)),
+                Ok(_) => problems.push(problem(format!(
+                    "endpoints[{i}].addresses[0] {text:?} does not match addressType {}; ignored",
+                    slice.address_type
+                ))),
                 Err(_) => problems.push(problem(format!(
                     "endpoints[{i}].addresses[0] {text:?} is not a valid IP address"
                 ))),
@@ -99,12 +149,23 @@ pub(crate) fn collect(
             let entries = by_port.entry((name, protocol)).or_default();
             for &(ip, endpoint) in &addresses {
                 let (ready, serving, terminating) = conditions(endpoint.conditions.as_ref());
+                let hints = endpoint.hints.as_ref();
+                let for_zones = hints
+                    .and_then(|h| h.for_zones.as_ref())
+                    .into_iter()
+                    .flatten();
+                let for_nodes = hints
+                    .and_then(|h| h.for_nodes.as_ref())
+                    .into_iter()
+                    .flatten();
                 let candidate = Endpoint {
                     address: SocketAddr::new(ip, number),
                     ready,
                     serving,
                     terminating,
                     local: endpoint.node_name.as_deref() == Some(node_name),
+                    zone_hint: Hint::of(for_zones.map(|z| z.name.as_str()), zone),
+                    node_hint: Hint::of(for_nodes.map(|n| n.name.as_str()), Some(node_name)),
                 };
                 entries
                     .entry(candidate.address)
@@ -148,23 +209,78 @@ impl Selection {
     }
 }
 
+/// Which ready endpoints of the cluster-wide set this node uses, from their topology hints
+/// (kube-proxy's `topologyModeFromHints` and `availableForTopology`, `pkg/proxy/topology.go`,
+/// with `PreferSameTrafficDistribution` on: GA and locked since Kubernetes 1.35).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Topology {
+    /// Every ready endpoint (no usable hints).
+    All,
+    /// Ready endpoints hinted for this node's zone (`hints.forZones`).
+    SameZone,
+    /// Ready endpoints hinted for this node (`hints.forNodes`, `trafficDistribution:
+    /// PreferSameNode`).
+    SameNode,
+}
+
+impl Topology {
+    /// The topology of one scope's endpoints (one Service port and IP family): `SameNode` if
+    /// every ready endpoint has node hints and one is hinted for this node; else `SameZone` if
+    /// every ready endpoint has zone hints and one is hinted for this node's zone; else `All`.
+    /// Endpoints that are not ready are not looked at; with no ready endpoint it is `All`.
+    pub(crate) fn from_hints<'a>(endpoints: impl Iterator<Item = &'a Endpoint>) -> Topology {
+        let mut any_ready = false;
+        let (mut all_node_hints, mut node_here) = (true, false);
+        let (mut all_zone_hints, mut zone_here) = (true, false);
+        for e in endpoints.filter(|e| e.ready) {
+            any_ready = true;
+            all_node_hints &= e.node_hint != Hint::Absent;
+            node_here |= e.node_hint == Hint::Here;
+            all_zone_hints &= e.zone_hint != Hint::Absent;
+            zone_here |= e.zone_hint == Hint::Here;
+        }
+        if any_ready && all_node_hints && node_here {
+            Topology::SameNode
+        } else if any_ready && all_zone_hints && zone_here {
+            Topology::SameZone
+        } else {
+            Topology::All
+        }
+    }
+
+    /// Whether a ready endpoint is used under this topology.
+    fn admits(self, e: &Endpoint) -> bool {
+        match self {
+            Topology::All => true,
+            Topology::SameZone => e.zone_hint == Hint::Here,
+            Topology::SameNode => e.node_hint == Hint::Here,
+        }
+    }
+}
+
 /// Chooses real servers among `endpoints` (already restricted to one IP family and scope).
 ///
-/// - Ready endpoints get weight 1.
+/// - Ready endpoints that `topology` admits get weight 1; other ready ones are left out
+///   ([`Topology::from_hints`] admits at least one whenever one is ready).
 /// - With `ProxyTerminatingEndpoints` on: if at least one endpoint is ready, serving+terminating
-///   ones are kept at weight 0 (they finish their connections and get no new ones; upstream
-///   drops them instead: a deliberate difference, DESIGN-BRIEF "Semantics decided here"); if
-///   none is ready, serving+terminating ones get weight 1 (the KEP-1669 fallback).
+///   ones are kept at weight 0 whatever their hints (they finish their connections and get no
+///   new ones; upstream drops them instead: a deliberate difference, DESIGN-BRIEF "Semantics
+///   decided here"); if none is ready, serving+terminating ones get weight 1 (the KEP-1669
+///   fallback, which ignores topology as upstream's does).
 /// - With the gate off, terminating endpoints are never selected.
 /// - Endpoints that are neither ready nor serving+terminating are never selected.
 pub(crate) fn select<'a>(
     endpoints: impl Iterator<Item = &'a Endpoint> + Clone,
     terminating_gate: bool,
+    topology: Topology,
 ) -> Selection {
     let any_ready = endpoints.clone().any(|e| e.ready);
     let real_servers: BTreeMap<SocketAddr, u32> = endpoints
         .filter_map(|e| {
             let weight = if e.ready {
+                if !topology.admits(e) {
+                    return None;
+                }
                 1
             } else if terminating_gate && e.serving_terminating() {
                 if any_ready { 0 } else { 1 }
@@ -193,6 +309,8 @@ mod tests {
             serving,
             terminating,
             local,
+            zone_hint: Hint::Absent,
+            node_hint: Hint::Absent,
         }
     }
 
@@ -232,7 +350,7 @@ mod tests {
             let subject = ep(2, ready, serving, terminating, false);
             let other_ready = ep(1, true, true, false, false);
 
-            let only = select([subject].iter(), true);
+            let only = select([subject].iter(), true, Topology::All);
             assert_eq!(
                 only.real_servers.get(&subject.address).copied(),
                 alone,
@@ -240,7 +358,7 @@ mod tests {
             );
             assert_eq!(only.fallback, alone.is_some() && !ready, "{case} fallback");
 
-            let both = select([other_ready, subject].iter(), true);
+            let both = select([other_ready, subject].iter(), true, Topology::All);
             assert_eq!(
                 both.real_servers.get(&subject.address).copied(),
                 with_ready,
@@ -254,7 +372,7 @@ mod tests {
             assert!(!both.fallback, "{case}");
 
             for neighbours in [vec![subject], vec![other_ready, subject]] {
-                let off = select(neighbours.iter(), false);
+                let off = select(neighbours.iter(), false, Topology::All);
                 assert_eq!(
                     off.real_servers.get(&subject.address).copied(),
                     gate_off,
@@ -267,11 +385,14 @@ mod tests {
 
     #[test]
     fn empty_scope_selects_nothing() {
-        let selection = select([].iter(), true);
+        let selection = select([].iter(), true, Topology::All);
         assert!(selection.is_empty());
         assert!(!selection.fallback);
         let not_serving = [ep(1, false, false, true, true)];
-        assert_eq!(select(not_serving.iter(), true), Selection::default());
+        assert_eq!(
+            select(not_serving.iter(), true, Topology::All),
+            Selection::default()
+        );
     }
 
     #[test]
@@ -282,9 +403,202 @@ mod tests {
             ep(3, false, false, true, true),
             ep(4, false, false, false, false),
         ];
-        let selection = select(endpoints.iter(), true);
+        let selection = select(endpoints.iter(), true, Topology::All);
         assert_eq!(weights(&selection), vec![(1, 1), (2, 1)]);
         assert!(selection.fallback);
+    }
+
+    /// An endpoint with zone and node hints, for a node named `test-node` in `zone`.
+    fn hinted(
+        last: u8,
+        (ready, terminating): (bool, bool),
+        zone: Option<&str>,
+        for_zones: &[&str],
+        for_nodes: &[&str],
+    ) -> Endpoint {
+        Endpoint {
+            zone_hint: Hint::of(for_zones.iter().copied(), zone),
+            node_hint: Hint::of(for_nodes.iter().copied(), Some("test-node")),
+            ..ep(last, ready, ready || terminating, terminating, false)
+        }
+    }
+
+    /// The topology cases of kube-proxy's `TestCategorizeEndpoints`
+    /// (`pkg/proxy/topology_test.go`), cluster-wide set only (local sets ignore topology: see
+    /// the `topology-traffic-policy-local` vector), plus the node-hint cases of
+    /// `topologyModeFromHints` (KEP-3015 `PreferSameNode`) and kipvs's weight-0 terminating
+    /// endpoints.
+    #[test]
+    fn topology_matrix() {
+        const READY: (bool, bool) = (true, false);
+        const NOT_READY: (bool, bool) = (false, false);
+        const TERMINATING: (bool, bool) = (false, true);
+        type Row<'a> = (u8, (bool, bool), &'a [&'a str], &'a [&'a str]);
+        // (upstream case, node zone, endpoints, expected topology, expected (last octet, weight))
+        type Case<'a> = (
+            &'a str,
+            Option<&'a str>,
+            Vec<Row<'a>>,
+            Topology,
+            Vec<(u8, u32)>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "hints used: all ready endpoints hinted, some for the node's zone",
+                Some("zone-a"),
+                vec![
+                    (3, READY, &["zone-a"], &[]),
+                    (4, READY, &["zone-b"], &[]),
+                    (5, READY, &["zone-c"], &[]),
+                    (6, READY, &["zone-a"], &[]),
+                ],
+                Topology::SameZone,
+                vec![(3, 1), (6, 1)],
+            ),
+            (
+                "empty node labels",
+                None,
+                vec![(3, READY, &["zone-a"], &[])],
+                Topology::All,
+                vec![(3, 1)],
+            ),
+            (
+                "node in different zone, no endpoint filtering",
+                Some("zone-b"),
+                vec![(3, READY, &["zone-a"], &[])],
+                Topology::All,
+                vec![(3, 1)],
+            ),
+            (
+                "unready endpoint",
+                Some("zone-a"),
+                vec![
+                    (3, READY, &["zone-a"], &[]),
+                    (4, READY, &["zone-b"], &[]),
+                    (5, READY, &["zone-c"], &[]),
+                    (6, NOT_READY, &["zone-a"], &[]),
+                ],
+                Topology::SameZone,
+                vec![(3, 1)],
+            ),
+            (
+                "only unready endpoints in same zone (should not filter)",
+                Some("zone-a"),
+                vec![
+                    (3, NOT_READY, &["zone-a"], &[]),
+                    (4, READY, &["zone-b"], &[]),
+                    (5, READY, &["zone-c"], &[]),
+                    (6, NOT_READY, &["zone-a"], &[]),
+                ],
+                Topology::All,
+                vec![(4, 1), (5, 1)],
+            ),
+            (
+                "missing hints, no filtering applied",
+                Some("zone-a"),
+                vec![
+                    (3, READY, &["zone-a"], &[]),
+                    (4, READY, &["zone-b"], &[]),
+                    (5, READY, &[], &[]),
+                    (6, READY, &["zone-a"], &[]),
+                ],
+                Topology::All,
+                vec![(3, 1), (4, 1), (5, 1), (6, 1)],
+            ),
+            (
+                "multiple hints per endpoint, filtering includes any endpoint with zone included",
+                Some("zone-c"),
+                vec![
+                    (3, READY, &["zone-a", "zone-b", "zone-c"], &[]),
+                    (4, READY, &["zone-b", "zone-c"], &[]),
+                    (5, READY, &["zone-b", "zone-d"], &[]),
+                    (6, READY, &["zone-c"], &[]),
+                ],
+                Topology::SameZone,
+                vec![(3, 1), (4, 1), (6, 1)],
+            ),
+            (
+                "PreferSameNode: all ready endpoints have node hints, one for this node",
+                Some("zone-a"),
+                vec![
+                    (3, READY, &["zone-a"], &["test-node"]),
+                    (4, READY, &["zone-a"], &["node-2"]),
+                    (5, READY, &["zone-b"], &["node-3"]),
+                ],
+                Topology::SameNode,
+                vec![(3, 1)],
+            ),
+            (
+                "PreferSameNode: no node hint for this node, zone hints used",
+                Some("zone-a"),
+                vec![
+                    (3, READY, &["zone-a"], &["node-2"]),
+                    (4, READY, &["zone-b"], &["node-3"]),
+                ],
+                Topology::SameZone,
+                vec![(3, 1)],
+            ),
+            (
+                "PreferSameNode: an endpoint without node hints, zone hints used",
+                Some("zone-a"),
+                vec![
+                    (3, READY, &["zone-a"], &["test-node"]),
+                    (4, READY, &["zone-a"], &[]),
+                    (5, READY, &["zone-b"], &["node-3"]),
+                ],
+                Topology::SameZone,
+                vec![(3, 1), (4, 1)],
+            ),
+            (
+                "PreferSameNode: node hints without zone hints",
+                None,
+                vec![
+                    (3, READY, &[], &["test-node"]),
+                    (4, READY, &[], &["node-2"]),
+                ],
+                Topology::SameNode,
+                vec![(3, 1)],
+            ),
+            (
+                "fallback to serving+terminating endpoints ignores topology",
+                Some("zone-a"),
+                vec![
+                    (3, TERMINATING, &[], &[]),
+                    (4, TERMINATING, &["zone-b"], &[]),
+                ],
+                Topology::All,
+                vec![(3, 1), (4, 1)],
+            ),
+            (
+                "kipvs: serving+terminating endpoints stay at weight 0 whatever their hints",
+                Some("zone-a"),
+                vec![
+                    (3, READY, &["zone-a"], &[]),
+                    (4, READY, &["zone-b"], &[]),
+                    (5, TERMINATING, &[], &[]),
+                ],
+                Topology::SameZone,
+                vec![(3, 1), (5, 0)],
+            ),
+        ];
+        for (name, zone, rows, topology, expected) in cases {
+            let endpoints: Vec<Endpoint> = rows
+                .into_iter()
+                .map(|(last, state, zones, nodes)| hinted(last, state, zone, zones, nodes))
+                .collect();
+            assert_eq!(Topology::from_hints(endpoints.iter()), topology, "{name}");
+            let selection = select(endpoints.iter(), true, topology);
+            assert_eq!(weights(&selection), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn hints_relative_to_this_node() {
+        assert_eq!(Hint::of([], Some("zone-a")), Hint::Absent);
+        assert_eq!(Hint::of(["zone-b"], Some("zone-a")), Hint::Elsewhere);
+        assert_eq!(Hint::of(["zone-b", "zone-a"], Some("zone-a")), Hint::Here);
+        // A node without a zone matches no zone hint (upstream: "" is never a hinted zone).
+        assert_eq!(Hint::of(["zone-a"], None), Hint::Elsewhere);
     }
 
     fn slice(name: &str, endpoints: Vec<ApiEndpoint>, ports: Vec<EndpointPort>) -> EndpointSlice {
@@ -350,7 +664,7 @@ mod tests {
             ],
         );
         let mut problems = Vec::new();
-        let by_port = collect(&[&a, &b], "test-node", &mut problems);
+        let by_port = collect(&[&a, &b], "test-node", None, &mut problems);
         let messages: Vec<String> = problems.iter().map(ToString::to_string).collect();
         assert_eq!(
             messages,
@@ -369,6 +683,8 @@ mod tests {
                     serving: true,
                     terminating: false,
                     local: true,
+                    zone_hint: Hint::Absent,
+                    node_hint: Hint::Absent,
                 },
                 Endpoint {
                     address: "10.0.1.2:8080".parse().unwrap(),
@@ -376,6 +692,8 @@ mod tests {
                     serving: true,
                     terminating: false,
                     local: false,
+                    zone_hint: Hint::Absent,
+                    node_hint: Hint::Absent,
                 },
                 Endpoint {
                     address: "10.0.1.3:8080".parse().unwrap(),
@@ -383,6 +701,8 @@ mod tests {
                     serving: false,
                     terminating: false,
                     local: false,
+                    zone_hint: Hint::Absent,
+                    node_hint: Hint::Absent,
                 },
             ]
         );
@@ -390,5 +710,64 @@ mod tests {
         assert_eq!(dns.len(), 3);
         assert!(dns[1].terminating && dns[1].serving && !dns[1].ready);
         assert_eq!(by_port.len(), 2);
+    }
+
+    #[test]
+    fn collect_checks_the_address_type_and_reads_hints() {
+        let yaml = |text: &str| -> EndpointSlice { serde_saphyr::from_str(text).unwrap() };
+        let v4 = yaml(
+            "metadata: {name: v4, namespace: ns}\naddressType: IPv4\n\
+             endpoints:\n\
+             - addresses: [10.0.1.1]\n  hints: {forZones: [{name: zone-a}], forNodes: [{name: test-node}]}\n\
+             - addresses: [10.0.1.2]\n  hints: {forZones: [{name: zone-b}], forNodes: [{name: other}]}\n\
+             - addresses: [10.0.1.3]\n  hints: {forZones: []}\n\
+             - addresses: [\"fd00::4\"]\n\
+             ports: [{port: 80}]",
+        );
+        let v6 = yaml(
+            "metadata: {name: v6, namespace: ns}\naddressType: IPv6\n\
+             endpoints: [{addresses: [\"fd00::1\"]}, {addresses: [10.0.1.9]}]\nports: [{port: 80}]",
+        );
+        let odd = yaml(
+            "metadata: {name: odd, namespace: ns}\naddressType: IPX\n\
+             endpoints: [{addresses: [10.0.1.8]}]\nports: [{port: 80}]",
+        );
+        let fqdn = yaml(
+            "metadata: {name: fqdn, namespace: ns}\naddressType: FQDN\n\
+             endpoints: [{addresses: [db.example]}]\nports: [{port: 80}]",
+        );
+        let mut problems = Vec::new();
+        let by_port = collect(
+            &[&v4, &v6, &odd, &fqdn],
+            "test-node",
+            Some("zone-a"),
+            &mut problems,
+        );
+        let messages: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            messages,
+            [
+                "EndpointSlice ns/v4: endpoints[3].addresses[0] \"fd00::4\" does not match \
+                 addressType IPv4; ignored",
+                "EndpointSlice ns/v6: endpoints[1].addresses[0] \"10.0.1.9\" does not match \
+                 addressType IPv6; ignored",
+                "EndpointSlice ns/odd: addressType \"IPX\" is unknown (expected IPv4, IPv6 or \
+                 FQDN); slice ignored",
+            ]
+        );
+        let endpoints = &by_port[&(String::new(), Protocol::Tcp)];
+        let hints: Vec<(String, Hint, Hint)> = endpoints
+            .iter()
+            .map(|e| (e.address.ip().to_string(), e.zone_hint, e.node_hint))
+            .collect();
+        assert_eq!(
+            hints,
+            [
+                ("10.0.1.1".into(), Hint::Here, Hint::Here),
+                ("10.0.1.2".into(), Hint::Elsewhere, Hint::Elsewhere),
+                ("10.0.1.3".into(), Hint::Absent, Hint::Absent),
+                ("fd00::1".into(), Hint::Absent, Hint::Absent),
+            ]
+        );
     }
 }

@@ -12,8 +12,8 @@
 //! | Service part | Virtual servers | Bound on `kube-ipvs0` | Real servers |
 //! |---|---|---|---|
 //! | `spec.clusterIPs` | each cluster IP × port | yes | local if `internalTrafficPolicy: Local` (never remote: upstream quirk Q1 is *not* copied), else all |
-//! | `spec.externalIPs` | each IP of a service family × port | yes | external set (below) |
-//! | `status.loadBalancer.ingress[].ip` (type LoadBalancer) | each VIP-mode IP of a service family × port; `ipMode: Proxy` gets none while `LoadBalancerIPMode` is on (KEP-1860) | VIP-mode ones | external set |
+//! | `spec.externalIPs` | each IP of a service family × port | unless on another interface | external set (below) |
+//! | `status.loadBalancer.ingress[].ip` (type LoadBalancer) | each VIP-mode IP of a service family × port; `ipMode: Proxy` gets none while `LoadBalancerIPMode` is on (KEP-1860) | VIP-mode ones, unless on another interface | external set |
 //! | `spec.ports[].nodePort` (type NodePort/LoadBalancer) | each node IP of a service family × nodePort | never | external set |
 //! | `spec.healthCheckNodePort` (LoadBalancer + `externalTrafficPolicy: Local`) | none: a health-check listener counting local **ready** endpoints | — | — |
 //!
@@ -30,14 +30,34 @@
 //! none does (the fallback, counted in [`Plan::terminating_fallback_services`]); never with
 //! `ProxyTerminatingEndpoints` off; not-serving never.
 //!
+//! The cluster-wide set follows topology hints as kube-proxy's `topologyModeFromHints` does
+//! (`pkg/proxy/topology.go`; KEP-2433 topology-aware routing, KEP-4444/KEP-3015
+//! `trafficDistribution`): when every ready endpoint carries `hints.forNodes` and one names this
+//! node, only the ready endpoints hinted for this node are used; else when every ready endpoint
+//! carries `hints.forZones` and one names this node's zone (the Node's
+//! `topology.kubernetes.io/zone` label), only those hinted for the zone; else all. kipvs reads
+//! neither `spec.trafficDistribution` nor the `service.kubernetes.io/topology-mode`
+//! annotation: the EndpointSlice controller turns them into hints (`PreferClose` and
+//! `PreferSameZone` into zone hints, `PreferSameNode` into node and zone hints), and current
+//! kube-proxy follows the hints alone. Local sets and the KEP-1669 fallback ignore topology.
+//!
+//! Dual-stack: a Service's IP families are those of its cluster IPs (`spec.clusterIPs`). Each
+//! family gets its own virtual servers (cluster IP, externalIPs, load-balancer IPs and node
+//! IPs of that family) with the endpoints of that family only: kube-proxy runs one proxier per
+//! family over the slices of its `addressType`; kipvs plans both families into one table and
+//! one `kube-ipvs0`.
+//!
 //! Other rules: `sessionAffinity: ClientIP` makes every virtual server of the Service
 //! persistent for `timeoutSeconds` (default 10800); the scheduler comes from `ipvs.scheduler`
-//! (`""` → `rr`), and `mh` also sets the source-port hashing flag as kube-proxy does; headless
+//! (`""` → `rr`) or, per Service, from the annotation `kipvs.io/scheduler` (kube-router's
+//! idea; an invalid value is a [`Problem`] and the configured scheduler is used), and `mh`
+//! also sets the source-port hashing flag as kube-proxy does; an externalIP or VIP-mode
+//! load-balancer IP already on another interface of the node gets its virtual servers but is
+//! not bound on `kube-ipvs0` (kube-proxy's `nodeAddressSet` check in `syncService`); headless
 //! (`clusterIP: None`) and ExternalName Services, and Services labelled
 //! `service.kubernetes.io/service-proxy-name`, are skipped; a Service port takes the
 //! endpoints of the slice port with the same name and protocol; a real server is
-//! `addresses[0]:port` of an endpoint of the virtual server's IP family. Topology hints are
-//! not applied yet.
+//! `addresses[0]:port` of an endpoint of the virtual server's IP family.
 //!
 //! Structure: [`plan_service`] plans one Service from its own slices into a [`ServicePlan`];
 //! [`merge`] combines Service plans (in namespace/name order, the first claim of a virtual
@@ -52,6 +72,7 @@ pub use index::{DesiredIndex, ServiceKey, Touched};
 pub use service::{ServicePlan, plan_service};
 
 use crate::model::{DesiredState, Protocol, SchedFlags, VirtualServerSpec};
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -71,6 +92,22 @@ pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-
 /// source port too. kube-proxy sets it (`FlagSourceHash`) whenever the scheduler is `mh`.
 pub const SCHED_FLAG_MH_PORT: SchedFlags = 0x10;
 
+/// Service annotation choosing the IPVS scheduler of that Service's virtual servers, overriding
+/// `ipvs.scheduler` (the idea of kube-router's `kube-router.io/service.scheduler`). The value
+/// must be one of [`IPVS_SCHEDULERS`]; anything else (including `""`) is a [`Problem`] and
+/// the configured scheduler is used.
+pub const SCHEDULER_ANNOTATION: &str = "kipvs.io/scheduler";
+
+/// The schedulers of Linux IPVS (`net/netfilter/ipvs/Kconfig`, one `ip_vs_<name>` module
+/// each), the values [`SCHEDULER_ANNOTATION`] accepts. A kernel built without one of them
+/// refuses virtual servers that use it.
+pub const IPVS_SCHEDULERS: [&str; 14] = [
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos",
+];
+
+/// Node label naming the node's zone, matched against `hints.forZones` (`v1.LabelTopologyZone`).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
 /// Everything [`plan`] reads.
 #[derive(Clone, Copy, Debug)]
 pub struct PlanInput<'a> {
@@ -84,8 +121,14 @@ pub struct PlanInput<'a> {
     /// This node's Node object, if known (used for `nodePortAddresses: [primary]`).
     pub node: Option<&'a Node>,
     /// This node's IP addresses, the candidates for NodePort virtual servers (filtered by
-    /// `nodePortAddresses`). The caller excludes loopback and `kube-ipvs0` addresses.
+    /// `nodePortAddresses`; see [`PlanContext::new`]). The caller excludes `kube-ipvs0`
+    /// addresses.
     pub node_ips: &'a [IpAddr],
+    /// Addresses on this node's interfaces other than `kube-ipvs0` (kube-proxy's
+    /// `nodeAddressSet`, `GetAllLocalAddressesExcept("kube-ipvs0")`): externalIPs and VIP-mode
+    /// load-balancer IPs among them are not bound (see
+    /// [`PlanContext::with_other_interface_addresses`]). Empty: bind them all.
+    pub other_interface_addresses: &'a [IpAddr],
     /// The proxier configuration (scheduler, feature gates, `nodePortAddresses`).
     pub config: &'a ProxierConfiguration,
 }
@@ -173,7 +216,9 @@ impl fmt::Display for Problem {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanContext {
     node_name: String,
+    zone: Option<String>,
     node_port_ips: Vec<IpAddr>,
+    other_interface_addresses: BTreeSet<IpAddr>,
     vs_spec: VirtualServerSpec,
     terminating_endpoints: bool,
     load_balancer_ip_mode: bool,
@@ -182,9 +227,21 @@ pub struct PlanContext {
 impl PlanContext {
     /// Derives the shared settings, reporting configuration problems.
     ///
-    /// NodePort addresses are the `node_ips` selected by `nodePortAddresses`: all of them when
-    /// it is empty, those inside one of its CIDRs, or for `["primary"]` the Node's first
-    /// InternalIP of each family (a problem if the Node is unknown).
+    /// NodePort addresses are the `node_ips` that `nodePortAddresses` selects, per IP family
+    /// as kube-proxy's `NewNodePortAddresses` and IPVS `syncProxyRules` do
+    /// (`pkg/proxy/util/nodeport_addresses.go`, `TestGetNodeAddresses`):
+    /// - `"primary"` stands for the Node's primary IPs (see [`node_primary_ips`]) as `/32` and
+    ///   `/128` CIDRs (`cmd/kube-proxy/app/server.go`); with the Node unknown it is a problem
+    ///   and no NodePort virtual server is planned;
+    /// - a family with no CIDR of its own, or with a zero-length one (`0.0.0.0/0`, `::/0`),
+    ///   matches every node IP of that family except loopback and IPv6 link-local ones
+    ///   (kube-proxy's `isValidForSet`; `TestGetNodeIPs`, `TestIpIsValidForSet`);
+    /// - otherwise a node IP is used if one of its family's CIDRs contains it and it is not
+    ///   loopback.
+    ///
+    /// The node's zone is its `topology.kubernetes.io/zone` label (none when unset or empty).
+    /// Addresses on other interfaces start empty (see
+    /// [`with_other_interface_addresses`](Self::with_other_interface_addresses)).
     pub fn new(
         node_name: &str,
         node: Option<&Node>,
@@ -196,72 +253,145 @@ impl PlanContext {
             problems.push(Problem::config(format!("{e}; using every node IP")));
             Vec::new()
         });
-        let node_port_ips: BTreeSet<IpAddr> = match selectors.as_slice() {
-            [] => node_ips.iter().copied().collect(),
+        let cidrs: Option<Vec<IpNet>> = match selectors.as_slice() {
             [NodePortAddress::Primary] => match node {
-                Some(node) => primary_ips(node).collect(),
+                Some(node) => Some(
+                    node_primary_ips(node)
+                        .into_iter()
+                        .filter(|ip| !ip.is_loopback())
+                        .map(IpNet::from)
+                        .collect(),
+                ),
                 None => {
                     problems.push(Problem::config(format!(
                         "nodePortAddresses: \"primary\" needs the Node object {node_name:?}, which is \
                          not known; no NodePort virtual servers"
                     )));
-                    BTreeSet::new()
+                    None
                 }
             },
-            cidrs => node_ips
+            selectors => Some(
+                selectors
+                    .iter()
+                    .filter_map(|selector| match selector {
+                        NodePortAddress::Cidr(net) => Some(*net),
+                        NodePortAddress::Primary => None,
+                    })
+                    .collect(),
+            ),
+        };
+        let node_port_ips: BTreeSet<IpAddr> = match cidrs {
+            None => BTreeSet::new(),
+            Some(cidrs) => node_ips
                 .iter()
                 .copied()
-                .filter(|ip| {
-                    cidrs.iter().any(|selector| match selector {
-                        NodePortAddress::Cidr(net) => net.contains(ip),
-                        NodePortAddress::Primary => false,
-                    })
-                })
+                .filter(|ip| node_port_address_selected(ip, &cidrs))
                 .collect(),
         };
-        let scheduler = config.ipvs.effective_scheduler().to_owned();
-        let sched_flags = if scheduler == "mh" {
-            SCHED_FLAG_MH_PORT
-        } else {
-            0
-        };
+        let zone = node
+            .and_then(|node| node.metadata.labels.as_ref())
+            .and_then(|labels| labels.get(ZONE_LABEL))
+            .filter(|zone| !zone.is_empty())
+            .cloned();
         let context = PlanContext {
             node_name: node_name.to_owned(),
+            zone,
             node_port_ips: node_port_ips.into_iter().collect(),
-            vs_spec: VirtualServerSpec {
-                scheduler,
-                persistence_timeout: None,
-                sched_flags,
-            },
+            other_interface_addresses: BTreeSet::new(),
+            vs_spec: scheduler_spec(config.ipvs.effective_scheduler()),
             terminating_endpoints: config.gate_enabled(Gate::ProxyTerminatingEndpoints),
             load_balancer_ip_mode: config.gate_enabled(Gate::LoadBalancerIPMode),
         };
         (context, problems)
     }
 
+    /// Sets the addresses found on the node's interfaces other than `kube-ipvs0`. An externalIP
+    /// or VIP-mode load-balancer IP among them still gets its virtual servers but is not bound
+    /// on `kube-ipvs0` (kube-proxy's IPVS `syncProxyRules`: `syncService(..., bindAddr =
+    /// !nodeAddressSet.Has(ip))`), so that an address the node already owns is not taken over
+    /// and later removed by kipvs. Cluster IPs are always bound.
+    pub fn with_other_interface_addresses(
+        mut self,
+        addresses: impl IntoIterator<Item = IpAddr>,
+    ) -> Self {
+        self.other_interface_addresses = addresses.into_iter().collect();
+        self
+    }
+
     /// The addresses NodePort virtual servers are created on, sorted.
     pub fn node_port_ips(&self) -> &[IpAddr] {
         &self.node_port_ips
+    }
+
+    /// The node's zone (`topology.kubernetes.io/zone`), if it has one.
+    pub fn zone(&self) -> Option<&str> {
+        self.zone.as_deref()
+    }
+}
+
+/// Whether `ip` takes NodePort virtual servers under the `nodePortAddresses` CIDRs (see
+/// [`PlanContext::new`]).
+fn node_port_address_selected(ip: &IpAddr, cidrs: &[IpNet]) -> bool {
+    let own_family: Vec<&IpNet> = cidrs
+        .iter()
+        .filter(|net| net.addr().is_ipv4() == ip.is_ipv4())
+        .collect();
+    let match_all = own_family.is_empty() || own_family.iter().any(|net| net.prefix_len() == 0);
+    if ip.is_loopback() {
+        false
+    } else if match_all {
+        !is_ipv6_link_local(ip)
+    } else {
+        own_family.iter().any(|net| net.contains(ip))
+    }
+}
+
+/// `fe80::/10`.
+fn is_ipv6_link_local(ip: &IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+/// The virtual-server settings of a scheduler: its name, no persistence, and the source-port
+/// hashing flag for `mh` (kube-proxy's `FlagSourceHash`).
+fn scheduler_spec(scheduler: &str) -> VirtualServerSpec {
+    VirtualServerSpec {
+        scheduler: scheduler.to_owned(),
+        persistence_timeout: None,
+        sched_flags: if scheduler == "mh" {
+            SCHED_FLAG_MH_PORT
+        } else {
+            0
+        },
     }
 }
 
 /// The InternalIP addresses of a Node (`status.addresses[type=InternalIP]`), in order;
 /// unparsable entries are skipped. The default NodePort addresses when none are given.
 pub fn node_internal_ips(node: &Node) -> Vec<IpAddr> {
+    node_addresses(node, "InternalIP").collect()
+}
+
+/// The Node's primary IPs, as kubelet and kube-proxy pick them (`GetNodeHostIPs` in
+/// `component-helpers/node/util`): the first of its InternalIP addresses, else of its
+/// ExternalIP addresses, then the first address of the other family in the same order, if
+/// any. At most one per family; empty when the Node lists no address.
+pub fn node_primary_ips(node: &Node) -> Vec<IpAddr> {
+    let mut candidates =
+        node_addresses(node, "InternalIP").chain(node_addresses(node, "ExternalIP"));
+    let Some(first) = candidates.next() else {
+        return Vec::new();
+    };
+    let other = candidates.find(|ip| ip.is_ipv4() != first.is_ipv4());
+    std::iter::once(first).chain(other).collect()
+}
+
+/// The parsable `status.addresses` of a Node of one type, in order.
+fn node_addresses<'a>(node: &'a Node, type_: &'a str) -> impl Iterator<Item = IpAddr> + 'a {
     node.status
         .iter()
         .flat_map(|status| status.addresses.iter().flatten())
-        .filter(|address| address.type_ == "InternalIP")
+        .filter(move |address| address.type_ == type_)
         .filter_map(|address| address.address.parse().ok())
-        .collect()
-}
-
-/// The Node's primary IPs: its first InternalIP of each family.
-fn primary_ips(node: &Node) -> impl Iterator<Item = IpAddr> {
-    let ips = node_internal_ips(node);
-    let first_v4 = ips.iter().copied().find(IpAddr::is_ipv4);
-    let first_v6 = ips.iter().copied().find(IpAddr::is_ipv6);
-    first_v4.into_iter().chain(first_v6)
 }
 
 /// Plans every Service of a snapshot: [`plan_service`] for each (in namespace/name order, with
@@ -269,6 +399,8 @@ fn primary_ips(node: &Node) -> impl Iterator<Item = IpAddr> {
 pub fn plan(input: &PlanInput<'_>) -> Plan {
     let (context, mut problems) =
         PlanContext::new(input.node_name, input.node, input.node_ips, input.config);
+    let context =
+        context.with_other_interface_addresses(input.other_interface_addresses.iter().copied());
 
     let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for slice in input.endpoint_slices {
@@ -389,7 +521,7 @@ mod tests {
     }
 
     #[test]
-    fn node_internal_ips_in_order() {
+    fn node_internal_and_primary_ips() {
         let node = node(&[
             ("Hostname", "test-node"),
             ("InternalIP", "192.168.0.10"),
@@ -402,34 +534,133 @@ mod tests {
             node_internal_ips(&node),
             ips(&["192.168.0.10", "fd00::10", "192.168.0.11"])
         );
-        assert_eq!(
-            primary_ips(&node).collect::<Vec<_>>(),
-            ips(&["192.168.0.10", "fd00::10"])
-        );
+        // GetNodeHostIPs (component-helpers/node/util, TestGetNodeHostIPs): InternalIPs first,
+        // then ExternalIPs; the first address, then the first of the other family.
+        for (addresses, primary) in [
+            (
+                &[("InternalIP", "192.168.0.10"), ("InternalIP", "fd00::10")][..],
+                &["192.168.0.10", "fd00::10"][..],
+            ),
+            (
+                &[("InternalIP", "fd00::10"), ("InternalIP", "192.168.0.10")],
+                &["fd00::10", "192.168.0.10"],
+            ),
+            (
+                &[
+                    ("ExternalIP", "2001:db8::10"),
+                    ("InternalIP", "192.168.0.10"),
+                ],
+                &["192.168.0.10", "2001:db8::10"],
+            ),
+            (
+                &[
+                    ("ExternalIP", "203.0.113.10"),
+                    ("ExternalIP", "2001:db8::10"),
+                ],
+                &["203.0.113.10", "2001:db8::10"],
+            ),
+            (
+                &[
+                    ("InternalIP", "192.168.0.10"),
+                    ("InternalIP", "192.168.0.11"),
+                ],
+                &["192.168.0.10"],
+            ),
+            (&[("Hostname", "test-node")], &[]),
+        ] {
+            assert_eq!(
+                node_primary_ips(&self::node(addresses)),
+                ips(primary),
+                "{addresses:?}"
+            );
+        }
     }
 
+    /// kube-proxy's `TestGetNodeAddresses` (`pkg/proxy/util/nodeport_addresses_test.go`) and
+    /// `TestGetNodeIPs`/`TestIpIsValidForSet` (`pkg/proxy/ipvs`), as NodePort addresses: CIDRs
+    /// apply per family, a family without CIDRs (or with a zero CIDR) matches all its
+    /// addresses but loopback and IPv6 link-local, and loopback is never used.
     #[test]
     fn node_port_addresses_select_node_ips() {
-        let node_ips = ips(&["100.101.102.103", "10.0.0.5", "fd00::5"]);
+        let node_ips = ips(&[
+            "10.20.30.51",
+            "100.200.201.1",
+            "127.0.0.1",
+            "172.17.0.1",
+            "2001:db8::1",
+            "::1",
+            "fe80::200:ff:fe01:1",
+        ]);
         let context = |yaml: &str, node: Option<&Node>| {
             let config = ProxierConfiguration::from_yaml_str(yaml).unwrap();
             PlanContext::new("test-node", node, &node_ips, &config)
         };
+        for (case, yaml, expected) in [
+            (
+                "empty list",
+                "{}",
+                &["10.20.30.51", "100.200.201.1", "172.17.0.1", "2001:db8::1"][..],
+            ),
+            (
+                "IPv4 single (IPv6 matches all)",
+                "nodePortAddresses: [10.20.30.0/24]",
+                &["10.20.30.51", "2001:db8::1"],
+            ),
+            (
+                "IPv4 zero CIDR",
+                "nodePortAddresses: [0.0.0.0/0, 2001:db8::/64]",
+                &["10.20.30.51", "100.200.201.1", "172.17.0.1", "2001:db8::1"],
+            ),
+            (
+                "IPv6 multiple (loopback never)",
+                "nodePortAddresses: [\"2001:db8::/64\", \"::1/128\"]",
+                &["10.20.30.51", "100.200.201.1", "172.17.0.1", "2001:db8::1"],
+            ),
+            (
+                "IPv4 localhost exact (loopback never)",
+                "nodePortAddresses: [127.0.0.1/32]",
+                &["2001:db8::1"],
+            ),
+            (
+                "IPv4 multiple",
+                "nodePortAddresses: [10.20.30.0/24, 100.200.201.0/24]",
+                &["10.20.30.51", "100.200.201.1", "2001:db8::1"],
+            ),
+            (
+                "IPv4 multiple, no match",
+                "nodePortAddresses: [10.99.0.0/24, 100.99.0.0/24]",
+                &["2001:db8::1"],
+            ),
+            (
+                "dual-stack, redundant IPv4",
+                "nodePortAddresses: [0.0.0.0/0, 10.20.30.0/24, \"2001:db8::1/128\"]",
+                &["10.20.30.51", "100.200.201.1", "172.17.0.1", "2001:db8::1"],
+            ),
+            (
+                "explicit IPv6 link-local CIDR",
+                "nodePortAddresses: [10.20.30.0/24, \"fe80::/10\"]",
+                &["10.20.30.51", "fe80::200:ff:fe01:1"],
+            ),
+        ] {
+            let (selected, problems) = context(yaml, None);
+            assert_eq!(selected.node_port_ips(), ips(expected), "{case}");
+            assert!(problems.is_empty(), "{case}");
+        }
 
-        let (all, problems) = context("{}", None);
+        let dual = node(&[("InternalIP", "10.20.30.51"), ("ExternalIP", "2001:db8::1")]);
+        let (primary, problems) = context("nodePortAddresses: [primary]", Some(&dual));
         assert_eq!(
-            all.node_port_ips(),
-            ips(&["10.0.0.5", "100.101.102.103", "fd00::5"])
+            primary.node_port_ips(),
+            ips(&["10.20.30.51", "2001:db8::1"])
         );
         assert!(problems.is_empty());
-
-        let (cidr, _) = context("nodePortAddresses: [100.101.102.0/24, fd00::/64]", None);
-        assert_eq!(cidr.node_port_ips(), ips(&["100.101.102.103", "fd00::5"]));
-
-        let the_node = node(&[("InternalIP", "10.0.0.5"), ("InternalIP", "10.0.0.6")]);
-        let (primary, problems) = context("nodePortAddresses: [primary]", Some(&the_node));
-        assert_eq!(primary.node_port_ips(), ips(&["10.0.0.5"]));
-        assert!(problems.is_empty());
+        // A Node without an IPv6 address gives no IPv6 CIDR: IPv6 matches all (kube-proxy).
+        let v4 = node(&[("InternalIP", "100.200.201.1")]);
+        let (primary, _) = context("nodePortAddresses: [primary]", Some(&v4));
+        assert_eq!(
+            primary.node_port_ips(),
+            ips(&["100.200.201.1", "2001:db8::1"])
+        );
 
         let (unknown, problems) = context("nodePortAddresses: [primary]", None);
         assert!(unknown.node_port_ips().is_empty());
@@ -441,6 +672,23 @@ mod tests {
             "{}",
             problems[0]
         );
+    }
+
+    #[test]
+    fn zone_from_the_node_label() {
+        let config = ProxierConfiguration::default();
+        let mut labelled = node(&[]);
+        let zone = |node: Option<&Node>| {
+            let (context, _) = PlanContext::new("test-node", node, &[], &config);
+            context.zone().map(str::to_owned)
+        };
+        assert_eq!(zone(None), None);
+        assert_eq!(zone(Some(&labelled)), None);
+        labelled.metadata.labels = Some([(ZONE_LABEL.to_owned(), "zone-a".to_owned())].into());
+        assert_eq!(zone(Some(&labelled)).as_deref(), Some("zone-a"));
+        // TestCategorizeEndpoints "empty zone label": an empty label is no zone.
+        labelled.metadata.labels = Some([(ZONE_LABEL.to_owned(), String::new())].into());
+        assert_eq!(zone(Some(&labelled)), None);
     }
 
     #[test]

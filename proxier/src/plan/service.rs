@@ -1,8 +1,9 @@
 //! Planning one Service: its virtual servers, bind addresses and health-check node port.
 
-use super::endpoints::{self, Endpoint, Selection};
+use super::endpoints::{self, Endpoint, Selection, Topology};
 use super::{
-    PlanContext, Problem, SERVICE_PROXY_NAME_LABEL, namespace_of, parse_protocol, port_number,
+    IPVS_SCHEDULERS, PlanContext, Problem, SCHEDULER_ANNOTATION, SERVICE_PROXY_NAME_LABEL,
+    namespace_of, parse_protocol, port_number, scheduler_spec,
 };
 use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
@@ -26,8 +27,8 @@ pub struct ServicePlan {
     pub name: String,
     /// The Service's virtual servers.
     pub virtual_servers: BTreeMap<VirtualServerKey, VirtualServer>,
-    /// Addresses of its virtual servers to bind on `kube-ipvs0` (cluster IPs, external IPs,
-    /// VIP-mode load-balancer IPs).
+    /// Addresses of its virtual servers to bind on `kube-ipvs0` (cluster IPs, and the external
+    /// IPs and VIP-mode load-balancer IPs that are not on another interface).
     pub bind_addresses: BTreeSet<IpAddr>,
     /// Its health-check node port, for LoadBalancer Services with
     /// `externalTrafficPolicy: Local` and `spec.healthCheckNodePort` set.
@@ -139,6 +140,22 @@ pub fn plan_service(
     };
 
     let mut vs_spec = context.vs_spec.clone();
+    if let Some(value) = meta
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(SCHEDULER_ANNOTATION))
+    {
+        if IPVS_SCHEDULERS.contains(&value.as_str()) {
+            vs_spec = scheduler_spec(value);
+        } else {
+            plan.problems.push(problem(format!(
+                "metadata.annotations[{SCHEDULER_ANNOTATION}] {value:?} is not an IPVS scheduler \
+                 (expected one of {}); using {:?}",
+                IPVS_SCHEDULERS.join(", "),
+                vs_spec.scheduler
+            )));
+        }
+    }
     if spec.session_affinity.as_deref() == Some("ClientIP") {
         let timeout = spec
             .session_affinity_config
@@ -158,7 +175,12 @@ pub fn plan_service(
         });
     }
 
-    let endpoints = endpoints::collect(slices, &context.node_name, &mut plan.problems);
+    let endpoints = endpoints::collect(
+        slices,
+        &context.node_name,
+        context.zone(),
+        &mut plan.problems,
+    );
 
     let has_node_ports = service_type != ServiceType::ClusterIp;
     // externalTrafficPolicy only applies to externally reachable Services (kube-proxy's
@@ -219,14 +241,21 @@ pub fn plan_service(
             if family_cluster_ips.is_empty() {
                 continue;
             }
-            let in_family = |e: &&Endpoint| e.address.is_ipv4() == ipv4;
+            let in_family: Vec<&Endpoint> = port_endpoints
+                .iter()
+                .filter(|e| e.address.is_ipv4() == ipv4)
+                .collect();
+            // Topology hints narrow the cluster-wide set only (kube-proxy's
+            // CategorizeEndpoints: "topology ignored for Local endpoints").
             let cluster = endpoints::select(
-                port_endpoints.iter().filter(in_family),
+                in_family.iter().copied(),
                 context.terminating_endpoints,
+                Topology::from_hints(in_family.iter().copied()),
             );
             let local = endpoints::select(
-                port_endpoints.iter().filter(in_family).filter(|e| e.local),
+                in_family.iter().copied().filter(|e| e.local),
                 context.terminating_endpoints,
+                Topology::All,
             );
             let no_local = local.is_empty() && !cluster.is_empty();
             let internal = if internal_local { &local } else { &cluster };
@@ -270,7 +299,9 @@ pub fn plan_service(
             let family = |ip: &&IpAddr| ip.is_ipv4() == ipv4;
             for &ip in external_ips.iter().chain(&load_balancer_ips).filter(family) {
                 add(&mut plan, ip, number, external);
-                plan.bind_addresses.insert(ip);
+                if !context.other_interface_addresses.contains(&ip) {
+                    plan.bind_addresses.insert(ip);
+                }
             }
             if let Some(node_port) = node_port {
                 for &ip in context.node_port_ips.iter().filter(family) {
