@@ -103,7 +103,7 @@ pub struct IpvsConfiguration {
     /// duration. Default `15m` (kube-proxy's historical `rsGracefulDeletePeriod`); `0s`
     /// deletes at once.
     #[serde(with = "duration::serde_go")]
-    #[schemars(with = "String")]
+    #[schemars(schema_with = "schema::go_duration")]
     pub drain_timeout: Duration,
     /// CIDRs whose virtual servers kipvs never deletes (virtual servers owned by something
     /// else on the node).

@@ -3,12 +3,13 @@
 //! | type | True when | reasons |
 //! |---|---|---|
 //! | `Progressing` | nodes are moving to the target revision | `RollingOut`, `Soaking`, `AwaitingPromotion`, `RollingBack` / False: `RolloutComplete`, `RolledBack`, `Halted`, `InvalidSpec` |
-//! | `Available` | no configured node is failed on the revision it carries | `AllHealthy` / False: `NodesFailed` |
+//! | `Available` | no node is failed on the revision its NodeProxyConfig carries | `AllHealthy` / False: `NodesFailed` |
 //! | `Degraded` | something needs a person | `InvalidSpec`, `RevisionFailed`, `NodeConflict`, `NodesFailed` (within the failure budget) / False: `AsExpected` |
 //! | `Paused` | nothing moves until a person acts | `SpecPaused`, `AwaitingPromotion` / False: `Running` |
 //!
 //! A condition keeps its `lastTransitionTime` unless its status changes (Kubernetes API
-//! conventions), so reasons and messages can be refined without faking a transition.
+//! conventions), so reasons and messages can be refined without faking a transition. Messages
+//! are never empty.
 
 use crate::rollout::list;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -69,7 +70,11 @@ impl ConditionSet {
                 "spec.paused is true: no NodeProxyConfig is written",
             )
         } else {
-            verdict(false, "Running", "")
+            verdict(
+                false,
+                "Running",
+                "spec.paused is false and no stage waits for promotion",
+            )
         };
     }
 
@@ -105,13 +110,14 @@ impl ConditionSet {
         }
     }
 
-    /// Availability of the nodes this ProxyConfig configures.
-    pub fn available(&mut self, failed: &[&str], healthy: usize, configured: usize) {
+    /// Availability of the nodes this ProxyConfig configures (`eligible`: selected, not
+    /// skipped, not conflicting).
+    pub fn available(&mut self, failed: &[&str], healthy: usize, eligible: usize) {
         self.available = if failed.is_empty() {
             verdict(
                 true,
                 "AllHealthy",
-                format!("{healthy} of {configured} configured node(s) report healthy"),
+                format!("no node failed; {healthy} of {eligible} node(s) report healthy"),
             )
         } else {
             verdict(
@@ -268,7 +274,11 @@ impl ConditionSet {
                 }
                 verdict(true, top.reason, message)
             }
-            None => verdict(false, "AsExpected", ""),
+            None => verdict(
+                false,
+                "AsExpected",
+                "no invalid spec, failed revision, failed node or conflict",
+            ),
         };
         let verdicts = [self.progressing, self.available, degraded, self.paused];
         TYPES
@@ -328,7 +338,7 @@ mod tests {
         assert_eq!(times(&second), [100, 100, 100]);
         assert_eq!(
             second[0].message,
-            "2 of 3 configured node(s) report healthy"
+            "no node failed; 2 of 3 node(s) report healthy"
         );
         assert_eq!(second[0].observed_generation, Some(2));
 

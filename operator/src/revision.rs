@@ -7,6 +7,7 @@
 //! function would re-roll every node, so it must not change.
 
 use kipvs_crds::ProxierConfiguration;
+use serde_json::Value;
 
 /// Number of hex digits of a revision (40 bits: collisions are irrelevant at fleet scale; the
 /// revision is for humans and for equality).
@@ -26,13 +27,34 @@ fn hash64(bytes: &[u8]) -> u64 {
     hash ^ (hash >> 31)
 }
 
-/// The revision of a configuration: a hash of its JSON form with every default filled in (the
-/// typed value, so `{}` and a file spelling out kube-proxy's defaults have the same revision).
-/// Field order is the struct's and maps are sorted, so the JSON is canonical.
+/// The revision of a configuration: a hash of its settings that differ from the defaults, as
+/// canonical JSON (struct field order, sorted maps). So `{}` and a file spelling out the
+/// defaults have the same revision, and upgrading kipvs to a version with a new setting (at
+/// its default) does not re-roll the fleet; a changed default reaches the nodes with the next
+/// revision.
 pub fn config_revision(config: &ProxierConfiguration) -> String {
-    let json = serde_json::to_vec(config).expect("ProxierConfiguration serializes to JSON");
+    let value = |c: &ProxierConfiguration| {
+        serde_json::to_value(c).expect("ProxierConfiguration serializes to JSON")
+    };
+    let mut settings = value(config);
+    strip_defaults(&mut settings, &value(&ProxierConfiguration::default()));
+    let json = serde_json::to_vec(&settings).expect("JSON value serializes");
     let hex = format!("{:016x}", hash64(&json));
     hex[..REVISION_HEX_DIGITS].to_owned()
+}
+
+/// Removes from `value` every object member equal to the same member of `default`.
+fn strip_defaults(value: &mut Value, default: &Value) {
+    if let (Value::Object(map), Value::Object(defaults)) = (value, default) {
+        map.retain(|key, v| match defaults.get(key) {
+            Some(d) if d == v => false,
+            Some(d) => {
+                strip_defaults(v, d);
+                !v.as_object().is_some_and(|o| o.is_empty()) || !d.is_object()
+            }
+            None => true,
+        });
+    }
 }
 
 /// The stable hash of a node name that orders nodes when a stage takes a count or a percentage
@@ -45,6 +67,22 @@ pub fn node_hash(name: &str) -> u64 {
 mod tests {
     use super::*;
     use kipvs_crds::Gate;
+
+    #[test]
+    fn new_settings_at_their_defaults_do_not_change_a_revision() {
+        // As if an older kipvs had written the configuration: a setting it did not know is absent.
+        let mut value = serde_json::to_value(ProxierConfiguration::default()).unwrap();
+        value["ipvs"]
+            .as_object_mut()
+            .unwrap()
+            .remove("drainTimeout");
+        value["ipvs"]["scheduler"] = "wlc".into();
+        strip_defaults(
+            &mut value,
+            &serde_json::to_value(ProxierConfiguration::default()).unwrap(),
+        );
+        assert_eq!(value, serde_json::json!({"ipvs": {"scheduler": "wlc"}}));
+    }
 
     #[test]
     fn revision_ignores_spelling_but_not_content() {
@@ -67,7 +105,7 @@ mod tests {
     fn hashes_are_stable() {
         assert_eq!(
             config_revision(&ProxierConfiguration::default()),
-            "1c44149eae"
+            "fe0c740aae"
         );
         assert_eq!(node_hash("node-1"), 0x1395_0d4e_f307_e655);
     }

@@ -451,16 +451,16 @@ impl<'a> Decider<'a> {
         let now = self.input.now;
         let mut failed = Vec::new();
         let mut healthy = 0;
-        let mut configured = 0;
+        let mut eligible = 0;
         for m in members.iter().filter(|m| m.view.skip.is_none()) {
             match m.health(timeout, now) {
                 Some(Health::Healthy) => healthy += 1,
                 Some(Health::Failed) => failed.push(m.view.name),
                 _ => {}
             }
-            configured += usize::from(m.npc.is_some());
+            eligible += 1;
         }
-        self.conditions.available(&failed, healthy, configured);
+        self.conditions.available(&failed, healthy, eligible);
     }
 
     /// Records a write, unless spec.paused (then nothing is written).

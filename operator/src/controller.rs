@@ -1,0 +1,411 @@
+//! The controller: the I/O around [`rollout::decide`].
+//!
+//! Reflectors keep ProxyConfigs, Nodes and NodeProxyConfigs in memory. A kube-runtime
+//! [`Controller`] reconciles a ProxyConfig when it changes, and every ProxyConfig when a Node
+//! changes in a way the decision can see (labels, taints, readiness, deletion) or a
+//! NodeProxyConfig changes (a proxier's report), debounced. A reconcile builds the decision's
+//! input from the stores, then writes: NodeProxyConfigs by server-side apply (controlling
+//! ownerReference to the ProxyConfig), Events, and the status (server-side apply on the status
+//! subresource, only when it changed).
+//!
+//! The stores lag the controller's own writes by a watch round trip, so the controller
+//! remembers what it wrote ([`Expectations`]) and lays that over the stores until they catch
+//! up; otherwise a quick second reconcile would write the same nodes again (restarting their
+//! apply timeouts) or decide from a stale status.
+
+use crate::events::Publisher;
+use crate::rollout::{self, Decision, Input, NodeView, NpcView, Write};
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kipvs_crds::proxyconfig::parse_selector;
+use kipvs_crds::{
+    NodeProxyConfig, NodeProxyConfigSpec, OPERATOR_FIELD_MANAGER, ProxyConfig, ProxyConfigStatus,
+};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Requeue interval when nothing is pending (a periodic full check).
+const RESYNC: Duration = Duration::from_secs(300);
+/// Requeue after a failed reconcile.
+const RETRY: Duration = Duration::from_secs(10);
+/// NodeProxyConfig writes in flight at once.
+const WRITE_CONCURRENCY: usize = 32;
+/// How long a remembered write overrides the store (a safety net: the watch normally confirms
+/// it within a second).
+const EXPECTATION_TTL: Duration = Duration::from_secs(120);
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done, e.g. `apply NodeProxyConfig node-1`.
+        action: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+/// A write the stores have not shown yet.
+#[derive(Clone, Debug)]
+enum Expected {
+    Assigned {
+        owner: String,
+        revision: String,
+        assigned_at: Timestamp,
+    },
+    Deleted,
+}
+
+/// The controller's own writes, until the stores show them.
+#[derive(Debug, Default)]
+pub struct Expectations {
+    npcs: HashMap<String, (Expected, Timestamp)>,
+    /// Per ProxyConfig: the resourceVersion it had when its status was written, and that status.
+    statuses: HashMap<String, (Option<String>, ProxyConfigStatus)>,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    client: Client,
+    proxy_configs: Store<ProxyConfig>,
+    nodes: Store<Node>,
+    npcs: Store<NodeProxyConfig>,
+    events: Publisher,
+    expectations: Mutex<Expectations>,
+}
+
+impl Context {
+    /// A context over these stores; `identity` names this replica in Events.
+    pub fn new(
+        client: Client,
+        identity: &str,
+        proxy_configs: Store<ProxyConfig>,
+        nodes: Store<Node>,
+        npcs: Store<NodeProxyConfig>,
+    ) -> Self {
+        Context {
+            events: Publisher::new(client.clone(), identity),
+            client,
+            proxy_configs,
+            nodes,
+            npcs,
+            expectations: Mutex::new(Expectations::default()),
+        }
+    }
+}
+
+/// What a Node change must look like to matter: labels, the autoscaler taint, readiness and
+/// deletion (not heartbeats or images).
+fn node_relevance(node: &Node) -> Option<u64> {
+    let view = NodeView::from_node(node);
+    let mut hasher = DefaultHasher::new();
+    view.labels.hash(&mut hasher);
+    view.skip.map(|s| s as u8).hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Runs the controller until a shutdown signal: starts the reflectors, waits until they have
+/// listed everything (a decision over a partial list could delete NodeProxyConfigs), then
+/// reconciles.
+///
+/// # Errors
+/// A reflector that stopped before it was ready.
+pub async fn run(client: Client, identity: &str) -> anyhow::Result<()> {
+    let pc_api: Api<ProxyConfig> = Api::all(client.clone());
+    let node_api: Api<Node> = Api::all(client.clone());
+    let npc_api: Api<NodeProxyConfig> = Api::all(client.clone());
+
+    let (nodes, node_writer) = reflector::store();
+    let node_events =
+        reflector::reflector(node_writer, watcher(node_api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+            .predicate_filter(node_relevance, Default::default())
+            .map(|_| ());
+    let (npcs, npc_writer) = reflector::store();
+    let npc_events = reflector::reflector(npc_writer, watcher(npc_api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .map(|_| ());
+    let triggers = stream::select(node_events, npc_events).boxed();
+
+    let controller = Controller::new(pc_api, watcher::Config::default())
+        .with_config(ControllerConfig::default().debounce(Duration::from_millis(500)));
+    let ctx = Arc::new(Context::new(
+        client,
+        identity,
+        controller.store(),
+        nodes,
+        npcs,
+    ));
+
+    // The trigger stream also drives the Node and NodeProxyConfig reflectors; readiness is
+    // awaited inside the first reconciles (see `reconcile`).
+    controller
+        .reconcile_all_on(triggers)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(proxyconfig = %object.name, "reconciled"),
+                Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+    Ok(())
+}
+
+/// Reconciles one ProxyConfig: decide, then write.
+///
+/// # Errors
+/// The first failed write (the others are still attempted; status and Events are written).
+pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Until the Node and NodeProxyConfig reflectors have listed everything, do nothing.
+    if ctx.nodes.wait_until_ready().await.is_err() || ctx.npcs.wait_until_ready().await.is_err() {
+        return Ok(Action::requeue(RETRY));
+    }
+    let now = Timestamp::now();
+    let name = pc.name_any();
+    let (decision, previous) = decide_from_stores(&pc, &ctx, now);
+    let mut failure = None;
+
+    let results: Vec<(Write, Result<(), Error>)> = stream::iter(decision.writes.iter().cloned())
+        .map(|write| {
+            let ctx = ctx.clone();
+            let pc = pc.clone();
+            async move {
+                let result = apply_write(&ctx.client, &pc, &write, now).await;
+                (write, result)
+            }
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .collect()
+        .await;
+    {
+        let mut expectations = ctx.expectations.lock().expect("expectations lock");
+        for (write, result) in results {
+            match result {
+                Ok(()) => {
+                    let expected = match &write {
+                        Write::Assign { revision, .. } => Expected::Assigned {
+                            owner: name.clone(),
+                            revision: revision.to_string(),
+                            assigned_at: now,
+                        },
+                        Write::Delete { .. } => Expected::Deleted,
+                    };
+                    expectations
+                        .npcs
+                        .insert(write.node().to_owned(), (expected, now));
+                }
+                Err(e) => {
+                    tracing::warn!(proxyconfig = %name, error = %e, "write failed");
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+    }
+
+    for note in &decision.events {
+        if let Err(e) = ctx.events.publish(&pc, note).await {
+            tracing::warn!(proxyconfig = %name, error = %e, reason = note.reason, "cannot publish Event");
+        }
+        tracing::info!(proxyconfig = %name, reason = note.reason, "{}", note.message);
+    }
+
+    if previous.as_ref() != Some(&decision.status) {
+        write_status(&ctx, &pc, &decision.status).await?;
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(Action::requeue(
+            decision.requeue_after.unwrap_or(RESYNC).min(RESYNC),
+        )),
+    }
+}
+
+/// The decision for `pc` from the stores, with the controller's unconfirmed writes laid over,
+/// and the status it started from (the stored one, or the one this controller wrote last if
+/// the store has not caught up).
+fn decide_from_stores(
+    pc: &ProxyConfig,
+    ctx: &Context,
+    now: Timestamp,
+) -> (Decision, Option<ProxyConfigStatus>) {
+    let name = pc.name_any();
+    let node_objects = ctx.nodes.state();
+    let npc_objects = ctx.npcs.state();
+    let others: Vec<kube::core::Selector> = ctx
+        .proxy_configs
+        .state()
+        .iter()
+        .filter(|other| other.name_any() != name)
+        .filter_map(|other| match &other.spec.node_selector {
+            None => Some(kube::core::Selector::default()),
+            Some(s) => parse_selector(s, "").ok(),
+        })
+        .collect();
+
+    let mut expectations = ctx.expectations.lock().expect("expectations lock");
+    let expiry = now.checked_sub(EXPECTATION_TTL).unwrap_or(Timestamp::MIN);
+    let by_name: HashMap<&str, &NodeProxyConfig> = npc_objects
+        .iter()
+        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), &**n))
+        .collect();
+    expectations.npcs.retain(|node, (expected, at)| {
+        let seen = match expected {
+            Expected::Assigned { revision, .. } => {
+                by_name.get(node.as_str()).map(|n| &n.spec.revision) == Some(revision)
+            }
+            Expected::Deleted => !by_name.contains_key(node.as_str()),
+        };
+        !seen && *at > expiry
+    });
+    let status = match expectations.statuses.get(&name) {
+        Some((version, status)) if *version == pc.metadata.resource_version => Some(status.clone()),
+        _ => {
+            expectations.statuses.remove(&name);
+            pc.status.clone()
+        }
+    };
+    let overlay: Vec<(String, Expected)> = expectations
+        .npcs
+        .iter()
+        .map(|(node, (e, _))| (node.clone(), e.clone()))
+        .collect();
+    drop(expectations);
+
+    let views: Vec<NodeView<'_>> = node_objects
+        .iter()
+        .map(|n| NodeView::from_node(n))
+        .collect();
+    let mut npcs: HashMap<&str, NpcView<'_>> = by_name
+        .iter()
+        .map(|(name, npc)| (*name, NpcView::from_npc(npc)))
+        .collect();
+    for (node, expected) in &overlay {
+        match expected {
+            Expected::Assigned {
+                owner,
+                revision,
+                assigned_at,
+            } => {
+                let status = by_name.get(node.as_str()).and_then(|n| n.status.as_ref());
+                npcs.insert(
+                    node,
+                    NpcView {
+                        owner: Some(owner),
+                        revision,
+                        assigned_at: *assigned_at,
+                        status,
+                    },
+                );
+            }
+            Expected::Deleted => {
+                npcs.remove(node.as_str());
+            }
+        }
+    }
+    let decision = rollout::decide(&Input {
+        name: &name,
+        generation: pc.metadata.generation,
+        spec: &pc.spec,
+        status: status.as_ref(),
+        annotations: pc.metadata.annotations.as_ref(),
+        others: &others,
+        nodes: &views,
+        npcs: &npcs,
+        now,
+    });
+    (decision, status)
+}
+
+/// One NodeProxyConfig write: server-side apply of the spec with the controlling owner, or a
+/// delete (already gone is fine).
+async fn apply_write(
+    client: &Client,
+    pc: &ProxyConfig,
+    write: &Write,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let api: Api<NodeProxyConfig> = Api::all(client.clone());
+    match write {
+        Write::Assign {
+            node,
+            revision,
+            config,
+        } => {
+            let npc = NodeProxyConfig {
+                metadata: ObjectMeta {
+                    name: Some(node.clone()),
+                    owner_references: pc.controller_owner_ref(&()).map(|r| vec![r]),
+                    ..ObjectMeta::default()
+                },
+                spec: NodeProxyConfigSpec {
+                    revision: revision.to_string(),
+                    assigned_at: Time(now),
+                    config: (**config).clone(),
+                },
+                status: None,
+            };
+            let params = PatchParams::apply(OPERATOR_FIELD_MANAGER).force();
+            api.patch(node, &params, &Patch::Apply(&npc))
+                .await
+                .map(drop)
+                .map_err(kube_error(format!("apply NodeProxyConfig {node}")))
+        }
+        Write::Delete { node } => match api.delete(node, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(kube_error(format!("delete NodeProxyConfig {node}"))(e)),
+        },
+    }
+}
+
+/// Server-side apply of the status subresource; remembers it until the store shows it.
+async fn write_status(
+    ctx: &Context,
+    pc: &ProxyConfig,
+    status: &ProxyConfigStatus,
+) -> Result<(), Error> {
+    let name = pc.name_any();
+    let api: Api<ProxyConfig> = Api::all(ctx.client.clone());
+    let body = serde_json::json!({
+        "apiVersion": ProxyConfig::api_version(&()),
+        "kind": ProxyConfig::kind(&()),
+        "metadata": { "name": name },
+        "status": status,
+    });
+    let params = PatchParams::apply(OPERATOR_FIELD_MANAGER).force();
+    api.patch_status(&name, &params, &Patch::Apply(&body))
+        .await
+        .map_err(kube_error(format!("apply ProxyConfig {name} status")))?;
+    ctx.expectations
+        .lock()
+        .expect("expectations lock")
+        .statuses
+        .insert(name, (pc.metadata.resource_version.clone(), status.clone()));
+    Ok(())
+}
+
+/// Logs and retries soon.
+pub fn error_policy(pc: Arc<ProxyConfig>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(proxyconfig = %pc.name_any(), %error, "reconcile failed; retrying");
+    Action::requeue(RETRY)
+}

@@ -1,0 +1,402 @@
+//! The controller's API calls, against a scripted API server (tower-test): what a reconcile
+//! writes, in which order, with which bodies; that unconfirmed writes are not repeated; and the
+//! Lease protocol of leader election.
+
+use http::{Request, Response};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kipvs_crds::{NodeProxyConfig, ProxyConfig, ProxyConfigSpec, RolloutSpec, Stage};
+use kipvs_operator::controller::{Context, reconcile};
+use kipvs_operator::lease::{Elector, LeaseConfig};
+use kipvs_operator::sim::{node, proxy_config};
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_test::mock::{Handle, SendResponse};
+
+type ApiServer = Handle<Request<Body>, Response<Body>>;
+
+fn mock() -> (Client, ApiServer) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    (Client::new(service, "default"), handle)
+}
+
+/// The next request: asserts method and path (and query parts), returns its JSON body and the
+/// responder.
+async fn expect(
+    server: &mut ApiServer,
+    method: &str,
+    path: &str,
+    query: &[&str],
+) -> (Value, SendResponse<Response<Body>>) {
+    let (request, send) = tokio::time::timeout(Duration::from_secs(60), server.next_request())
+        .await
+        .unwrap_or_else(|_| panic!("no request; expected {method} {path}"))
+        .expect("client dropped");
+    assert_eq!(request.method().as_str(), method, "{}", request.uri());
+    assert_eq!(request.uri().path(), path);
+    let uri = request.uri().to_string();
+    for part in query {
+        assert!(uri.contains(part), "{uri} lacks {part}");
+    }
+    let bytes = request.into_body().collect_bytes().await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    (body, send)
+}
+
+fn respond(send: SendResponse<Response<Body>>, code: u16, body: &Value) {
+    send.send_response(
+        Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap(),
+    );
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason})
+}
+
+fn ready_store<K>(objects: Vec<K>) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    std::mem::forget(writer); // a dropped writer would make the store "never ready"
+    store
+}
+
+fn canary_spec() -> ProxyConfigSpec {
+    ProxyConfigSpec {
+        rollout: RolloutSpec {
+            stages: vec![Stage {
+                name: "canary".into(),
+                node_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([("canary".to_owned(), "yes".to_owned())])),
+                    ..LabelSelector::default()
+                }),
+                ..Stage::rest()
+            }],
+            ..RolloutSpec::default()
+        },
+        ..ProxyConfigSpec::default()
+    }
+}
+
+fn context(
+    client: Client,
+    pc: &ProxyConfig,
+    nodes: Vec<Node>,
+    npcs: Vec<NodeProxyConfig>,
+) -> Arc<Context> {
+    Arc::new(Context::new(
+        client,
+        "operator-0",
+        ready_store(vec![pc.clone()]),
+        ready_store(nodes),
+        ready_store(npcs),
+    ))
+}
+
+#[tokio::test]
+async fn first_reconcile_writes_the_canary_then_an_event_then_the_status() {
+    let (client, mut server) = mock();
+    let mut pc = proxy_config("fleet", canary_spec());
+    pc.metadata.resource_version = Some("7".into());
+    let ctx = context(
+        client,
+        &pc,
+        vec![node("a", &[("canary", "yes")]), node("b", &[])],
+        vec![],
+    );
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
+
+    let (body, send) = expect(
+        &mut server,
+        "PATCH",
+        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
+        &["fieldManager=kipvs-operator", "force=true"],
+    )
+    .await;
+    assert_eq!(body["kind"], "NodeProxyConfig");
+    assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "fleet");
+    assert_eq!(body["metadata"]["ownerReferences"][0]["controller"], true);
+    assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "uid-fleet");
+    assert!(
+        body.get("status").is_none(),
+        "the operator never writes status: {body}"
+    );
+    let revision = body["spec"]["revision"].as_str().unwrap().to_owned();
+    assert_eq!(body["spec"]["config"]["ipvs"]["syncPeriod"], "30s");
+    respond(send, 200, &body);
+
+    let (event, send) = expect(
+        &mut server,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        &[],
+    )
+    .await;
+    assert_eq!(event["reason"], "StageStarted");
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(event["involvedObject"]["kind"], "ProxyConfig");
+    assert_eq!(event["involvedObject"]["name"], "fleet");
+    respond(send, 201, &event);
+
+    let (body, send) = expect(
+        &mut server,
+        "PATCH",
+        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
+        &["fieldManager=kipvs-operator", "force=true"],
+    )
+    .await;
+    let written = body["status"].clone();
+    assert_eq!(written["stage"], "canary");
+    assert_eq!(written["revision"], revision.as_str());
+    assert_eq!(written["updatedNodes"], 1);
+    assert_eq!(written["totalNodes"], 2);
+    respond(send, 200, &serde_json::to_value(&pc).unwrap());
+
+    let action = task.await.unwrap().unwrap();
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(300)),
+        "the apply timeout"
+    );
+
+    // The stores have not seen either write yet: a second reconcile must not repeat them.
+    let again = tokio::spawn(reconcile(Arc::new(pc), ctx));
+    if let Ok(Some((request, _))) =
+        tokio::time::timeout(Duration::from_secs(2), server.next_request()).await
+    {
+        let body = request.into_body().collect_bytes().await.unwrap();
+        panic!("second reconcile wrote: {}", String::from_utf8_lossy(&body));
+    }
+    assert!(again.await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
+    let (client, mut server) = mock();
+    let mut pc = proxy_config("fleet", ProxyConfigSpec::default());
+    pc.spec.node_selector = Some(LabelSelector {
+        match_labels: Some(BTreeMap::from([("os".to_owned(), "linux".to_owned())])),
+        ..LabelSelector::default()
+    });
+    let mut npc = NodeProxyConfig::new(
+        "gone",
+        kipvs_crds::NodeProxyConfigSpec {
+            revision: "r".into(),
+            assigned_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+            config: Default::default(),
+        },
+    );
+    npc.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "kipvs.io/v1alpha1".into(),
+            kind: "ProxyConfig".into(),
+            name: "fleet".into(),
+            uid: "uid-fleet".into(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        },
+    ]);
+    let ctx = context(client, &pc, vec![node("gone", &[])], vec![npc]);
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx));
+    let (_, send) = expect(
+        &mut server,
+        "DELETE",
+        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/gone",
+        &[],
+    )
+    .await;
+    respond(send, 404, &status(404, "NotFound"));
+    // No node left to wait for: the (empty) rollout is complete at once.
+    for reason in ["StageStarted", "StageComplete", "RolloutComplete"] {
+        let (event, send) = expect(
+            &mut server,
+            "POST",
+            "/api/v1/namespaces/default/events",
+            &[],
+        )
+        .await;
+        assert_eq!(event["reason"], reason);
+        respond(send, 201, &event);
+    }
+    let (body, send) = expect(
+        &mut server,
+        "PATCH",
+        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
+        &[],
+    )
+    .await;
+    assert_eq!(body["status"]["totalNodes"], 0);
+    respond(send, 200, &serde_json::to_value(&pc).unwrap());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_write_fails_the_reconcile_after_reporting_status() {
+    let (client, mut server) = mock();
+    let pc = proxy_config("fleet", canary_spec());
+    let ctx = context(client, &pc, vec![node("a", &[("canary", "yes")])], vec![]);
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx));
+    let (_, send) = expect(
+        &mut server,
+        "PATCH",
+        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
+        &[],
+    )
+    .await;
+    respond(send, 403, &status(403, "Forbidden"));
+    let (_, send) = expect(
+        &mut server,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        &[],
+    )
+    .await;
+    respond(send, 201, &json!({}));
+    let (_, send) = expect(
+        &mut server,
+        "PATCH",
+        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
+        &[],
+    )
+    .await;
+    respond(send, 200, &serde_json::to_value(&pc).unwrap());
+    let error = task.await.unwrap().unwrap_err();
+    assert!(
+        error.to_string().starts_with("apply NodeProxyConfig a: "),
+        "{error}"
+    );
+}
+
+fn lease(holder: &str, renewed: Timestamp, transitions: i32) -> Value {
+    serde_json::to_value(Lease {
+        metadata: ObjectMeta {
+            name: Some("kipvs-operator".into()),
+            namespace: Some("kipvs-system".into()),
+            resource_version: Some("5".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(renewed)),
+            acquire_time: Some(MicroTime(renewed)),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }),
+    })
+    .unwrap()
+}
+
+const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/kipvs-system/leases/kipvs-operator";
+
+fn elector(client: Client, identity: &str) -> Elector {
+    Elector::new(
+        Api::namespaced(client, "kipvs-system"),
+        LeaseConfig::new("kipvs-operator", identity),
+    )
+}
+
+#[tokio::test]
+async fn a_missing_lease_is_created() {
+    let (client, mut server) = mock();
+    let task = tokio::spawn(async move { elector(client, "me").try_acquire_or_renew().await });
+    let (_, send) = expect(&mut server, "GET", LEASE, &[]).await;
+    respond(send, 404, &status(404, "NotFound"));
+    let (body, send) = expect(
+        &mut server,
+        "POST",
+        "/apis/coordination.k8s.io/v1/namespaces/kipvs-system/leases",
+        &[],
+    )
+    .await;
+    assert_eq!(body["spec"]["holderIdentity"], "me");
+    assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
+    respond(send, 201, &body);
+    assert!(task.await.unwrap().unwrap());
+}
+
+#[tokio::test]
+async fn a_live_lease_of_another_is_left_alone_and_a_race_is_lost_quietly() {
+    let (client, mut server) = mock();
+    let task = tokio::spawn(async move { elector(client, "me").try_acquire_or_renew().await });
+    let (_, send) = expect(&mut server, "GET", LEASE, &[]).await;
+    respond(send, 200, &lease("other", Timestamp::now(), 3));
+    assert!(!task.await.unwrap().unwrap(), "held by another");
+
+    // A free lease (empty holder) is taken; a concurrent taker makes the update conflict.
+    let (client, mut server) = mock();
+    let task = tokio::spawn(async move { elector(client, "me").try_acquire_or_renew().await });
+    let (_, send) = expect(&mut server, "GET", LEASE, &[]).await;
+    respond(send, 200, &lease("", Timestamp::now(), 3));
+    let (body, send) = expect(&mut server, "PUT", LEASE, &[]).await;
+    assert_eq!(
+        body["metadata"]["resourceVersion"], "5",
+        "optimistic concurrency"
+    );
+    assert_eq!(body["spec"]["holderIdentity"], "me");
+    assert_eq!(body["spec"]["leaseTransitions"], 4);
+    respond(send, 409, &status(409, "Conflict"));
+    assert!(!task.await.unwrap().unwrap());
+}
+
+#[tokio::test]
+async fn the_holder_renews_without_a_transition() {
+    let (client, mut server) = mock();
+    let before = Timestamp::now();
+    let task = tokio::spawn(async move { elector(client, "me").try_acquire_or_renew().await });
+    let (_, send) = expect(&mut server, "GET", LEASE, &[]).await;
+    respond(send, 200, &lease("me", before, 2));
+    let (body, send) = expect(&mut server, "PUT", LEASE, &[]).await;
+    assert_eq!(body["spec"]["holderIdentity"], "me");
+    assert_eq!(body["spec"]["leaseTransitions"], 2);
+    assert_eq!(
+        body["spec"]["acquireTime"],
+        lease("me", before, 2)["spec"]["acquireTime"]
+    );
+    respond(send, 200, &body);
+    assert!(task.await.unwrap().unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_of_another_is_taken_over() {
+    let (client, mut server) = mock();
+    let task = tokio::spawn(async move {
+        let mut elector = elector(client, "me");
+        let first = elector.try_acquire_or_renew().await.unwrap();
+        // Its record does not change for longer than the lease duration (on our clock).
+        tokio::time::sleep(Duration::from_secs(16)).await;
+        (first, elector.try_acquire_or_renew().await.unwrap())
+    });
+    let stale = lease("crashed", Timestamp::now(), 1);
+    let (_, send) = expect(&mut server, "GET", LEASE, &[]).await;
+    respond(send, 200, &stale);
+    let (_, send) = expect(&mut server, "GET", LEASE, &[]).await;
+    respond(send, 200, &stale);
+    let (body, send) = expect(&mut server, "PUT", LEASE, &[]).await;
+    assert_eq!(body["spec"]["holderIdentity"], "me");
+    assert_eq!(body["spec"]["leaseTransitions"], 2);
+    respond(send, 200, &body);
+    assert_eq!(task.await.unwrap(), (false, true));
+}
