@@ -1,11 +1,12 @@
 #!/bin/sh
 # Guest-side entry point of the VM suite (called by /payload/run.sh, see hack/test-vm.sh).
-# usage: run.sh [test|demo]
+# usage: run.sh [test|demo|bench]
 #   test: build the example cluster's pods as netns, run every NN-*.sh in order (each prints one
 #         PASS/FAIL/SKIP line), exit 1 if any failed.
 #   demo: same set-up, then demo.sh prints the table, the addresses and the traffic results.
 MODE=${1:-test}
 . /payload/tests/lib.sh
+if [ "$MODE" = bench ]; then mkdir -p "$W"; sh "$T/bench.sh"; exit; fi
 . /payload/tests/topology.sh
 mkdir -p "$W" && cp -r /payload/manifests/cluster "$M"
 echo "--- topology: $(echo $PODS | wc -w) pods + client netns (uptime $(now))"

@@ -186,11 +186,19 @@ impl Dataplane for KernelDataplane {
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
         let mut failures = Vec::new();
         for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
+            let started = std::time::Instant::now();
             let requests: Vec<_> = stage.iter().map(|op| self.apply_one(op)).collect();
             let results: Vec<_> = futures::stream::iter(requests)
                 .buffered(PIPELINE_DEPTH)
                 .collect()
                 .await;
+            tracing::debug!(
+                stage = stage[0].stage(),
+                first = stage[0].name(),
+                ops = stage.len(),
+                duration_us = started.elapsed().as_micros() as u64,
+                "applied stage"
+            );
             for (op, result) in stage.iter().zip(results) {
                 if let Err(error) = result {
                     failures.push(OpFailure {

@@ -1,0 +1,7 @@
+#!/bin/bash
+# Real-kernel programming benchmark: in one VM boot, program BENCH_SERVICES (10000) ClusterIP Services
+# with BENCH_ENDPOINTS (2) endpoints each into an empty IPVS table with `ipvsadm -R` and with
+# `kipvs-proxier run --once`, and print the ratio (issue 3 target: at most 1.0).
+# KIPVS_PROXIER may point at a release build for numbers closer to production.
+set -euo pipefail
+exec "$(dirname "$0")/test-vm.sh" --bench
