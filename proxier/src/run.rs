@@ -9,7 +9,7 @@ use crate::plan::{self, DesiredIndex, NoLocalEndpoints, Plan, PlanContext, Touch
 use crate::store::{ObjectKey, Store};
 use crate::sync::{SyncReport, Syncer};
 use kipvs_crds::config::ProxierConfiguration;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
@@ -153,6 +153,8 @@ pub struct Planner {
     config: ProxierConfiguration,
     index: DesiredIndex,
     node_ips: Vec<IpAddr>,
+    other_addresses: BTreeSet<IpAddr>,
+    replan_all: bool,
 }
 
 /// What a [`Planner::replan`] changed.
@@ -172,6 +174,8 @@ impl Planner {
             config,
             index: DesiredIndex::default(),
             node_ips: Vec::new(),
+            other_addresses: BTreeSet::new(),
+            replan_all: false,
         }
     }
 
@@ -195,24 +199,35 @@ impl Planner {
         &self.node_ips
     }
 
+    /// Set the node's addresses on interfaces other than `kube-ipvs0` (externalIPs and
+    /// load-balancer IPs among them are not bound); a change re-plans every Service.
+    pub fn set_other_interface_addresses(&mut self, addresses: BTreeSet<IpAddr>) {
+        if addresses != self.other_addresses {
+            self.other_addresses = addresses;
+            self.replan_all = true;
+        }
+    }
+
     /// Take the store's changes and re-plan the affected Services; problems of re-planned
     /// Services are logged as warnings naming them.
     pub fn replan(&mut self, store: &mut Store) -> Replanned {
         let dirty = store.take_dirty();
         let node = store.node();
-        let (keys, all): (Vec<ObjectKey>, bool) = if dirty.all {
-            self.index = DesiredIndex::default();
-            self.node_ips = if self.identity.node_ips.is_empty() {
-                node.map(plan::node_internal_ips).unwrap_or_default()
+        let (keys, all): (Vec<ObjectKey>, bool) =
+            if dirty.all || std::mem::take(&mut self.replan_all) {
+                self.index = DesiredIndex::default();
+                self.node_ips = if self.identity.node_ips.is_empty() {
+                    node.map(plan::node_internal_ips).unwrap_or_default()
+                } else {
+                    self.identity.node_ips.clone()
+                };
+                (store.services().map(|(k, _)| k.clone()).collect(), true)
             } else {
-                self.identity.node_ips.clone()
+                (dirty.services.into_iter().collect(), false)
             };
-            (store.services().map(|(k, _)| k.clone()).collect(), true)
-        } else {
-            (dirty.services.into_iter().collect(), false)
-        };
         let (context, problems) =
             PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
+        let context = context.with_other_interface_addresses(self.other_addresses.iter().copied());
         if all {
             for problem in &problems {
                 tracing::warn!("{problem}");
@@ -285,6 +300,20 @@ impl<D: Dataplane> Engine<D> {
     ///
     /// The source's observer hears of the taken changes and of the outcome.
     pub async fn sync(&mut self) -> Result<SyncReport, DataplaneError> {
+        let period_over = self
+            .last_full_sync
+            .is_none_or(|t| t.elapsed() >= self.planner.config.ipvs.sync_period);
+        if period_over {
+            match self
+                .syncer
+                .dataplane_mut()
+                .other_interface_addresses()
+                .await
+            {
+                Ok(a) => self.planner.set_other_interface_addresses(a),
+                Err(e) => tracing::warn!("cannot list the node's addresses: {e}"),
+            }
+        }
         let observer = self.source.observer.clone();
         let (replanned, trigger_times) = {
             let mut store = self.source.store.lock().expect("store lock");
@@ -299,9 +328,6 @@ impl<D: Dataplane> Engine<D> {
             node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
             exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
         };
-        let period_over = self
-            .last_full_sync
-            .is_none_or(|t| t.elapsed() >= config.ipvs.sync_period);
         let desired = self.planner.index.desired();
         let result = match replanned {
             Replanned::Touched(touched) if !period_over => {

@@ -65,6 +65,11 @@ impl<D: Dataplane> Syncer<D> {
         &self.dataplane
     }
 
+    /// The dataplane, for observations outside a sync.
+    pub fn dataplane_mut(&mut self) -> &mut D {
+        &mut self.dataplane
+    }
+
     /// Draining real servers and when each started draining.
     pub fn drains(&self) -> &BTreeMap<(VirtualServerKey, SocketAddr), Instant> {
         &self.drains

@@ -2,7 +2,8 @@
 
 use super::{Dataplane, DataplaneError, Op, OpFailure};
 use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 /// An IPVS table and a `kube-ipvs0` address list held in memory.
 ///
@@ -13,6 +14,8 @@ pub struct FakeDataplane {
     pub state: ObservedState,
     /// Every op applied successfully, in order.
     pub applied: Vec<Op>,
+    /// Addresses the fake node has on interfaces other than `kube-ipvs0`.
+    pub other_addresses: BTreeSet<IpAddr>,
 }
 
 impl FakeDataplane {
@@ -20,7 +23,7 @@ impl FakeDataplane {
     pub fn new(state: ObservedState) -> Self {
         FakeDataplane {
             state,
-            applied: Vec::new(),
+            ..Default::default()
         }
     }
 }
@@ -38,6 +41,10 @@ impl Dataplane for FakeDataplane {
             .iter()
             .filter_map(|k| Some((*k, self.state.virtual_servers.get(k)?.clone())))
             .collect())
+    }
+
+    async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
+        Ok(self.other_addresses.clone())
     }
 
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {

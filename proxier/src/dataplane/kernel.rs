@@ -183,6 +183,22 @@ impl Dataplane for KernelDataplane {
         Ok(out)
     }
 
+    async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
+        let mut stream = self.rtnl.address().get().execute();
+        let mut out = BTreeSet::new();
+        while let Some(msg) = stream.try_next().await? {
+            if msg.header.index == self.link_index {
+                continue;
+            }
+            for attr in &msg.attributes {
+                if let AddressAttribute::Address(a) = attr {
+                    out.insert(*a);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
         let mut failures = Vec::new();
         for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {

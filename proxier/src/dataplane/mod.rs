@@ -401,6 +401,12 @@ pub trait Dataplane {
         Output = Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, DataplaneError>,
     > + Send;
 
+    /// The node's addresses on every interface but `kube-ipvs0`: externalIPs and load-balancer
+    /// IPs among them are not bound on `kube-ipvs0` (kube-proxy's rule; kubernetes#88212).
+    fn other_interface_addresses(
+        &mut self,
+    ) -> impl Future<Output = Result<BTreeSet<IpAddr>, DataplaneError>> + Send;
+
     /// Apply `ops` stage by stage ([`Op::stage`]), continuing past failures, and return the
     /// failures. Ops of one stage may run concurrently.
     fn apply(&mut self, ops: &[Op]) -> impl Future<Output = Vec<OpFailure>> + Send;
