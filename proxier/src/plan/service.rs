@@ -318,19 +318,31 @@ pub fn plan_service(
                 Some(port) => {
                     // Distinct local ready endpoint IPs over all ports, as kube-proxy's
                     // `LocalReadyEndpoints` (terminating ones do not count: 503 when only
-                    // terminating endpoints are left, per the design brief).
-                    let local_ready: BTreeSet<IpAddr> = endpoints
-                        .values()
-                        .flatten()
-                        .filter(|e| e.local && e.ready)
-                        .map(|e| e.address.ip())
-                        .collect();
+                    // terminating endpoints are left, per the design brief). Each of
+                    // kube-proxy's single-stack proxiers counts its own family; kipvs has one
+                    // health check per port and reports the larger count of the Service's
+                    // families (equal for dual-stack pods).
+                    let local_ready = |ipv4: bool| {
+                        endpoints
+                            .values()
+                            .flatten()
+                            .filter(|e| e.local && e.ready && e.address.is_ipv4() == ipv4)
+                            .map(|e| e.address.ip())
+                            .collect::<BTreeSet<IpAddr>>()
+                            .len()
+                    };
+                    let count = [true, false]
+                        .into_iter()
+                        .filter(|&ipv4| cluster_ips.iter().any(|ip| ip.is_ipv4() == ipv4))
+                        .map(local_ready)
+                        .max()
+                        .unwrap_or(0);
                     plan.health_check_node_port = Some((
                         port,
                         HealthCheckNodePort {
                             namespace: plan.namespace.clone(),
                             name: plan.name.clone(),
-                            local_ready_endpoints: local_ready.len(),
+                            local_ready_endpoints: count,
                         },
                     ));
                 }
