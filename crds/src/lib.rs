@@ -6,6 +6,8 @@
 //!   [`proxyconfig`]).
 //! - [`NodeProxyConfig`]: one node's configuration, written by the operator, with a status
 //!   written by the node's proxier (see [`nodeproxyconfig`]).
+//! - [`kubeproxy`]: kube-proxy's `KubeProxyConfiguration` read as a [`ProxierConfiguration`]
+//!   ([`ProxierConfiguration::load_any`]), for clusters moving from kube-proxy.
 //! - [`Gate`]: the feature gates kipvs understands.
 //! - [`duration`]: Go-style duration strings (`"30s"`, `"1m30s"`).
 //! - [`crd`]: the CustomResourceDefinitions as the `crdgen` binary writes them.
@@ -14,6 +16,7 @@ pub mod config;
 pub mod crd;
 pub mod duration;
 pub mod gates;
+pub mod kubeproxy;
 pub mod nodeproxyconfig;
 pub mod proxyconfig;
 pub mod schema;

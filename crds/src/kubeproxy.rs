@@ -1,0 +1,681 @@
+//! Reading kube-proxy's own configuration file as a [`ProxierConfiguration`], so that a
+//! cluster can move from kube-proxy's IPVS mode to kipvs with its `kube-proxy` ConfigMap
+//! unchanged (issue 3, "Migration").
+//!
+//! [`ProxierConfiguration::load_any`] reads either form:
+//! - a document with `kind` or `apiVersion` is a kube-proxy `KubeProxyConfiguration`
+//!   (`kubeproxy.config.k8s.io/v1alpha1`, the `config.conf` key of the ConfigMap kubeadm
+//!   writes; `staging/src/k8s.io/kube-proxy/config/v1alpha1/types.go`);
+//! - anything else is a kipvs [`ProxierConfiguration`] ([`ProxierConfiguration::from_yaml_str`],
+//!   strict: unknown fields are errors).
+//!
+//! What a `KubeProxyConfiguration` gives kipvs:
+//!
+//! | kube-proxy field | kipvs | zero or unset |
+//! |---|---|---|
+//! | `mode` | must be `ipvs` or `""` (a warning: kube-proxy's `""` means iptables); anything else is an error | |
+//! | `featureGates` | the three kipvs gates map; other gates are ignored with a warning | every gate on |
+//! | `ipvs.scheduler`, `ipvs.strictARP`, `ipvs.excludeCIDRs` | same field | `""` (rr), false, none |
+//! | `ipvs.syncPeriod` | same field | `30s` (kube-proxy's `SetDefaults_KubeProxyConfiguration`) |
+//! | `ipvs.minSyncPeriod`, `ipvs.tcpTimeout`, `ipvs.tcpFinTimeout`, `ipvs.udpTimeout` | same field | `0s` |
+//! | `nodePortAddresses` | same field; the keywords `all` and `localhost` become their CIDRs | every node IP |
+//! | `healthzBindAddress`, `metricsBindAddress` | same field; an address without a port gets 10256 / 10249 (`AppendPortIfNeeded`) | `0.0.0.0:10256` / `127.0.0.1:10249`, or `[::]:10256` / `[::1]:10249` when `bindAddress` is IPv6 |
+//!
+//! Every other field is accepted and ignored, as are fields kube-proxy does not know (its
+//! v1alpha1 decoding is lenient too); each one that is set to something other than its zero
+//! value (`null`, `false`, `0`, `""`, `"0"`, `"0s"`, empty lists and maps) is named in the
+//! returned warnings, so that the caller can log what kipvs does not do. kubeadm writes every
+//! field, mostly with zero values, so its default file gives only a few warnings.
+
+use crate::config::{ConfigError, IpvsConfiguration, ProxierConfiguration};
+use crate::duration;
+use crate::gates::Gate;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// `apiVersion` of the kube-proxy configuration kipvs reads.
+pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+
+/// `kind` of the kube-proxy configuration kipvs reads.
+pub const KIND: &str = "KubeProxyConfiguration";
+
+/// Default port of `healthzBindAddress` (`ports.ProxyHealthzPort`).
+const HEALTHZ_PORT: u16 = 10256;
+
+/// Default port of `metricsBindAddress` (`ports.ProxyStatusPort`).
+const METRICS_PORT: u16 = 10249;
+
+/// Default `ipvs.syncPeriod` when the file leaves it at zero.
+const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
+
+/// The top-level fields of `KubeProxyConfiguration` v1alpha1 that kipvs ignores (current ones,
+/// and `udpIdleTimeout` and `resourceContainer` of older releases). Fields not listed here
+/// nor read by kipvs are unknown to kube-proxy as well.
+const IGNORED_FIELDS: [&str; 19] = [
+    "bindAddressHardFail",
+    "clientConnection",
+    "clusterCIDR",
+    "configSyncPeriod",
+    "conntrack",
+    "detectLocal",
+    "detectLocalMode",
+    "enableProfiling",
+    "hostnameOverride",
+    "iptables",
+    "logging",
+    "nftables",
+    "oomScoreAdj",
+    "portRange",
+    "showHiddenMetricsForVersion",
+    "winkernel",
+    "windowsRunAsService",
+    "udpIdleTimeout",
+    "resourceContainer",
+];
+
+/// The fields kipvs reads; the rest lands in `ignored`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct KubeProxyConfiguration {
+    api_version: Option<String>,
+    kind: Option<String>,
+    mode: Option<String>,
+    bind_address: Option<String>,
+    feature_gates: Option<BTreeMap<String, bool>>,
+    healthz_bind_address: Option<String>,
+    metrics_bind_address: Option<String>,
+    node_port_addresses: Option<Vec<String>>,
+    ipvs: Option<KubeProxyIpvs>,
+    #[serde(flatten)]
+    ignored: Map<String, Value>,
+}
+
+/// `KubeProxyIPVSConfiguration`; durations as Go duration strings (any YAML value is taken
+/// here, so that a wrong one is reported naming its field).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct KubeProxyIpvs {
+    scheduler: Option<String>,
+    sync_period: Option<Value>,
+    min_sync_period: Option<Value>,
+    #[serde(rename = "strictARP")]
+    strict_arp: Option<bool>,
+    tcp_timeout: Option<Value>,
+    tcp_fin_timeout: Option<Value>,
+    udp_timeout: Option<Value>,
+    #[serde(rename = "excludeCIDRs")]
+    exclude_cidrs: Option<Vec<String>>,
+    #[serde(flatten)]
+    ignored: Map<String, Value>,
+}
+
+impl ProxierConfiguration {
+    /// Reads a configuration file in either form (see the [module](self) docs) and validates
+    /// it. Returns the configuration and, for a `KubeProxyConfiguration`, warnings naming what
+    /// kipvs ignores (empty for a kipvs file).
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] if the file cannot be read; otherwise the errors of
+    /// [`from_any_yaml_str`](Self::from_any_yaml_str) wrapped in [`ConfigError::File`] with
+    /// the path.
+    pub fn load_any(path: impl AsRef<Path>) -> Result<(Self, Vec<String>), ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.to_owned(),
+            error,
+        })?;
+        Self::from_any_yaml_str(&text).map_err(|e| ConfigError::File {
+            path: path.to_owned(),
+            error: Box::new(e),
+        })
+    }
+
+    /// Parses a kipvs `ProxierConfiguration` or a kube-proxy `KubeProxyConfiguration` (a
+    /// document with `kind` or `apiVersion`), and validates the result.
+    ///
+    /// # Errors
+    /// [`ConfigError::Yaml`] for malformed YAML or a field of the wrong type;
+    /// [`ConfigError::Invalid`] for another `kind`/`apiVersion`, a `mode` other than `ipvs`
+    /// or `""`, or a bad duration; the errors of [`validate`](Self::validate) otherwise (a
+    /// kipvs file is read by [`from_yaml_str`](Self::from_yaml_str)).
+    pub fn from_any_yaml_str(text: &str) -> Result<(Self, Vec<String>), ConfigError> {
+        let document: Option<Value> =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+        match document {
+            Some(Value::Object(object))
+                if object.contains_key("kind") || object.contains_key("apiVersion") =>
+            {
+                from_kube_proxy(Value::Object(object))
+            }
+            _ => Ok((Self::from_yaml_str(text)?, Vec::new())),
+        }
+    }
+}
+
+/// Converts a `KubeProxyConfiguration` document (see the module docs).
+fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>), ConfigError> {
+    let file: KubeProxyConfiguration =
+        serde_json::from_value(document).map_err(|e| ConfigError::Yaml(format!("{KIND}: {e}")))?;
+    let kind = file.kind.as_deref().unwrap_or_default();
+    let api_version = file.api_version.as_deref().unwrap_or_default();
+    if kind != KIND {
+        return Err(invalid(
+            "kind",
+            format!(
+                "{kind:?} is not supported: expected {KIND} ({API_VERSION}), or a kipvs \
+                 ProxierConfiguration without kind and apiVersion"
+            ),
+        ));
+    }
+    if api_version != API_VERSION {
+        return Err(invalid(
+            "apiVersion",
+            format!("{api_version:?} is not supported for {KIND}: expected {API_VERSION}"),
+        ));
+    }
+
+    let mut warnings = Vec::new();
+    match file.mode.as_deref().unwrap_or_default() {
+        "ipvs" => {}
+        "" => warnings.push(
+            "mode is \"\" (kube-proxy's default, iptables on Linux); kipvs programs IPVS"
+                .to_owned(),
+        ),
+        other => {
+            return Err(invalid(
+                "mode",
+                format!(
+                    "{other:?}: kipvs is an IPVS service proxy and replaces kube-proxy's \
+                     \"ipvs\" mode only; set mode to \"ipvs\" (or leave it empty)"
+                ),
+            ));
+        }
+    }
+
+    let mut feature_gates = BTreeMap::new();
+    for (name, enabled) in file.feature_gates.unwrap_or_default() {
+        match name.parse::<Gate>() {
+            Ok(gate) => {
+                feature_gates.insert(gate.name().to_owned(), enabled);
+            }
+            Err(_) => warnings.push(format!(
+                "featureGates.{name} is not a kipvs feature gate (known: {}); ignored",
+                Gate::known_names()
+            )),
+        }
+    }
+
+    let ipvs = file.ipvs.unwrap_or_default();
+    let defaults = IpvsConfiguration::default();
+    let sync_period = duration_field("ipvs.syncPeriod", &ipvs.sync_period)?;
+    let ipvs_config = IpvsConfiguration {
+        scheduler: ipvs.scheduler.unwrap_or_default(),
+        sync_period: sync_period
+            .filter(|d| !d.is_zero())
+            .unwrap_or(DEFAULT_SYNC_PERIOD),
+        min_sync_period: duration_field("ipvs.minSyncPeriod", &ipvs.min_sync_period)?
+            .unwrap_or(defaults.min_sync_period),
+        strict_arp: ipvs.strict_arp.unwrap_or(defaults.strict_arp),
+        tcp_timeout: duration_field("ipvs.tcpTimeout", &ipvs.tcp_timeout)?
+            .unwrap_or(defaults.tcp_timeout),
+        tcp_fin_timeout: duration_field("ipvs.tcpFinTimeout", &ipvs.tcp_fin_timeout)?
+            .unwrap_or(defaults.tcp_fin_timeout),
+        udp_timeout: duration_field("ipvs.udpTimeout", &ipvs.udp_timeout)?
+            .unwrap_or(defaults.udp_timeout),
+        exclude_cidrs: ipvs.exclude_cidrs.unwrap_or_default(),
+        ..defaults
+    };
+    for (name, value) in &ipvs.ignored {
+        set_leaves(&format!("ipvs.{name}"), value, &mut |path| {
+            warnings.push(format!(
+                "{path} is not a {KIND} {API_VERSION} field; ignored"
+            ));
+        });
+    }
+
+    let bind_ipv6 = file
+        .bind_address
+        .as_deref()
+        .and_then(|a| a.parse::<IpAddr>().ok())
+        .is_some_and(|ip| ip.is_ipv6());
+    let (healthz_host, metrics_host) = if bind_ipv6 {
+        ("[::]", "[::1]")
+    } else {
+        ("0.0.0.0", "127.0.0.1")
+    };
+    let bind_address = |value: Option<String>, host: &str, port: u16| match value {
+        Some(address) if !address.is_empty() => append_port_if_needed(address, port),
+        _ => format!("{host}:{port}"),
+    };
+    let config = ProxierConfiguration {
+        feature_gates,
+        ipvs: ipvs_config,
+        node_port_addresses: file
+            .node_port_addresses
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(expand_node_port_keyword)
+            .collect(),
+        healthz_bind_address: bind_address(file.healthz_bind_address, healthz_host, HEALTHZ_PORT),
+        metrics_bind_address: bind_address(file.metrics_bind_address, metrics_host, METRICS_PORT),
+    };
+
+    for (name, value) in &file.ignored {
+        let known = IGNORED_FIELDS.contains(&name.as_str());
+        set_leaves(name, value, &mut |path| {
+            warnings.push(if known {
+                ignored_warning(&path)
+            } else {
+                format!("{path} is not a {KIND} {API_VERSION} field; ignored")
+            });
+        });
+    }
+    if let Some(address) = file
+        .bind_address
+        .filter(|a| a.parse::<IpAddr>().is_ok_and(|ip| !ip.is_unspecified()))
+    {
+        warnings.push(format!(
+            "bindAddress {address} is ignored (kipvs takes the node's primary IP from its Node \
+             object); only its IP family picks the default health and metrics addresses"
+        ));
+    }
+    config.validate()?;
+    Ok((config, warnings))
+}
+
+/// The warning for a set field of [`IGNORED_FIELDS`], with what to use instead where kipvs
+/// has an equivalent.
+fn ignored_warning(path: &str) -> String {
+    let instead = match path {
+        "hostnameOverride" => "; kipvs takes the node name from --node (KIPVS_NODE_NAME)",
+        "clientConnection.kubeconfig" => {
+            "; kipvs uses --kubeconfig, else the in-cluster configuration"
+        }
+        _ => "",
+    };
+    format!("{path} is ignored by kipvs{instead}")
+}
+
+/// A Go duration field (`metav1.Duration`, a string), `None` when unset or `null`.
+fn duration_field(field: &str, value: &Option<Value>) -> Result<Option<Duration>, ConfigError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => duration::parse(text)
+            .map(Some)
+            .map_err(|e| invalid(field, e.to_string())),
+        Some(other) => Err(invalid(
+            field,
+            format!("{other} is not a duration string (such as \"30s\" or \"1m30s\")"),
+        )),
+    }
+}
+
+/// kube-proxy's `nodePortAddresses` keywords that kipvs's field spells as CIDRs: `all`
+/// (`0.0.0.0/0`, `::/0`) and `localhost` (`127.0.0.0/8`, `::1/128`: no NodePort in IPVS mode,
+/// which never serves them on loopback). Other entries, `primary` included, stay as they are.
+fn expand_node_port_keyword(entry: String) -> Vec<String> {
+    match entry.as_str() {
+        "all" => vec!["0.0.0.0/0".to_owned(), "::/0".to_owned()],
+        "localhost" => vec!["127.0.0.0/8".to_owned(), "::1/128".to_owned()],
+        _ => vec![entry],
+    }
+}
+
+/// kube-proxy's `AppendPortIfNeeded`: an address that is a bare IP gets `port`; anything else
+/// (`ip:port`, or something invalid, left to validation) is returned as is.
+fn append_port_if_needed(address: String, port: u16) -> String {
+    match address.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) => format!("{ip}:{port}"),
+        Ok(IpAddr::V6(ip)) => format!("[{ip}]:{port}"),
+        Err(_) => address,
+    }
+}
+
+/// Calls `report` with the path of every leaf under `value` that is not a zero value (`null`,
+/// `false`, `0`, `""`, `"0"`, `"0s"`, an empty list or map). Lists are leaves.
+fn set_leaves(path: &str, value: &Value, report: &mut impl FnMut(String)) {
+    match value {
+        Value::Object(map) => {
+            for (name, child) in map {
+                set_leaves(&format!("{path}.{name}"), child, report);
+            }
+        }
+        Value::Null | Value::Bool(false) => {}
+        Value::Number(n) if n.as_f64() == Some(0.0) => {}
+        Value::String(s) if matches!(s.as_str(), "" | "0" | "0s") => {}
+        Value::Array(items) if items.is_empty() => {}
+        _ => report(path.to_owned()),
+    }
+}
+
+fn invalid(field: &str, message: String) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_owned(),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `config.conf` of the `kube-proxy` ConfigMap as `kubeadm init` (v1.31) writes it, with
+    /// the pod CIDR of a typical `--pod-network-cidr`.
+    const KUBEADM_CONFIG_CONF: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+bindAddress: 0.0.0.0
+bindAddressHardFail: false
+clientConnection:
+  acceptContentTypes: ""
+  burst: 0
+  contentType: ""
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 0
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 0s
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+detectLocal:
+  bridgeInterface: ""
+  interfaceNamePrefix: ""
+detectLocalMode: ""
+enableProfiling: false
+healthzBindAddress: ""
+hostnameOverride: ""
+iptables:
+  localhostNodePorts: null
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+ipvs:
+  excludeCIDRs: null
+  minSyncPeriod: 0s
+  scheduler: ""
+  strictARP: false
+  syncPeriod: 0s
+  tcpFinTimeout: 0s
+  tcpTimeout: 0s
+  udpTimeout: 0s
+kind: KubeProxyConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+    text:
+      infoBufferSize: "0"
+  verbosity: 0
+metricsBindAddress: ""
+mode: ""
+nftables:
+  masqueradeAll: false
+  masqueradeBit: null
+  minSyncPeriod: 0s
+  syncPeriod: 0s
+nodePortAddresses: null
+oomScoreAdj: null
+portRange: ""
+showHiddenMetricsForVersion: ""
+winkernel:
+  enableDSR: false
+  forwardHealthCheckVip: false
+  networkName: ""
+  rootHnsEndpointName: ""
+  sourceVip: ""
+"#;
+
+    /// The same file as an IPVS cluster runs it: MetalLB's strictARP, an explicit scheduler
+    /// and timeouts, metrics for Prometheus, nodePortAddresses, feature gates.
+    fn ipvs_config_conf() -> String {
+        KUBEADM_CONFIG_CONF
+            .replace("mode: \"\"", "mode: ipvs")
+            .replace(
+                "ipvs:\n  excludeCIDRs: null\n  minSyncPeriod: 0s\n  scheduler: \"\"\n  \
+                 strictARP: false\n  syncPeriod: 0s\n  tcpFinTimeout: 0s\n  tcpTimeout: 0s\n  \
+                 udpTimeout: 0s\n",
+                "ipvs:\n  excludeCIDRs: [10.200.0.0/16]\n  minSyncPeriod: 1s\n  scheduler: lc\n  \
+                 strictARP: true\n  syncPeriod: 1m0s\n  tcpFinTimeout: 2m0s\n  tcpTimeout: 15m0s\n  \
+                 udpTimeout: 5m0s\n",
+            )
+            .replace("metricsBindAddress: \"\"", "metricsBindAddress: 0.0.0.0")
+            .replace("nodePortAddresses: null", "nodePortAddresses: [192.168.0.0/16]")
+            .replace(
+                "enableProfiling: false\n",
+                "enableProfiling: false\nfeatureGates:\n  LoadBalancerIPMode: false\n  \
+                 NFTablesProxyMode: true\n",
+            )
+            .replace("masqueradeAll: false\n  masqueradeBit: null\n  minSyncPeriod: 0s\n  syncPeriod: 0s\nipvs",
+                     "masqueradeAll: true\n  masqueradeBit: null\n  minSyncPeriod: 0s\n  syncPeriod: 0s\nipvs")
+    }
+
+    #[test]
+    fn kubeadm_default_file_gives_kube_proxys_defaults() {
+        let (config, warnings) =
+            ProxierConfiguration::from_any_yaml_str(KUBEADM_CONFIG_CONF).unwrap();
+        assert_eq!(config, ProxierConfiguration::default());
+        assert_eq!(
+            warnings,
+            [
+                "mode is \"\" (kube-proxy's default, iptables on Linux); kipvs programs IPVS",
+                "clientConnection.kubeconfig is ignored by kipvs; kipvs uses --kubeconfig, else \
+                 the in-cluster configuration",
+                "clusterCIDR is ignored by kipvs",
+            ]
+        );
+    }
+
+    #[test]
+    fn ipvs_file_maps_every_ipvs_field() {
+        let (config, warnings) =
+            ProxierConfiguration::from_any_yaml_str(&ipvs_config_conf()).unwrap();
+        assert_eq!(config.ipvs.scheduler, "lc");
+        assert_eq!(config.ipvs.sync_period, Duration::from_secs(60));
+        assert_eq!(config.ipvs.min_sync_period, Duration::from_secs(1));
+        assert!(config.ipvs.strict_arp);
+        assert_eq!(config.ipvs.tcp_timeout, Duration::from_secs(900));
+        assert_eq!(config.ipvs.tcp_fin_timeout, Duration::from_secs(120));
+        assert_eq!(config.ipvs.udp_timeout, Duration::from_secs(300));
+        assert_eq!(config.ipvs.exclude_cidrs, ["10.200.0.0/16"]);
+        assert_eq!(
+            config.ipvs.drain_timeout,
+            IpvsConfiguration::default().drain_timeout
+        );
+        assert_eq!(config.node_port_addresses, ["192.168.0.0/16"]);
+        assert_eq!(config.healthz_bind_address, "0.0.0.0:10256");
+        assert_eq!(config.metrics_bind_address, "0.0.0.0:10249");
+        assert!(!config.gate_enabled(Gate::LoadBalancerIPMode));
+        assert!(config.gate_enabled(Gate::ProxyTerminatingEndpoints));
+        assert_eq!(
+            warnings,
+            [
+                "featureGates.NFTablesProxyMode is not a kipvs feature gate (known: \
+                 ProxyTerminatingEndpoints, LoadBalancerIPMode, KubeProxyDrainingTerminatingNodes); \
+                 ignored",
+                "clientConnection.kubeconfig is ignored by kipvs; kipvs uses --kubeconfig, else \
+                 the in-cluster configuration",
+                "clusterCIDR is ignored by kipvs",
+                "iptables.masqueradeAll is ignored by kipvs",
+            ]
+        );
+    }
+
+    #[test]
+    fn other_modes_are_errors() {
+        for mode in ["iptables", "nftables", "kernelspace", "userspace"] {
+            let text = KUBEADM_CONFIG_CONF.replace("mode: \"\"", &format!("mode: {mode}"));
+            let err = ProxierConfiguration::from_any_yaml_str(&text).unwrap_err();
+            assert!(matches!(err, ConfigError::Invalid { .. }), "{err:?}");
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "mode: \"{mode}\": kipvs is an IPVS service proxy and replaces kube-proxy's \
+                     \"ipvs\" mode only; set mode to \"ipvs\" (or leave it empty)"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn kind_and_api_version_are_checked() {
+        for (text, expected) in [
+            (
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n",
+                "apiVersion: \"kubeproxy.config.k8s.io/v1alpha2\" is not supported for \
+                 KubeProxyConfiguration: expected kubeproxy.config.k8s.io/v1alpha1",
+            ),
+            (
+                "kind: KubeProxyConfiguration\n",
+                "apiVersion: \"\" is not supported for KubeProxyConfiguration: expected \
+                 kubeproxy.config.k8s.io/v1alpha1",
+            ),
+            (
+                "apiVersion: v1\nkind: ConfigMap\ndata: {}\n",
+                "kind: \"ConfigMap\" is not supported: expected KubeProxyConfiguration \
+                 (kubeproxy.config.k8s.io/v1alpha1), or a kipvs ProxierConfiguration without \
+                 kind and apiVersion",
+            ),
+        ] {
+            let err = ProxierConfiguration::from_any_yaml_str(text).unwrap_err();
+            assert_eq!(err.to_string(), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn minimal_file_and_address_defaults() {
+        let head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                    mode: ipvs\n";
+        let (config, warnings) = ProxierConfiguration::from_any_yaml_str(head).unwrap();
+        assert_eq!(config, ProxierConfiguration::default());
+        assert!(warnings.is_empty(), "{warnings:?}");
+
+        // An IPv6 bindAddress picks IPv6 defaults (getDefaultAddresses); a bare IP gets the
+        // default port (AppendPortIfNeeded).
+        let (config, warnings) = ProxierConfiguration::from_any_yaml_str(&format!(
+            "{head}bindAddress: \"::\"\nhealthzBindAddress: \"::1\"\n"
+        ))
+        .unwrap();
+        assert_eq!(config.healthz_bind_address, "[::1]:10256");
+        assert_eq!(config.metrics_bind_address, "[::1]:10249");
+        assert!(warnings.is_empty(), "{warnings:?}");
+
+        let (config, warnings) = ProxierConfiguration::from_any_yaml_str(&format!(
+            "{head}bindAddress: 192.168.0.10\nhealthzBindAddress: 0.0.0.0:12345\n\
+             nodePortAddresses: [all]\nhostnameOverride: node-1\n"
+        ))
+        .unwrap();
+        assert_eq!(config.healthz_bind_address, "0.0.0.0:12345");
+        assert_eq!(config.metrics_bind_address, "127.0.0.1:10249");
+        assert_eq!(config.node_port_addresses, ["0.0.0.0/0", "::/0"]);
+        assert_eq!(
+            warnings,
+            [
+                "hostnameOverride is ignored by kipvs; kipvs takes the node name from --node \
+                 (KIPVS_NODE_NAME)",
+                "bindAddress 192.168.0.10 is ignored (kipvs takes the node's primary IP from its \
+                 Node object); only its IP family picks the default health and metrics addresses",
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_with_a_warning() {
+        let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                    mode: ipvs\nnotAField: {a: 1, b: 0}\nipvs:\n  masqueradeBit: 14\n";
+        let (_, warnings) = ProxierConfiguration::from_any_yaml_str(text).unwrap();
+        assert_eq!(
+            warnings,
+            [
+                "ipvs.masqueradeBit is not a KubeProxyConfiguration \
+                 kubeproxy.config.k8s.io/v1alpha1 field; ignored",
+                "notAField.a is not a KubeProxyConfiguration kubeproxy.config.k8s.io/v1alpha1 \
+                 field; ignored",
+            ]
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_the_field() {
+        let head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+        for (body, expected) in [
+            (
+                "ipvs: {syncPeriod: 30}\n",
+                "ipvs.syncPeriod: 30 is not a duration string",
+            ),
+            (
+                "ipvs: {tcpTimeout: \"15\"}\n",
+                "ipvs.tcpTimeout: invalid duration \"15\": missing unit",
+            ),
+            (
+                "ipvs: {syncPeriod: 10s, minSyncPeriod: 1m}\n",
+                "ipvs.minSyncPeriod: 1m0s must not be greater than ipvs.syncPeriod (10s)",
+            ),
+            (
+                "nodePortAddresses: [primary, 10.0.0.0/8]\n",
+                "nodePortAddresses[0]: \"primary\" must be the only entry",
+            ),
+            (
+                "metricsBindAddress: localhost\n",
+                "metricsBindAddress: \"localhost\"",
+            ),
+            (
+                "featureGates: {LoadBalancerIPMode: maybe}\n",
+                "invalid configuration: KubeProxyConfiguration:",
+            ),
+        ] {
+            let err = ProxierConfiguration::from_any_yaml_str(&format!("{head}{body}"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(expected), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn kipvs_files_are_read_strictly() {
+        let (config, warnings) =
+            ProxierConfiguration::from_any_yaml_str("ipvs:\n  scheduler: wlc\n").unwrap();
+        assert_eq!(config.ipvs.scheduler, "wlc");
+        assert!(warnings.is_empty());
+        let (config, _) = ProxierConfiguration::from_any_yaml_str("").unwrap();
+        assert_eq!(config, ProxierConfiguration::default());
+        let err = ProxierConfiguration::from_any_yaml_str("mode: ipvs\n").unwrap_err();
+        assert!(matches!(err, ConfigError::Yaml(_)), "{err:?}");
+    }
+
+    #[test]
+    fn load_any_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("kipvs-kubeproxy-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("config.conf");
+        std::fs::write(&conf, ipvs_config_conf()).unwrap();
+        let (config, warnings) = ProxierConfiguration::load_any(&conf).unwrap();
+        assert_eq!(config.ipvs.scheduler, "lc");
+        assert_eq!(warnings.len(), 4);
+
+        let bad = dir.join("bad.conf");
+        std::fs::write(
+            &bad,
+            KUBEADM_CONFIG_CONF.replace("mode: \"\"", "mode: nftables"),
+        )
+        .unwrap();
+        let message = ProxierConfiguration::load_any(&bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with(&format!("{}: mode: \"nftables\"", bad.display())),
+            "{message}"
+        );
+        let missing = ProxierConfiguration::load_any(dir.join("missing.conf")).unwrap_err();
+        assert!(matches!(missing, ConfigError::Read { .. }), "{missing:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
