@@ -36,7 +36,8 @@ struct SourceArgs {
     /// Nodes. Without it, `run` watches the Kubernetes API.
     #[arg(long)]
     manifests: Option<PathBuf>,
-    /// ProxierConfiguration file (kube-proxy field names). Defaults apply without it.
+    /// ProxierConfiguration file (kube-proxy field names), or kube-proxy's own
+    /// KubeProxyConfiguration (its ConfigMap's config.conf). Defaults apply without it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Node IP for NodePort virtual servers (repeatable); default: the Node's InternalIPs.
@@ -137,11 +138,17 @@ enum Command {
     },
 }
 
+/// The `--config` file (a kipvs ProxierConfiguration or kube-proxy's KubeProxyConfiguration),
+/// logging what kipvs ignores in it; defaults without one.
 fn load_config(path: Option<&Path>) -> anyhow::Result<ProxierConfiguration> {
-    Ok(match path {
-        Some(p) => ProxierConfiguration::from_file(p)?,
-        None => ProxierConfiguration::default(),
-    })
+    let Some(path) = path else {
+        return Ok(ProxierConfiguration::default());
+    };
+    let (config, warnings) = ProxierConfiguration::load_any(path)?;
+    for warning in warnings {
+        tracing::warn!("{}: {warning}", path.display());
+    }
+    Ok(config)
 }
 
 /// The manifests source of `args` (`plan` needs one).
