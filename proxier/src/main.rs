@@ -126,6 +126,13 @@ enum Command {
         #[arg(long, value_enum, default_value = "kernel", hide = true)]
         dataplane: DataplaneKind,
     },
+    /// Remove what kipvs (or kube-proxy in IPVS mode) programmed: its virtual servers, the
+    /// addresses on kube-ipvs0 and the kube-ipvs0 link. Other virtual servers are left alone.
+    Cleanup {
+        /// ProxierConfiguration (or KubeProxyConfiguration) file: its ipvs.excludeCIDRs are kept.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Program the kernel from the Kubernetes API (or the manifests) and keep it in step.
     Run {
         #[command(flatten)]
@@ -395,6 +402,27 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                     println!("{}", serde_json::to_string_pretty(&inspection)?)
                 }
             }
+        }
+        Command::Cleanup { config } => {
+            let config = load_config(config.as_deref())?;
+            let exclude = config.ipvs.parsed_exclude_cidrs()?;
+            let (ops, failures) = connect_kernel().await?.cleanup(exclude).await?;
+            for op in &ops {
+                tracing::info!("{op}");
+            }
+            for f in &failures {
+                tracing::error!(error = %f.error, "failed {}", f.op);
+            }
+            tracing::info!(
+                "cleanup: {} ops, {} failed, kube-ipvs0 deleted",
+                ops.len(),
+                failures.len()
+            );
+            anyhow::ensure!(
+                failures.is_empty(),
+                "{} cleanup operations failed",
+                failures.len()
+            );
         }
         Command::Run {
             source: args,

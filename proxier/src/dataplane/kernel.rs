@@ -1,10 +1,10 @@
 //! The real [`Dataplane`]: kernel IPVS through `ipvs-rs`, the dummy interface `kube-ipvs0` and
 //! its addresses through rtnetlink, and the sysctls kube-proxy's IPVS mode sets.
 
-use super::{Dataplane, DataplaneError, Op, OpFailure};
+use super::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Op, OpFailure, Ownership, diff};
 use crate::model::{
-    ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol, VirtualServerKey,
-    VirtualServerSpec,
+    DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
+    VirtualServerKey, VirtualServerSpec,
 };
 use futures::{StreamExt, TryStreamExt};
 use netlink_packet_route::address::AddressAttribute;
@@ -51,6 +51,28 @@ impl KernelDataplane {
             rtnl,
             link_index,
         })
+    }
+
+    /// Remove everything kipvs (or kube-proxy's IPVS mode) programmed on this node: every virtual
+    /// server it owns (see [`Ownership`]; those inside `exclude_cidrs` stay), every address on
+    /// `kube-ipvs0`, then the `kube-ipvs0` link itself. Never flushes: virtual servers of
+    /// other owners survive. Returns the ops applied and those that failed.
+    ///
+    /// Errors: when the kernel cannot be observed or the link cannot be deleted.
+    pub async fn cleanup(
+        mut self,
+        exclude_cidrs: Vec<ipnet::IpNet>,
+    ) -> Result<(Vec<Op>, Vec<OpFailure>), DataplaneError> {
+        let observed = self.observe().await?;
+        let ownership = Ownership {
+            node_ips: self.other_interface_addresses().await?,
+            node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
+            exclude_cidrs,
+        };
+        let ops = diff(&DesiredState::default(), &observed, &ownership);
+        let failures = self.apply(&ops).await;
+        self.rtnl.link().del(self.link_index).execute().await?;
+        Ok((ops, failures))
     }
 
     /// The IPVS handle (shared with helpers such as the timeouts setup).
