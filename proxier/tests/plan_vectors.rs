@@ -175,7 +175,7 @@ fn plan_vectors() {
     let root = root();
     let dirs = case_dirs(&root);
     assert!(
-        dirs.len() >= 60,
+        dirs.len() >= 62,
         "expected the full vector set, found {}",
         dirs.len()
     );

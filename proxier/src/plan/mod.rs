@@ -15,7 +15,7 @@
 //! | `spec.externalIPs` | each IP of a service family × port | unless on another interface | external set (below) |
 //! | `status.loadBalancer.ingress[].ip` (type LoadBalancer) | each VIP-mode IP of a service family × port; `ipMode: Proxy` gets none while `LoadBalancerIPMode` is on (KEP-1860) | VIP-mode ones, unless on another interface | external set |
 //! | `spec.ports[].nodePort` (type NodePort/LoadBalancer) | each node IP of a service family × nodePort | never | external set |
-//! | `spec.healthCheckNodePort` (LoadBalancer + `externalTrafficPolicy: Local`) | none: a health-check listener counting local **ready** endpoints | — | — |
+//! | `spec.healthCheckNodePort` (LoadBalancer + `externalTrafficPolicy: Local`) | none: a health-check listener counting local **ready** endpoints (per IP family, the larger count) | — | — |
 //!
 //! The *external set* is the local endpoints when `externalTrafficPolicy: Local` applies (the
 //! Service is NodePort, LoadBalancer or has externalIPs), except that when no local endpoint
