@@ -9,7 +9,7 @@
 
 use crate::manifests::Snapshot;
 use crate::plan::SERVICE_NAME_LABEL;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,6 +36,20 @@ pub fn slice_service(slice: &EndpointSlice) -> Option<ObjectKey> {
     let (namespace, _) = object_key(&slice.metadata);
     let service = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
     Some((namespace, service.clone()))
+}
+
+/// The parts of a Node that planning reads: its labels and addresses.
+type PlanRelevant<'a> = (
+    &'a Option<BTreeMap<String, String>>,
+    Option<&'a Vec<NodeAddress>>,
+);
+
+/// [`PlanRelevant`] of a Node, if there is one.
+fn plan_relevant(node: Option<&Node>) -> Option<PlanRelevant<'_>> {
+    node.map(|n| {
+        let addresses = n.status.as_ref().and_then(|s| s.addresses.as_ref());
+        (&n.metadata.labels, addresses)
+    })
 }
 
 /// What changed since the last [`Store::take_dirty`].
@@ -156,12 +170,14 @@ impl Store {
         }
     }
 
-    /// Set the own Node (or forget it); marks everything dirty if it changed.
+    /// Set the own Node (or forget it). Marks everything dirty only if what planning reads
+    /// changed — its presence, labels (topology zone) or addresses (NodePort and `primary`) —
+    /// so routine status updates (conditions, heartbeats, taints) cost no re-plan.
     pub fn set_node(&mut self, node: Option<Node>) {
-        if self.node != node {
-            self.node = node;
+        if plan_relevant(self.node.as_ref()) != plan_relevant(node.as_ref()) {
             self.dirty.all = true;
         }
+        self.node = node;
     }
 
     /// Mark everything dirty (the configuration changed).
@@ -350,6 +366,61 @@ mod tests {
         store.upsert_slice(s);
         assert_eq!(store.take_dirty().services, [key("a", "web")].into());
         assert_eq!(store.slices_of(&key("a", "web")).len(), 1);
+    }
+
+    #[test]
+    fn node_status_updates_do_not_replan() {
+        use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, Taint};
+        let node = |condition: &str, zone: &str| Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                labels: Some(
+                    [("topology.kubernetes.io/zone".to_string(), zone.to_string())].into(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                taints: (condition == "tainted").then(|| {
+                    vec![Taint {
+                        key: "ToBeDeletedByClusterAutoscaler".into(),
+                        effect: "NoSchedule".into(),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus {
+                addresses: Some(vec![NodeAddress {
+                    type_: "InternalIP".into(),
+                    address: "192.168.0.5".into(),
+                }]),
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: condition.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        };
+        let mut store = Store::default();
+        store.set_node(Some(node("True", "a")));
+        store.take_dirty();
+        store.set_node(Some(node("tainted", "a")));
+        assert!(store.take_dirty().is_empty());
+        assert!(
+            store
+                .node()
+                .unwrap()
+                .spec
+                .as_ref()
+                .unwrap()
+                .taints
+                .is_some()
+        );
+        store.set_node(Some(node("tainted", "b")));
+        assert!(store.take_dirty().all);
+        store.set_node(None);
+        assert!(store.take_dirty().all);
     }
 
     #[test]

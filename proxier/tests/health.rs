@@ -463,8 +463,12 @@ async fn grpc_health_mirrors_livez_and_healthz_as_the_kubelet_asks() {
     );
     assert_eq!(grpc_status(&mut client, "").await, ServingStatus::Serving);
 
-    // A queued change goes stale: livez fails too, at the deadline, without another event.
-    p.handle.update(|s| s.set_node(Some(node(None, false))));
+    // A queued change (an EndpointSlice update) goes stale: livez fails too, at the deadline,
+    // without another event. (A taint alone queues no sync: it changes nothing planned.)
+    p.handle.update(|s| {
+        s.set_node(Some(node(None, false)));
+        s.upsert_slice(local_slice(false));
+    });
     tokio::time::sleep(STALE_AFTER + Duration::from_millis(200)).await;
     assert_eq!(
         grpc_status(&mut client, "").await,
