@@ -4,62 +4,16 @@
 //! committed files differ from what the types generate (CI runs it).
 
 use crate::{NodeProxyConfig, ProxyConfig};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray,
-};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
-use serde_json::Value;
 
 /// First line of every generated file.
 const HEADER: &str =
     "# Generated from crds/ by `cargo run -p kipvs-crds --bin crdgen`. Do not edit.\n";
 
-/// Every CRD kipvs installs, as installed (see [`drop_empty_string_defaults`]).
+/// Every CRD kipvs installs.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    let mut crds = vec![ProxyConfig::crd(), NodeProxyConfig::crd()];
-    for crd in &mut crds {
-        for version in &mut crd.spec.versions {
-            if let Some(schema) = version
-                .schema
-                .as_mut()
-                .and_then(|s| s.open_api_v3_schema.as_mut())
-            {
-                drop_empty_string_defaults(schema);
-            }
-        }
-    }
-    crds
-}
-
-/// Removes `default: ""` from a schema, also inside object defaults. Kubernetes 1.20 reads an
-/// empty-string default as null and rejects the CRD (`default.scheduler: Invalid value: "null":
-/// ... must be of type string`); without it nothing changes for kipvs, whose types fill an
-/// absent string with `""` themselves.
-fn drop_empty_string_defaults(schema: &mut JSONSchemaProps) {
-    fn strip(value: &mut Value) {
-        if let Value::Object(map) = value {
-            map.retain(|_, v| v.as_str() != Some(""));
-            map.values_mut().for_each(strip);
-        }
-    }
-    if let Some(default) = &mut schema.default {
-        if default.0.as_str() == Some("") {
-            schema.default = None;
-        } else {
-            strip(&mut default.0);
-        }
-    }
-    let children = schema
-        .properties
-        .iter_mut()
-        .flat_map(|p| p.values_mut())
-        .chain(schema.items.iter_mut().filter_map(|i| match i {
-            JSONSchemaPropsOrArray::Schema(s) => Some(s.as_mut()),
-            JSONSchemaPropsOrArray::Schemas(_) => None,
-        }));
-    for child in children {
-        drop_empty_string_defaults(child);
-    }
+    vec![ProxyConfig::crd(), NodeProxyConfig::crd()]
 }
 
 /// The generated files of `config/crd/`: `(file name, contents)`, one YAML file per CRD named

@@ -88,8 +88,8 @@ pub const PROXIER_FIELD_MANAGER: &str = "kipvs-proxier";
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeProxyConfigSpec {
-    /// Revision of config (the owning ProxyConfig's revision scheme: a hash of the effective
-    /// configuration). The proxier echoes it in status.observedRevision.
+    /// Revision of config (the owning ProxyConfig's revision scheme: a hash of its non-default
+    /// settings). The proxier echoes it in status.observedRevision.
     pub revision: String,
     /// When the operator set this revision; the rollout's applyTimeout counts from here.
     pub assigned_at: Time,

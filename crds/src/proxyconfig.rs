@@ -443,8 +443,9 @@ pub struct ProxyConfigStatus {
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Revision of spec.config: a hash of the effective configuration (defaults filled in), so
-    /// equal configurations have equal revisions however they are written.
+    /// Revision of spec.config: a hash of the settings that differ from the defaults, so equal
+    /// configurations have equal revisions however they are written, and a kipvs upgrade that
+    /// adds a setting (at its default) does not start a rollout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
     /// The revision the nodes are moving to: spec's revision while it rolls out, the last good

@@ -2,12 +2,13 @@
 //!
 //! kube-runtime's `Recorder` writes `events.k8s.io/v1` Events, which Kubernetes before 1.22
 //! rejects for cluster-scoped objects (`involvedObject.namespace: Invalid value: "": does not
-//! match event.namespace`); core/v1 Events for a cluster-scoped object in `default` are valid on
-//! every version, and `kubectl describe proxyconfig` finds them.
+//! match event.namespace`). A core/v1 Event about a cluster-scoped object is valid in `default`
+//! on every version as long as it has no `eventTime` (with one, the API server wants it in
+//! `kube-system`), and `kubectl describe proxyconfig` finds it.
 
 use crate::rollout::Note;
 use k8s_openapi::api::core::v1::{Event, EventSource};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::{OPERATOR_FIELD_MANAGER, ProxyConfig};
 use kube::api::PostParams;
@@ -63,7 +64,6 @@ impl Publisher {
             count: Some(1),
             first_timestamp: Some(Time(now)),
             last_timestamp: Some(Time(now)),
-            event_time: Some(MicroTime(now)),
             source: Some(EventSource {
                 component: Some(OPERATOR_FIELD_MANAGER.to_owned()),
                 host: None,

@@ -11,6 +11,7 @@ use kipvs_operator::controller;
 use kipvs_operator::lease::{Elector, LeaseConfig};
 use kube::api::ListParams;
 use kube::{Api, Client};
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// Command line (each flag can also come from the environment).
@@ -34,6 +35,7 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     let args = Args::parse();
     let identity = match args.identity {

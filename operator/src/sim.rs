@@ -11,6 +11,7 @@ use kipvs_crds::{
     NodePhase, NodeProxyConfig, NodeProxyConfigSpec, NodeProxyConfigStatus, ProxyConfig,
     ProxyConfigSpec,
 };
+use kube::Resource;
 use kube::core::Selector;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -158,14 +159,9 @@ impl Fleet {
 
     /// The controller ownerReference the operator sets on its NodeProxyConfigs.
     pub fn owner_reference(&self) -> OwnerReference {
-        OwnerReference {
-            api_version: "kipvs.io/v1alpha1".to_owned(),
-            kind: "ProxyConfig".to_owned(),
-            name: self.pc.metadata.name.clone().unwrap_or_default(),
-            uid: self.pc.metadata.uid.clone().unwrap_or_default(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        }
+        self.pc
+            .controller_owner_ref(&())
+            .expect("sim ProxyConfigs have a name and a uid")
     }
 
     /// A proxier's report: its NodeProxyConfig's current spec revision with this phase and

@@ -1,0 +1,217 @@
+#!/bin/bash
+# The operator end to end, against a real kube-apiserver (hack/test-operator.sh starts one):
+#   1. the CRDs install; the sample applies; each invalid ProxyConfig in invalid/ is rejected by the
+#      apiserver with the schema's message, or (rules only CEL can say, which 1.20 ignores) accepted
+#      and reported InvalidSpec by the operator;
+#   2. two operator replicas elect one leader through a Lease;
+#   3. ten Nodes (one canary, one tainted ToBeDeletedByClusterAutoscaler) and fake_proxier standing in
+#      for their proxiers: the first revision and then a gate change roll out canary -> early (10%) ->
+#      fleet; the tainted node is skipped, never written;
+#   4. a configuration the proxiers reject (IPVS scheduler "sed") fails on the canary: the rollout
+#      halts, the revision is marked bad and every touched node returns to the last good revision;
+#   5. the leader is killed: the other replica takes the Lease and rolls the next change out.
+# Prints `kubectl get proxyconfig` along the way. Exit status 0 only if every check passed.
+#
+# env: KUBECONFIG (required), KIPVS_OPERATOR, KIPVS_FAKE_PROXIER (executables), OUT (logs; a temp dir)
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+: "${KUBECONFIG:?}" "${KIPVS_OPERATOR:?}" "${KIPVS_FAKE_PROXIER:?}"
+OUT=${OUT:-$(mktemp -d /tmp/kipvs-operator-e2e.XXXXXX)}
+mkdir -p "$OUT"
+export KUBECONFIG RUST_BACKTRACE=0
+cd "$ROOT"
+
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+checks=0
+ok() { checks=$((checks + 1)); printf '  ok   %s\n' "$*"; }
+dump() {
+  echo "---- kubectl get proxyconfig fleet -o yaml"; kubectl get proxyconfig fleet -o yaml 2>&1 | sed -n '/^status:/,$p' || true
+  echo "---- nodeproxyconfigs"; kubectl get nodeproxyconfigs 2>&1 || true
+  for f in "$OUT"/*.log; do echo "---- $f (last 30 lines)"; tail -n 30 "$f"; done
+}
+fail() { printf '  FAIL %s\n' "$*"; dump; exit 1; }
+section() { printf '\n== %s\n' "$*"; }
+# wait_until SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.5 s
+wait_until() {
+  local limit=$1 what=$2; shift 2
+  local deadline=$(( $(date +%s) + limit ))
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$deadline" ] || fail "timed out after ${limit}s waiting for: $what"
+    sleep 0.5
+  done
+}
+pc() { kubectl get proxyconfig fleet -o jsonpath="$1"; }
+reason() { pc "{.status.conditions[?(@.type==\"$1\")].reason}"; }
+reason_is() { [ "$(reason "$1")" = "$2" ]; }
+revision_of() { kubectl get nodeproxyconfig "$1" -o jsonpath='{.spec.revision}' 2>/dev/null; }
+header() { sed -n "s/^# $1: //p" "$2"; }
+show() { echo "  \$ kubectl get proxyconfig   # $*"; kubectl get proxyconfig | sed 's/^/    /'; }
+
+# Watches status.stage until the rollout of the current spec completes or fails; prints the stage
+# sequence (each stage once, in order) on stdout, snapshots of `kubectl get proxyconfig` to the log.
+follow_stages() {
+  local deadline=$(( $(date +%s) + $1 )) seen="" stage progressing
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    stage=$(pc '{.status.stage}')
+    if [ -n "$stage" ] && [ "${seen##* }" != "$stage" ]; then
+      seen="$seen $stage"
+      { echo "# stage $stage"; kubectl get proxyconfig; } >> "$OUT/snapshots.log"
+    fi
+    progressing=$(reason Progressing)
+    if [ "$(pc '{.status.observedGeneration}')" = "$(pc '{.metadata.generation}')" ] &&
+       [ -z "$stage" ] && [[ "$progressing" =~ ^(RolloutComplete|RolledBack|Halted)$ ]]; then
+      echo "${seen# }"; return 0
+    fi
+    sleep 0.3
+  done
+  echo "${seen# } (timeout)"; return 1
+}
+
+section "CRDs, RBAC, sample"
+# Kubernetes 1.20 does not know x-kubernetes-validations (CEL): kubectl's client-side validation
+# would refuse the CRDs, and the apiserver drops the field. Newer servers enforce the rules.
+kubectl apply --validate=false -k config/crd >/dev/null
+kubectl wait --for condition=established --timeout=30s crd/proxyconfigs.kipvs.io crd/nodeproxyconfigs.kipvs.io >/dev/null
+ok "CRDs installed and established"
+kubectl apply -f config/operator/namespace.yaml >/dev/null
+kubectl apply -k config/rbac >/dev/null
+ok "namespace and RBAC apply"
+kubectl apply -f config/samples/proxyconfig.yaml >/dev/null || fail "the sample does not apply"
+[ "$(kubectl get proxyconfig fleet -o jsonpath='{.spec.rollout.stages[1].size}')" = "10%" ] || fail "sample not stored"
+kubectl delete -f config/samples/proxyconfig.yaml >/dev/null
+ok "config/samples/proxyconfig.yaml applies"
+
+section "invalid ProxyConfigs"
+ACCEPTED=()
+for f in tests/operator/invalid/*.yaml; do
+  want=$(header expect-apiserver "$f")
+  if out=$(kubectl apply -f "$f" 2>&1); then
+    [ "$want" = accepted ] || fail "$f was accepted, want: $want"
+    ACCEPTED+=("$f")
+    kubectl delete -f "$f" >/dev/null
+  else
+    [[ "$out" == *"$want"* ]] || fail "$f: rejected with '$out', want '$want'"
+    ok "$(basename "$f"): rejected: ${out:0:150}"
+  fi
+done
+
+section "operator: two replicas, one leader"
+for id in operator-a operator-b; do
+  POD_NAMESPACE=kipvs-system POD_NAME=$id RUST_LOG=info,kube=warn "$KIPVS_OPERATOR" > "$OUT/$id.log" 2>&1 &
+  PIDS+=($!)
+  eval "PID_${id//-/_}=$!"
+done
+holder() { kubectl -n kipvs-system get lease kipvs-operator -o jsonpath='{.spec.holderIdentity}'; }
+wait_until 30 "a Lease holder" bash -c "[ -n \"\$(kubectl -n kipvs-system get lease kipvs-operator -o jsonpath='{.spec.holderIdentity}')\" ]"
+LEADER=$(holder)
+ok "leader: $LEADER"
+sleep 2
+[ "$(grep -l '"leading"\|leading' "$OUT"/operator-*.log | wc -l)" = 1 ] || fail "not exactly one replica leads"
+ok "the other replica waits"
+
+for f in "${ACCEPTED[@]}"; do
+  want=$(header expect-operator "$f")
+  kubectl apply -f "$f" >/dev/null
+  wait_until 20 "InvalidSpec for $f" bash -c \
+    "[ \"\$(kubectl get proxyconfig invalid -o jsonpath='{.status.conditions[?(@.type==\"Degraded\")].reason}')\" = InvalidSpec ]"
+  msg=$(kubectl get proxyconfig invalid -o jsonpath='{.status.conditions[?(@.type=="Degraded")].message}')
+  [[ "$msg" == *"$want"* ]] || fail "$f: Degraded says '$msg', want '$want'"
+  ok "$(basename "$f"): accepted by 1.20 (CEL-only rule), operator reports InvalidSpec: ${msg:0:110}"
+  kubectl delete -f "$f" >/dev/null
+done
+
+section "nodes and proxiers"
+for i in $(seq 0 9); do
+  labels="kubernetes.io/os: linux"
+  [ "$i" = 0 ] && labels="$labels, kipvs.io/canary: \"true\""
+  taints=""
+  [ "$i" = 9 ] && taints="taints: [{key: ToBeDeletedByClusterAutoscaler, value: \"1700000000\", effect: NoSchedule}]"
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata: {name: node-$i, labels: {$labels}}
+spec: {$taints}
+EOF
+  kubectl patch node "node-$i" --subresource=status --type=merge \
+    -p '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"e2e"}]}}' >/dev/null
+done
+ok "10 Ready nodes: node-0 canary, node-9 tainted ToBeDeletedByClusterAutoscaler"
+"$KIPVS_FAKE_PROXIER" --apply-delay 1s --unsupported-schedulers sed > "$OUT/fake-proxier.log" 2>&1 &
+PIDS+=($!)
+ok "fake_proxier reports for every node (scheduler sed unsupported)"
+
+section "first revision"
+kubectl apply -f tests/operator/fleet.yaml >/dev/null
+stages=$(follow_stages 120) || fail "first rollout: $stages"
+[ "$stages" = "canary early fleet" ] || fail "first rollout went: $stages"
+reason_is Progressing RolloutComplete || fail "first rollout: Progressing $(reason Progressing)"
+R1=$(pc '{.status.lastGoodRevision}')
+ok "revision $R1 rolled out: $stages"
+[ -z "$(revision_of node-9)" ] || fail "the tainted node-9 was written"
+[ "$(pc '{.status.skippedNodes}')" = 1 ] || fail "skippedNodes $(pc '{.status.skippedNodes}')"
+ok "node-9 (ToBeDeletedByClusterAutoscaler) skipped: no NodeProxyConfig, skippedNodes 1"
+owner=$(kubectl get nodeproxyconfig node-0 -o jsonpath='{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name} controller={.metadata.ownerReferences[0].controller}')
+[ "$owner" = "ProxyConfig/fleet controller=true" ] || fail "owner of node-0: $owner"
+ok "NodeProxyConfigs are controlled by ProxyConfig fleet"
+show "after the first revision"
+
+section "gate change: LoadBalancerIPMode off"
+kubectl patch proxyconfig fleet --type=merge -p '{"spec":{"config":{"featureGates":{"LoadBalancerIPMode":false}}}}' >/dev/null
+stages=$(follow_stages 120) || fail "gate change: $stages"
+[ "$stages" = "canary early fleet" ] || fail "gate change went: $stages"
+R2=$(pc '{.status.lastGoodRevision}')
+[ "$R2" != "$R1" ] || fail "no new revision"
+for i in $(seq 0 8); do [ "$(revision_of node-$i)" = "$R2" ] || fail "node-$i has $(revision_of node-$i), want $R2"; done
+[ "$(kubectl get nodeproxyconfig node-3 -o jsonpath='{.spec.config.featureGates.LoadBalancerIPMode}')" = false ] ||
+  fail "node-3's configuration does not have the gate off"
+reason_is Available AllHealthy || fail "Available: $(reason Available)"
+ok "revision $R2 (gate off) rolled out: $stages; nodes 0-8 carry it"
+show "after the gate change"
+kubectl get events -n default --field-selector involvedObject.name=fleet -o custom-columns=REASON:.reason,MESSAGE:.message \
+  > "$OUT/events.log" 2>&1 || true
+grep -q StageStarted "$OUT/events.log" && grep -q RolloutComplete "$OUT/events.log" || fail "no stage Events"
+ok "Events: $(awk 'NR>1{print $1}' "$OUT/events.log" | sort | uniq -c | awk '{printf "%s%s x%s", sep, $2, $1; sep=", "}')"
+
+section "a revision the proxiers reject: halt and roll back"
+kubectl patch proxyconfig fleet --type=merge -p '{"spec":{"config":{"ipvs":{"scheduler":"sed"}}}}' >/dev/null
+stages=$(follow_stages 120) || fail "bad revision: $stages"
+R3=$(pc '{.status.revision}')
+[ "$(reason Degraded)" = RevisionFailed ] || fail "Degraded: $(reason Degraded)"
+[ "$(reason Progressing)" = RolledBack ] || fail "Progressing: $(reason Progressing)"
+[ "$(pc '{.status.badRevisions[0]}')" = "$R3" ] || fail "badRevisions: $(pc '{.status.badRevisions}')"
+[ "$(pc '{.status.targetRevision}')" = "$R2" ] || fail "target $(pc '{.status.targetRevision}'), want $R2"
+for i in $(seq 0 8); do [ "$(revision_of node-$i)" = "$R2" ] || fail "node-$i not rolled back: $(revision_of node-$i)"; done
+[ "$(pc '{.status.stages[2].updated}')" = 0 ] || fail "the fleet stage got the bad revision"
+failure=$(pc '{.status.failures[0].node}: {.status.failures[0].message}')
+ok "revision $R3 failed on the canary ($failure), stages seen: $stages"
+ok "rolled back: every node carries $R2 again; the fleet stage never started"
+kubectl get events -n default --field-selector involvedObject.name=fleet -o custom-columns=REASON:.reason,MESSAGE:.message \
+  > "$OUT/events.log" 2>&1 || true
+for reason in NodeFailed RevisionFailed RollingBack; do
+  grep -q "^$reason " "$OUT/events.log" || fail "no $reason Event"
+done
+ok "Warning Events: $(grep -E '^(NodeFailed|RevisionFailed|RollingBack) ' "$OUT/events.log" | cut -c1-150 | paste -sd'|' | sed 's/|/ | /g')"
+show "after the rollback"
+
+section "leader failover"
+if [ "$LEADER" = operator-a ]; then kill "$PID_operator_a"; OTHER=operator-b; else kill "$PID_operator_b"; OTHER=operator-a; fi
+wait_until 40 "$OTHER to take the Lease" bash -c "[ \"\$(kubectl -n kipvs-system get lease kipvs-operator -o jsonpath='{.spec.holderIdentity}')\" = $OTHER ]"
+ok "$LEADER stopped (released the Lease); $OTHER leads"
+kubectl patch proxyconfig fleet --type=merge -p '{"spec":{"config":{"ipvs":{"scheduler":"wrr"}}}}' >/dev/null
+stages=$(follow_stages 120) || fail "after failover: $stages"
+reason_is Progressing RolloutComplete || fail "after failover: Progressing $(reason Progressing)"
+reason_is Degraded AsExpected || fail "after failover: Degraded $(reason Degraded)"
+ok "$OTHER rolled revision $(pc '{.status.lastGoodRevision}') out: $stages"
+
+section "result"
+show "final"
+echo "  \$ kubectl get proxyconfig -o wide"; kubectl get proxyconfig -o wide | sed 's/^/    /'
+echo "  \$ kubectl get nodeproxyconfigs"; kubectl get nodeproxyconfigs | sed 's/^/    /'
+echo "  \$ kubectl get proxyconfig   # at each stage start, every rollout above"; sed 's/^/    /' "$OUT/snapshots.log"
+echo "operator e2e: $checks checks passed"
