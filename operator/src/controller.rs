@@ -74,7 +74,7 @@ enum Expected {
 
 /// The controller's own writes, until the stores show them.
 #[derive(Debug, Default)]
-pub struct Expectations {
+struct Expectations {
     npcs: HashMap<String, (Expected, Timestamp)>,
     /// Per ProxyConfig: the resourceVersion it had when its status was written, and that status.
     statuses: HashMap<String, (Option<String>, ProxyConfigStatus)>,

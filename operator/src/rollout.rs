@@ -509,7 +509,9 @@ impl<'a> Decider<'a> {
                             Some(Health::Healthy) => healthy += 1,
                             Some(Health::InFlight) => {
                                 returning += 1;
-                                self.requeue_at(deadline(m.npc.unwrap(), timeout));
+                                if let Some(npc) = m.npc {
+                                    self.requeue_at(deadline(npc, timeout));
+                                }
                             }
                             _ => {}
                         }
