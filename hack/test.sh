@@ -2,7 +2,8 @@
 # The project's test command (README "Tests"; .ci/run calls it).
 # Layers, fastest first: formatting and lints, unit tests + golden vectors + plan vectors,
 # then the real-kernel VM suite (hack/test-vm.sh), then the real control plane
-# (kube-apiserver 1.20.2, built once from Debian's source and cached: hack/test-cluster.sh).
+# (kube-apiserver 1.20.2, built once from Debian's source and cached: hack/test-cluster.sh for the
+# proxier, hack/test-operator.sh for the CRDs and the rollout controller).
 # KIPVS_SKIP_VM=1 skips the VM suite, KIPVS_SKIP_CP=1 the control-plane suites.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,5 +25,7 @@ if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
   hack/control-plane.sh build
   step "proxier against the real kube-apiserver (hack/test-cluster.sh)"
   hack/test-cluster.sh
+  step "operator against the real kube-apiserver (hack/test-operator.sh)"
+  hack/test-operator.sh
 fi
 echo "all tests passed in $(( $(date +%s) - t0 ))s"
