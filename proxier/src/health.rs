@@ -28,6 +28,8 @@ use crate::model::HealthCheckNodePort;
 use crate::run::{Observer, SyncOutcome};
 use crate::store::Store;
 use k8s_openapi::api::core::v1::Node;
+use kipvs_crds::Gate;
+use kipvs_crds::config::ProxierConfiguration;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -78,6 +80,10 @@ struct State {
     /// When the oldest change not yet synced was queued.
     oldest_queued: Option<Instant>,
     node_eligible: bool,
+    /// How long a queued change may wait before `/livez` fails.
+    timeout: Duration,
+    /// The `KubeProxyDrainingTerminatingNodes` gate.
+    node_gate: bool,
 }
 
 /// The proxier's health: the sync timestamps and the Node's eligibility. Cheap to clone
@@ -88,8 +94,6 @@ struct State {
 #[derive(Clone, Debug)]
 pub struct ProxyHealth {
     state: Arc<Mutex<State>>,
-    timeout: Duration,
-    node_gate: bool,
     changed: Arc<watch::Sender<()>>,
 }
 
@@ -140,9 +144,9 @@ impl ProxyHealth {
                 last_updated: None,
                 oldest_queued: None,
                 node_eligible: true,
+                timeout,
+                node_gate,
             })),
-            timeout,
-            node_gate,
             changed: Arc::new(watch::Sender::new(())),
         }
     }
@@ -176,6 +180,15 @@ impl ProxyHealth {
         }
     }
 
+    /// Change the staleness timeout and the `KubeProxyDrainingTerminatingNodes` gate (as in
+    /// [`new`](Self::new)), e.g. when a new configuration is applied live.
+    pub fn configure(&self, timeout: Duration, node_gate: bool) {
+        self.modify(|s| {
+            s.timeout = timeout;
+            s.node_gate = node_gate;
+        });
+    }
+
     /// Whether `/livez` answers 200 now.
     pub fn live(&self) -> bool {
         self.check(Probe::Livez).healthy
@@ -187,9 +200,9 @@ impl ProxyHealth {
         let now = SystemTime::now();
         let live = state
             .oldest_queued
-            .is_none_or(|queued| queued.elapsed() < self.timeout);
+            .is_none_or(|queued| queued.elapsed() < state.timeout);
         let node_eligible =
-            (probe == Probe::Healthz && self.node_gate).then_some(state.node_eligible);
+            (probe == Probe::Healthz && state.node_gate).then_some(state.node_eligible);
         let healthy = live && node_eligible.unwrap_or(true);
         let last = state.last_updated.map(|(_, wall)| rfc3339(wall));
         let status = last
@@ -222,7 +235,7 @@ impl ProxyHealth {
     /// already stale).
     pub fn stale_at(&self) -> Option<Instant> {
         let state = self.state.lock().expect("health lock");
-        let at = state.oldest_queued? + self.timeout;
+        let at = state.oldest_queued? + state.timeout;
         (at > Instant::now()).then_some(at)
     }
 
@@ -272,6 +285,13 @@ impl Observer for ProxyHealth {
         if outcome.result.is_ok() {
             self.updated();
         }
+    }
+
+    fn config_changed(&self, config: &ProxierConfiguration) {
+        self.configure(
+            2 * config.ipvs.sync_period,
+            config.gate_enabled(Gate::KubeProxyDrainingTerminatingNodes),
+        );
     }
 }
 

@@ -195,8 +195,8 @@ impl KubeSource {
     }
 }
 
-/// Whether a watcher error is the API server's 404 for the resource.
-fn is_not_found(error: &watcher::Error) -> bool {
+/// Whether a watcher error is the API server's 404 for the resource (it is not served).
+pub(crate) fn is_not_found(error: &watcher::Error) -> bool {
     match error {
         watcher::Error::InitialListFailed(kube::Error::Api(status))
         | watcher::Error::WatchStartFailed(kube::Error::Api(status))

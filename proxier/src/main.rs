@@ -10,12 +10,16 @@ use kipvs_proxier::dataplane::kernel::KernelDataplane;
 use kipvs_proxier::health::{self, ProxyHealth, ServiceHealthServers};
 use kipvs_proxier::kube_source::KubeSource;
 use kipvs_proxier::metrics::Metrics;
-use kipvs_proxier::run::{Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle};
-use kipvs_proxier::{format, grpc_health, inspect, sysctl};
+use kipvs_proxier::node_config::{self, Assigned, FakeKernel, Kernel, KernelSettings};
+use kipvs_proxier::run::{
+    ConfigFollower, Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle,
+};
+use kipvs_proxier::{format, grpc_health, inspect};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
 /// kipvs proxier: programs kernel IPVS from Kubernetes Services and EndpointSlices.
@@ -186,12 +190,13 @@ fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener>
 }
 
 /// Start the health, metrics and gRPC health servers and the source; returns the handle
-/// the engine syncs from (ready once the source has loaded everything).
+/// the engine syncs from (ready once the source has loaded everything), the health state and
+/// the API client (Kubernetes source only).
 async fn start(
     args: &SourceArgs,
     cluster: &ClusterArgs,
     config: &ProxierConfiguration,
-) -> anyhow::Result<SourceHandle> {
+) -> anyhow::Result<(SourceHandle, ProxyHealth, Option<kube::Client>)> {
     let metrics = Metrics::new();
     let health = ProxyHealth::new(
         2 * config.ipvs.sync_period,
@@ -229,6 +234,7 @@ async fn start(
     tracing::info!(%healthz_addr, %metrics_addr, "serving /healthz, /livez and /metrics");
     if let Some(addr) = cluster.grpc_health_bind_address {
         let listener = bind(addr, "gRPC health")?;
+        let health = health.clone();
         tokio::spawn(async move {
             if let Err(e) = grpc_health::serve(listener, health, never()).await {
                 tracing::error!("gRPC health server failed: {e}");
@@ -239,16 +245,46 @@ async fn start(
 
     if args.manifests.is_some() {
         tokio::spawn(manifests_source(args)?.watch(handle.clone()));
-    } else {
-        let client = kube_client(cluster.kubeconfig.as_deref()).await?;
-        let source = KubeSource {
-            client,
-            node_name: args.node.clone(),
-            metrics,
-        };
-        tokio::spawn(source.run(handle.clone()));
+        return Ok((handle, health, None));
     }
-    Ok(handle)
+    let client = kube_client(cluster.kubeconfig.as_deref()).await?;
+    let source = KubeSource {
+        client: client.clone(),
+        node_name: args.node.clone(),
+        metrics,
+    };
+    tokio::spawn(source.run(handle.clone()));
+    Ok((handle, health, Some(client)))
+}
+
+/// Follow the node's NodeProxyConfig (see [`node_config`]): start its watch and the status
+/// writer, and return what the engine needs to apply its revisions.
+fn follow_node_config(
+    client: kube::Client,
+    node: &str,
+    health: ProxyHealth,
+    local: ProxierConfiguration,
+    kernel: Box<dyn KernelSettings>,
+) -> ConfigFollower {
+    let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
+    let (report, report_rx) = watch::channel(None);
+    tokio::spawn(node_config::watch_assigned(
+        client.clone(),
+        node.to_owned(),
+        assigned_tx,
+    ));
+    tokio::spawn(node_config::report_status(
+        client,
+        node.to_owned(),
+        report_rx,
+        health,
+    ));
+    ConfigFollower {
+        assigned,
+        local,
+        kernel,
+        report,
+    }
 }
 
 /// The desired state for `args`: from the manifests, or listed from the Kubernetes API.
@@ -280,14 +316,24 @@ async fn desired_state(
     Ok(planner.desired().clone())
 }
 
-/// Sync once the source is ready, then once (`--once`) or until a shutdown signal.
+/// Sync once the source is ready, then once (`--once`) or until a shutdown signal, following
+/// the node's NodeProxyConfig with the Kubernetes source (not with `--once`).
 async fn run_engine<D: Dataplane>(
-    handle: SourceHandle,
-    planner: Planner,
+    args: &SourceArgs,
+    started: (SourceHandle, ProxyHealth, Option<kube::Client>),
+    config: ProxierConfiguration,
     dataplane: D,
+    kernel: Box<dyn KernelSettings>,
     once: bool,
 ) -> anyhow::Result<()> {
+    let (handle, health, client) = started;
+    let planner = Planner::new(identity(args), config.clone());
     let mut engine = Engine::new(handle.clone(), planner, dataplane);
+    if let Some(client) = client.filter(|_| !once) {
+        engine = engine.following(follow_node_config(
+            client, &args.node, health, config, kernel,
+        ));
+    }
     if once {
         handle.wait_ready().await;
         engine.sync().await?;
@@ -311,34 +357,14 @@ async fn connect_kernel() -> anyhow::Result<KernelDataplane> {
         .context("connecting to the kernel (are the ip_vs and dummy modules loaded?)")
 }
 
-/// Kernel settings made once at start, each logged (kube-proxy `NewProxier`).
-async fn setup_kernel(
-    config: &ProxierConfiguration,
-    dataplane: &KernelDataplane,
-) -> anyhow::Result<()> {
-    let osrelease = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let kernel = sysctl::parse_kernel_version(&osrelease);
-    let wanted = sysctl::required(kernel, config.ipvs.strict_arp);
-    for a in sysctl::ensure(Path::new("/proc/sys"), wanted)? {
-        tracing::info!(
-            sysctl = a.sysctl.path,
-            value = a.sysctl.value,
-            previous = a.previous.as_deref().unwrap_or("?"),
-            "sysctl: {}",
-            a.sysctl.reason
-        );
-    }
-    let ipvs = &config.ipvs;
-    let timeouts = ipvs::Timeouts {
-        tcp: ipvs.tcp_timeout.as_secs() as u32,
-        tcp_fin: ipvs.tcp_fin_timeout.as_secs() as u32,
-        udp: ipvs.udp_timeout.as_secs() as u32,
-    };
-    if timeouts.tcp > 0 || timeouts.tcp_fin > 0 || timeouts.udp > 0 {
-        dataplane.ipvs().set_timeouts(&timeouts).await?;
-    }
-    let now = dataplane.ipvs().timeouts().await?;
-    let info = dataplane.ipvs().info().await?;
+/// Kernel settings made at start (sysctls and IPVS timeouts, each logged; kube-proxy
+/// `NewProxier`); a NodeProxyConfig revision sets them again live.
+async fn setup_kernel(config: &ProxierConfiguration, kernel: &Kernel) -> anyhow::Result<()> {
+    kernel.apply(config).await.map_err(anyhow::Error::msg)?;
+    let osrelease =
+        std::fs::read_to_string(kernel.proc_sys.join("kernel/osrelease")).unwrap_or_default();
+    let now = kernel.ipvs.timeouts().await?;
+    let info = kernel.ipvs.info().await?;
     tracing::info!(
         kernel = osrelease.trim(),
         ipvs_version = %info.version,
@@ -434,18 +460,23 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 // Fail early on an unreadable path (the watch would only log it).
                 std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
             }
-            let planner = Planner::new(identity(&args), config.clone());
             match cluster.dataplane {
                 DataplaneKind::Kernel => {
                     let dataplane = connect_kernel().await?;
-                    setup_kernel(&config, &dataplane).await?;
-                    let handle = start(&args, &cluster, &config).await?;
-                    run_engine(handle, planner, dataplane, once).await?;
+                    let kernel = Kernel {
+                        ipvs: dataplane.ipvs().clone(),
+                        proc_sys: PathBuf::from("/proc/sys"),
+                    };
+                    setup_kernel(&config, &kernel).await?;
+                    let started = start(&args, &cluster, &config).await?;
+                    let kernel = Box::new(kernel);
+                    run_engine(&args, started, config, dataplane, kernel, once).await?;
                 }
                 DataplaneKind::Fake => {
                     tracing::warn!("fake dataplane: nothing is programmed into the kernel");
-                    let handle = start(&args, &cluster, &config).await?;
-                    run_engine(handle, planner, FakeDataplane::default(), once).await?;
+                    let started = start(&args, &cluster, &config).await?;
+                    let (dataplane, kernel) = (FakeDataplane::default(), Box::new(FakeKernel));
+                    run_engine(&args, started, config, dataplane, kernel, once).await?;
                 }
             }
         }

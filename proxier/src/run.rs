@@ -5,10 +5,14 @@
 use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Ownership};
 use crate::manifests;
 use crate::model::{DesiredState, VirtualServerKey};
+use crate::node_config::{Assigned, KernelSettings};
 use crate::plan::{self, DesiredIndex, NoLocalEndpoints, Plan, PlanContext, Touched};
 use crate::store::{ObjectKey, Store};
 use crate::sync::{SyncReport, Syncer};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::config::ProxierConfiguration;
+use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -28,6 +32,9 @@ pub trait Observer: Send + Sync {
     fn store_updated(&self, _store: &Store) {}
     /// The engine finished a sync (successful or not).
     fn sync_finished(&self, _outcome: &SyncOutcome<'_>) {}
+    /// The engine put a new configuration in force (a NodeProxyConfig revision applied live,
+    /// see [`crate::node_config`]); the next sync is the first with it.
+    fn config_changed(&self, _config: &ProxierConfiguration) {}
 }
 
 impl Observer for Vec<Arc<dyn Observer>> {
@@ -40,6 +47,12 @@ impl Observer for Vec<Arc<dyn Observer>> {
     fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
         for o in self {
             o.sync_finished(outcome);
+        }
+    }
+
+    fn config_changed(&self, config: &ProxierConfiguration) {
+        for o in self {
+            o.config_changed(config);
         }
     }
 }
@@ -194,6 +207,13 @@ impl Planner {
         &self.config
     }
 
+    /// Plan with `config` from now on: the next [`replan`](Self::replan) re-plans every
+    /// Service.
+    pub fn set_config(&mut self, config: ProxierConfiguration) {
+        self.config = config;
+        self.replan_all = true;
+    }
+
     /// The node IPs of the last plan (NodePort virtual servers live on them).
     pub fn node_ips(&self) -> &[IpAddr] {
         &self.node_ips
@@ -258,12 +278,41 @@ pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often draining real servers are checked for remaining connections.
 pub const DRAIN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How the engine follows the node's NodeProxyConfig (see [`crate::node_config`]).
+pub struct ConfigFollower {
+    /// What the NodeProxyConfig assigns ([`crate::node_config::watch_assigned`]).
+    pub assigned: watch::Receiver<Assigned>,
+    /// The local configuration (`--config` or the defaults), in force without a
+    /// NodeProxyConfig.
+    pub local: ProxierConfiguration,
+    /// Checks and sets the node-wide kernel settings of a new configuration.
+    pub kernel: Box<dyn KernelSettings>,
+    /// Where the engine publishes the status to write
+    /// ([`crate::node_config::report_status`] adds `healthy`); `None` while no revision is
+    /// assigned.
+    pub report: watch::Sender<Option<NodeProxyConfigStatus>>,
+}
+
+/// A [`ConfigFollower`] and what the engine knows of the revision in force.
+struct Following {
+    follower: ConfigFollower,
+    /// The revision in force (`None`: the local configuration).
+    revision: Option<String>,
+    /// A configuration was put in force and no sync with it succeeded yet.
+    awaiting_sync: bool,
+}
+
+/// How often a successful sync refreshes `status.lastSyncTime` at most (the NodeProxyConfig
+/// contract: it is for people, not a heartbeat).
+pub const LAST_SYNC_REFRESH: Duration = Duration::from_secs(60);
+
 /// Plans from the store and syncs a dataplane.
 pub struct Engine<D> {
     source: SourceHandle,
     planner: Planner,
     syncer: Syncer<D>,
     last_full_sync: Option<Instant>,
+    following: Option<Following>,
 }
 
 impl<D: Dataplane> Engine<D> {
@@ -275,7 +324,165 @@ impl<D: Dataplane> Engine<D> {
             planner,
             syncer: Syncer::new(dataplane, Ownership::default(), max_drain),
             last_full_sync: None,
+            following: None,
         }
+    }
+
+    /// The same engine, following a NodeProxyConfig: [`run`](Self::run) waits until the
+    /// assignment is known and applies each new one live ([`apply_assigned`](Self::apply_assigned)).
+    /// The planner's configuration must be `follower.local`.
+    pub fn following(mut self, follower: ConfigFollower) -> Self {
+        self.following = Some(Following {
+            follower,
+            revision: None,
+            awaiting_sync: false,
+        });
+        self
+    }
+
+    /// Put `assigned` in force if it differs from the configuration in force (NodeProxyConfig
+    /// over the local configuration; see [`crate::node_config`]); the revision in force
+    /// assigned again after a Failed one is reported `Applied` again after the next sync. The new configuration is
+    /// first validated and checked against the kernel ([`KernelSettings::check`]); if that or
+    /// [`KernelSettings::apply`] fails, the previous configuration stays in force and the
+    /// revision is reported `Failed` with the reason. Otherwise the planner re-plans every
+    /// Service with it at the next [`sync`](Self::sync), the drain limit, the health servers
+    /// ([`Observer::config_changed`]) and the sync periods follow, and the revision is
+    /// reported `Pending` (except before the first sync: a restart does not go back to
+    /// Pending) until a sync with it succeeds.
+    ///
+    /// Without a [`ConfigFollower`] this does nothing.
+    pub async fn apply_assigned(&mut self, assigned: Assigned) {
+        let Some(following) = &mut self.following else {
+            return;
+        };
+        let follower = &following.follower;
+        let (revision, config) = match assigned {
+            Assigned::Unknown => return,
+            Assigned::Local => (None, follower.local.clone()),
+            Assigned::Revision { revision, config } => (Some(revision), *config),
+        };
+        if revision == following.revision && config == self.planner.config {
+            // Back to the revision in force after a Failed one (e.g. the operator rolled
+            // back): report it again once the next sync succeeds.
+            let reported = follower
+                .report
+                .borrow()
+                .clone()
+                .and_then(|s| s.observed_revision);
+            following.awaiting_sync |= revision.is_some() && reported != revision;
+            return;
+        }
+        let mut outcome = config.validate().map_err(|e| e.to_string());
+        if outcome.is_ok() {
+            outcome = follower.kernel.check(&config).await;
+        }
+        if outcome.is_ok() {
+            outcome = follower.kernel.apply(&config).await;
+        }
+        let name = revision.as_deref().unwrap_or("local");
+        if let Err(message) = outcome {
+            tracing::error!(
+                revision = name,
+                "cannot apply the configuration, keeping the previous one: {message}"
+            );
+            follower.report.send_modify(|status| {
+                let status = status.get_or_insert_default();
+                status.observed_revision = revision;
+                status.phase = Some(NodePhase::Failed);
+                status.message = Some(message);
+                status.sync_errors = None;
+            });
+            // The spec asks for this revision now: the one in force is not reported Applied.
+            following.awaiting_sync = false;
+            return;
+        }
+        let old = &self.planner.config;
+        if (&old.healthz_bind_address, &old.metrics_bind_address)
+            != (&config.healthz_bind_address, &config.metrics_bind_address)
+        {
+            tracing::warn!(
+                revision = name,
+                "healthzBindAddress and metricsBindAddress changes take effect at the next restart"
+            );
+        }
+        tracing::info!(
+            revision = name,
+            "configuration in force; re-planning everything"
+        );
+        self.syncer.max_drain = config.ipvs.drain_timeout;
+        self.source.observer.config_changed(&config);
+        self.planner.set_config(config);
+        following.revision = revision.clone();
+        following.awaiting_sync = true;
+        let restarting = self.last_full_sync.is_none();
+        follower.report.send_modify(|status| match &revision {
+            None => *status = None,
+            Some(_) if restarting => {}
+            Some(_) => {
+                *status = Some(NodeProxyConfigStatus {
+                    observed_revision: revision.clone(),
+                    phase: Some(NodePhase::Pending),
+                    ..Default::default()
+                })
+            }
+        });
+    }
+
+    /// Update the published status after a sync: `Applied` after the first successful sync
+    /// with the revision in force (no errors yet), then failed syncs counted in `syncErrors`
+    /// (the last error in `message`) and `lastSyncTime` refreshed at most every
+    /// [`LAST_SYNC_REFRESH`]. A `Failed` report about another revision stays as it is.
+    fn report_sync(&mut self, result: &Result<SyncReport, DataplaneError>) {
+        let Some(following) = &mut self.following else {
+            return;
+        };
+        let Some(revision) = following.revision.clone() else {
+            return;
+        };
+        let error = match result {
+            Ok(report) if report.failures.is_empty() => None,
+            Ok(report) => Some(format!("{} IPVS operations failed", report.failures.len())),
+            Err(e) => Some(e.to_string()),
+        };
+        let now = SystemTime::now();
+        let awaiting = &mut following.awaiting_sync;
+        following.follower.report.send_if_modified(|status| {
+            if *awaiting {
+                if result.is_err() {
+                    return false;
+                }
+                *awaiting = false;
+                *status = Some(NodeProxyConfigStatus {
+                    observed_revision: Some(revision),
+                    phase: Some(NodePhase::Applied),
+                    last_sync_time: Some(time(now)),
+                    message: error.clone(),
+                    sync_errors: Some(u64::from(error.is_some())),
+                    healthy: None,
+                });
+                return true;
+            }
+            let Some(status) = status.as_mut() else {
+                return false;
+            };
+            if status.observed_revision.as_deref() != Some(&revision) {
+                return false;
+            }
+            if let Some(error) = error {
+                *status.sync_errors.get_or_insert(0) += 1;
+                status.message = Some(error);
+                return true;
+            }
+            let stale = status
+                .last_sync_time
+                .as_ref()
+                .is_none_or(|t| SystemTime::from(t.0) + LAST_SYNC_REFRESH <= now);
+            if result.is_ok() && stale {
+                status.last_sync_time = Some(time(now));
+            }
+            stale
+        });
     }
 
     /// The planner (last plan, configuration).
@@ -350,6 +557,7 @@ impl<D: Dataplane> Engine<D> {
             drains: self.syncer.drains(),
             trigger_times: &trigger_times,
         });
+        self.report_sync(&result);
         result
     }
 
@@ -369,6 +577,15 @@ impl<D: Dataplane> Engine<D> {
         tokio::select! {
             _ = &mut shutdown => return,
             _ = source.wait_ready() => {}
+        }
+        let mut assigned = self.following.as_ref().map(|f| f.follower.assigned.clone());
+        if let Some(rx) = &mut assigned {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = rx.wait_for(|a| *a != Assigned::Unknown) => {}
+            }
+            let first = rx.borrow_and_update().clone();
+            self.apply_assigned(first).await;
         }
         let mut retry = Duration::ZERO;
         loop {
@@ -397,6 +614,10 @@ impl<D: Dataplane> Engine<D> {
                     _ = &mut shutdown => return,
                     _ = notify.notified() => break,
                     _ = &mut resync => break,
+                    next = next_assigned(&mut assigned) => {
+                        self.apply_assigned(next).await;
+                        break;
+                    }
                     _ = tokio::time::sleep(DRAIN_CHECK_INTERVAL), if draining => {
                         if let Err(e) = self.check_drains().await {
                             tracing::error!("drain check failed, will retry: {e}");
@@ -410,6 +631,22 @@ impl<D: Dataplane> Engine<D> {
             }
         }
     }
+}
+
+/// The next assignment on `assigned`; never resolves without a receiver or once its sender
+/// is gone.
+async fn next_assigned(assigned: &mut Option<watch::Receiver<Assigned>>) -> Assigned {
+    if let Some(rx) = assigned
+        && rx.changed().await.is_ok()
+    {
+        return rx.borrow_and_update().clone();
+    }
+    std::future::pending().await
+}
+
+/// A `metav1.Time` at `at`.
+fn time(at: SystemTime) -> Time {
+    Time(Timestamp::try_from(at).expect("the clock is within jiff's range"))
 }
 
 /// The manifests source: a file or directory re-read whenever its contents change.
