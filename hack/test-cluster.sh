@@ -7,6 +7,10 @@
 #   - the Services kubectl creates reach the plan (kipvs_virtual_servers, change counters), and the LoadBalancer
 #     Service's healthCheckNodePort answers 503 with no local endpoint;
 #   - tainting the Node ToBeDeletedByClusterAutoscaler flips /healthz to 503 while /livez stays 200, and back;
+#   - without the NodeProxyConfig CRD the proxier logs it and runs on its local configuration; once the CRDs
+#     (config/crd/) are installed, a NodeProxyConfig for the node is applied live and reported on its status
+#     (observedRevision, phase Applied, healthy, syncErrors, lastSyncTime), a revision with an unknown scheduler
+#     is reported Failed while the proxier stays healthy, and a rollback is reported Applied again;
 #   - a deleted Service leaves the plan; a deleted Node fails /healthz;
 #   - with the apiserver gone the proxier keeps running and keeps its objects (nothing is deleted).
 # Ends with "N passed, M failed"; exit status 1 if anything failed.
@@ -110,6 +114,35 @@ check "  ... with nodeEligible false" sh -c "curl -s http://$HZ/healthz | grep -
 check "  ... while /livez stays 200" is 200 code "$HZ/livez"
 k taint nodes "$NODE" ToBeDeletedByClusterAutoscaler- > /dev/null
 check "taint removed: /healthz 200 again" until_ 20 is 200 code "$HZ/healthz"
+
+# NodeProxyConfig: no CRD at start, then a revision applied live, then one the proxier cannot apply.
+check "NodeProxyConfig CRD missing: logged, running on the local configuration" \
+  grep -q 'nodeproxyconfigs.kipvs.io is not served' "$LOG"
+k apply --validate=false -k config/crd > "$STATE/crd.log" 2>&1 || { cat "$STATE/crd.log"; bad "kubectl apply CRDs"; }
+k wait --for condition=established --timeout=30s crd/nodeproxyconfigs.kipvs.io > /dev/null
+npc() { # npc REVISION SCHEDULER: the operator's part of the node's NodeProxyConfig
+  k apply -f - > /dev/null <<EOF
+apiVersion: kipvs.io/v1alpha1
+kind: NodeProxyConfig
+metadata: {name: $NODE}
+spec: {revision: $1, assignedAt: "2026-11-22T00:00:00Z", config: {ipvs: {scheduler: $2}}}
+EOF
+}
+npc_field() { k get nodeproxyconfig "$NODE" -o "jsonpath={.status.$1}"; }
+npc_status() { echo "$(npc_field observedRevision) $(npc_field phase) $(npc_field healthy)"; }
+npc r1 wrr
+check "NodeProxyConfig r1 (wrr): reported r1 Applied, healthy" until_ 60 is "r1 Applied true" npc_status
+check "  ... with syncErrors 0" is 0 npc_field syncErrors
+check "  ... and a lastSyncTime" [ -n "$(npc_field lastSyncTime)" ]
+check "  ... by the proxier's field manager" sh -c "kubectl --kubeconfig '$KC' get nodeproxyconfig '$NODE' \
+  -o jsonpath='{.metadata.managedFields[*].manager}' | grep -q kipvs-proxier"
+npc r2 nope
+check "NodeProxyConfig r2 (unknown scheduler): reported r2 Failed, healthy" until_ 30 is "r2 Failed true" npc_status
+check "  ... with the reason" sh -c "kubectl --kubeconfig '$KC' get nodeproxyconfig '$NODE' \
+  -o jsonpath='{.status.message}' | grep -q nope"
+check "  ... while the proxier keeps running (/livez 200)" is 200 code "$HZ/livez"
+npc r1 wrr
+check "rolled back to r1: reported r1 Applied again" until_ 30 is "r1 Applied true" npc_status
 
 k delete service web > /dev/null
 check "a deleted Service leaves the plan (kipvs_virtual_servers 2)" until_ 20 is 2 metric kipvs_virtual_servers
