@@ -76,7 +76,8 @@ pub trait KernelSettings: Send + Sync {
 
     /// Set `config`'s IPVS timeouts and strictARP sysctls, logging each.
     ///
-    /// Errors: a message naming the setting that could not be made.
+    /// Errors: a message naming the setting that could not be made (the ones before it stay
+    /// set).
     fn apply<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>>;
 }
 
@@ -120,6 +121,8 @@ impl KernelSettings for Kernel {
                 port: PROBE_PORT,
                 protocol: ipvs::Protocol::Tcp,
             };
+            // A probe left over by an interrupted check would make the add fail.
+            let _ = self.ipvs.delete_service(&id).await;
             self.ipvs
                 .add_service(&ipvs::Service::new(id, scheduler))
                 .await

@@ -329,7 +329,8 @@ impl<D: Dataplane> Engine<D> {
     }
 
     /// The same engine, following a NodeProxyConfig: [`run`](Self::run) waits until the
-    /// assignment is known and applies each new one live ([`apply_assigned`](Self::apply_assigned)).
+    /// assignment is known and applies each new one live
+    /// ([`apply_assigned`](Self::apply_assigned)).
     /// The planner's configuration must be `follower.local`.
     pub fn following(mut self, follower: ConfigFollower) -> Self {
         self.following = Some(Following {

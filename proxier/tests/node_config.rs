@@ -343,8 +343,10 @@ mod api {
         (kube::Client::new(service, "default"), patches)
     }
 
+    /// The next status patch, waiting longer than a `/livez` timeout (virtual time in paused
+    /// tests).
     async fn next(patches: &mut mpsc::UnboundedReceiver<Patch>) -> Patch {
-        tokio::time::timeout(Duration::from_secs(10), patches.recv())
+        tokio::time::timeout(Duration::from_secs(120), patches.recv())
             .await
             .expect("a status patch")
             .unwrap()
@@ -409,5 +411,39 @@ mod api {
             "{body}"
         );
         assert!(status["message"].as_str().unwrap().contains("\"nope\""));
+    }
+
+    /// The status is written again when `/livez` flips, and only then.
+    #[tokio::test(start_paused = true)]
+    async fn health_flips_are_reported() {
+        let (_watch_tx, watches) = mpsc::unbounded_channel();
+        let (client, mut patches) = api_server(npc("r1", "rr", "1"), watches);
+        let timeout = Duration::from_secs(60);
+        let health = ProxyHealth::new(timeout, true);
+        let applied = NodeProxyConfigStatus {
+            observed_revision: Some("r1".into()),
+            phase: Some(NodePhase::Applied),
+            sync_errors: Some(0),
+            ..Default::default()
+        };
+        let (_report, report_rx) = watch::channel(Some(applied));
+        tokio::spawn(report_status(
+            client,
+            NODE.into(),
+            report_rx,
+            health.clone(),
+        ));
+        let healthy = |patch: Patch| patch.2["status"]["healthy"].clone();
+        assert_eq!(healthy(next(&mut patches).await), json!(true));
+        // A change waits longer than the timeout: unhealthy, reported without any other event.
+        health.queued_update();
+        assert_eq!(healthy(next(&mut patches).await), json!(false));
+        // Synced: healthy again.
+        health.updated();
+        assert_eq!(healthy(next(&mut patches).await), json!(true));
+        // Further syncs change nothing to report.
+        health.updated();
+        tokio::time::sleep(timeout).await;
+        assert!(patches.try_recv().is_err());
     }
 }
