@@ -1,6 +1,8 @@
 //! The proxier's main loop: sources write objects into a shared [`Store`]; the [`Engine`]
 //! re-plans what changed and syncs the dataplane, at most once per `ipvs.minSyncPeriod` and
 //! at least once per `ipvs.syncPeriod` (kube-proxy's `BoundedFrequencyRunner` contract).
+//! Following a NodeProxyConfig ([`ConfigFollower`], [`crate::node_config`]), it also takes new
+//! configurations as messages on a watch channel and puts them in force between syncs.
 
 use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Ownership};
 use crate::manifests;
@@ -387,12 +389,16 @@ impl<D: Dataplane> Engine<D> {
                 revision = name,
                 "cannot apply the configuration, keeping the previous one: {message}"
             );
-            follower.report.send_modify(|status| {
-                let status = status.get_or_insert_default();
-                status.observed_revision = revision;
-                status.phase = Some(NodePhase::Failed);
-                status.message = Some(message);
-                status.sync_errors = None;
+            // Without a NodeProxyConfig there is nothing to report on.
+            follower.report.send_modify(|status| match revision {
+                None => *status = None,
+                Some(revision) => {
+                    let status = status.get_or_insert_default();
+                    status.observed_revision = Some(revision);
+                    status.phase = Some(NodePhase::Failed);
+                    status.message = Some(message);
+                    status.sync_errors = None;
+                }
             });
             // The spec asks for this revision now: the one in force is not reported Applied.
             following.awaiting_sync = false;
