@@ -10,7 +10,7 @@ use kipvs_proxier::dataplane::kernel::KernelDataplane;
 use kipvs_proxier::health::{self, ProxyHealth, ServiceHealthServers};
 use kipvs_proxier::kube_source::KubeSource;
 use kipvs_proxier::metrics::Metrics;
-use kipvs_proxier::node_config::{self, Assigned, FakeKernel, Kernel, KernelSettings};
+use kipvs_proxier::node_config::{self, Assigned, Kernel, KernelSettings};
 use kipvs_proxier::run::{
     ConfigFollower, Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle,
 };
@@ -102,6 +102,10 @@ struct ClusterArgs {
     /// The dataplane to program (`fake`: in memory, for tests without kernel IPVS).
     #[arg(long, value_enum, default_value = "kernel", hide = true)]
     dataplane: DataplaneKind,
+    /// Test only, with --dataplane=fake: simulate a kernel without this IPVS scheduler module
+    /// (a configuration using it is reported Failed). Repeatable.
+    #[arg(long, value_name = "NAME", hide = true, requires = "dataplane")]
+    fake_missing_scheduler: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -462,6 +466,10 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             }
             match cluster.dataplane {
                 DataplaneKind::Kernel => {
+                    anyhow::ensure!(
+                        cluster.fake_missing_scheduler.is_empty(),
+                        "--fake-missing-scheduler needs --dataplane=fake"
+                    );
                     let dataplane = connect_kernel().await?;
                     let kernel = Kernel {
                         ipvs: dataplane.ipvs().clone(),
@@ -475,7 +483,15 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
                 DataplaneKind::Fake => {
                     tracing::warn!("fake dataplane: nothing is programmed into the kernel");
                     let started = start(&args, &cluster, &config).await?;
-                    let (dataplane, kernel) = (FakeDataplane::default(), Box::new(FakeKernel));
+                    let dataplane = FakeDataplane {
+                        missing_schedulers: cluster
+                            .fake_missing_scheduler
+                            .iter()
+                            .cloned()
+                            .collect(),
+                        ..Default::default()
+                    };
+                    let kernel = Box::new(dataplane.kernel_settings());
                     run_engine(&args, started, config, dataplane, kernel, once).await?;
                 }
             }

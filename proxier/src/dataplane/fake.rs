@@ -2,6 +2,9 @@
 
 use super::{Dataplane, DataplaneError, Op, OpFailure};
 use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
+use crate::node_config::{FakeKernel, KernelSettings};
+use futures::future::BoxFuture;
+use kipvs_crds::config::ProxierConfiguration;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -16,6 +19,10 @@ pub struct FakeDataplane {
     pub applied: Vec<Op>,
     /// Addresses the fake node has on interfaces other than `kube-ipvs0`.
     pub other_addresses: BTreeSet<IpAddr>,
+    /// IPVS schedulers this fake kernel lacks (as a kernel without the `ip_vs_<name>` module):
+    /// adding or editing a virtual server with one fails with `ENOENT`, and
+    /// [`FakeDataplane::kernel_settings`]'s scheduler check rejects it.
+    pub missing_schedulers: BTreeSet<String>,
 }
 
 impl FakeDataplane {
@@ -25,6 +32,40 @@ impl FakeDataplane {
             state,
             ..Default::default()
         }
+    }
+
+    /// The [`KernelSettings`] of this fake node: [`FakeKernel`]'s, except that the schedulers in
+    /// [`FakeDataplane::missing_schedulers`] are not available.
+    pub fn kernel_settings(&self) -> FakeModules {
+        FakeModules {
+            missing_schedulers: self.missing_schedulers.clone(),
+        }
+    }
+}
+
+/// [`KernelSettings`] of a [`FakeDataplane`] that lacks some IPVS schedulers (see
+/// [`FakeDataplane::kernel_settings`]).
+#[derive(Clone, Debug, Default)]
+pub struct FakeModules {
+    /// The schedulers the fake kernel lacks.
+    pub missing_schedulers: BTreeSet<String>,
+}
+
+impl KernelSettings for FakeModules {
+    fn check<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
+        let scheduler = config.ipvs.effective_scheduler();
+        if self.missing_schedulers.contains(scheduler) {
+            return Box::pin(async move {
+                Err(format!(
+                    "IPVS scheduler {scheduler:?} is not available: the kernel lacks ip_vs_{scheduler}"
+                ))
+            });
+        }
+        FakeKernel.check(config)
+    }
+
+    fn apply<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
+        FakeKernel.apply(config)
     }
 }
 
@@ -50,6 +91,18 @@ impl Dataplane for FakeDataplane {
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
         let mut failures = Vec::new();
         for op in ops {
+            if let Op::AddVirtualServer(_, spec) | Op::UpdateVirtualServer(_, spec) = op
+                && self.missing_schedulers.contains(&spec.scheduler)
+            {
+                failures.push(OpFailure {
+                    op: op.clone(),
+                    error: DataplaneError::Io {
+                        context: format!("IPVS scheduler {}", spec.scheduler),
+                        source: std::io::Error::from_raw_os_error(2),
+                    },
+                });
+                continue;
+            }
             match self.state.apply(op) {
                 Ok(()) => self.applied.push(op.clone()),
                 Err(e) => failures.push(OpFailure {
@@ -59,5 +112,27 @@ impl Dataplane for FakeDataplane {
             }
         }
         failures
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_scheduler_fails_the_check_only_for_that_scheduler() {
+        let fake = FakeDataplane {
+            missing_schedulers: ["sed".to_string()].into(),
+            ..Default::default()
+        };
+        let kernel = fake.kernel_settings();
+        let mut config = ProxierConfiguration::default();
+        config.ipvs.scheduler = "sed".into();
+        let err = futures::executor::block_on(kernel.check(&config)).unwrap_err();
+        assert!(err.contains("\"sed\" is not available"), "{err}");
+        config.ipvs.scheduler = "wrr".into();
+        futures::executor::block_on(kernel.check(&config)).unwrap();
+        config.ipvs.scheduler = "nope".into();
+        assert!(futures::executor::block_on(kernel.check(&config)).is_err());
     }
 }
