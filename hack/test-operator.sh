@@ -2,17 +2,20 @@
 # The operator's control-plane suite: the committed CRDs match the types (crdgen --check), then
 # kipvs-operator and its fake proxiers against a real kube-apiserver v1.20.2 + etcd on loopback
 # (hack/control-plane.sh builds it once, ~6 min of CPU, then reuses ~/.cache/kipvs-cp), running
-# tests/operator/e2e.sh. Stops the control plane on exit.
+# tests/operator/e2e.sh; then, on the same control plane, the operator with real
+# `kipvs-proxier run --dataplane=fake` processes, one per node (tests/operator/e2e-proxiers.sh).
+# Stops the control plane on exit.
 #
 # usage: hack/test-operator.sh       env: CPCACHE, CP_PORT, CP_ETCD_PORT (see hack/control-plane.sh),
-#                                         KIPVS_E2E_OUT (logs; default a temp dir)
+#                                         KIPVS_E2E_OUT (logs; default a temp dir),
+#                                         PROXIER_PORT (see tests/operator/e2e-proxiers.sh)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 T0=$(date +%s)
 step() { printf '\n==> %s\n' "$*"; }
 
-step "build crdgen, kipvs-operator and the fake proxier"
+step "build crdgen, kipvs-operator, kipvs-proxier and the fake proxier"
 # --workspace: the same feature set as the rest of CI's builds, so nothing is rebuilt for this.
 executables() { # prints "name path" of the built executables named in $@
   python3 -c 'import json, sys
@@ -22,12 +25,13 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
         print(m["target"]["name"], m["executable"])' "$@"
 }
-built=$(cargo build -q --workspace --bin crdgen --bin kipvs-operator --example fake_proxier \
-  --message-format=json-render-diagnostics | executables crdgen kipvs-operator fake_proxier)
+built=$(cargo build -q --workspace --bin crdgen --bin kipvs-operator --bin kipvs-proxier --example fake_proxier \
+  --message-format=json-render-diagnostics | executables crdgen kipvs-operator kipvs-proxier fake_proxier)
 CRDGEN=$(awk '$1 == "crdgen" {print $2}' <<<"$built")
 KIPVS_OPERATOR=$(awk '$1 == "kipvs-operator" {print $2}' <<<"$built")
 KIPVS_FAKE_PROXIER=$(awk '$1 == "fake_proxier" {print $2}' <<<"$built")
-[ -x "$CRDGEN" ] && [ -x "$KIPVS_OPERATOR" ] && [ -x "$KIPVS_FAKE_PROXIER" ] ||
+KIPVS_PROXIER=$(awk '$1 == "kipvs-proxier" {print $2}' <<<"$built")
+[ -x "$CRDGEN" ] && [ -x "$KIPVS_OPERATOR" ] && [ -x "$KIPVS_FAKE_PROXIER" ] && [ -x "$KIPVS_PROXIER" ] ||
   { echo "test-operator: build produced no executables" >&2; exit 1; }
 
 step "generated CRDs are committed (crdgen --check)"
@@ -43,5 +47,11 @@ T_CP=$(date +%s)
 step "operator end to end (tests/operator/e2e.sh)"
 KUBECONFIG=$STATE/kubeconfig KIPVS_OPERATOR=$KIPVS_OPERATOR KIPVS_FAKE_PROXIER=$KIPVS_FAKE_PROXIER \
   OUT=${KIPVS_E2E_OUT:-$STATE/logs} tests/operator/e2e.sh
+T_E2E=$(date +%s)
+
+step "operator with real proxiers (tests/operator/e2e-proxiers.sh)"
+KUBECONFIG=$STATE/kubeconfig KIPVS_OPERATOR=$KIPVS_OPERATOR KIPVS_PROXIER=$KIPVS_PROXIER \
+  OUT=${KIPVS_E2E_OUT:-$STATE/logs}/proxiers tests/operator/e2e-proxiers.sh
 T_END=$(date +%s)
-echo "test-operator: passed in $((T_END - T0))s (build $((T_BUILD - T0))s, control plane $((T_CP - T_BUILD))s, e2e $((T_END - T_CP))s)"
+echo "test-operator: passed in $((T_END - T0))s (build $((T_BUILD - T0))s, control plane $((T_CP - T_BUILD))s," \
+  "e2e $((T_E2E - T_CP))s, e2e with proxiers $((T_END - T_E2E))s)"
