@@ -117,6 +117,15 @@ start() {
     --initial-advertise-peer-urls "http://127.0.0.1:$((CP_ETCD_PORT + 10))" \
     --initial-cluster "default=http://127.0.0.1:$((CP_ETCD_PORT + 10))" --unsafe-no-fsync > "$S/etcd.log" 2>&1 &
   echo $! > "$S/etcd.pid"
+  # The apiserver gives up on a slow etcd ("context deadline exceeded"): start it once etcd answers.
+  local e
+  for e in $(seq 1 120); do
+    curl -s -m 2 "http://127.0.0.1:$CP_ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"' && break
+    if ! kill -0 "$(cat "$S/etcd.pid")" 2>/dev/null; then
+      tail -n 20 "$S/etcd.log" >&2; log "etcd exited"; exit 1
+    fi
+    sleep 0.5
+  done
   "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$CP_ETCD_PORT" --bind-address=127.0.0.1 \
     --secure-port="$CP_PORT" --cert-dir="$S/certs" --service-cluster-ip-range=10.96.0.0/16 \
     --token-auth-file="$S/tokens.csv" --authorization-mode=RBAC \
@@ -133,7 +142,8 @@ start() {
     sleep 0.5
   done
   if [ -z "$ok" ]; then
-    tail -n 20 "$S/apiserver.log" >&2; stop "$S"; log "apiserver did not become ready"; exit 1
+    tail -n 20 "$S/apiserver.log" >&2; tail -n 5 "$S/etcd.log" >&2
+    stop "$S"; log "apiserver did not become ready"; exit 1
   fi
   cat > "$S/kubeconfig" <<EOT
 apiVersion: v1
