@@ -172,6 +172,7 @@ fn manifests_source(args: &SourceArgs) -> anyhow::Result<ManifestsSource> {
     Ok(ManifestsSource {
         path,
         node_name: args.node.clone(),
+        node_configs: None,
     })
 }
 
@@ -200,7 +201,7 @@ async fn start(
     args: &SourceArgs,
     cluster: &ClusterArgs,
     config: &ProxierConfiguration,
-) -> anyhow::Result<(SourceHandle, ProxyHealth, Option<kube::Client>)> {
+) -> anyhow::Result<(SourceHandle, ProxyHealth, Follow)> {
     let metrics = Metrics::new();
     let health = ProxyHealth::new(
         2 * config.ipvs.sync_period,
@@ -248,8 +249,13 @@ async fn start(
     }
 
     if args.manifests.is_some() {
-        tokio::spawn(manifests_source(args)?.watch(handle.clone()));
-        return Ok((handle, health, None));
+        let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
+        let source = ManifestsSource {
+            node_configs: Some(assigned_tx),
+            ..manifests_source(args)?
+        };
+        tokio::spawn(source.watch(handle.clone()));
+        return Ok((handle, health, Follow::Manifests(assigned)));
     }
     let client = kube_client(cluster.kubeconfig.as_deref()).await?;
     let source = KubeSource {
@@ -258,7 +264,40 @@ async fn start(
         metrics,
     };
     tokio::spawn(source.run(handle.clone()));
-    Ok((handle, health, Some(client)))
+    Ok((handle, health, Follow::Api(client)))
+}
+
+/// Where the node's NodeProxyConfig comes from.
+enum Follow {
+    /// Watched on the API server; status written back there.
+    Api(kube::Client),
+    /// Read from the manifests (offline runs, the VM tests); status logged.
+    Manifests(watch::Receiver<Assigned>),
+}
+
+/// Follow the NodeProxyConfig found in the manifests: the status the engine reports is logged
+/// (`NodeProxyConfig status: {...}`), as there is no API server to write it to.
+fn follow_manifests(
+    assigned: watch::Receiver<Assigned>,
+    local: ProxierConfiguration,
+    kernel: Box<dyn KernelSettings>,
+) -> ConfigFollower {
+    let (report, mut report_rx) = watch::channel(None);
+    tokio::spawn(async move {
+        while report_rx.changed().await.is_ok() {
+            let status = report_rx.borrow_and_update().clone();
+            if let Some(status) = status {
+                let json = serde_json::to_string(&status).unwrap_or_default();
+                tracing::info!("NodeProxyConfig status: {json}");
+            }
+        }
+    });
+    ConfigFollower {
+        assigned,
+        local,
+        kernel,
+        report,
+    }
 }
 
 /// Follow the node's NodeProxyConfig (see [`node_config`]): start its watch and the status
@@ -324,19 +363,21 @@ async fn desired_state(
 /// the node's NodeProxyConfig with the Kubernetes source (not with `--once`).
 async fn run_engine<D: Dataplane>(
     args: &SourceArgs,
-    started: (SourceHandle, ProxyHealth, Option<kube::Client>),
+    started: (SourceHandle, ProxyHealth, Follow),
     config: ProxierConfiguration,
     dataplane: D,
     kernel: Box<dyn KernelSettings>,
     once: bool,
 ) -> anyhow::Result<()> {
-    let (handle, health, client) = started;
+    let (handle, health, follow) = started;
     let planner = Planner::new(identity(args), config.clone());
     let mut engine = Engine::new(handle.clone(), planner, dataplane);
-    if let Some(client) = client.filter(|_| !once) {
-        engine = engine.following(follow_node_config(
-            client, &args.node, health, config, kernel,
-        ));
+    if !once {
+        let follower = match follow {
+            Follow::Api(client) => follow_node_config(client, &args.node, health, config, kernel),
+            Follow::Manifests(assigned) => follow_manifests(assigned, config, kernel),
+        };
+        engine = engine.following(follower);
     }
     if once {
         handle.wait_ready().await;
@@ -396,12 +437,21 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             source: args,
             format,
         } => {
-            let config = load_config(args.config.as_deref())?;
+            let local = load_config(args.config.as_deref())?;
             let handle = SourceHandle::default();
-            let source = manifests_source(&args)?;
+            let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
+            let source = ManifestsSource {
+                node_configs: Some(assigned_tx),
+                ..manifests_source(&args)?
+            };
             source
                 .load_into(&handle, None)
                 .with_context(|| format!("reading {}", source.path.display()))?;
+            // The same precedence as `run`: the node's NodeProxyConfig, else the local config.
+            let config = match &*assigned.borrow() {
+                Assigned::Revision { config, .. } => (**config).clone(),
+                _ => local,
+            };
             let mut planner = Planner::new(identity(&args), config);
             planner.replan(&mut handle.store.lock().expect("store lock"));
             let plan = planner.plan();

@@ -14,6 +14,7 @@
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kipvs_crds::nodeproxyconfig::NodeProxyConfig;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::fmt;
@@ -29,6 +30,9 @@ pub struct Snapshot {
     pub endpoint_slices: Vec<EndpointSlice>,
     /// `v1` Nodes.
     pub nodes: Vec<Node>,
+    /// `kipvs.io/v1alpha1` NodeProxyConfigs (the manifests mode follows the one named after
+    /// the node, as the Kubernetes mode follows the API's).
+    pub node_proxy_configs: Vec<NodeProxyConfig>,
 }
 
 impl Snapshot {
@@ -236,6 +240,7 @@ impl Loader {
         let expected = match kind.as_str() {
             "Service" | "Node" => "v1",
             "EndpointSlice" => "discovery.k8s.io/v1",
+            "NodeProxyConfig" => "kipvs.io/v1alpha1",
             "" => {
                 self.error(Some(document), item, label, "has no kind".into());
                 return;
@@ -264,6 +269,7 @@ impl Loader {
         let result = match kind.as_str() {
             "Service" => typed(value).map(|o| self.snapshot.services.push(o)),
             "EndpointSlice" => typed(value).map(|o| self.snapshot.endpoint_slices.push(o)),
+            "NodeProxyConfig" => typed(value).map(|o| self.snapshot.node_proxy_configs.push(o)),
             _ => typed(value).map(|o| self.snapshot.nodes.push(o)),
         };
         if let Err(e) = result {

@@ -218,6 +218,15 @@ pub async fn watch_assigned(client: Client, node: String, assigned: watch::Sende
     }
 }
 
+/// What the NodeProxyConfigs of a manifests snapshot assign to `node`: the one named after it,
+/// else the local configuration.
+pub fn assigned_from(configs: &[NodeProxyConfig], node: &str) -> Assigned {
+    configs
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(node))
+        .map_or(Assigned::Local, |c| spec_of(c.clone()))
+}
+
 /// What a NodeProxyConfig assigns.
 fn spec_of(object: NodeProxyConfig) -> Assigned {
     Assigned::Revision {

@@ -7,7 +7,7 @@
 use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Ownership};
 use crate::manifests;
 use crate::model::{DesiredState, VirtualServerKey};
-use crate::node_config::{Assigned, KernelSettings};
+use crate::node_config::{Assigned, KernelSettings, assigned_from};
 use crate::plan::{self, DesiredIndex, NoLocalEndpoints, Plan, PlanContext, Touched};
 use crate::store::{ObjectKey, Store};
 use crate::sync::{SyncReport, Syncer};
@@ -663,6 +663,9 @@ pub struct ManifestsSource {
     pub path: PathBuf,
     /// The node whose Node object is taken from the manifests.
     pub node_name: String,
+    /// Where to publish what the manifests' NodeProxyConfig for this node assigns (`None`:
+    /// NodeProxyConfigs in the manifests are not followed).
+    pub node_configs: Option<watch::Sender<Assigned>>,
 }
 
 /// How often the manifests are checked for changes.
@@ -679,6 +682,14 @@ impl ManifestsSource {
             let (snapshot, errors) = manifests::load(&self.path)?;
             for e in &errors {
                 tracing::warn!("skipped manifest: {e}");
+            }
+            if let Some(tx) = &self.node_configs {
+                let next = assigned_from(&snapshot.node_proxy_configs, &self.node_name);
+                tx.send_if_modified(|current| {
+                    let changed = *current != next;
+                    *current = next;
+                    changed
+                });
             }
             handle.update(|store| store.replace_all(snapshot, &self.node_name));
         }
@@ -756,6 +767,7 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         let source = ManifestsSource {
             path: file.clone(),
             node_name: "n1".into(),
+            node_configs: None,
         };
         let identity = NodeIdentity {
             name: "n1".into(),

@@ -476,7 +476,7 @@ mod tests {
                     service("b", "db", "10.96.0.2"),
                 ],
                 endpoint_slices: vec![slice("b", "db-1", "db")],
-                nodes: vec![],
+                ..Default::default()
             },
             "n1",
         );
@@ -485,7 +485,7 @@ mod tests {
             Snapshot {
                 services: vec![service("a", "web", "10.96.0.1")],
                 endpoint_slices: vec![],
-                nodes: vec![],
+                ..Default::default()
             },
             "n1",
         );

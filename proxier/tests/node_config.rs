@@ -95,6 +95,7 @@ async fn fixture(local: ProxierConfiguration, initial: Assigned) -> Fixture {
     let source = ManifestsSource {
         path,
         node_name: "n1".into(),
+        node_configs: None,
     };
     source.load_into(&handle, None).unwrap();
     std::fs::remove_dir_all(dir).unwrap();

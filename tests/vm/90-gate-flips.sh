@@ -1,0 +1,119 @@
+#!/bin/sh
+# Issue 6 on a real kernel: the proxier follows its NodeProxyConfig (here from the manifests, as the
+# API mode does from the API server) and applies each gate flip live, touching nothing else:
+#  1. LoadBalancerIPMode off -> on: only the Proxy-mode ingress IP's virtual server goes and its
+#     address is unbound; connections held open to the VIP and to a ClusterIP keep working;
+#  2. ProxyTerminatingEndpoints on -> off: only the terminating real server leaves (it drains: its
+#     held connection keeps working), every other real server is untouched;
+#  3. KubeProxyDrainingTerminatingNodes off -> on (the Node is tainted ToBeDeletedByClusterAutoscaler):
+#     no kernel operation at all, /healthz turns 503 while /livez stays 200.
+. /payload/tests/lib.sh
+. /payload/tests/topology.sh
+proxier_stop
+cp "$M/web.yaml" "$W/web.yaml.orig"; cp "$M/node.yaml" "$W/node.yaml.orig"
+npc() { # REVISION LBIPMODE TERMINATING DRAINING: the NodeProxyConfig for test-node
+  cat > "$W/npc.tmp" <<NPC
+apiVersion: kipvs.io/v1alpha1
+kind: NodeProxyConfig
+metadata: {name: test-node}
+spec:
+  revision: $1
+  assignedAt: "2026-11-22T05:00:00Z"
+  config:
+    featureGates:
+      LoadBalancerIPMode: $2
+      ProxyTerminatingEndpoints: $3
+      KubeProxyDrainingTerminatingNodes: $4
+NPC
+  mv "$W/npc.tmp" "$M/nodeproxyconfig.yaml"
+}
+applied() { # REVISION: wait until the proxier logs that revision Applied
+  i=0
+  while ! grep 'NodeProxyConfig status' "$(proxier_log)" | grep -q "\"observedRevision\":\"$1\",\"phase\":\"Applied\""; do
+    [ $i -lt 120 ] || { bad "revision $1 not reported Applied"; return 1; }
+    sleep 0.25; i=$((i + 1))
+  done
+  ok "revision $1 reported Applied"
+}
+mark() { wc -l < "$(proxier_log)"; }
+ops_since() { tail -n +"$(( $1 + 1 ))" "$(proxier_log)" | grep -o 'op=[A-Za-z]*.*' | sed 's/ *$//'; }
+http_code() { # PATH: the status code of the proxier's health server (stdin stays open for the answer)
+  (printf 'GET %s HTTP/1.0\r\n\r\n' "$1"; sleep 1) | nc -w 3 127.0.0.1 10256 2>/dev/null | head -n1 | cut -d' ' -f2
+}
+want_code() { # PATH CODE
+  c=$(http_code "$1"); [ "$c" = "$2" ] && ok "$1 answers $2" || bad "$1 answers '$c', want $2"
+}
+hold() { # NAME IP PORT: open a connection that stays open (no request yet) on fd 3/4 via a fifo
+  rm -f "$W/$1.fifo"; mkfifo "$W/$1.fifo"
+  in_client nc -w 120 "$2" "$3" < "$W/$1.fifo" > "$W/$1.out" 2>/dev/null &
+  echo $! > "$W/$1.pid"
+}
+ask() { # NAME FD: send the request on the held connection, close it, print the answer
+  eval "printf 'GET / HTTP/1.0\r\n\r\n' >&$2; exec $2>&-"
+  wait "$(cat "$W/$1.pid")" 2>/dev/null; tail -n1 "$W/$1.out"
+}
+# taint the Node (KEP-3836): only /healthz may care, and only with the gate on
+awk '!done && /^    podCIDR: 10.244.1.0\/24$/ { print "    taints:\n    - effect: NoSchedule\n      key: ToBeDeletedByClusterAutoscaler\n      value: \"1764000000\""; done = 1 } { print }' \
+  "$W/node.yaml.orig" > "$W/edit.tmp" && mv "$W/edit.tmp" "$M/node.yaml"
+
+say "revision r1: LoadBalancerIPMode off, ProxyTerminatingEndpoints on, KubeProxyDrainingTerminatingNodes off"
+npc r1 false true false
+proxier_start
+applied r1
+check "ipvsadm -Sn equals the plan of r1" wait_converged 30
+check "gate off: the Proxy-mode IP 203.0.113.11 has a virtual server" sh -c "ipvsadm -Sn | grep -q -- '-A -t 203.0.113.11:80'"
+check "... and is bound" sh -c "/sbin/ip -o -4 addr show dev kube-ipvs0 | grep -q ' 203.0.113.11/'"
+say "the Node is tainted ToBeDeletedByClusterAutoscaler; the gate is off:"; want_code /healthz 200
+
+say "step 1: r2 turns LoadBalancerIPMode on, with connections held to 203.0.113.10:80 and 10.96.0.20:80"
+hold vip 203.0.113.10 80; exec 3> "$W/vip.fifo"
+hold web 10.96.0.20 80; exec 4> "$W/web.fifo"
+sleep 1
+m=$(mark); npc r2 true true false; applied r2
+check "ipvsadm -Sn equals the plan of r2" wait_converged 30
+got=$(ops_since "$m")
+want='op=UnbindAddress address=203.0.113.11
+op=DeleteVirtualServer vs="TCP 203.0.113.11:80"'
+if [ "$got" = "$want" ]; then ok "the flip applied exactly: $(echo "$got" | tr '\n' ';')"
+else bad "ops of the LoadBalancerIPMode flip: want '$want', got '$(echo "$got" | tr '\n' ';')'"; fi
+check "203.0.113.11 is no longer bound" sh -c "! /sbin/ip -o -4 addr show dev kube-ipvs0 | grep -q ' 203.0.113.11/'"
+a=$(ask vip 3); case "$a" in shop-*) ok "held connection to the VIP still works: $a" ;; *) bad "held VIP connection: got '$a'" ;; esac
+a=$(ask web 4); case "$a" in web-*) ok "held connection to the ClusterIP still works: $a" ;; *) bad "held ClusterIP connection: got '$a'" ;; esac
+
+say "step 2: a held connection's web backend turns terminating (serving), then r3 turns ProxyTerminatingEndpoints off"
+hold term 10.96.0.20 80; exec 3> "$W/term.fifo"
+i=0; ep=""
+while [ -z "$ep" ] && [ $i -lt 40 ]; do
+  ep=$(ipvsadm -Lnc | awk '$3 == "ESTABLISHED" && $5 == "10.96.0.20:80" { sub(/:.*/, "", $6); print $6; exit }')
+  [ -n "$ep" ] || { sleep 0.25; i=$((i + 1)); }
+done
+pod=$(for p in $PODS; do [ "$(field "$p" 2)" = "$ep" ] && field "$p" 1; done)
+[ -n "$ep" ] || bad "no ESTABLISHED connection for the held client"
+set_conditions web.yaml "$ep" false true true
+check "terminating $ep at weight 0 under r2 (gate on)" wait_converged 30
+before=$(ipvsadm -Sn | grep -v -- "-r $ep:" | sort)
+m=$(mark); npc r3 true false false; applied r3
+sleep 1
+got=$(ops_since "$m")
+if [ -z "$got" ] || [ "$(echo "$got" | grep -vc "$ep")" -eq 0 ]; then ok "the flip touched only $ep: ${got:-no op (it already drains at weight 0)}"
+else bad "ops of the ProxyTerminatingEndpoints flip touch more than $ep: $(echo "$got" | tr '\n' ';')"; fi
+after=$(ipvsadm -Sn | grep -v -- "-r $ep:" | sort)
+check "every other virtual and real server is unchanged" [ "$before" = "$after" ]
+plan > "$W/plan.r3"
+if grep -q -- "-r $ep:" "$W/plan.r3"; then bad "$ep is still in the plan of r3"
+elif ipvsadm -Sn | grep -qE -- "-r $ep:8080 -m -w 0\$"; then ok "$ep drains at weight 0 (not in the plan of r3, kept for its connection)"
+else bad "$ep is not draining at weight 0: $(ipvsadm -Sn | grep -- "-r $ep:" | tr '\n' ';')"; fi
+a=$(ask term 3); [ "$a" = "$pod" ] && ok "the held connection to terminating $pod still works" || bad "held connection to $pod: got '$a'"
+
+say "step 3: r4 turns KubeProxyDrainingTerminatingNodes on (the Node is tainted)"
+m=$(mark); npc r4 true false true; applied r4
+sleep 1
+got=$(ops_since "$m")
+check "no kernel operation for the health gate flip" [ -z "$got" ]
+want_code /healthz 503
+want_code /livez 200
+
+proxier_stop
+rm -f "$M/nodeproxyconfig.yaml"
+cp "$W/web.yaml.orig" "$M/web.yaml"; cp "$W/node.yaml.orig" "$M/node.yaml"
+finish
