@@ -20,6 +20,10 @@ use kipvs_proxier::store::Store;
 use std::collections::BTreeSet;
 use std::hint::black_box;
 
+/// The allocator the `kipvs-proxier` binary uses (planning allocates many small maps).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SIZES: [usize; 3] = [1_000, 10_000, 50_000];
 
 fn ip(base: u32, i: usize) -> String {

@@ -550,6 +550,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// mimalloc: planning allocates many small maps; with glibc's malloc a full plan of 50k Services
+/// spends a third of its time in malloc/free (`cargo bench -p kipvs-proxier --bench sync`:
+/// 1.30 s with glibc, 0.94 s with mimalloc).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
