@@ -20,6 +20,9 @@
 //!   udpTimeout: 0s
 //!   excludeCIDRs: []
 //! nodePortAddresses: []
+//! clusterCIDR: 10.244.0.0/16
+//! nftables:
+//!   masqueradeAll: false
 //! healthzBindAddress: 0.0.0.0:10256
 //! metricsBindAddress: 127.0.0.1:10249
 //! ```
@@ -57,10 +60,27 @@ pub struct ProxierConfiguration {
     /// one of them), or the single value `"primary"` (the Node object's primary IP of each
     /// family). Empty: every node IP.
     pub node_port_addresses: Vec<String>,
+    /// The pod network: CIDRs separated by commas (one per IP family), as kube-proxy's
+    /// `clusterCIDR`. Traffic to a ClusterIP from a source outside it is masqueraded (kube-proxy's
+    /// `ClusterCIDR` local-traffic detector). Empty: only traffic the node itself sends from a
+    /// service IP is masqueraded (kube-proxy's rule without a detector).
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: String,
+    /// The nftables rules that complete IPVS (masquerade, hairpin, filtering).
+    pub nftables: NftablesConfiguration,
     /// `ip:port` of the `/healthz` and `/livez` HTTP server. Default `0.0.0.0:10256`.
     pub healthz_bind_address: String,
     /// `ip:port` of the `/metrics` HTTP server. Default `127.0.0.1:10249`.
     pub metrics_bind_address: String,
+}
+
+/// nftables settings, as kube-proxy's `nftables` block (`KubeProxyNFTablesConfiguration`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NftablesConfiguration {
+    /// Masquerade all traffic to ClusterIPs, whatever its source (kube-proxy's
+    /// `masqueradeAll`; its IPVS mode reads `iptables.masqueradeAll`). Default false.
+    pub masquerade_all: bool,
 }
 
 /// IPVS settings, as kube-proxy's `ipvs` block (`KubeProxyIPVSConfiguration`).
@@ -117,6 +137,8 @@ impl Default for ProxierConfiguration {
             feature_gates: BTreeMap::new(),
             ipvs: IpvsConfiguration::default(),
             node_port_addresses: Vec::new(),
+            cluster_cidr: String::new(),
+            nftables: NftablesConfiguration::default(),
             healthz_bind_address: "0.0.0.0:10256".to_owned(),
             metrics_bind_address: "127.0.0.1:10249".to_owned(),
         }
@@ -274,9 +296,25 @@ impl ProxierConfiguration {
         }
         self.ipvs.parsed_exclude_cidrs()?;
         self.parsed_node_port_addresses()?;
+        self.parsed_cluster_cidrs()?;
         self.healthz_socket_addr()?;
         self.metrics_socket_addr()?;
         Ok(())
+    }
+
+    /// `clusterCIDR`, parsed: its comma-separated entries, blanks trimmed and empty ones
+    /// skipped (kube-proxy splits the field the same way). Empty means no cluster CIDR.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first entry that is not a CIDR.
+    pub fn parsed_cluster_cidrs(&self) -> Result<Vec<IpNet>, ConfigError> {
+        self.cluster_cidr
+            .split(',')
+            .map(str::trim)
+            .filter(|entry| !entry.is_empty())
+            .enumerate()
+            .map(|(i, cidr)| parse_cidr(cidr, || format!("clusterCIDR[{i}]")))
+            .collect()
     }
 
     /// Whether `gate` is on: its `featureGates` entry, or the gate's default (on).
@@ -536,6 +574,10 @@ metricsBindAddress: 0.0.0.0:9100
             (
                 "nodePortAddresses: [eth0]\n",
                 "nodePortAddresses[0]: \"eth0\" is not a CIDR",
+            ),
+            (
+                "clusterCIDR: \"10.244.0.0/16, fd00:10:244::/56,pods\"\n",
+                "clusterCIDR[2]: \"pods\" is not a CIDR",
             ),
             (
                 "healthzBindAddress: 0.0.0.0\n",

@@ -18,6 +18,8 @@
 //! | `ipvs.scheduler`, `ipvs.strictARP`, `ipvs.excludeCIDRs` | same field | `""` (rr), false, none |
 //! | `ipvs.syncPeriod` | same field | `30s` (kube-proxy's `SetDefaults_KubeProxyConfiguration`) |
 //! | `ipvs.minSyncPeriod`, `ipvs.tcpTimeout`, `ipvs.tcpFinTimeout`, `ipvs.udpTimeout` | same field | `0s` |
+//! | `clusterCIDR` | same field | none |
+//! | `iptables.masqueradeAll` (what IPVS mode reads), `nftables.masqueradeAll` | `nftables.masqueradeAll` (true if either is) | false |
 //! | `nodePortAddresses` | same field; the keywords `all` and `localhost` become their CIDRs | every node IP |
 //! | `healthzBindAddress`, `metricsBindAddress` | same field; an address without a port gets 10256 / 10249 (`AppendPortIfNeeded`) | `0.0.0.0:10256` / `127.0.0.1:10249`, or `[::]:10256` / `[::1]:10249` when `bindAddress` is IPv6 |
 //!
@@ -55,10 +57,9 @@ const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// The top-level fields of `KubeProxyConfiguration` v1alpha1 that kipvs ignores (current ones,
 /// and `udpIdleTimeout` and `resourceContainer` of older releases). Fields not listed here
 /// nor read by kipvs are unknown to kube-proxy as well.
-const IGNORED_FIELDS: [&str; 19] = [
+const IGNORED_FIELDS: [&str; 18] = [
     "bindAddressHardFail",
     "clientConnection",
-    "clusterCIDR",
     "configSyncPeriod",
     "conntrack",
     "detectLocal",
@@ -90,6 +91,8 @@ struct KubeProxyConfiguration {
     metrics_bind_address: Option<String>,
     node_port_addresses: Option<Vec<String>>,
     ipvs: Option<KubeProxyIpvs>,
+    #[serde(rename = "clusterCIDR")]
+    cluster_cidr: Option<String>,
     #[serde(flatten)]
     ignored: Map<String, Value>,
 }
@@ -158,7 +161,7 @@ impl ProxierConfiguration {
 
 /// Converts a `KubeProxyConfiguration` document (see the module docs).
 fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>), ConfigError> {
-    let file: KubeProxyConfiguration =
+    let mut file: KubeProxyConfiguration =
         serde_json::from_value(document).map_err(|e| ConfigError::Yaml(format!("{KIND}: {e}")))?;
     let kind = file.kind.as_deref().unwrap_or_default();
     let api_version = file.api_version.as_deref().unwrap_or_default();
@@ -251,9 +254,26 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
         Some(address) if !address.is_empty() => append_port_if_needed(address, port),
         _ => format!("{host}:{port}"),
     };
+    // `masqueradeAll` is read from the `iptables` block (IPVS mode's) and the `nftables` one; the
+    // rest of both blocks stays in `ignored` and is reported below.
+    let mut masquerade_all = false;
+    for block in ["iptables", "nftables"] {
+        if let Some(Value::Object(fields)) = file.ignored.get_mut(block)
+            && let Some(value) = fields.remove("masqueradeAll")
+        {
+            masquerade_all |= value.as_bool().ok_or_else(|| {
+                invalid(
+                    &format!("{block}.masqueradeAll"),
+                    format!("{value} is not a boolean"),
+                )
+            })?;
+        }
+    }
     let config = ProxierConfiguration {
         feature_gates,
         ipvs: ipvs_config,
+        cluster_cidr: file.cluster_cidr.unwrap_or_default(),
+        nftables: crate::NftablesConfiguration { masquerade_all },
         node_port_addresses: file
             .node_port_addresses
             .unwrap_or_default()
@@ -462,14 +482,17 @@ winkernel:
     fn kubeadm_default_file_gives_kube_proxys_defaults() {
         let (config, warnings) =
             ProxierConfiguration::from_any_yaml_str(KUBEADM_CONFIG_CONF).unwrap();
-        assert_eq!(config, ProxierConfiguration::default());
+        let expected = ProxierConfiguration {
+            cluster_cidr: "10.244.0.0/16".into(),
+            ..ProxierConfiguration::default()
+        };
+        assert_eq!(config, expected);
         assert_eq!(
             warnings,
             [
                 "mode is \"\" (kube-proxy's default, iptables on Linux); kipvs programs IPVS",
                 "clientConnection.kubeconfig is ignored by kipvs; kipvs uses --kubeconfig, else \
                  the in-cluster configuration",
-                "clusterCIDR is ignored by kipvs",
             ]
         );
     }
@@ -495,6 +518,8 @@ winkernel:
         assert_eq!(config.metrics_bind_address, "0.0.0.0:10249");
         assert!(!config.gate_enabled(Gate::LoadBalancerIPMode));
         assert!(config.gate_enabled(Gate::ProxyTerminatingEndpoints));
+        assert_eq!(config.cluster_cidr, "10.244.0.0/16");
+        assert!(config.nftables.masquerade_all, "from iptables.masqueradeAll");
         assert_eq!(
             warnings,
             [
@@ -503,8 +528,6 @@ winkernel:
                  ignored",
                 "clientConnection.kubeconfig is ignored by kipvs; kipvs uses --kubeconfig, else \
                  the in-cluster configuration",
-                "clusterCIDR is ignored by kipvs",
-                "iptables.masqueradeAll is ignored by kipvs",
             ]
         );
     }
@@ -659,7 +682,7 @@ winkernel:
         std::fs::write(&conf, ipvs_config_conf()).unwrap();
         let (config, warnings) = ProxierConfiguration::load_any(&conf).unwrap();
         assert_eq!(config.ipvs.scheduler, "lc");
-        assert_eq!(warnings.len(), 4);
+        assert_eq!(warnings.len(), 2);
 
         let bad = dir.join("bad.conf");
         std::fs::write(

@@ -21,7 +21,9 @@ pub mod nodeproxyconfig;
 pub mod proxyconfig;
 pub mod schema;
 
-pub use config::{ConfigError, IpvsConfiguration, NodePortAddress, ProxierConfiguration};
+pub use config::{
+    ConfigError, IpvsConfiguration, NftablesConfiguration, NodePortAddress, ProxierConfiguration,
+};
 pub use gates::{Gate, UnknownGate};
 pub use nodeproxyconfig::{
     NodePhase, NodeProxyConfig, NodeProxyConfigSpec, NodeProxyConfigStatus, OPERATOR_FIELD_MANAGER,
