@@ -519,7 +519,10 @@ winkernel:
         assert!(!config.gate_enabled(Gate::LoadBalancerIPMode));
         assert!(config.gate_enabled(Gate::ProxyTerminatingEndpoints));
         assert_eq!(config.cluster_cidr, "10.244.0.0/16");
-        assert!(config.nftables.masquerade_all, "from iptables.masqueradeAll");
+        assert!(
+            config.nftables.masquerade_all,
+            "from iptables.masqueradeAll"
+        );
         assert_eq!(
             warnings,
             [

@@ -13,6 +13,7 @@ pub mod kube_source;
 pub mod manifests;
 pub mod metrics;
 pub mod model;
+pub mod nft;
 pub mod node_config;
 pub mod plan;
 pub mod run;

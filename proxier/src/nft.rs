@@ -1,0 +1,888 @@
+//! The nftables half of the dataplane: masquerade, hairpin and service-IP filtering, which IPVS
+//! alone cannot do (kube-proxy's IPVS mode does them with iptables and ipsets; reference
+//! `kube-proxy-ipvs.md` section 1, "iptables").
+//!
+//! kipvs owns one table, `inet kipvs`, with a constant set of rules (16, whatever the number of
+//! Services) that look up **named sets**; Services only ever add and delete set elements. The
+//! elements are [`SetElement`]s, planned per Service (`plan_service`) and diffed like virtual
+//! servers, so one endpoint change costs a handful of elements. Every change of one sync goes to
+//! the kernel as one atomic `nft -j -f -` transaction that touches only this table
+//! ([`transaction`]).
+//!
+//! | set (`-v6` for IPv6) | element | used by |
+//! |---|---|---|
+//! | `cluster-ips` | ClusterIP `ip . proto . port` | masquerade from outside `clusterCIDR` (or all with `masqueradeAll`), or from a service IP (the node itself) |
+//! | `external` | NodePort / externalIP / load-balancer `ip . proto . port`, `externalTrafficPolicy: Cluster` | masquerade always |
+//! | `external-local` | the same with `externalTrafficPolicy: Local` | never masqueraded: the backend sees the client |
+//! | `service-ips` | each address bound on `kube-ipvs0` | new connections to other ports are rejected (kubernetes#72236) |
+//! | `hairpin` | `endpoint . endpoint` for local endpoints | a pod reaching itself through its Service is masqueraded |
+//! | `firewall` | load-balancer `ip . proto . port` with `loadBalancerSourceRanges` | traffic not from an allowed source is dropped |
+//! | `firewall-allow` | `ip . proto . port . source CIDR` (interval) | the allowed sources; the load-balancer IP itself when a node IP is in a range (kubernetes#119656) |
+//! | `health-check-ports` | healthCheckNodePort | accepted |
+//!
+//! Masquerade decisions are taken in `postrouting` on the connection's **original** destination
+//! (`ct original ip daddr . meta l4proto . ct original proto-dst`): IPVS has rewritten the
+//! destination by then, and with `net/ipv4/vs/conntrack=1` (which kipvs sets, as kube-proxy
+//! does) the conntrack entry still records the virtual server. This needs no packet mark, so no
+//! mark bit is taken from the CNI. The filters run in `input` at priority `filter` (0) and in
+//! `output` at priority -150 (`mangle`), both before IPVS's own hooks (`LOCAL_IN` priority 98,
+//! `LOCAL_OUT` priority -98), so they still see the virtual address.
+
+use crate::model::{Protocol, VirtualServerKey};
+use ipnet::IpNet;
+use nftables::expr::{BinaryOperation, CT, Expression, Meta, MetaKey, NamedExpression};
+use nftables::expr::{Payload, PayloadField, Prefix, SetItem};
+use nftables::schema::{
+    Chain, Element, NfCmd, NfListObject, NfObject, Nftables, Rule, Set, SetFlag, SetType,
+    SetTypeValue, Table,
+};
+use nftables::stmt::{JumpTarget, Mangle, Match, NAT, NATFlag, Operator, Statement};
+use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
+use serde::Serialize;
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashSet};
+use std::fmt;
+use std::net::IpAddr;
+
+/// The table kipvs owns (family `inet`, both IP families).
+pub const TABLE: &str = "kipvs";
+
+/// One element of one of kipvs's named sets (see the [module](self) docs for what each means).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum SetElement {
+    /// `cluster-ips`: a ClusterIP virtual server.
+    ClusterIp(VirtualServerKey),
+    /// `external`: a NodePort, externalIP or load-balancer virtual server whose traffic is
+    /// masqueraded (`externalTrafficPolicy: Cluster`).
+    External(VirtualServerKey),
+    /// `external-local`: the same with `externalTrafficPolicy: Local` (client IP preserved).
+    ExternalLocal(VirtualServerKey),
+    /// `service-ips`: an address bound on `kube-ipvs0`.
+    ServiceIp(IpAddr),
+    /// `hairpin`: a local endpoint IP (the element is `ip . ip`).
+    Hairpin(IpAddr),
+    /// `firewall`: a load-balancer virtual server restricted by `loadBalancerSourceRanges`.
+    Firewall(VirtualServerKey),
+    /// `firewall-allow`: a source range allowed to reach a [`SetElement::Firewall`] virtual
+    /// server (host bits cleared).
+    FirewallAllow(VirtualServerKey, IpNet),
+    /// `health-check-ports`: a healthCheckNodePort (TCP).
+    HealthCheckNodePort(u16),
+}
+
+impl SetElement {
+    /// The name of the set this element belongs to.
+    pub fn set_name(&self) -> &'static str {
+        let (v4, v6) = match self {
+            SetElement::ClusterIp(_) => ("cluster-ips", "cluster-ips-v6"),
+            SetElement::External(_) => ("external", "external-v6"),
+            SetElement::ExternalLocal(_) => ("external-local", "external-local-v6"),
+            SetElement::ServiceIp(_) => ("service-ips", "service-ips-v6"),
+            SetElement::Hairpin(_) => ("hairpin", "hairpin-v6"),
+            SetElement::Firewall(_) => ("firewall", "firewall-v6"),
+            SetElement::FirewallAllow(..) => ("firewall-allow", "firewall-allow-v6"),
+            SetElement::HealthCheckNodePort(_) => return "health-check-ports",
+        };
+        if self.is_ipv6() { v6 } else { v4 }
+    }
+
+    fn is_ipv6(&self) -> bool {
+        match self {
+            SetElement::ClusterIp(k)
+            | SetElement::External(k)
+            | SetElement::ExternalLocal(k)
+            | SetElement::Firewall(k)
+            | SetElement::FirewallAllow(k, _) => k.address.is_ipv6(),
+            SetElement::ServiceIp(ip) | SetElement::Hairpin(ip) => ip.is_ipv6(),
+            SetElement::HealthCheckNodePort(_) => false,
+        }
+    }
+
+    /// The element as libnftables JSON (`"10.96.0.1"`, `{"concat": ["10.96.0.1", "tcp", 80]}`).
+    pub fn to_expr(&self) -> Expression<'static> {
+        match *self {
+            SetElement::ClusterIp(k)
+            | SetElement::External(k)
+            | SetElement::ExternalLocal(k)
+            | SetElement::Firewall(k) => concat(key_parts(&k).to_vec()),
+            SetElement::FirewallAllow(k, net) => {
+                let mut parts = key_parts(&k).to_vec();
+                parts.push(prefix(net));
+                concat(parts)
+            }
+            SetElement::ServiceIp(ip) => address(ip),
+            SetElement::Hairpin(ip) => concat(vec![address(ip), address(ip)]),
+            SetElement::HealthCheckNodePort(port) => Expression::Number(port.into()),
+        }
+    }
+
+    /// Reads an element of set `set` back from `nft -j list` output; `None` for a set kipvs
+    /// does not have or an element it would not have written.
+    pub fn from_expr(set: &str, expr: &Expression<'_>) -> Option<SetElement> {
+        let family_ok = |e: SetElement| (e.set_name() == set).then_some(e);
+        let parts: &[Expression<'_>] = match expr {
+            Expression::Named(NamedExpression::Concat(parts)) => parts,
+            Expression::Named(NamedExpression::Elem(elem)) => {
+                return SetElement::from_expr(set, &elem.val);
+            }
+            single => std::slice::from_ref(single),
+        };
+        let base = set.strip_suffix("-v6").unwrap_or(set);
+        let element = match (base, parts) {
+            ("cluster-ips", [a, p, n]) => SetElement::ClusterIp(parse_key(a, p, n)?),
+            ("external", [a, p, n]) => SetElement::External(parse_key(a, p, n)?),
+            ("external-local", [a, p, n]) => SetElement::ExternalLocal(parse_key(a, p, n)?),
+            ("firewall", [a, p, n]) => SetElement::Firewall(parse_key(a, p, n)?),
+            ("firewall-allow", [a, p, n, s]) => {
+                SetElement::FirewallAllow(parse_key(a, p, n)?, parse_net(s)?)
+            }
+            ("service-ips", [a]) => SetElement::ServiceIp(parse_address(a)?),
+            ("hairpin", [a, b]) => {
+                let ip = parse_address(a)?;
+                (parse_address(b)? == ip).then_some(SetElement::Hairpin(ip))?
+            }
+            ("health-check-ports", [Expression::Number(port)]) => {
+                SetElement::HealthCheckNodePort(u16::try_from(*port).ok()?)
+            }
+            _ => return None,
+        };
+        family_ok(element)
+    }
+}
+
+impl fmt::Display for SetElement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = |k: &VirtualServerKey| {
+            format!("{} . {} . {}", k.address, protocol_name(k.protocol), k.port)
+        };
+        let element = match self {
+            SetElement::ClusterIp(k)
+            | SetElement::External(k)
+            | SetElement::ExternalLocal(k)
+            | SetElement::Firewall(k) => key(k),
+            SetElement::FirewallAllow(k, net) => format!("{} . {net}", key(k)),
+            SetElement::ServiceIp(ip) => ip.to_string(),
+            SetElement::Hairpin(ip) => format!("{ip} . {ip}"),
+            SetElement::HealthCheckNodePort(port) => port.to_string(),
+        };
+        write!(f, "{} {{ {element} }}", self.set_name())
+    }
+}
+
+/// The parameters of the constant rules (from the configuration).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NftRules {
+    /// `clusterCIDR`: ClusterIP traffic from outside these is masqueraded.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// `nftables.masqueradeAll`: all ClusterIP traffic is masqueraded.
+    pub masquerade_all: bool,
+}
+
+/// The chains kipvs creates: name and, for base chains, type, hook and priority. The marks are
+/// set at `dstnat` (-100) in `prerouting` and `output`, before IPVS sees the packet (its
+/// `LOCAL_IN` hook is at 98, its `LOCAL_OUT` hook at -98), on the virtual address; the
+/// masquerade happens at `srcnat` (100). The filters run at `filter` (0) in `input`, before
+/// IPVS's `LOCAL_IN` hook, and at -150 in `output`, before its `LOCAL_OUT` hook.
+const CHAINS: [(&str, Option<(NfChainType, NfHook, i32)>); 6] = [
+    (
+        "nat-prerouting",
+        Some((NfChainType::NAT, NfHook::Prerouting, -100)),
+    ),
+    ("nat-output", Some((NfChainType::NAT, NfHook::Output, -100))),
+    ("mark-masquerade", None),
+    (
+        "nat-postrouting",
+        Some((NfChainType::NAT, NfHook::Postrouting, 100)),
+    ),
+    (
+        "filter-input",
+        Some((NfChainType::Filter, NfHook::Input, 0)),
+    ),
+    (
+        "filter-output",
+        Some((NfChainType::Filter, NfHook::Output, -150)),
+    ),
+];
+
+/// The packet mark bit that asks `nat-postrouting` to masquerade: bit 14, kube-proxy's default
+/// `masqueradeBit`, so that CNI plugins configured around kube-proxy's mark keep working.
+pub const MASQUERADE_MARK: u32 = 1 << 14;
+
+/// One IP family's names: `ip`/`ip6` and the set-name suffix.
+#[derive(Clone, Copy)]
+struct Family {
+    proto: &'static str,
+    suffix: &'static str,
+    addr: SetType,
+    v6: bool,
+}
+
+const FAMILIES: [Family; 2] = [
+    Family {
+        proto: "ip",
+        suffix: "",
+        addr: SetType::Ipv4Addr,
+        v6: false,
+    },
+    Family {
+        proto: "ip6",
+        suffix: "-v6",
+        addr: SetType::Ipv6Addr,
+        v6: true,
+    },
+];
+
+impl NftRules {
+    /// The rules, in chain order, as `(chain, comment, statements)`. The comments name the
+    /// rule's purpose and its parameters, so that the rules in the kernel can be compared with
+    /// the wanted ones by comment alone ([`NftRules::comments`]).
+    fn rules(&self) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
+        let masquerade = || {
+            Statement::Masquerade(Some(NAT {
+                addr: None,
+                family: None,
+                port: None,
+                flags: Some(HashSet::from([NATFlag::FullyRandom])),
+            }))
+        };
+        let mark = || meta(MetaKey::Mark);
+        let set_mark = || {
+            Statement::Mangle(Mangle {
+                key: mark(),
+                value: Expression::BinaryOperation(Box::new(BinaryOperation::OR(vec![
+                    mark(),
+                    Expression::Number(MASQUERADE_MARK),
+                ]))),
+            })
+        };
+        let marked = || {
+            Expression::BinaryOperation(Box::new(BinaryOperation::AND(
+                mark(),
+                Expression::Number(MASQUERADE_MARK),
+            )))
+        };
+        let jump = |target: &'static str| {
+            vec![Statement::Jump(JumpTarget {
+                target: target.into(),
+            })]
+        };
+        let mut rules = vec![
+            (
+                "nat-prerouting",
+                "mark service traffic to masquerade".to_owned(),
+                jump("mark-masquerade"),
+            ),
+            (
+                "nat-output",
+                "mark service traffic to masquerade".to_owned(),
+                jump("mark-masquerade"),
+            ),
+            (
+                "nat-postrouting",
+                format!("masquerade marked traffic (mark {MASQUERADE_MARK:#x})"),
+                vec![
+                    Statement::Match(Match {
+                        left: marked(),
+                        right: Expression::Number(MASQUERADE_MARK),
+                        op: Operator::EQ,
+                    }),
+                    Statement::Mangle(Mangle {
+                        key: mark(),
+                        value: Expression::BinaryOperation(Box::new(BinaryOperation::XOR(
+                            mark(),
+                            Expression::Number(MASQUERADE_MARK),
+                        ))),
+                    }),
+                    masquerade(),
+                ],
+            ),
+        ];
+        for f in FAMILIES {
+            let set = |name: &str| set_ref(&format!("{name}{}", f.suffix));
+            let destination = || {
+                concat(vec![
+                    payload(f.proto, "daddr"),
+                    meta(MetaKey::L4proto),
+                    payload("th", "dport"),
+                ])
+            };
+            let v = if f.v6 { "IPv6" } else { "IPv4" };
+            rules.push((
+                "mark-masquerade",
+                format!("{v}: externalTrafficPolicy Cluster"),
+                vec![matches(destination(), set("external")), set_mark()],
+            ));
+            if self.masquerade_all {
+                rules.push((
+                    "mark-masquerade",
+                    format!("{v}: every ClusterIP connection (masqueradeAll)"),
+                    vec![matches(destination(), set("cluster-ips")), set_mark()],
+                ));
+            } else {
+                rules.push((
+                    "mark-masquerade",
+                    format!("{v}: ClusterIP connections the node opens from a service IP"),
+                    vec![
+                        matches(destination(), set("cluster-ips")),
+                        matches(payload(f.proto, "saddr"), set("service-ips")),
+                        set_mark(),
+                    ],
+                ));
+                let cidrs: Vec<IpNet> = self
+                    .cluster_cidrs
+                    .iter()
+                    .copied()
+                    .filter(|net| net.addr().is_ipv6() == f.v6)
+                    .collect();
+                if !cidrs.is_empty() {
+                    let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+                    rules.push((
+                        "mark-masquerade",
+                        format!(
+                            "{v}: ClusterIP connections from outside the cluster CIDR {}",
+                            list.join(",")
+                        ),
+                        vec![
+                            matches(destination(), set("cluster-ips")),
+                            Statement::Match(Match {
+                                left: payload(f.proto, "saddr"),
+                                right: Expression::Named(NamedExpression::Set(
+                                    cidrs
+                                        .into_iter()
+                                        .map(|net| SetItem::Element(prefix(net)))
+                                        .collect(),
+                                )),
+                                op: Operator::NEQ,
+                            }),
+                            set_mark(),
+                        ],
+                    ));
+                }
+            }
+            rules.push((
+                "nat-postrouting",
+                format!("{v}: masquerade hairpin traffic (an endpoint reaching itself)"),
+                vec![
+                    matches(
+                        concat(vec![payload(f.proto, "saddr"), payload(f.proto, "daddr")]),
+                        set("hairpin"),
+                    ),
+                    masquerade(),
+                ],
+            ));
+            let firewall = || {
+                vec![
+                    matches(destination(), set("firewall")),
+                    Statement::Match(Match {
+                        left: concat(vec![
+                            payload(f.proto, "daddr"),
+                            meta(MetaKey::L4proto),
+                            payload("th", "dport"),
+                            payload(f.proto, "saddr"),
+                        ]),
+                        right: set("firewall-allow"),
+                        op: Operator::NEQ,
+                    }),
+                    Statement::Drop(None),
+                ]
+            };
+            rules.push((
+                "filter-input",
+                format!("{v}: drop sources outside loadBalancerSourceRanges"),
+                firewall(),
+            ));
+            rules.push((
+                "filter-output",
+                format!("{v}: drop node traffic outside loadBalancerSourceRanges"),
+                firewall(),
+            ));
+            let mut reject = vec![
+                Statement::Match(Match {
+                    left: ct_state(),
+                    right: Expression::String("new".into()),
+                    op: Operator::IN,
+                }),
+                matches(payload(f.proto, "daddr"), set("service-ips")),
+            ];
+            for name in ["cluster-ips", "external", "external-local"] {
+                reject.push(Statement::Match(Match {
+                    left: destination(),
+                    right: set(name),
+                    op: Operator::NEQ,
+                }));
+            }
+            reject.push(Statement::Reject(None));
+            rules.push((
+                "filter-input",
+                format!("{v}: reject new connections to service IPs on other ports"),
+                reject,
+            ));
+        }
+        // Before the rejects of both families: the health-check ports stay reachable.
+        rules.push((
+            "filter-input",
+            "accept healthCheckNodePorts".to_owned(),
+            vec![
+                matches(payload("tcp", "dport"), set_ref("health-check-ports")),
+                Statement::Accept(None),
+            ],
+        ));
+        let order = |chain: &str, comment: &str| {
+            let chain_rank = CHAINS
+                .iter()
+                .position(|c| c.0 == chain)
+                .unwrap_or(CHAINS.len());
+            (chain_rank, !comment.starts_with("accept"))
+        };
+        rules.sort_by_key(|(chain, comment, _)| order(chain, comment));
+        rules
+    }
+
+    /// The comments of the rules, in chain order: what [`observe`](parse_table) reads back.
+    pub fn comments(&self) -> Vec<String> {
+        self.rules().into_iter().map(|(_, c, _)| c).collect()
+    }
+
+    /// Number of rules (constant in the number of Services).
+    pub fn rule_count(&self) -> usize {
+        self.rules().len()
+    }
+}
+
+/// What one nftables transaction does: (re)write the rules, delete and add elements.
+#[derive(Clone, Debug, Default)]
+pub struct Transaction<'a> {
+    /// The rules to write (every chain flushed and refilled), if they changed.
+    pub rules: Option<&'a NftRules>,
+    /// Elements to delete.
+    pub delete: Vec<&'a SetElement>,
+    /// Elements to add.
+    pub add: Vec<&'a SetElement>,
+}
+
+/// The libnftables JSON batch of `tx`. It always (re)declares the table, its sets and chains
+/// (`add` is idempotent), so it applies to a kernel without the table; rules are rewritten
+/// only when `tx.rules` is set (flush + add of each chain, atomically). Elements are grouped by
+/// set, one command per set and verb.
+pub fn transaction(tx: &Transaction<'_>) -> Nftables<'static> {
+    let mut objects = vec![add(NfListObject::Table(Table {
+        family: NfFamily::INet,
+        name: TABLE.into(),
+        handle: None,
+    }))];
+    for (name, set_type, interval) in sets() {
+        objects.push(add(NfListObject::Set(Box::new(Set {
+            family: NfFamily::INet,
+            table: TABLE.into(),
+            name: name.into(),
+            handle: None,
+            set_type,
+            policy: None,
+            flags: interval.then(|| HashSet::from([SetFlag::Interval])),
+            elem: None,
+            timeout: None,
+            gc_interval: None,
+            size: None,
+            comment: None,
+        }))));
+    }
+    for (name, base) in CHAINS {
+        objects.push(add(NfListObject::Chain(Chain {
+            family: NfFamily::INet,
+            table: TABLE.into(),
+            name: name.into(),
+            newname: None,
+            handle: None,
+            _type: base.map(|b| b.0),
+            hook: base.map(|b| b.1),
+            prio: base.map(|b| b.2),
+            dev: None,
+            policy: base.map(|_| NfChainPolicy::Accept),
+        })));
+    }
+    if let Some(rules) = tx.rules {
+        for (name, ..) in CHAINS {
+            objects.push(NfObject::CmdObject(NfCmd::Flush(
+                nftables::schema::FlushObject::Chain(Chain {
+                    family: NfFamily::INet,
+                    table: TABLE.into(),
+                    name: name.into(),
+                    ..Chain::default()
+                }),
+            )));
+        }
+        for (chain, comment, expr) in rules.rules() {
+            objects.push(add(NfListObject::Rule(Rule {
+                family: NfFamily::INet,
+                table: TABLE.into(),
+                chain: chain.into(),
+                expr: expr.into(),
+                handle: None,
+                index: None,
+                comment: Some(comment.into()),
+            })));
+        }
+    }
+    let grouped = |elements: &[&SetElement], verb: fn(NfListObject<'static>) -> NfCmd<'static>| {
+        let mut by_set: std::collections::BTreeMap<&'static str, Vec<Expression<'static>>> =
+            Default::default();
+        for e in elements {
+            by_set.entry(e.set_name()).or_default().push(e.to_expr());
+        }
+        by_set
+            .into_iter()
+            .map(move |(name, elem)| {
+                NfObject::CmdObject(verb(NfListObject::Element(Element {
+                    family: NfFamily::INet,
+                    table: TABLE.into(),
+                    name: name.into(),
+                    elem: elem.into(),
+                })))
+            })
+            .collect::<Vec<_>>()
+    };
+    objects.extend(grouped(&tx.delete, NfCmd::Delete));
+    objects.extend(grouped(&tx.add, NfCmd::Add));
+    Nftables {
+        objects: objects.into(),
+    }
+}
+
+/// The command that deletes the whole table (`kipvs-proxier cleanup`).
+pub fn delete_table() -> Nftables<'static> {
+    Nftables {
+        objects: vec![NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(
+            Table {
+                family: NfFamily::INet,
+                name: TABLE.into(),
+                handle: None,
+            },
+        )))]
+        .into(),
+    }
+}
+
+/// What the kernel's table holds: its set elements and its rules' comments.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObservedTable {
+    /// Every element kipvs recognises in its sets.
+    pub elements: BTreeSet<SetElement>,
+    /// The comments of the rules, in chain order ([`NftRules::comments`]).
+    pub rule_comments: Vec<String>,
+}
+
+/// Parses `nft -j list table inet kipvs` output: set elements through the `nftables` crate's
+/// expression types, rules by chain and comment only (the crate cannot read back every
+/// statement `nft` prints, and kipvs identifies its rules by comment).
+///
+/// Errors: output that is not libnftables JSON.
+pub fn parse_table(json: &str) -> Result<ObservedTable, serde_json::Error> {
+    #[derive(serde::Deserialize)]
+    struct Listing {
+        nftables: Vec<serde_json::Map<String, serde_json::Value>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ListedSet {
+        table: String,
+        name: String,
+        #[serde(default)]
+        elem: Vec<Expression<'static>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ListedRule {
+        table: String,
+        chain: String,
+        #[serde(default)]
+        comment: Option<String>,
+    }
+    let listing: Listing = serde_json::from_str(json)?;
+    let mut observed = ObservedTable::default();
+    let mut rules: Vec<(usize, String)> = Vec::new();
+    for mut object in listing.nftables {
+        if let Some(set) = object.remove("set") {
+            let set: ListedSet = serde_json::from_value(set)?;
+            if set.table == TABLE {
+                observed.elements.extend(
+                    set.elem
+                        .iter()
+                        .filter_map(|expr| SetElement::from_expr(&set.name, expr)),
+                );
+            }
+        } else if let Some(rule) = object.remove("rule") {
+            let rule: ListedRule = serde_json::from_value(rule)?;
+            if rule.table == TABLE {
+                let chain = CHAINS
+                    .iter()
+                    .position(|c| c.0 == rule.chain)
+                    .unwrap_or(usize::MAX);
+                rules.push((chain, rule.comment.unwrap_or_default()));
+            }
+        }
+    }
+    // `nft` lists rules chain by chain in creation order; keep that order within a chain.
+    rules.sort_by_key(|(chain, _)| *chain);
+    observed.rule_comments = rules.into_iter().map(|(_, c)| c).collect();
+    Ok(observed)
+}
+
+/// The sets: name, type, whether it holds intervals.
+fn sets() -> Vec<(String, SetTypeValue<'static>, bool)> {
+    let key = |addr: SetType| vec![addr, SetType::InetProto, SetType::InetService];
+    let mut out = Vec::new();
+    for f in FAMILIES {
+        for name in ["cluster-ips", "external", "external-local", "firewall"] {
+            out.push((
+                format!("{name}{}", f.suffix),
+                concat_type(key(f.addr)),
+                false,
+            ));
+        }
+        let mut allow = key(f.addr);
+        allow.push(f.addr);
+        out.push((
+            format!("firewall-allow{}", f.suffix),
+            concat_type(allow),
+            true,
+        ));
+        out.push((
+            format!("service-ips{}", f.suffix),
+            SetTypeValue::Single(f.addr),
+            false,
+        ));
+        out.push((
+            format!("hairpin{}", f.suffix),
+            concat_type(vec![f.addr, f.addr]),
+            false,
+        ));
+    }
+    out.push((
+        "health-check-ports".to_owned(),
+        SetTypeValue::Single(SetType::InetService),
+        false,
+    ));
+    out
+}
+
+fn concat_type(types: Vec<SetType>) -> SetTypeValue<'static> {
+    SetTypeValue::Concatenated(types.into())
+}
+
+fn add(object: NfListObject<'static>) -> NfObject<'static> {
+    NfObject::CmdObject(NfCmd::Add(object))
+}
+
+fn concat(parts: Vec<Expression<'static>>) -> Expression<'static> {
+    Expression::Named(NamedExpression::Concat(parts))
+}
+
+fn address(ip: IpAddr) -> Expression<'static> {
+    Expression::String(ip.to_string().into())
+}
+
+fn prefix(net: IpNet) -> Expression<'static> {
+    Expression::Named(NamedExpression::Prefix(Prefix {
+        addr: Box::new(address(net.addr())),
+        len: net.prefix_len().into(),
+    }))
+}
+
+fn protocol_name(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+fn key_parts(key: &VirtualServerKey) -> [Expression<'static>; 3] {
+    [
+        address(key.address),
+        Expression::String(protocol_name(key.protocol).into()),
+        Expression::Number(key.port.into()),
+    ]
+}
+
+fn set_ref(name: &str) -> Expression<'static> {
+    Expression::String(Cow::Owned(format!("@{name}")))
+}
+
+fn ct_state() -> Expression<'static> {
+    Expression::Named(NamedExpression::CT(CT {
+        key: "state".into(),
+        family: None,
+        dir: None,
+    }))
+}
+
+fn meta(key: MetaKey) -> Expression<'static> {
+    Expression::Named(NamedExpression::Meta(Meta { key }))
+}
+
+fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(
+        PayloadField {
+            protocol: protocol.into(),
+            field: field.into(),
+        },
+    )))
+}
+
+fn matches(left: Expression<'static>, right: Expression<'static>) -> Statement<'static> {
+    Statement::Match(Match {
+        left,
+        right,
+        op: Operator::EQ,
+    })
+}
+
+fn parse_address(expr: &Expression<'_>) -> Option<IpAddr> {
+    match expr {
+        Expression::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn parse_key(
+    address: &Expression<'_>,
+    protocol: &Expression<'_>,
+    port: &Expression<'_>,
+) -> Option<VirtualServerKey> {
+    let protocol = match protocol {
+        Expression::String(s) if s == "tcp" => Protocol::Tcp,
+        Expression::String(s) if s == "udp" => Protocol::Udp,
+        Expression::String(s) if s == "sctp" => Protocol::Sctp,
+        Expression::Number(6) => Protocol::Tcp,
+        Expression::Number(17) => Protocol::Udp,
+        Expression::Number(132) => Protocol::Sctp,
+        _ => return None,
+    };
+    let Expression::Number(port) = port else {
+        return None;
+    };
+    Some(VirtualServerKey {
+        address: parse_address(address)?,
+        port: u16::try_from(*port).ok()?,
+        protocol,
+    })
+}
+
+fn parse_net(expr: &Expression<'_>) -> Option<IpNet> {
+    match expr {
+        Expression::Named(NamedExpression::Prefix(p)) => {
+            IpNet::new(parse_address(&p.addr)?, u8::try_from(p.len).ok()?).ok()
+        }
+        single => parse_address(single).map(IpNet::from),
+    }
+}
+
+/// Errors of running `nft`.
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    /// `nft` could not be started or its output read (not installed: the `nftables` package).
+    #[error("cannot run {program}: {source}")]
+    Exec {
+        /// The program.
+        program: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// `nft` refused the transaction or the listing; nothing was changed.
+    #[error("{program} {args} failed: {stderr}")]
+    Failed {
+        /// The program.
+        program: String,
+        /// Its arguments.
+        args: String,
+        /// What it printed on stderr (trimmed).
+        stderr: String,
+    },
+    /// `nft -j list` printed something that is not libnftables JSON.
+    #[error("cannot parse nft output: {0}")]
+    Parse(#[from] serde_json::Error),
+}
+
+/// Runs the `nft` executable (`NFT` in the environment, else `nft` from `PATH`).
+///
+/// The `nftables` crate's helpers do the same but let `nft`'s stderr go to the proxier's own
+/// stderr; here it becomes part of the error, so a refused transaction is logged and counted
+/// with its reason.
+#[derive(Clone, Debug)]
+pub struct Nft {
+    program: String,
+}
+
+impl Default for Nft {
+    fn default() -> Self {
+        Nft {
+            program: std::env::var("NFT").unwrap_or_else(|_| "nft".to_owned()),
+        }
+    }
+}
+
+impl Nft {
+    async fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<String, NftError> {
+        use tokio::io::AsyncWriteExt;
+        let exec = |source| NftError::Exec {
+            program: self.program.clone(),
+            source,
+        };
+        let mut child = tokio::process::Command::new(&self.program)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            })
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(exec)?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input).await.map_err(exec)?;
+        }
+        let output = child.wait_with_output().await.map_err(exec)?;
+        if !output.status.success() {
+            return Err(NftError::Failed {
+                program: self.program.clone(),
+                args: args.join(" "),
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Applies a batch as one atomic transaction (`nft -j -f -`): all of it or nothing.
+    pub async fn apply(&self, batch: &Nftables<'_>) -> Result<(), NftError> {
+        let payload = serde_json::to_vec(batch)?;
+        self.run(&["-j", "-f", "-"], Some(&payload)).await.map(drop)
+    }
+
+    /// Reads kipvs's table; an empty [`ObservedTable`] when it does not exist.
+    pub async fn observe(&self) -> Result<ObservedTable, NftError> {
+        match self
+            .run(&["-j", "list", "table", "inet", TABLE], None)
+            .await
+        {
+            Ok(json) => Ok(parse_table(&json)?),
+            Err(NftError::Failed { stderr, .. })
+                if stderr.contains("No such file or directory") =>
+            {
+                Ok(ObservedTable::default())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes kipvs's table (`cleanup`); not an error when it does not exist.
+    pub async fn delete_table(&self) -> Result<(), NftError> {
+        match self.apply(&delete_table()).await {
+            Err(NftError::Failed { stderr, .. })
+                if stderr.contains("No such file or directory") =>
+            {
+                Ok(())
+            }
+            r => r,
+        }
+    }
+}

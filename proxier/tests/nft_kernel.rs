@@ -1,0 +1,144 @@
+//! kipvs's nftables table against the real `nft` and the running kernel's nf_tables, each test
+//! in a network namespace of its own (`unshare(CLONE_NEWNET)` on the test's thread; `nft`
+//! inherits it). Needs root and the `nft` executable: `.ci/run` installs the `nftables`
+//! package. Without them the tests say so and pass, unless `KIPVS_REQUIRE_NFT=1` (set by
+//! `hack/test.sh`) makes that a failure.
+
+use kipvs_proxier::model::{Protocol, VirtualServerKey};
+use kipvs_proxier::nft::{Nft, NftRules, SetElement, Transaction, transaction};
+use std::collections::BTreeSet;
+
+/// Moves this thread into a new network namespace; false (or a panic with
+/// `KIPVS_REQUIRE_NFT=1`) when that or `nft` is not available.
+fn private_netns() -> bool {
+    let required = std::env::var("KIPVS_REQUIRE_NFT").is_ok_and(|v| v == "1");
+    // SAFETY: unshare only changes this thread's namespace membership.
+    let unshared = unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0;
+    let nft = std::process::Command::new("nft")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !(unshared && nft) {
+        assert!(
+            !required,
+            "KIPVS_REQUIRE_NFT=1 but unshare(CLONE_NEWNET)={unshared}, nft={nft}"
+        );
+        eprintln!("skipped: needs root (unshare) and the nft executable");
+    }
+    unshared && nft
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn key(address: &str, protocol: Protocol, port: u16) -> VirtualServerKey {
+    VirtualServerKey {
+        address: address.parse().unwrap(),
+        port,
+        protocol,
+    }
+}
+
+/// One element of every kind, both families.
+fn every_kind() -> BTreeSet<SetElement> {
+    let c4 = key("10.96.0.10", Protocol::Udp, 53);
+    let c6 = key("fd00:96::a", Protocol::Tcp, 443);
+    let lb = key("203.0.113.10", Protocol::Tcp, 80);
+    [
+        SetElement::ClusterIp(c4),
+        SetElement::ClusterIp(c6),
+        SetElement::External(key("192.168.0.10", Protocol::Tcp, 30080)),
+        SetElement::ExternalLocal(key("192.168.0.10", Protocol::Sctp, 30081)),
+        SetElement::External(key("fd00::10", Protocol::Udp, 30082)),
+        SetElement::ServiceIp("10.96.0.10".parse().unwrap()),
+        SetElement::ServiceIp("fd00:96::a".parse().unwrap()),
+        SetElement::Hairpin("10.244.1.2".parse().unwrap()),
+        SetElement::Hairpin("fd00:244::2".parse().unwrap()),
+        SetElement::Firewall(lb),
+        SetElement::FirewallAllow(lb, "192.168.100.0/24".parse().unwrap()),
+        SetElement::FirewallAllow(lb, "203.0.113.10/32".parse().unwrap()),
+        SetElement::FirewallAllow(
+            key("fd00:203::10", Protocol::Tcp, 80),
+            "fd00:1::/64".parse().unwrap(),
+        ),
+        SetElement::HealthCheckNodePort(32000),
+    ]
+    .into()
+}
+
+#[test]
+fn table_elements_and_rules_round_trip_through_the_kernel() {
+    if !private_netns() {
+        return;
+    }
+    runtime().block_on(async {
+        let nft = Nft::default();
+        assert_eq!(nft.observe().await.unwrap(), Default::default());
+        let rules = NftRules {
+            cluster_cidrs: vec![
+                "10.244.0.0/16".parse().unwrap(),
+                "fd00:244::/56".parse().unwrap(),
+            ],
+            masquerade_all: false,
+        };
+        let elements = every_kind();
+        let tx = Transaction {
+            rules: Some(&rules),
+            delete: vec![],
+            add: elements.iter().collect(),
+        };
+        nft.apply(&transaction(&tx)).await.unwrap();
+        let observed = nft.observe().await.unwrap();
+        assert_eq!(observed.elements, elements);
+        assert_eq!(observed.rule_comments, rules.comments());
+
+        // Delete some, add others, rules untouched: one transaction.
+        let gone = SetElement::Hairpin("10.244.1.2".parse().unwrap());
+        let new = SetElement::ClusterIp(key("10.96.0.11", Protocol::Tcp, 80));
+        let tx = Transaction {
+            rules: None,
+            delete: vec![&gone],
+            add: vec![&new],
+        };
+        nft.apply(&transaction(&tx)).await.unwrap();
+        let observed = nft.observe().await.unwrap();
+        let mut expected = elements.clone();
+        expected.remove(&gone);
+        expected.insert(new);
+        assert_eq!(observed.elements, expected);
+        assert_eq!(observed.rule_comments, rules.comments());
+
+        // Rules rewritten with other parameters: same count, new comments, elements kept.
+        let all = NftRules {
+            cluster_cidrs: vec![],
+            masquerade_all: true,
+        };
+        let tx = Transaction {
+            rules: Some(&all),
+            ..Default::default()
+        };
+        nft.apply(&transaction(&tx)).await.unwrap();
+        let observed = nft.observe().await.unwrap();
+        assert_eq!(observed.rule_comments, all.comments());
+        assert_eq!(observed.elements, expected);
+
+        // A failing transaction (deleting a missing element) changes nothing.
+        let missing = SetElement::HealthCheckNodePort(31999);
+        let tx = Transaction {
+            rules: None,
+            delete: vec![&missing],
+            add: vec![&gone],
+        };
+        let err = nft.apply(&transaction(&tx)).await.unwrap_err();
+        assert!(err.to_string().contains("failed"), "{err}");
+        assert_eq!(nft.observe().await.unwrap().elements, expected);
+
+        nft.delete_table().await.unwrap();
+        assert_eq!(nft.observe().await.unwrap(), Default::default());
+        nft.delete_table().await.unwrap();
+    });
+}
