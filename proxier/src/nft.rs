@@ -183,7 +183,7 @@ pub struct NftRules {
 /// `LOCAL_IN` hook is at 98, its `LOCAL_OUT` hook at -98), on the virtual address; the
 /// masquerade happens at `srcnat` (100). The filters run at `filter` (0) in `input`, before
 /// IPVS's `LOCAL_IN` hook, and at -150 in `output`, before its `LOCAL_OUT` hook.
-const CHAINS: [(&str, Option<(NfChainType, NfHook, i32)>); 6] = [
+const CHAINS: [(&str, Option<BaseChain>); 6] = [
     (
         "nat-prerouting",
         Some((NfChainType::NAT, NfHook::Prerouting, -100)),
@@ -203,6 +203,9 @@ const CHAINS: [(&str, Option<(NfChainType, NfHook, i32)>); 6] = [
         Some((NfChainType::Filter, NfHook::Output, -150)),
     ),
 ];
+
+/// A base chain's type, hook and priority.
+type BaseChain = (NfChainType, NfHook, i32);
 
 /// The packet mark bit that asks `nat-postrouting` to masquerade: bit 14, kube-proxy's default
 /// `masqueradeBit`, so that CNI plugins configured around kube-proxy's mark keep working.
