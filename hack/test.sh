@@ -14,8 +14,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-step "cargo test --workspace (unit tests, golden vectors, plan vectors, property tests)"
-cargo test --workspace --quiet
+step "cargo test --workspace (unit tests, golden vectors, plan vectors, property tests, nftables in a private netns)"
+KIPVS_REQUIRE_NFT=${KIPVS_REQUIRE_NFT:-1} cargo test --workspace --quiet
 if [ "${KIPVS_SKIP_VM:-0}" != 1 ]; then
   step "real-kernel VM suite (hack/test-vm.sh)"
   hack/test-vm.sh

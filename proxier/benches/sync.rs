@@ -181,14 +181,7 @@ fn incremental(c: &mut Criterion) {
                 let Replanned::Touched(t) = p.replan(&mut s) else {
                     panic!("an endpoint change must not re-plan everything")
                 };
-                let ops = diff_scoped(
-                    p.desired(),
-                    &kernel,
-                    &ownership,
-                    &t.virtual_servers,
-                    &t.addresses,
-                    &BTreeSet::new(),
-                );
+                let ops = diff_scoped(p.desired(), &kernel, &ownership, &t, &BTreeSet::new());
                 assert!(!ops.is_empty());
                 for op in &ops {
                     kernel.apply(op).unwrap();

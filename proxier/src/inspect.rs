@@ -305,7 +305,7 @@ mod tests {
             )]
             .into(),
             bind_addresses: ["10.96.0.10".parse().unwrap()].into(),
-            health_check_node_ports: Default::default(),
+            ..Default::default()
         };
         let mut observed = ObservedState::from(&desired);
         let vs = observed
@@ -354,7 +354,7 @@ mod tests {
             ]
             .into(),
             bind_addresses: ["10.96.0.10".parse().unwrap(), "10.96.0.11".parse().unwrap()].into(),
-            health_check_node_ports: Default::default(),
+            ..Default::default()
         };
         let observed = ObservedState {
             virtual_servers: [
@@ -375,6 +375,7 @@ mod tests {
             ]
             .into(),
             bound_addresses: ["10.96.0.10".parse().unwrap(), "10.96.0.99".parse().unwrap()].into(),
+            ..Default::default()
         };
         let inspection = inspect(&desired, &observed);
         assert!(!inspection.converged());

@@ -5,6 +5,7 @@
 //! Everything here is plain data, ordered (`BTreeMap`/`BTreeSet`) so that output and
 //! operation lists are deterministic.
 
+use crate::nft::{NftRules, SetElement};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -124,6 +125,10 @@ pub struct DesiredState {
     pub bind_addresses: BTreeSet<IpAddr>,
     /// healthCheckNodePort → the Service it reports on (LoadBalancer + externalTrafficPolicy Local).
     pub health_check_node_ports: BTreeMap<u16, HealthCheckNodePort>,
+    /// Elements of the nftables sets (masquerade, hairpin, filtering; see [`crate::nft`]).
+    pub set_elements: BTreeSet<SetElement>,
+    /// The parameters of the constant nftables rules.
+    pub nft_rules: NftRules,
 }
 
 /// A real server as the kernel reports it.
@@ -154,6 +159,11 @@ pub struct ObservedState {
     pub virtual_servers: BTreeMap<VirtualServerKey, ObservedVirtualServer>,
     /// Addresses currently on `kube-ipvs0`.
     pub bound_addresses: BTreeSet<IpAddr>,
+    /// Elements of kipvs's nftables sets.
+    pub set_elements: BTreeSet<SetElement>,
+    /// Comments of the rules in kipvs's nftables table, in order ([`NftRules::comments`]):
+    /// empty without the table.
+    pub nft_rule_comments: Vec<String>,
 }
 
 impl From<&DesiredState> for ObservedState {
@@ -185,6 +195,8 @@ impl From<&DesiredState> for ObservedState {
                 })
                 .collect(),
             bound_addresses: desired.bind_addresses.clone(),
+            set_elements: desired.set_elements.clone(),
+            nft_rule_comments: desired.nft_rules.comments().to_vec(),
         }
     }
 }

@@ -169,13 +169,20 @@ impl fmt::Display for SetElement {
     }
 }
 
-/// The parameters of the constant rules (from the configuration).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+/// The parameters of the constant rules (from the configuration), with the rules' comments
+/// computed once (a sync compares them with the kernel's).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct NftRules {
-    /// `clusterCIDR`: ClusterIP traffic from outside these is masqueraded.
-    pub cluster_cidrs: Vec<IpNet>,
-    /// `nftables.masqueradeAll`: all ClusterIP traffic is masqueraded.
-    pub masquerade_all: bool,
+    cluster_cidrs: Vec<IpNet>,
+    masquerade_all: bool,
+    #[serde(skip)]
+    comments: Vec<String>,
+}
+
+impl Default for NftRules {
+    fn default() -> Self {
+        NftRules::new(Vec::new(), false)
+    }
 }
 
 /// The chains kipvs creates: name and, for base chains, type, hook and priority. The marks are
@@ -236,6 +243,18 @@ const FAMILIES: [Family; 2] = [
 ];
 
 impl NftRules {
+    /// The rules for `clusterCIDR` (ClusterIP traffic from outside these CIDRs is masqueraded)
+    /// and `nftables.masqueradeAll` (all ClusterIP traffic is).
+    pub fn new(cluster_cidrs: Vec<IpNet>, masquerade_all: bool) -> Self {
+        let mut rules = NftRules {
+            cluster_cidrs,
+            masquerade_all,
+            comments: Vec::new(),
+        };
+        rules.comments = rules.rules().into_iter().map(|(_, c, _)| c).collect();
+        rules
+    }
+
     /// The rules, in chain order, as `(chain, comment, statements)`. The comments name the
     /// rule's purpose and its parameters, so that the rules in the kernel can be compared with
     /// the wanted ones by comment alone ([`NftRules::comments`]).
@@ -441,14 +460,9 @@ impl NftRules {
         rules
     }
 
-    /// The comments of the rules, in chain order: what [`observe`](parse_table) reads back.
-    pub fn comments(&self) -> Vec<String> {
-        self.rules().into_iter().map(|(_, c, _)| c).collect()
-    }
-
-    /// Number of rules (constant in the number of Services).
-    pub fn rule_count(&self) -> usize {
-        self.rules().len()
+    /// The comments of the rules, in chain order: what [`parse_table`] reads back.
+    pub fn comments(&self) -> &[String] {
+        &self.comments
     }
 }
 

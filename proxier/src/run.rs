@@ -251,6 +251,7 @@ impl Planner {
             PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
         let context = context.with_other_interface_addresses(self.other_addresses.iter().copied());
         if all {
+            self.index.set_nft_rules(context.nft_rules().clone());
             for problem in &problems {
                 tracing::warn!("{problem}");
             }
@@ -734,6 +735,7 @@ fn fingerprint(path: &Path) -> io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataplane::Op;
     use crate::dataplane::fake::FakeDataplane;
 
     const WEB: &str = r#"
@@ -776,7 +778,25 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         let planner = Planner::new(identity, ProxierConfiguration::default());
         let mut engine = Engine::new(handle.clone(), planner, FakeDataplane::default());
         let seen = source.load_into(&handle, None).unwrap();
-        assert_eq!(engine.sync().await.unwrap().ops.len(), 3);
+        let names: Vec<&str> = engine
+            .sync()
+            .await
+            .unwrap()
+            .ops
+            .iter()
+            .map(Op::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "WriteRules",
+                "AddSetElement", // cluster-ips
+                "AddSetElement", // service-ips
+                "AddVirtualServer",
+                "AddRealServer",
+                "BindAddress"
+            ]
+        );
         // No change: nothing re-planned, nothing applied.
         assert_eq!(source.load_into(&handle, Some(seen)).unwrap(), seen);
         assert!(engine.sync().await.unwrap().ops.is_empty());

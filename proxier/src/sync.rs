@@ -11,10 +11,10 @@
 //!   maximum drain time passed.
 
 use crate::dataplane::{
-    Dataplane, DataplaneError, Op, OpFailure, Ownership, diff_scoped, draining, full_scope,
+    Dataplane, DataplaneError, Op, OpFailure, Ownership, Scope, diff_scoped, draining, full_scope,
 };
 use crate::model::{DesiredState, ObservedState, VirtualServerKey};
-use crate::plan::Touched;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -82,16 +82,9 @@ impl<D: Dataplane> Syncer<D> {
     pub async fn sync(&mut self, desired: &DesiredState) -> Result<SyncReport, DataplaneError> {
         let start = Instant::now();
         let observed = self.dataplane.observe().await?;
-        let (keys, addresses) = full_scope(desired, &observed);
+        let scope = full_scope(desired, &observed);
         let expired = self.expired(start);
-        let ops = diff_scoped(
-            desired,
-            &observed,
-            &self.ownership,
-            &keys,
-            &addresses,
-            &expired,
-        );
+        let ops = diff_scoped(desired, &observed, &self.ownership, &scope, &expired);
         self.cache = Some(observed);
         self.apply(desired, ops, start, "full").await
     }
@@ -101,21 +94,14 @@ impl<D: Dataplane> Syncer<D> {
     pub async fn sync_touched(
         &mut self,
         desired: &DesiredState,
-        touched: &Touched,
+        touched: &Scope,
     ) -> Result<SyncReport, DataplaneError> {
         let Some(cache) = &self.cache else {
             return self.sync(desired).await;
         };
         let start = Instant::now();
         let expired = self.expired(start);
-        let ops = diff_scoped(
-            desired,
-            cache,
-            &self.ownership,
-            &touched.virtual_servers,
-            &touched.addresses,
-            &expired,
-        );
+        let ops = diff_scoped(desired, cache, &self.ownership, touched, &expired);
         self.apply(desired, ops, start, "incremental").await
     }
 
@@ -146,14 +132,11 @@ impl<D: Dataplane> Syncer<D> {
         }
         let expired = self.expired(start);
         let cache = self.cache.as_ref().expect("checked");
-        let ops = diff_scoped(
-            desired,
-            cache,
-            &self.ownership,
-            &keys,
-            &BTreeSet::new(),
-            &expired,
-        );
+        let scope = Scope {
+            virtual_servers: keys,
+            ..Scope::default()
+        };
+        let ops = diff_scoped(desired, cache, &self.ownership, &scope, &expired);
         self.apply(desired, ops, start, "drain check").await
     }
 
@@ -253,7 +236,7 @@ mod tests {
         DesiredState {
             virtual_servers: [(key(80), vs)].into(),
             bind_addresses: ["10.96.0.10".parse().unwrap()].into(),
-            health_check_node_ports: Default::default(),
+            ..Default::default()
         }
     }
 
@@ -275,7 +258,9 @@ mod tests {
         let desired = state(&["10.244.1.2:8080"]);
         let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
         let first = syncer.sync(&desired).await.unwrap();
-        assert_eq!(first.ops.len(), 3);
+        // The nftables rules, the virtual server, its real server, the address.
+        assert_eq!(first.ops.len(), 4);
+        assert!(matches!(first.ops[0], Op::WriteRules(_)));
         assert!(first.failures.is_empty());
         assert!(syncer.sync(&desired).await.unwrap().ops.is_empty());
         // A new process over the same kernel state changes nothing.
@@ -291,9 +276,9 @@ mod tests {
         let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
         syncer.sync(&before).await.unwrap();
         let after = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
-        let touched = Touched {
+        let touched = Scope {
             virtual_servers: [key(80)].into(),
-            addresses: Default::default(),
+            ..Default::default()
         };
         let report = syncer.sync_touched(&after, &touched).await.unwrap();
         assert_eq!(

@@ -78,13 +78,13 @@ fn table_elements_and_rules_round_trip_through_the_kernel() {
     runtime().block_on(async {
         let nft = Nft::default();
         assert_eq!(nft.observe().await.unwrap(), Default::default());
-        let rules = NftRules {
-            cluster_cidrs: vec![
+        let rules = NftRules::new(
+            vec![
                 "10.244.0.0/16".parse().unwrap(),
                 "fd00:244::/56".parse().unwrap(),
             ],
-            masquerade_all: false,
-        };
+            false,
+        );
         let elements = every_kind();
         let tx = Transaction {
             rules: Some(&rules),
@@ -113,10 +113,7 @@ fn table_elements_and_rules_round_trip_through_the_kernel() {
         assert_eq!(observed.rule_comments, rules.comments());
 
         // Rules rewritten with other parameters: same count, new comments, elements kept.
-        let all = NftRules {
-            cluster_cidrs: vec![],
-            masquerade_all: true,
-        };
+        let all = NftRules::new(vec![], true);
         let tx = Transaction {
             rules: Some(&all),
             ..Default::default()

@@ -153,6 +153,8 @@ async fn load_balancer_ip_mode_on_removes_only_proxy_mode_ingress_ips() {
     assert_eq!(
         ops,
         [
+            "op=DeleteSetElement element=\"external { 192.0.2.11 . tcp . 80 }\"",
+            "op=DeleteSetElement element=\"service-ips { 192.0.2.11 }\"",
             "op=DeleteVirtualServer vs=\"TCP 192.0.2.11:80\"",
             "op=UnbindAddress address=192.0.2.11",
         ],

@@ -6,6 +6,7 @@ use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
 };
+use crate::nft::{self, Nft};
 use futures::{StreamExt, TryStreamExt};
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::LinkAttribute;
@@ -31,6 +32,7 @@ pub struct KernelDataplane {
     ipvs: ipvs::Handle,
     rtnl: rtnetlink::Handle,
     link_index: u32,
+    nft: Nft,
 }
 
 impl KernelDataplane {
@@ -50,12 +52,13 @@ impl KernelDataplane {
             ipvs,
             rtnl,
             link_index,
+            nft: Nft::default(),
         })
     }
 
     /// Remove everything kipvs (or kube-proxy's IPVS mode) programmed on this node: every virtual
     /// server it owns (see [`Ownership`]; those inside `exclude_cidrs` stay), every address on
-    /// `kube-ipvs0`, then the `kube-ipvs0` link itself. Never flushes: virtual servers of
+    /// `kube-ipvs0`, the `kube-ipvs0` link itself and the nftables table `inet kipvs`. Never flushes: virtual servers of
     /// other owners survive. Returns the ops applied and those that failed.
     ///
     /// Errors: when the kernel cannot be observed or the link cannot be deleted.
@@ -70,8 +73,13 @@ impl KernelDataplane {
             exclude_cidrs,
         };
         let ops = diff(&DesiredState::default(), &observed, &ownership);
+        let ops: Vec<Op> = ops
+            .into_iter()
+            .filter(|op| op.stage() != NFT_STAGE)
+            .collect();
         let failures = self.apply(&ops).await;
         self.rtnl.link().del(self.link_index).execute().await?;
+        self.nft.delete_table().await?;
         Ok((ops, failures))
     }
 
@@ -142,9 +150,29 @@ impl KernelDataplane {
                 let d = ipvs::Destination::new(rs.ip(), rs.port(), *weight);
                 Ok(self.ipvs.update_destination(&service_id(vs), &d).await?)
             }
+            Op::WriteRules(_) | Op::DeleteSetElement(_) | Op::AddSetElement(_) => {
+                self.apply_nft(std::slice::from_ref(op)).await
+            }
         }
     }
+
+    /// Applies nftables ops as one transaction (all or nothing).
+    async fn apply_nft(&self, ops: &[Op]) -> Result<(), DataplaneError> {
+        let mut tx = nft::Transaction::default();
+        for op in ops {
+            match op {
+                Op::WriteRules(rules) => tx.rules = Some(rules),
+                Op::DeleteSetElement(e) => tx.delete.push(e),
+                Op::AddSetElement(e) => tx.add.push(e),
+                _ => {}
+            }
+        }
+        Ok(self.nft.apply(&nft::transaction(&tx)).await?)
+    }
 }
+
+/// The stage of the nftables ops ([`Op::stage`]): applied as one transaction.
+const NFT_STAGE: u8 = 3;
 
 impl Dataplane for KernelDataplane {
     async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
@@ -168,9 +196,17 @@ impl Dataplane for KernelDataplane {
             };
             virtual_servers.insert(key, ObservedVirtualServer { spec, real_servers });
         }
+        // Without nftables (no `nft`, no nf_tables) IPVS is still programmed: the table reads
+        // as empty, and the nftables ops fail and are retried, each failure logged.
+        let table = self.nft.observe().await.unwrap_or_else(|e| {
+            tracing::warn!("cannot read the nftables table: {e}");
+            nft::ObservedTable::default()
+        });
         Ok(ObservedState {
             virtual_servers,
             bound_addresses: self.bound_addresses().await?,
+            set_elements: table.elements,
+            nft_rule_comments: table.rule_comments,
         })
     }
 
@@ -225,6 +261,23 @@ impl Dataplane for KernelDataplane {
         let mut failures = Vec::new();
         for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
             let started = std::time::Instant::now();
+            if stage[0].stage() == NFT_STAGE {
+                // One transaction: it fails as a whole, and so does each of its ops.
+                if let Err(error) = self.apply_nft(stage).await {
+                    let message = error.to_string();
+                    failures.extend(stage.iter().map(|op| OpFailure {
+                        op: op.clone(),
+                        error: DataplaneError::NftTransaction(message.clone()),
+                    }));
+                }
+                tracing::debug!(
+                    stage = NFT_STAGE,
+                    ops = stage.len(),
+                    duration_us = started.elapsed().as_micros() as u64,
+                    "applied nftables transaction"
+                );
+                continue;
+            }
             let requests: Vec<_> = stage.iter().map(|op| self.apply_one(op)).collect();
             let results: Vec<_> = futures::stream::iter(requests)
                 .buffered(PIPELINE_DEPTH)

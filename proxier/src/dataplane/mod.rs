@@ -7,9 +7,12 @@
 //! 1. unbind addresses from `kube-ipvs0`,
 //! 2. delete (or drain) real servers,
 //! 3. delete virtual servers,
-//! 4. add / update virtual servers,
-//! 5. add / update real servers,
-//! 6. bind addresses to `kube-ipvs0`.
+//! 4. nftables: rewrite the rules if they changed, delete and add set elements (one atomic
+//!    transaction: deletions come after the virtual servers and addresses they concern are
+//!    gone, additions before the virtual servers they concern take traffic),
+//! 5. add / update virtual servers,
+//! 6. add / update real servers,
+//! 7. bind addresses to `kube-ipvs0`.
 //!
 //! A [`Dataplane`] applies them: [`kernel::KernelDataplane`] on a real node, [`fake::FakeDataplane`]
 //! in unit tests. Ops inside one stage are independent of each other, so a dataplane may run
@@ -22,6 +25,7 @@ use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
 };
+use crate::nft::{NftRules, SetElement};
 use ipnet::IpNet;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,6 +51,12 @@ pub enum Op {
     },
     /// Delete a virtual server with all its real servers.
     DeleteVirtualServer(VirtualServerKey),
+    /// Write kipvs's nftables rules (flush and refill its chains, atomically).
+    WriteRules(NftRules),
+    /// Delete an element from one of kipvs's nftables sets.
+    DeleteSetElement(SetElement),
+    /// Add an element to one of kipvs's nftables sets.
+    AddSetElement(SetElement),
     /// Create a virtual server.
     AddVirtualServer(VirtualServerKey, VirtualServerSpec),
     /// Change a virtual server's scheduler, persistence or flags (`IPVS_CMD_SET_SERVICE`).
@@ -75,15 +85,18 @@ pub enum Op {
 }
 
 impl Op {
-    /// The stage (0..=5) this op belongs to; ops of one stage do not depend on each other.
+    /// The stage (0..=6) this op belongs to; ops of one stage do not depend on each other,
+    /// except the nftables ones (stage 3), which go to the kernel together as one transaction
+    /// in the order [`diff`] emits them.
     pub fn stage(&self) -> u8 {
         match self {
             Op::UnbindAddress(_) => 0,
             Op::DeleteRealServer { .. } => 1,
             Op::DeleteVirtualServer(_) => 2,
-            Op::AddVirtualServer(..) | Op::UpdateVirtualServer(..) => 3,
-            Op::AddRealServer { .. } | Op::UpdateRealServer { .. } => 4,
-            Op::BindAddress(_) => 5,
+            Op::WriteRules(_) | Op::DeleteSetElement(_) | Op::AddSetElement(_) => 3,
+            Op::AddVirtualServer(..) | Op::UpdateVirtualServer(..) => 4,
+            Op::AddRealServer { .. } | Op::UpdateRealServer { .. } => 5,
+            Op::BindAddress(_) => 6,
         }
     }
 
@@ -93,6 +106,9 @@ impl Op {
             Op::UnbindAddress(_) => "UnbindAddress",
             Op::DeleteRealServer { .. } => "DeleteRealServer",
             Op::DeleteVirtualServer(_) => "DeleteVirtualServer",
+            Op::WriteRules(_) => "WriteRules",
+            Op::DeleteSetElement(_) => "DeleteSetElement",
+            Op::AddSetElement(_) => "AddSetElement",
             Op::AddVirtualServer(..) => "AddVirtualServer",
             Op::UpdateVirtualServer(..) => "UpdateVirtualServer",
             Op::AddRealServer { .. } => "AddRealServer",
@@ -108,6 +124,8 @@ impl fmt::Display for Op {
         match self {
             Op::UnbindAddress(a) | Op::BindAddress(a) => write!(f, " address={a}"),
             Op::DeleteVirtualServer(vs) => write!(f, " vs=\"{vs}\""),
+            Op::WriteRules(rules) => write!(f, " rules={}", rules.comments().len()),
+            Op::DeleteSetElement(e) | Op::AddSetElement(e) => write!(f, " element=\"{e}\""),
             Op::AddVirtualServer(vs, s) | Op::UpdateVirtualServer(vs, s) => {
                 write!(f, " vs=\"{vs}\" scheduler={}", s.scheduler)?;
                 if let Some(t) = s.persistence_timeout {
@@ -179,23 +197,25 @@ impl Ownership {
 /// Applying the result to `observed` yields `desired` up to draining real servers, and the
 /// diff of a converged state is empty. Cost: O(size of both states); see [`diff_scoped`].
 pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Ownership) -> Vec<Op> {
-    let (keys, addresses) = full_scope(desired, observed);
-    diff_scoped(
-        desired,
-        observed,
-        ownership,
-        &keys,
-        &addresses,
-        &BTreeSet::new(),
-    )
+    let scope = full_scope(desired, observed);
+    diff_scoped(desired, observed, ownership, &scope, &BTreeSet::new())
 }
 
-/// Every virtual server and address of either state: the scope of a full [`diff`].
-pub fn full_scope(
-    desired: &DesiredState,
-    observed: &ObservedState,
-) -> (BTreeSet<VirtualServerKey>, BTreeSet<IpAddr>) {
-    let keys = desired
+/// What a scoped diff looks at: virtual servers, bind addresses and nftables set elements.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Virtual servers.
+    pub virtual_servers: BTreeSet<VirtualServerKey>,
+    /// Addresses on `kube-ipvs0`.
+    pub addresses: BTreeSet<IpAddr>,
+    /// nftables set elements.
+    pub set_elements: BTreeSet<SetElement>,
+}
+
+/// Every virtual server, address and set element of either state: the scope of a full
+/// [`diff`].
+pub fn full_scope(desired: &DesiredState, observed: &ObservedState) -> Scope {
+    let virtual_servers = desired
         .virtual_servers
         .keys()
         .chain(observed.virtual_servers.keys())
@@ -206,23 +226,43 @@ pub fn full_scope(
         .union(&observed.bound_addresses)
         .copied()
         .collect();
-    (keys, addresses)
+    let set_elements = desired
+        .set_elements
+        .union(&observed.set_elements)
+        .copied()
+        .collect();
+    Scope {
+        virtual_servers,
+        addresses,
+        set_elements,
+    }
 }
 
-/// [`diff`] restricted to the virtual servers `keys` and the addresses `addresses` (what an
-/// incremental sync touched), in O(size of those entries · log n). Real servers listed in
-/// `expired_drains` are deleted even though they still have connections (their maximum drain
-/// time passed).
+/// [`diff`] restricted to `scope` (what an incremental sync touched), in O(size of those
+/// entries · log n). Real servers listed in `expired_drains` are deleted even though they
+/// still have connections (their maximum drain time passed). The nftables rules are compared
+/// (by their comments) whatever the scope; kipvs owns its whole table, so every observed set
+/// element in scope that is not desired is deleted.
 pub fn diff_scoped(
     desired: &DesiredState,
     observed: &ObservedState,
     ownership: &Ownership,
-    keys: &BTreeSet<VirtualServerKey>,
-    addresses: &BTreeSet<IpAddr>,
+    scope: &Scope,
     expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
 ) -> Vec<Op> {
     let mut ops = Vec::new();
-    for address in addresses {
+    if desired.nft_rules.comments() != observed.nft_rule_comments.as_slice() {
+        ops.push(Op::WriteRules(desired.nft_rules.clone()));
+    }
+    for element in &scope.set_elements {
+        let wanted = desired.set_elements.contains(element);
+        match (wanted, observed.set_elements.contains(element)) {
+            (true, false) => ops.push(Op::AddSetElement(*element)),
+            (false, true) => ops.push(Op::DeleteSetElement(*element)),
+            _ => {}
+        }
+    }
+    for address in &scope.addresses {
         let wanted = desired.bind_addresses.contains(address);
         match (wanted, observed.bound_addresses.contains(address)) {
             (true, false) => ops.push(Op::BindAddress(*address)),
@@ -230,7 +270,7 @@ pub fn diff_scoped(
             _ => {}
         }
     }
-    for key in keys {
+    for key in &scope.virtual_servers {
         let ovs = observed.virtual_servers.get(key);
         let Some(dvs) = desired.virtual_servers.get(key) else {
             if ovs.is_some() && ownership.owns(key, desired, observed) {
@@ -269,8 +309,18 @@ pub fn diff_scoped(
             }
         }
     }
-    ops.sort_by_key(Op::stage);
+    // Stable: within stage 3, rules come first, then deletions, then additions.
+    ops.sort_by_key(|op| (op.stage(), nft_order(op)));
     ops
+}
+
+/// Order inside the nftables stage: rules, deletions, additions.
+fn nft_order(op: &Op) -> u8 {
+    match op {
+        Op::WriteRules(_) => 0,
+        Op::DeleteSetElement(_) => 1,
+        _ => 2,
+    }
 }
 
 /// Real servers that are draining in `observed`: present at weight 0 in a desired virtual
@@ -307,6 +357,17 @@ impl ObservedState {
             }
             Op::BindAddress(a) => {
                 self.bound_addresses.insert(*a);
+            }
+            Op::WriteRules(rules) => self.nft_rule_comments = rules.comments().to_vec(),
+            // `nft add element` of a present element succeeds; deleting a missing one is
+            // ENOENT (and fails the whole transaction).
+            Op::AddSetElement(e) => {
+                self.set_elements.insert(*e);
+            }
+            Op::DeleteSetElement(e) => {
+                if !self.set_elements.remove(e) {
+                    return Err(ipvs::Error::NotFound);
+                }
             }
             Op::DeleteVirtualServer(key) => {
                 vss.remove(key).ok_or(ipvs::Error::NoSuchService)?;
@@ -381,6 +442,12 @@ pub enum DataplaneError {
     /// The dummy interface vanished or could not be created.
     #[error("interface {0} not found")]
     NoInterface(String),
+    /// An nftables transaction or listing failed.
+    #[error("nftables: {0}")]
+    Nft(#[from] crate::nft::NftError),
+    /// The nftables transaction this op was part of failed (the reason, once per op).
+    #[error("nftables transaction: {0}")]
+    NftTransaction(String),
 }
 
 /// Something that holds an IPVS table and the addresses of `kube-ipvs0`.

@@ -41,7 +41,7 @@ fn desired(vss: &[(VirtualServerKey, &[(&str, u32)])], bind: &[&str]) -> Desired
             })
             .collect(),
         bind_addresses: bind.iter().map(|a| a.parse().unwrap()).collect(),
-        health_check_node_ports: BTreeMap::new(),
+        ..Default::default()
     }
 }
 
@@ -264,12 +264,32 @@ fn arb_addrs() -> impl Strategy<Value = BTreeSet<IpAddr>> {
     )
 }
 
+fn arb_elements() -> impl Strategy<Value = BTreeSet<SetElement>> {
+    prop::collection::btree_set(
+        prop_oneof![
+            arb_key().prop_map(SetElement::ClusterIp),
+            arb_key().prop_map(SetElement::External),
+            arb_addrs().prop_map(|a| SetElement::ServiceIp(
+                a.into_iter().next().unwrap_or([10, 96, 0, 1].into())
+            )),
+            (30000u16..30003).prop_map(SetElement::HealthCheckNodePort),
+        ],
+        0..5,
+    )
+}
+
+fn arb_rules() -> impl Strategy<Value = NftRules> {
+    any::<bool>().prop_map(|all| NftRules::new(vec![], all))
+}
+
 fn arb_desired() -> impl Strategy<Value = DesiredState> {
     (
         prop::collection::btree_map(arb_key(), (arb_spec(), arb_real_servers()), 0..6),
         arb_addrs(),
+        arb_elements(),
+        arb_rules(),
     )
-        .prop_map(|(vss, bind)| DesiredState {
+        .prop_map(|(vss, bind, set_elements, nft_rules)| DesiredState {
             virtual_servers: vss
                 .into_iter()
                 .map(|(k, (spec, rss))| {
@@ -284,6 +304,8 @@ fn arb_desired() -> impl Strategy<Value = DesiredState> {
                 .collect(),
             bind_addresses: bind,
             health_check_node_ports: BTreeMap::new(),
+            set_elements,
+            nft_rules,
         })
 }
 
@@ -291,8 +313,10 @@ fn arb_observed() -> impl Strategy<Value = ObservedState> {
     (
         prop::collection::btree_map(arb_key(), (arb_spec(), arb_real_servers()), 0..6),
         arb_addrs(),
+        arb_elements(),
+        prop::option::of(arb_rules()),
     )
-        .prop_map(|(vss, bound)| ObservedState {
+        .prop_map(|(vss, bound, set_elements, rules)| ObservedState {
             virtual_servers: vss
                 .into_iter()
                 .map(|(k, (spec, rss))| {
@@ -311,6 +335,8 @@ fn arb_observed() -> impl Strategy<Value = ObservedState> {
                 })
                 .collect(),
             bound_addresses: bound,
+            set_elements,
+            nft_rule_comments: rules.map(|r| r.comments().to_vec()).unwrap_or_default(),
         })
 }
 
@@ -335,6 +361,8 @@ proptest! {
         run(&mut fake, &ops);
         let got = &fake.state;
         prop_assert_eq!(&got.bound_addresses, &d.bind_addresses);
+        prop_assert_eq!(&got.set_elements, &d.set_elements);
+        prop_assert_eq!(got.nft_rule_comments.as_slice(), d.nft_rules.comments());
         for (k, dvs) in &d.virtual_servers {
             let gvs = &got.virtual_servers[k];
             prop_assert_eq!(&gvs.spec, &dvs.spec);

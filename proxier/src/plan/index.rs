@@ -9,27 +9,26 @@
 //! one virtual server or health-check node port, the first in namespace/name order keeps it.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
+use crate::dataplane::Scope;
 use crate::model::{DesiredState, VirtualServerKey};
+use crate::nft::{NftRules, SetElement};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 /// A Service's identity: `(namespace, name)`.
 pub type ServiceKey = (String, String);
 
-/// What one [`DesiredIndex::update`] may have changed in the desired state.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Touched {
-    /// Virtual servers whose desired entry may differ (added, removed or changed).
-    pub virtual_servers: BTreeSet<VirtualServerKey>,
-    /// Bind addresses that may have appeared or disappeared.
-    pub addresses: BTreeSet<IpAddr>,
-}
+/// What one [`DesiredIndex::update`] may have changed in the desired state: virtual servers
+/// whose desired entry may differ, bind addresses and nftables set elements that may have
+/// appeared or disappeared. It is the scope of the incremental diff.
+pub type Touched = Scope;
 
-impl Touched {
+impl Scope {
     /// Add another update's changes.
-    pub fn extend(&mut self, other: Touched) {
+    pub fn extend(&mut self, other: Scope) {
         self.virtual_servers.extend(other.virtual_servers);
         self.addresses.extend(other.addresses);
+        self.set_elements.extend(other.set_elements);
     }
 }
 
@@ -39,6 +38,7 @@ pub struct DesiredIndex {
     plans: BTreeMap<ServiceKey, ServicePlan>,
     vs_claims: BTreeMap<VirtualServerKey, BTreeSet<ServiceKey>>,
     address_claims: BTreeMap<IpAddr, usize>,
+    element_claims: BTreeMap<SetElement, usize>,
     health_check_claims: BTreeMap<u16, BTreeSet<ServiceKey>>,
     desired: DesiredState,
     no_local_endpoints: NoLocalEndpoints,
@@ -49,6 +49,12 @@ impl DesiredIndex {
     /// The union of all plans.
     pub fn desired(&self) -> &DesiredState {
         &self.desired
+    }
+
+    /// Set the parameters of the nftables rules (part of the desired state, not of any
+    /// Service).
+    pub fn set_nft_rules(&mut self, rules: NftRules) {
+        self.desired.nft_rules = rules;
     }
 
     /// Number of Services with a plan.
@@ -99,6 +105,15 @@ impl DesiredIndex {
                 touched.addresses.insert(*address);
             }
         }
+        for element in &old.set_elements {
+            let count = self.element_claims.get_mut(element).expect("claimed");
+            *count -= 1;
+            if *count == 0 {
+                self.element_claims.remove(element);
+                self.desired.set_elements.remove(element);
+                touched.set_elements.insert(*element);
+            }
+        }
         if let Some((port, _)) = &old.health_check_node_port {
             let claims = self.health_check_claims.get_mut(port).expect("claimed");
             claims.remove(key);
@@ -134,6 +149,14 @@ impl DesiredIndex {
             if *count == 1 {
                 self.desired.bind_addresses.insert(*address);
                 touched.addresses.insert(*address);
+            }
+        }
+        for element in &new.set_elements {
+            let count = self.element_claims.entry(*element).or_default();
+            *count += 1;
+            if *count == 1 {
+                self.desired.set_elements.insert(*element);
+                touched.set_elements.insert(*element);
             }
         }
         if let Some((port, health_check)) = &new.health_check_node_port {
@@ -276,6 +299,10 @@ mod tests {
             no_local_endpoints_internal: vss.len().is_multiple_of(2),
             no_local_endpoints_external: !addrs.len().is_multiple_of(2),
             terminating_fallback: hc.is_some(),
+            set_elements: addrs
+                .iter()
+                .map(|&a| SetElement::ServiceIp(IpAddr::from([10, 96, 0, a])))
+                .collect(),
             problems: vec![],
         }
     }
@@ -326,6 +353,9 @@ mod tests {
                 }
                 for a in before.bind_addresses.symmetric_difference(&after.bind_addresses) {
                     prop_assert!(touched.addresses.contains(a));
+                }
+                for e in before.set_elements.symmetric_difference(&after.set_elements) {
+                    prop_assert!(touched.set_elements.contains(e));
                 }
                 prop_assert_eq!(index.to_plan(), merge(current.values()));
             }

@@ -72,6 +72,7 @@ pub use index::{DesiredIndex, ServiceKey, Touched};
 pub use service::{ServicePlan, plan_service};
 
 use crate::model::{DesiredState, Protocol, SchedFlags, VirtualServerSpec};
+use crate::nft::NftRules;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -222,6 +223,7 @@ pub struct PlanContext {
     vs_spec: VirtualServerSpec,
     terminating_endpoints: bool,
     load_balancer_ip_mode: bool,
+    nft_rules: NftRules,
 }
 
 impl PlanContext {
@@ -288,6 +290,12 @@ impl PlanContext {
                 .filter(|ip| node_port_address_selected(ip, &cidrs))
                 .collect(),
         };
+        let cluster_cidrs = config.parsed_cluster_cidrs().unwrap_or_else(|e| {
+            problems.push(Problem::config(format!(
+                "{e}; no ClusterIP traffic is masqueraded for coming from outside the cluster"
+            )));
+            Vec::new()
+        });
         let zone = node
             .and_then(|node| node.metadata.labels.as_ref())
             .and_then(|labels| labels.get(ZONE_LABEL))
@@ -301,6 +309,7 @@ impl PlanContext {
             vs_spec: scheduler_spec(config.ipvs.effective_scheduler()),
             terminating_endpoints: config.gate_enabled(Gate::ProxyTerminatingEndpoints),
             load_balancer_ip_mode: config.gate_enabled(Gate::LoadBalancerIPMode),
+            nft_rules: NftRules::new(cluster_cidrs, config.nftables.masquerade_all),
         };
         (context, problems)
     }
@@ -321,6 +330,11 @@ impl PlanContext {
     /// The addresses NodePort virtual servers are created on, sorted.
     pub fn node_port_ips(&self) -> &[IpAddr] {
         &self.node_port_ips
+    }
+
+    /// The parameters of the nftables rules (`clusterCIDR`, `nftables.masqueradeAll`).
+    pub fn nft_rules(&self) -> &NftRules {
+        &self.nft_rules
     }
 
     /// The node's zone (`topology.kubernetes.io/zone`), if it has one.
@@ -449,6 +463,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         })
         .collect();
     let mut plan = merge(&service_plans);
+    plan.desired.nft_rules = context.nft_rules().clone();
     problems.append(&mut plan.problems);
     plan.problems = problems;
     plan

@@ -6,6 +6,8 @@ use super::{
     namespace_of, parse_protocol, port_number, scheduler_spec,
 };
 use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
+use crate::nft::SetElement;
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::btree_map::Entry;
@@ -41,6 +43,9 @@ pub struct ServicePlan {
     /// Some virtual server is served by the KEP-1669 fallback (serving+terminating endpoints
     /// at weight 1).
     pub terminating_fallback: bool,
+    /// Its elements of the nftables sets (masquerade, hairpin, filtering; see
+    /// [`crate::nft`]).
+    pub set_elements: BTreeSet<SetElement>,
     /// Problems with the Service or its EndpointSlices.
     pub problems: Vec<Problem>,
 }
@@ -130,6 +135,11 @@ pub fn plan_service(
     .filter(in_service_families)
     .collect();
 
+    let source_ranges = if service_type == ServiceType::LoadBalancer {
+        source_ranges(spec, |m| plan.problems.push(problem(m)))
+    } else {
+        Vec::new()
+    };
     let load_balancer_ips: Vec<IpAddr> = if service_type == ServiceType::LoadBalancer {
         load_balancer_vips(service, context, |m| plan.problems.push(problem(m)))
             .into_iter()
@@ -292,9 +302,23 @@ pub fn plan_service(
                         ))),
                     }
                 };
+            let key = |address: IpAddr, port: u16| VirtualServerKey {
+                address,
+                port,
+                protocol,
+            };
+            let external_element = |k| {
+                if external_local {
+                    SetElement::ExternalLocal(k)
+                } else {
+                    SetElement::External(k)
+                }
+            };
             for &ip in &family_cluster_ips {
                 add(&mut plan, ip, number, internal);
                 plan.bind_addresses.insert(ip);
+                plan.set_elements
+                    .insert(SetElement::ClusterIp(key(ip, number)));
             }
             let family = |ip: &&IpAddr| ip.is_ipv4() == ipv4;
             for &ip in external_ips.iter().chain(&load_balancer_ips).filter(family) {
@@ -302,11 +326,47 @@ pub fn plan_service(
                 if !context.other_interface_addresses.contains(&ip) {
                     plan.bind_addresses.insert(ip);
                 }
+                plan.set_elements.insert(external_element(key(ip, number)));
+            }
+            // loadBalancerSourceRanges restrict the load-balancer IPs only (kube-proxy's
+            // KUBE-LOAD-BALANCER-FW); when a node IP is inside a range, the node's own traffic,
+            // which leaves from the load-balancer IP itself, is allowed too (kubernetes#119656).
+            let family_ranges: Vec<IpNet> = source_ranges
+                .iter()
+                .copied()
+                .filter(|net| net.addr().is_ipv4() == ipv4)
+                .collect();
+            if !family_ranges.is_empty() {
+                let node_inside = context
+                    .node_port_ips
+                    .iter()
+                    .any(|ip| family_ranges.iter().any(|net| net.contains(ip)));
+                for &ip in load_balancer_ips.iter().filter(family) {
+                    let k = key(ip, number);
+                    plan.set_elements.insert(SetElement::Firewall(k));
+                    for &net in &family_ranges {
+                        plan.set_elements.insert(SetElement::FirewallAllow(k, net));
+                    }
+                    if node_inside {
+                        plan.set_elements
+                            .insert(SetElement::FirewallAllow(k, IpNet::from(ip)));
+                    }
+                }
             }
             if let Some(node_port) = node_port {
                 for &ip in context.node_port_ips.iter().filter(family) {
                     add(&mut plan, ip, node_port, external);
+                    plan.set_elements
+                        .insert(external_element(key(ip, node_port)));
                 }
+            }
+            // Hairpin: a local endpoint that reaches itself through the Service.
+            for e in in_family
+                .iter()
+                .filter(|e| e.local && (e.ready || e.serving))
+            {
+                plan.set_elements
+                    .insert(SetElement::Hairpin(e.address.ip()));
             }
         }
     }
@@ -337,6 +397,8 @@ pub fn plan_service(
                         .map(local_ready)
                         .max()
                         .unwrap_or(0);
+                    plan.set_elements
+                        .insert(SetElement::HealthCheckNodePort(port));
                     plan.health_check_node_port = Some((
                         port,
                         HealthCheckNodePort {
@@ -352,6 +414,13 @@ pub fn plan_service(
             },
         }
     }
+    // The addresses on kube-ipvs0: new connections to their other ports are rejected.
+    let service_ips: Vec<SetElement> = plan
+        .bind_addresses
+        .iter()
+        .map(|&ip| SetElement::ServiceIp(ip))
+        .collect();
+    plan.set_elements.extend(service_ips);
     Some(plan)
 }
 
@@ -384,6 +453,28 @@ fn parse_ips<'a>(
             }
         })
         .collect()
+}
+
+/// `spec.loadBalancerSourceRanges`, parsed as kube-proxy's `serviceport.go` does: entries
+/// trimmed, host bits cleared; an invalid entry is reported and skipped; a zero-length range
+/// (`0.0.0.0/0`, `::/0`) means "no restriction", so the result is empty.
+fn source_ranges(spec: &ServiceSpec, mut report: impl FnMut(String)) -> Vec<IpNet> {
+    let mut ranges = Vec::new();
+    for (i, text) in spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        match text.trim().parse::<IpNet>() {
+            Ok(net) if net.prefix_len() == 0 => return Vec::new(),
+            Ok(net) => ranges.push(net.trunc()),
+            Err(_) => report(format!(
+                "spec.loadBalancerSourceRanges[{i}] {text:?} is not a CIDR; ignored"
+            )),
+        }
+    }
+    ranges
 }
 
 /// The VIP-mode load-balancer ingress IPs of a LoadBalancer Service (KEP-1860).
