@@ -1,6 +1,6 @@
 #!/bin/bash
 # Build the test VM's base initramfs from the cache that fetch.sh filled: static busybox (+ applet links),
-# ipvsadm, iproute2's `ip` (the host's; busybox's ip has no netns/veth/dummy) and netcat-traditional
+# ipvsadm, iproute2's `ip` and nftables' `nft` (the host's; busybox's ip has no netns/veth/dummy) and netcat-traditional
 # (busybox's nc has no UDP) with their libraries,
 # the kernel modules IPVS tests need (dependencies resolved by moddeps.py), and /init.
 #
@@ -11,9 +11,11 @@ VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 # shellcheck source=/dev/null
 . "$VMCACHE/env.sh" # KERNEL MODDIR USERLAND
 OUT=$(realpath -m "$1"); shift; mkdir -p "$(dirname "$OUT")"
-# IPVS with every scheduler kube-proxy accepts, netns plumbing, conntrack for NAT from the root netns
+# IPVS with every scheduler kube-proxy accepts, netns plumbing, conntrack for NAT from the root netns,
+# nf_tables with what kipvs's table uses (ct state, nat chains, masquerade, reject)
 MODS="ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_lblc ip_vs_lblcr ip_vs_sh ip_vs_dh ip_vs_sed ip_vs_nq
-  ip_vs_mh nf_conntrack nf_conntrack_netlink dummy veth $*"
+  ip_vs_mh nf_conntrack nf_conntrack_netlink dummy veth
+  nf_tables nft_ct nft_chain_nat nft_masq nft_reject_inet $*"
 R=$(mktemp -d); trap 'rm -rf "$R"' EXIT
 mkdir -p "$R"/{bin,sbin,lib/modules,lib64,proc,sys,dev,run,tmp,etc}
 
@@ -27,6 +29,7 @@ add_bin() { # SRC DEST [LD_LIBRARY_PATH]
 }
 add_bin "$USERLAND/sbin/ipvsadm" /sbin/ipvsadm "$USERLAND/lib/x86_64-linux-gnu:$USERLAND/usr/lib/x86_64-linux-gnu"
 add_bin "$(command -v ip)" /sbin/ip
+add_bin "$(command -v nft)" /sbin/nft # the host's (package nftables): kipvs's nftables dataplane
 add_bin "$USERLAND/bin/nc.traditional" /bin/nc.traditional # UDP client/server for the DNS-like tests
 
 cp "$USERLAND/bin/busybox" "$R/bin/busybox"

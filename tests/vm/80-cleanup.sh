@@ -12,5 +12,6 @@ want='-A -t 198.51.100.7:8443 -s wrr
 if [ "$left" = "$want" ]; then ok "only the foreign virtual server is left"
 else bad "after cleanup, want only the foreign virtual server, got: $(echo "$left" | tr '\n' ';')"; fi
 check "kube-ipvs0 is gone" sh -c "! ip link show kube-ipvs0 >/dev/null 2>&1"
+check "the nftables table inet kipvs is gone" sh -c "! nft list table inet kipvs >/dev/null 2>&1"
 ipvsadm -D -t 198.51.100.7:8443
 finish

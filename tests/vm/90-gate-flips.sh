@@ -73,7 +73,9 @@ m=$(mark); npc r2 true true false; applied r2
 check "ipvsadm -Sn equals the plan of r2" wait_converged 30
 got=$(ops_since "$m")
 want='op=UnbindAddress address=203.0.113.11
-op=DeleteVirtualServer vs="TCP 203.0.113.11:80"'
+op=DeleteVirtualServer vs="TCP 203.0.113.11:80"
+op=DeleteSetElement element="external { 203.0.113.11 . tcp . 80 }"
+op=DeleteSetElement element="service-ips { 203.0.113.11 }"'
 if [ "$got" = "$want" ]; then ok "the flip applied exactly: $(echo "$got" | tr '\n' ';')"
 else bad "ops of the LoadBalancerIPMode flip: want '$want', got '$(echo "$got" | tr '\n' ';')'"; fi
 check "203.0.113.11 is no longer bound" sh -c "! /sbin/ip -o -4 addr show dev kube-ipvs0 | grep -q ' 203.0.113.11/'"
