@@ -5,6 +5,12 @@
 //!
 //! Run: `cargo bench -p kipvs-proxier --bench sync`. Peak memory (VmHWM) after building each
 //! size is printed before the timings.
+//!
+//! The `nftables` group (issue 7) measures one sync's nftables transaction against the real
+//! kernel's nf_tables through `nft`, in a private network namespace (root and the `nft`
+//! executable needed; skipped otherwise): the whole table for N Services into an empty kernel,
+//! and the transaction of one Service added or removed at N Services (plan + diff + JSON +
+//! `nft`). The rule count at each N is printed: it does not grow with N.
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::{
@@ -13,8 +19,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kipvs_crds::config::ProxierConfiguration;
-use kipvs_proxier::dataplane::{Ownership, diff, diff_scoped};
+use kipvs_proxier::dataplane::{Op, Ownership, diff, diff_scoped};
 use kipvs_proxier::model::ObservedState;
+use kipvs_proxier::nft::{Nft, Transaction, transaction};
 use kipvs_proxier::run::{NodeIdentity, Planner, Replanned};
 use kipvs_proxier::store::Store;
 use std::collections::BTreeSet;
@@ -193,5 +200,94 @@ fn incremental(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, full, incremental);
+/// The nftables part of `ops` as one transaction.
+fn nft_transaction(ops: &[Op]) -> Transaction<'_> {
+    let mut tx = Transaction::default();
+    for op in ops {
+        match op {
+            Op::WriteRules(rules) => tx.rules = Some(rules),
+            Op::DeleteSetElement(e) => tx.delete.push(e),
+            Op::AddSetElement(e) => tx.add.push(e),
+            _ => {}
+        }
+    }
+    tx
+}
+
+fn nftables(c: &mut Criterion) {
+    // SAFETY: unshare only changes this thread's namespace membership; `nft` inherits it.
+    let netns = unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0;
+    let nft_ok = std::process::Command::new("nft")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !(netns && nft_ok) {
+        eprintln!("nftables: skipped (needs root for a private netns and the nft executable)");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let nft = Nft::default();
+    let mut group = c.benchmark_group("nftables transaction");
+    group.sample_size(10);
+    for n in [1_000, 10_000] {
+        let mut s = store(n);
+        let mut p = planner();
+        p.replan(&mut s);
+        let empty = ObservedState::default();
+        let ownership = Ownership::default();
+        let all = diff(p.desired(), &empty, &ownership);
+        let rules = p.desired().nft_rules.comments().len();
+        let elements = p.desired().set_elements.len();
+        println!("nftables: {n} Services: {rules} rules, {elements} set elements");
+        group.bench_with_input(BenchmarkId::new("whole table", n), &n, |b, _| {
+            b.iter_batched(
+                || rt.block_on(nft.delete_table()).unwrap(),
+                |()| rt.block_on(nft.apply(&transaction(&nft_transaction(&all)))),
+                BatchSize::PerIteration,
+            )
+        });
+        rt.block_on(nft.apply(&transaction(&nft_transaction(&all))))
+            .unwrap();
+        let mut kernel = ObservedState::from(p.desired());
+        let mut present = false;
+        group.bench_with_input(
+            BenchmarkId::new("one Service added or removed", n),
+            &n,
+            |b, _| {
+                b.iter(|| {
+                    present = !present;
+                    if present {
+                        s.upsert_service(service(n));
+                    } else {
+                        let meta = service(n).metadata;
+                        s.delete_service(&(meta.namespace.unwrap(), meta.name.unwrap()));
+                    }
+                    let Replanned::Touched(t) = p.replan(&mut s) else {
+                        panic!("one Service must not re-plan everything")
+                    };
+                    let ops = diff_scoped(p.desired(), &kernel, &ownership, &t, &BTreeSet::new());
+                    let tx = nft_transaction(&ops);
+                    assert!(!tx.add.is_empty() || !tx.delete.is_empty());
+                    rt.block_on(nft.apply(&transaction(&tx))).unwrap();
+                    for op in &ops {
+                        kernel.apply(op).unwrap();
+                    }
+                })
+            },
+        );
+        let observed = rt.block_on(nft.observe()).unwrap();
+        assert_eq!(
+            observed.elements, kernel.set_elements,
+            "kernel table drifted"
+        );
+        assert_eq!(observed.rule_comments.len(), rules);
+        rt.block_on(nft.delete_table()).unwrap();
+    }
+    group.finish();
+}
+
+criterion_group!(benches, full, incremental, nftables);
 criterion_main!(benches);

@@ -6,6 +6,7 @@ proxier_start
 if wait_converged 30; then ok "kernel table equals kipvs-proxier plan"; else bad "not converged"; fi
 echo; echo "### ipvsadm -Ln"; ipvsadm -Ln
 echo; echo "### kube-ipvs0"; ip -br addr show dev kube-ipvs0
+echo; echo "### nft list table inet kipvs (masquerade, hairpin, filtering)"; nft list table inet kipvs
 echo; echo "### traffic from the client netns (192.168.100.2)"
 show() { printf '%-34s -> %s\n' "$1" "$(many "$2" "$3" "$4" "$5" | tr '\n' ' ')"; }
 show "web ClusterIP 10.96.0.20:80" 6 http_get 10.96.0.20 80
