@@ -19,9 +19,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kipvs_crds::config::ProxierConfiguration;
-use kipvs_proxier::dataplane::{Op, Ownership, diff, diff_scoped};
+use kipvs_proxier::dataplane::{Ownership, diff, diff_scoped, nft_transaction};
 use kipvs_proxier::model::ObservedState;
-use kipvs_proxier::nft::{Nft, Transaction, transaction};
+use kipvs_proxier::nft::{Nft, transaction};
 use kipvs_proxier::run::{NodeIdentity, Planner, Replanned};
 use kipvs_proxier::store::Store;
 use std::collections::BTreeSet;
@@ -198,20 +198,6 @@ fn incremental(c: &mut Criterion) {
         });
     }
     group.finish();
-}
-
-/// The nftables part of `ops` as one transaction.
-fn nft_transaction(ops: &[Op]) -> Transaction<'_> {
-    let mut tx = Transaction::default();
-    for op in ops {
-        match op {
-            Op::WriteRules(rules) => tx.rules = Some(rules),
-            Op::DeleteSetElement(e) => tx.delete.push(e),
-            Op::AddSetElement(e) => tx.add.push(e),
-            _ => {}
-        }
-    }
-    tx
 }
 
 fn nftables(c: &mut Criterion) {

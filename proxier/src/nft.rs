@@ -318,6 +318,15 @@ impl NftRules {
                     masquerade(),
                 ],
             ),
+            // Before the rejects of both families: the health-check ports stay reachable.
+            (
+                "filter-input",
+                "accept healthCheckNodePorts".to_owned(),
+                vec![
+                    matches(payload("tcp", "dport"), set_ref("health-check-ports")),
+                    Statement::Accept(None),
+                ],
+            ),
         ];
         for f in FAMILIES {
             let set = |name: &str| set_ref(&format!("{name}{}", f.suffix));
@@ -440,23 +449,8 @@ impl NftRules {
                 reject,
             ));
         }
-        // Before the rejects of both families: the health-check ports stay reachable.
-        rules.push((
-            "filter-input",
-            "accept healthCheckNodePorts".to_owned(),
-            vec![
-                matches(payload("tcp", "dport"), set_ref("health-check-ports")),
-                Statement::Accept(None),
-            ],
-        ));
-        let order = |chain: &str, comment: &str| {
-            let chain_rank = CHAINS
-                .iter()
-                .position(|c| c.0 == chain)
-                .unwrap_or(CHAINS.len());
-            (chain_rank, !comment.starts_with("accept"))
-        };
-        rules.sort_by_key(|(chain, comment, _)| order(chain, comment));
+        // Stable: within a chain, rules keep the order they were pushed in.
+        rules.sort_by_key(|(chain, _, _)| CHAINS.iter().position(|c| c.0 == *chain));
         rules
     }
 
@@ -901,5 +895,40 @@ impl Nft {
             }
             r => r,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rule order is part of the contract with the kernel (a restart compares comments):
+    /// marks, masquerade, then filters with the health-check accept before any reject.
+    #[test]
+    fn rules_are_constant_and_in_chain_order() {
+        let rules = NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false);
+        assert_eq!(
+            rules.comments(),
+            [
+                "mark service traffic to masquerade",
+                "mark service traffic to masquerade",
+                "IPv4: externalTrafficPolicy Cluster",
+                "IPv4: ClusterIP connections the node opens from a service IP",
+                "IPv4: ClusterIP connections from outside the cluster CIDR 10.244.0.0/16",
+                "IPv6: externalTrafficPolicy Cluster",
+                "IPv6: ClusterIP connections the node opens from a service IP",
+                "masquerade marked traffic (mark 0x4000)",
+                "IPv4: masquerade hairpin traffic (an endpoint reaching itself)",
+                "IPv6: masquerade hairpin traffic (an endpoint reaching itself)",
+                "accept healthCheckNodePorts",
+                "IPv4: drop sources outside loadBalancerSourceRanges",
+                "IPv4: reject new connections to service IPs on other ports",
+                "IPv6: drop sources outside loadBalancerSourceRanges",
+                "IPv6: reject new connections to service IPs on other ports",
+                "IPv4: drop node traffic outside loadBalancerSourceRanges",
+                "IPv6: drop node traffic outside loadBalancerSourceRanges",
+            ]
+        );
+        assert_eq!(NftRules::new(vec![], true).comments().len(), 16);
     }
 }

@@ -1,7 +1,10 @@
 //! The real [`Dataplane`]: kernel IPVS through `ipvs-rs`, the dummy interface `kube-ipvs0` and
 //! its addresses through rtnetlink, and the sysctls kube-proxy's IPVS mode sets.
 
-use super::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Op, OpFailure, Ownership, diff};
+use super::{
+    DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Op, OpFailure, Ownership, diff,
+    nft_transaction,
+};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
@@ -158,15 +161,7 @@ impl KernelDataplane {
 
     /// Applies nftables ops as one transaction (all or nothing).
     async fn apply_nft(&self, ops: &[Op]) -> Result<(), DataplaneError> {
-        let mut tx = nft::Transaction::default();
-        for op in ops {
-            match op {
-                Op::WriteRules(rules) => tx.rules = Some(rules),
-                Op::DeleteSetElement(e) => tx.delete.push(e),
-                Op::AddSetElement(e) => tx.add.push(e),
-                _ => {}
-            }
-        }
+        let tx = nft_transaction(ops);
         Ok(self.nft.apply(&nft::transaction(&tx)).await?)
     }
 }

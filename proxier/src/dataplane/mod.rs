@@ -314,6 +314,20 @@ pub fn diff_scoped(
     ops
 }
 
+/// The nftables ops among `ops` as one [`crate::nft::Transaction`] (the others are ignored).
+pub fn nft_transaction(ops: &[Op]) -> crate::nft::Transaction<'_> {
+    let mut tx = crate::nft::Transaction::default();
+    for op in ops {
+        match op {
+            Op::WriteRules(rules) => tx.rules = Some(rules),
+            Op::DeleteSetElement(e) => tx.delete.push(e),
+            Op::AddSetElement(e) => tx.add.push(e),
+            _ => {}
+        }
+    }
+    tx
+}
+
 /// Order inside the nftables stage: rules, deletions, additions.
 fn nft_order(op: &Op) -> u8 {
     match op {
