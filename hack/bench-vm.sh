@@ -2,6 +2,6 @@
 # Real-kernel programming benchmark: in one VM boot, program BENCH_SERVICES (10000) ClusterIP Services
 # with BENCH_ENDPOINTS (2) endpoints each into an empty IPVS table with `ipvsadm -R` and with
 # `kipvs-proxier run --once`, and print the ratio (issue 3 target: at most 1.0).
-# KIPVS_PROXIER may point at a release build for numbers closer to production.
+# The proxier is the image's (static release build); KIPVS_PROXIER may point at another build.
 set -euo pipefail
 exec "$(dirname "$0")/test-vm.sh" --bench

@@ -12,6 +12,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+. hack/lib/host-tools.sh && host_tools # kubectl, curl, ... (a fresh machine lacks them)
 T0=$(date +%s)
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -43,6 +44,15 @@ STATE=$(mktemp -d /tmp/kipvs-cp.XXXXXX)
 trap 'hack/control-plane.sh stop "$STATE"; rm -rf "$STATE"' EXIT
 hack/control-plane.sh start "$STATE"
 T_CP=$(date +%s)
+
+step "the deployment: kubectl apply -k config/ --dry-run=server (images, RBAC, DaemonSet, Deployment, CRDs)"
+# The namespace for real (a server-side dry run of namespaced objects needs it), everything else dry.
+kubectl --kubeconfig "$STATE/kubeconfig" apply -f config/operator/namespace.yaml >/dev/null
+minor=$(kubectl --kubeconfig "$STATE/kubeconfig" version -o json | python3 -c 'import json,sys; print(int("".join(c for c in json.load(sys.stdin)["serverVersion"]["minor"] if c.isdigit())))')
+validate=(); [ "$minor" -ge 24 ] || validate=(--validate=false) # < 1.24 knows no CEL rules (README)
+kubectl --kubeconfig "$STATE/kubeconfig" apply -k config/ --dry-run=server "${validate[@]}" > "$STATE/dry-run.log" 2>&1 ||
+  { cat "$STATE/dry-run.log"; echo "test-operator: kubectl apply -k config/ --dry-run=server failed" >&2; exit 1; }
+sed 's/^/  /' "$STATE/dry-run.log"
 
 step "operator end to end (tests/operator/e2e.sh)"
 KUBECONFIG=$STATE/kubeconfig KIPVS_OPERATOR=$KIPVS_OPERATOR KIPVS_FAKE_PROXIER=$KIPVS_FAKE_PROXIER \

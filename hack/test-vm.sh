@@ -1,12 +1,15 @@
 #!/bin/bash
-# The real-kernel VM suite: build the proxier and the ipvs-rs kernel test (debug, host target), fetch
-# Debian's kernel + QEMU + userland through apt into the cache, pack them with tests/vm and the example
-# cluster into an initrd, and boot once (QEMU software emulation) to run every guest test.
+# The real-kernel VM suite: build the proxier image (hack/build-images.sh: static release kipvs-proxier +
+# Debian's nft, an OCI layout) and the ipvs-rs kernel test (debug, host target), fetch Debian's kernel +
+# QEMU + userland through apt into the cache, pack them with the image's root filesystem, tests/vm and the
+# example cluster into an initrd, and boot once (QEMU software emulation) to run every guest test with the
+# proxier and nft of the image.
 # Prints each guest test's result and the wall times; exits non-zero on any FAIL or missing result.
 #
 # usage: hack/test-vm.sh [--demo|--bench]   (--demo: what hack/demo.sh shows; --bench: hack/bench-vm.sh)
 # env:   VMCACHE (~/.cache/kipvs-vm), VMTIMEOUT (s, 600), CARGO_TARGET_DIR; output in $target/vm/
-#        KIPVS_PROXIER, KIPVS_KERNEL_TEST: use these executables instead of building them
+#        KIPVS_PROXIER: run this kipvs-proxier instead of the image's (nft still comes from the image)
+#        KIPVS_KERNEL_TEST: use this ipvs-rs kernel test executable instead of building it
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VM=$ROOT/hack/vm
@@ -16,12 +19,18 @@ export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 T0=$(date +%s%N)
 
-# --- build: the executables of the workspace's test build ---
+# --- host tools (nft, umoci, ...; hack/lib/host-tools.sh) and the executables of the workspace's test build ---
+. "$ROOT/hack/lib/host-tools.sh"
+host_tools
 . "$ROOT/hack/lib/executables.sh"
 cd "$ROOT"
 t=$(date +%s%N)
-PROXIER=${KIPVS_PROXIER:-$(executable kipvs-proxier)}
-[ -x "$PROXIER" ] || { echo "test-vm: no kipvs-proxier binary" >&2; exit 1; }
+# the proxier image (static release build + Debian's nft), written as an OCI layout
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+"$ROOT/hack/build-images.sh" proxier
+IMAGE=$TARGET/images/kipvs-proxier:$(umoci ls --layout "$TARGET/images/kipvs-proxier" | head -n1)
+PROXIER=${KIPVS_PROXIER:-}
+[ -z "$PROXIER" ] || [ -x "$PROXIER" ] || { echo "test-vm: KIPVS_PROXIER=$PROXIER is not executable" >&2; exit 1; }
 KTEST=""
 if [ "$MODE" = test ] && [ -n "${KIPVS_KERNEL_TEST:-}" ]; then
   KTEST=$KIPVS_KERNEL_TEST
@@ -35,19 +44,30 @@ T_BUILD=$(ms "$t")
 t=$(date +%s%N)
 "$VM/fetch.sh"
 T_FETCH=$(ms "$t"); t=$(date +%s%N)
-OUT=${CARGO_TARGET_DIR:-$ROOT/target}/vm; mkdir -p "$OUT" "$VMCACHE/initramfs"
-key=$(cat "$VM/build-initramfs.sh" "$VM/init" "$VM/moddeps.py" "$VMCACHE/stamp" "$(command -v ip)" "$(command -v nft)" | sha256sum | cut -c1-16)
+OUT=$TARGET/vm; mkdir -p "$OUT" "$VMCACHE/initramfs"
+key=$(cat "$VM/build-initramfs.sh" "$VM/init" "$VM/moddeps.py" "$VMCACHE/stamp" "$(command -v ip)" | sha256sum | cut -c1-16)
 BASE=$VMCACHE/initramfs/base-$key.cpio.gz
 if [ ! -f "$BASE" ]; then
   rm -f "$VMCACHE"/initramfs/base-*.cpio.gz
   "$VM/build-initramfs.sh" "$BASE.tmp" && mv "$BASE.tmp" "$BASE"
 fi
 
-# --- payload: /payload/{run.sh,bin/,tests/,manifests/} appended to the initrd ---
+# --- payload: /payload/{run.sh,bin/,tests/,manifests/,image/} appended to the initrd ---
 P=$(mktemp -d); trap 'rm -rf "$P"' EXIT
 mkdir -p "$P/bin" "$P/tests" "$P/manifests"
 printf '#!/bin/sh\nexec sh /payload/tests/run.sh %s\n' "$MODE" > "$P/run.sh"
-cp "$PROXIER" "$P/bin/kipvs-proxier"
+# The proxier image's root filesystem, unpacked from its OCI layout: the VM runs kipvs-proxier and nft
+# from it (chrooted, tests/vm/run.sh mounts /proc, /sys, ... into it), so a library or executable
+# missing from the image fails the suite. KIPVS_PROXIER replaces only the proxier binary.
+umoci raw unpack --image "$IMAGE" "$P/image"
+img_exec() { # NAME PATH: /payload/bin/NAME runs PATH of the image, chrooted, with the image's PATH (nft)
+  printf '#!/bin/sh\n# %s from the proxier image\nPATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin exec /bin/chroot /payload/image %s "$@"\n' \
+    "$1" "$2" > "$P/bin/$1"
+  chmod +x "$P/bin/$1"
+}
+img_exec nft /usr/sbin/nft
+if [ -n "${KIPVS_PROXIER:-}" ]; then cp "$PROXIER" "$P/bin/kipvs-proxier"
+else img_exec kipvs-proxier /usr/local/bin/kipvs-proxier; fi
 [ -z "$KTEST" ] || cp "$KTEST" "$P/bin/ipvs-rs-kernel"
 cp -r "$ROOT"/tests/vm/. "$P/tests/"; cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
 if [ "$MODE" = bench ]; then

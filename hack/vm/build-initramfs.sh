@@ -1,7 +1,8 @@
 #!/bin/bash
 # Build the test VM's base initramfs from the cache that fetch.sh filled: static busybox (+ applet links),
-# ipvsadm, iproute2's `ip` and nftables' `nft` (the host's; busybox's ip has no netns/veth/dummy) and netcat-traditional
-# (busybox's nc has no UDP) with their libraries,
+# ipvsadm, iproute2's `ip` (the host's; busybox's ip has no netns/veth/dummy) and netcat-traditional
+# (busybox's nc has no UDP) with their libraries (`nft` is not here: the VM runs the proxier image's,
+# see hack/test-vm.sh),
 # the kernel modules IPVS tests need (dependencies resolved by moddeps.py), and /init.
 #
 # usage: hack/vm/build-initramfs.sh OUT.cpio.gz [extra modules...]      env: VMCACHE
@@ -29,7 +30,6 @@ add_bin() { # SRC DEST [LD_LIBRARY_PATH]
 }
 add_bin "$USERLAND/sbin/ipvsadm" /sbin/ipvsadm "$USERLAND/lib/x86_64-linux-gnu:$USERLAND/usr/lib/x86_64-linux-gnu"
 add_bin "$(command -v ip)" /sbin/ip
-add_bin "$(command -v nft)" /sbin/nft # the host's (package nftables): kipvs's nftables dataplane
 add_bin "$USERLAND/bin/nc.traditional" /bin/nc.traditional # UDP client/server for the DNS-like tests
 
 cp "$USERLAND/bin/busybox" "$R/bin/busybox"

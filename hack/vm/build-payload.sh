@@ -13,7 +13,8 @@ SRC=$(realpath "$1"); OUT=$(realpath -m "$2"); mkdir -p "$(dirname "$OUT")"
 [ -f "$SRC/run.sh" ] || { echo "build-payload: $SRC/run.sh missing" >&2; exit 2; }
 R=$(mktemp -d); trap 'rm -rf "$R"' EXIT
 mkdir -p "$R/payload"; cp -aL "$SRC"/. "$R/payload/"
-find "$R/payload" -type f | while read -r f; do
+# (not the proxier image's root filesystem, payload/image: it runs as the image has it, in a chroot)
+find "$R/payload" -path "$R/payload/image" -prune -o -type f -print | while read -r f; do
   kind=$(file -b "$f")
   case $kind in ELF*) ;; *) continue ;; esac
   chmod u+w "$f"; strip "$f"

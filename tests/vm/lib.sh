@@ -1,6 +1,8 @@
 # Shared helpers for the guest-side VM tests (POSIX sh, busybox). Sourced by run.sh and every test.
 # Layout in the guest: /payload/tests (this dir), /payload/manifests/cluster (the example cluster),
-# /payload/bin/kipvs-proxier. Tests work on a copy of the manifests in $M, which they may edit.
+# /payload/bin/kipvs-proxier and /payload/bin/nft (wrappers that run the proxier image's, chrooted in
+# /payload/image). Tests work on a copy of the manifests in $M, which they may edit.
+PATH=/payload/bin:$PATH
 
 # busybox sh runs its own applets before $PATH: its `ip` lacks netns/veth/dummy, so force iproute2
 ip() { /sbin/ip "$@"; }
@@ -102,4 +104,47 @@ distinct() { sort -u | tr '\n' ' ' | sed 's/ $//'; }
 set_conditions() { # FILE ENDPOINT_IP READY SERVING TERMINATING
   sed "/^  - $2\$/,/terminating:/{s/ready: .*/ready: $3/;s/serving: .*/serving: $4/;s/terminating: .*/terminating: $5/}" \
     "$M/$1" > "$W/edit.tmp" && mv "$W/edit.tmp" "$M/$1"
+}
+
+# ---- the node's NodeProxyConfig, the proxier's log, held connections (90-gate-flips.sh, demo.sh) ---
+npc() { # REVISION LBIPMODE TERMINATING DRAINING: the NodeProxyConfig for test-node
+  cat > "$W/npc.tmp" <<NPC
+apiVersion: kipvs.io/v1alpha1
+kind: NodeProxyConfig
+metadata: {name: test-node}
+spec:
+  revision: $1
+  assignedAt: "2026-11-22T05:00:00Z"
+  config:
+    featureGates:
+      LoadBalancerIPMode: $2
+      ProxyTerminatingEndpoints: $3
+      KubeProxyDrainingTerminatingNodes: $4
+NPC
+  mv "$W/npc.tmp" "$M/nodeproxyconfig.yaml"
+}
+applied() { # REVISION: wait until the proxier logs that revision Applied
+  i=0
+  while ! grep 'NodeProxyConfig status' "$(proxier_log)" | grep -q "\"observedRevision\":\"$1\",\"phase\":\"Applied\""; do
+    [ $i -lt 120 ] || { bad "revision $1 not reported Applied"; return 1; }
+    sleep 0.25; i=$((i + 1))
+  done
+  ok "revision $1 reported Applied"
+}
+mark() { wc -l < "$(proxier_log)"; }
+ops_since() { tail -n +"$(( $1 + 1 ))" "$(proxier_log)" | grep -o 'op=[A-Za-z]*.*' | sed 's/ *$//'; }
+http_code() { # PATH: the status code of the proxier's health server (stdin stays open for the answer)
+  (printf 'GET %s HTTP/1.0\r\n\r\n' "$1"; sleep 1) | nc -w 3 127.0.0.1 10256 2>/dev/null | head -n1 | cut -d' ' -f2
+}
+want_code() { # PATH CODE
+  c=$(http_code "$1"); [ "$c" = "$2" ] && ok "$1 answers $2" || bad "$1 answers '$c', want $2"
+}
+hold() { # NAME IP PORT: open a connection that stays open (no request yet) on fd 3/4 via a fifo
+  rm -f "$W/$1.fifo"; mkfifo "$W/$1.fifo"
+  in_client nc -w 120 "$2" "$3" < "$W/$1.fifo" > "$W/$1.out" 2>/dev/null &
+  echo $! > "$W/$1.pid"
+}
+ask() { # NAME FD: send the request on the held connection, close it, print the answer
+  eval "printf 'GET / HTTP/1.0\r\n\r\n' >&$2; exec $2>&-"
+  wait "$(cat "$W/$1.pid")" 2>/dev/null; tail -n1 "$W/$1.out"
 }

@@ -6,6 +6,11 @@
 #   demo: same set-up, then demo.sh prints the table, the addresses and the traffic results.
 MODE=${1:-test}
 . /payload/tests/lib.sh
+# The proxier image's root filesystem (hack/test-vm.sh): kipvs-proxier and nft run chrooted in it
+# (/payload/bin wrappers) and see the VM's /proc, /sys, /dev, /run, /tmp and /payload at the same paths.
+for d in proc sys dev run tmp payload; do
+  mkdir -p "/payload/image/$d" && mount --bind "/$d" "/payload/image/$d" || echo "run.sh: cannot bind /$d into the image"
+done
 if [ "$MODE" = bench ]; then mkdir -p "$W"; sh "$T/bench.sh"; exit; fi
 . /payload/tests/topology.sh
 mkdir -p "$W" && cp -r /payload/manifests/cluster "$M"
