@@ -5,11 +5,14 @@
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
-use kipvs_proxier::engine::{
-    ConfigFollower, Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle,
-};
+use kipvs_proxier::dataplane::settings::FakeKernel;
+use kipvs_proxier::engine::observer::Observer;
+use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
+use kipvs_proxier::engine::{ConfigFollower, Engine};
 use kipvs_proxier::serve::health::{Probe, ProxyHealth};
-use kipvs_proxier::source::node_config::{Assigned, FakeKernel};
+use kipvs_proxier::source::SourceHandle;
+use kipvs_proxier::source::manifests::ManifestsSource;
+use kipvs_proxier::source::node_config::Assigned;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -90,8 +93,8 @@ async fn fixture(local: ProxierConfiguration, initial: Assigned) -> Fixture {
         2 * local.ipvs.sync_period,
         local.gate_enabled(kipvs_crds::Gate::KubeProxyDrainingTerminatingNodes),
     );
-    let observers: Vec<Arc<dyn Observer>> = vec![Arc::new(health.clone())];
-    let handle = SourceHandle::default().with_observer(Arc::new(observers));
+    let observer: Arc<dyn Observer> = Arc::new(vec![Arc::new(health.clone()) as Arc<dyn Observer>]);
+    let handle = SourceHandle::default().with_observer(observer.clone());
     let source = ManifestsSource {
         path,
         node_name: "n1".into(),
@@ -112,7 +115,9 @@ async fn fixture(local: ProxierConfiguration, initial: Assigned) -> Fixture {
         report,
     };
     let planner = Planner::new(identity, local);
-    let mut engine = Engine::new(handle, planner, FakeDataplane::default()).following(follower);
+    let mut engine = Engine::new(handle, planner, FakeDataplane::default())
+        .observed_by(observer)
+        .following(follower);
     engine.apply_assigned(initial).await;
     engine.sync().await.unwrap();
     Fixture {
@@ -279,7 +284,8 @@ async fn live_change_is_pending_until_synced_and_deletion_returns_to_local() {
 mod api {
     use super::*;
     use http::{Request, Response};
-    use kipvs_proxier::source::node_config::{report_status, watch_assigned};
+    use kipvs_proxier::serve::status::report_status;
+    use kipvs_proxier::source::node_config::watch_assigned;
     use kube::client::Body;
     use serde_json::{Value, json};
     use tokio::sync::mpsc;
@@ -361,8 +367,9 @@ mod api {
         let (client, mut patches) = api_server(npc("r1", "wrr", "1"), watches);
         let local = config(&[]);
         let health = ProxyHealth::new(2 * local.ipvs.sync_period, true);
-        let observers: Vec<Arc<dyn Observer>> = vec![Arc::new(health.clone())];
-        let handle = SourceHandle::default().with_observer(Arc::new(observers));
+        let observer: Arc<dyn Observer> =
+            Arc::new(vec![Arc::new(health.clone()) as Arc<dyn Observer>]);
+        let handle = SourceHandle::default().with_observer(observer.clone());
         let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
         let (report, report_rx) = watch::channel(None);
         tokio::spawn(watch_assigned(client.clone(), NODE.into(), assigned_tx));
@@ -378,7 +385,9 @@ mod api {
             report,
         };
         let planner = Planner::new(identity, local);
-        let mut engine = Engine::new(handle, planner, FakeDataplane::default()).following(follower);
+        let mut engine = Engine::new(handle, planner, FakeDataplane::default())
+            .observed_by(observer)
+            .following(follower);
         tokio::spawn(async move { engine.run(std::future::pending()).await });
 
         let (query, content_type, body) = next(&mut patches).await;

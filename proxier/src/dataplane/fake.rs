@@ -1,8 +1,8 @@
 //! An in-memory [`Dataplane`] with the kernel's error behaviour, for unit tests.
 
+use super::settings::{FakeKernel, KernelSettings};
 use super::{Dataplane, DataplaneError, Op, OpFailure};
 use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
-use crate::source::node_config::{FakeKernel, KernelSettings};
 use futures::future::BoxFuture;
 use kipvs_crds::config::ProxierConfiguration;
 use std::collections::{BTreeMap, BTreeSet};

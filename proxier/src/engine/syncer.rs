@@ -1,4 +1,4 @@
-//! Synchronisation: observe the dataplane, [`diff`] against the desired state, apply.
+//! Synchronisation: observe the dataplane, [`diff`](crate::dataplane::diff) against the desired state, apply.
 //!
 //! Three kinds of sync, so that cost follows change:
 //! - [`Syncer::sync`] (start, periodic resync): observe the whole kernel table, diff it all.
@@ -11,9 +11,9 @@
 //!   maximum drain time passed.
 
 use crate::dataplane::{
-    Dataplane, DataplaneError, Op, OpFailure, Ownership, Scope, diff_scoped, draining, full_scope,
+    Dataplane, DataplaneError, Op, OpFailure, Ownership, diff_scoped, draining,
 };
-use crate::model::{DesiredState, ObservedState, VirtualServerKey};
+use crate::model::{DesiredState, ObservedState, Scope, VirtualServerKey, full_scope};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

@@ -71,7 +71,7 @@ mod service;
 pub use index::{DesiredIndex, ServiceKey, Touched};
 pub use service::{ServicePlan, plan_service};
 
-use crate::dataplane::nft::NftRules;
+use crate::model::NftRules;
 use crate::model::{DesiredState, Protocol, SchedFlags, VirtualServerSpec};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -95,16 +95,9 @@ pub const SCHED_FLAG_MH_PORT: SchedFlags = 0x10;
 
 /// Service annotation choosing the IPVS scheduler of that Service's virtual servers, overriding
 /// `ipvs.scheduler` (the idea of kube-router's `kube-router.io/service.scheduler`). The value
-/// must be one of [`IPVS_SCHEDULERS`]; anything else (including `""`) is a [`Problem`] and
+/// must be one of [`IPVS_SCHEDULERS`](crate::model::IPVS_SCHEDULERS); anything else (including `""`) is a [`Problem`] and
 /// the configured scheduler is used.
 pub const SCHEDULER_ANNOTATION: &str = "kipvs.io/scheduler";
-
-/// The schedulers of Linux IPVS (`net/netfilter/ipvs/Kconfig`, one `ip_vs_<name>` module
-/// each), the values [`SCHEDULER_ANNOTATION`] accepts. A kernel built without one of them
-/// refuses virtual servers that use it.
-pub const IPVS_SCHEDULERS: [&str; 14] = [
-    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos",
-];
 
 /// Node label naming the node's zone, matched against `hints.forZones` (`v1.LabelTopologyZone`).
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";

@@ -2,11 +2,11 @@
 
 use super::endpoints::{self, Endpoint, Selection, Topology};
 use super::{
-    IPVS_SCHEDULERS, PlanContext, Problem, SCHEDULER_ANNOTATION, SERVICE_PROXY_NAME_LABEL,
-    namespace_of, parse_protocol, port_number, scheduler_spec,
+    PlanContext, Problem, SCHEDULER_ANNOTATION, SERVICE_PROXY_NAME_LABEL, namespace_of,
+    parse_protocol, port_number, scheduler_spec,
 };
-use crate::dataplane::nft::SetElement;
 use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
+use crate::model::{IPVS_SCHEDULERS, SetElement};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

@@ -21,7 +21,8 @@
 //! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
 //! | `kipvs_api_resource_unavailable{resource}` | gauge | 1 while the API server does not serve a resource kipvs watches (e.g. `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21) |
 
-use crate::engine::{Observer, SyncOutcome};
+use crate::engine::observer::{Observer, SyncOutcome};
+use crate::source::StoreObserver;
 use crate::source::store::{ChangeCounts, Store};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
@@ -193,14 +194,6 @@ impl Metrics {
         }
     }
 
-    /// Record whether the API server serves `resource` (e.g.
-    /// `endpointslices.discovery.k8s.io/v1`).
-    pub fn set_resource_unavailable(&self, resource: &str, unavailable: bool) {
-        self.api_unavailable
-            .with_label_values(&[resource])
-            .set(unavailable.into());
-    }
-
     /// The Prometheus text exposition (format 0.0.4) of every metric.
     pub fn encode(&self) -> String {
         TextEncoder::new()
@@ -237,7 +230,7 @@ fn unix_seconds(at: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-impl Observer for Metrics {
+impl StoreObserver for Metrics {
     fn store_updated(&self, store: &Store) {
         let totals = store.change_totals();
         let mut counted = self.counted.lock().expect("metrics lock");
@@ -256,6 +249,14 @@ impl Observer for Metrics {
             .set(i64::try_from(pending.endpoint_slices).unwrap_or(i64::MAX));
     }
 
+    fn resource_unavailable(&self, resource: &'static str, unavailable: bool) {
+        self.api_unavailable
+            .with_label_values(&[resource])
+            .set(unavailable.into());
+    }
+}
+
+impl Observer for Metrics {
     fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
         let report = match outcome.result {
             Ok(report) => report,
