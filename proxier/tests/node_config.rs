@@ -277,6 +277,94 @@ async fn live_change_is_pending_until_synced_and_deletion_returns_to_local() {
     assert_eq!(f.engine.planner().config(), &config(&[]));
 }
 
+/// A NodeProxyConfig that cannot be read (403, 5xx, undecodable: the assignment stays
+/// Unknown) does not keep the node from programming: after `ASSIGNMENT_WAIT` the engine syncs
+/// with the local configuration, reports it in `kipvs_api_resource_unavailable`, and applies
+/// the NodeProxyConfig once it is read.
+#[tokio::test(start_paused = true)]
+async fn an_unreadable_node_proxy_config_falls_back_to_the_local_configuration() {
+    use kipvs_proxier::engine::ASSIGNMENT_WAIT;
+    use kipvs_proxier::serve::metrics::{self, Metrics};
+    let dir = std::env::temp_dir().join(format!("kipvs-unreadable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("objects.yaml"), OBJECTS).unwrap();
+    let local = config(&[]);
+    let health = ProxyHealth::new(2 * local.ipvs.sync_period, false);
+    let metrics = Metrics::new();
+    let observers: Vec<Arc<dyn Observer>> =
+        vec![Arc::new(health.clone()), Arc::new(metrics.clone())];
+    let observer: Arc<dyn Observer> = Arc::new(observers);
+    let handle = SourceHandle::default().with_observer(observer.clone());
+    let source = ManifestsSource {
+        path: dir.join("objects.yaml"),
+        node_name: "n1".into(),
+        node_configs: None,
+    };
+    source.load_into(&handle, None).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+    let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
+    let (report, report_rx) = watch::channel(None);
+    let follower = ConfigFollower {
+        assigned,
+        local: local.clone(),
+        kernel: Box::new(FakeKernel),
+        report,
+    };
+    let identity = NodeIdentity {
+        name: "n1".into(),
+        node_ips: vec![],
+    };
+    let mut engine = Engine::new(
+        handle,
+        Planner::new(identity, local),
+        FakeDataplane::default(),
+    )
+    .observed_by(observer)
+    .following(follower);
+    let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        engine
+            .run(async {
+                let _ = done.await;
+            })
+            .await;
+        engine
+    });
+    let unavailable = || {
+        let name =
+            "kipvs_api_resource_unavailable{resource=\"nodeproxyconfigs.kipvs.io/v1alpha1\"}";
+        metrics::sample(&metrics.encode(), name)
+    };
+    let synced = || !health.check(Probe::Livez).status.is_empty();
+    tokio::time::sleep(ASSIGNMENT_WAIT - Duration::from_millis(100)).await;
+    assert!(
+        !synced(),
+        "nothing programmed while the NodeProxyConfig may still come"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(synced(), "programmed with the local configuration");
+    assert_eq!(unavailable(), Some(1.0));
+    // The NodeProxyConfig becomes readable: applied live and reported.
+    let mut r1 = config(&[]);
+    r1.ipvs.scheduler = "wrr".into();
+    assigned_tx.send_replace(revision("r1", r1));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(unavailable(), Some(0.0));
+    let status = report_rx.borrow().clone().expect("a status");
+    assert_eq!(status.observed_revision.as_deref(), Some("r1"));
+    assert_eq!(status.phase, Some(NodePhase::Applied));
+    done_tx.send(()).unwrap();
+    let engine = run.await.unwrap();
+    let vs = engine
+        .dataplane()
+        .state
+        .virtual_servers
+        .values()
+        .next()
+        .unwrap();
+    assert_eq!(vs.spec.scheduler, "wrr");
+}
+
 /// The NodeProxyConfig path end to end against a scripted API server (tower-test): the
 /// watch assigns a revision, the engine applies it, the status writer reports it by
 /// server-side apply on the status subresource; then a revision with a scheduler the kernel

@@ -14,7 +14,7 @@ pub mod syncer;
 use crate::dataplane::settings::KernelSettings;
 use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Ownership};
 use crate::source::SourceHandle;
-use crate::source::node_config::Assigned;
+use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::NodeProxyConfigStatus;
 use observer::{Observer, SyncOutcome};
@@ -29,6 +29,11 @@ use tokio::time::Instant;
 /// How soon a sync that failed (or had failed ops) is first retried; the delay doubles while
 /// it keeps failing, up to `ipvs.syncPeriod`.
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long [`Engine::run`] waits for the node's NodeProxyConfig to be read before it programs
+/// with the local configuration: a NodeProxyConfig that cannot be read (RBAC, API server
+/// errors, a newer operator's object) never keeps a node from programming.
+pub const ASSIGNMENT_WAIT: Duration = Duration::from_secs(5);
 
 /// How often draining real servers are checked for remaining connections.
 pub const DRAIN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
@@ -284,12 +289,28 @@ impl<D: Dataplane> Engine<D> {
             _ = source.wait_ready() => {}
         }
         let mut assigned = self.following.as_ref().map(|f| f.follower.assigned.clone());
+        let mut unreadable = false;
         if let Some(rx) = &mut assigned {
+            let known =
+                tokio::time::timeout(ASSIGNMENT_WAIT, rx.wait_for(|a| *a != Assigned::Unknown));
             tokio::select! {
                 _ = &mut shutdown => return,
-                _ = rx.wait_for(|a| *a != Assigned::Unknown) => {}
+                _ = known => {}
             }
-            let first = rx.borrow_and_update().clone();
+            let mut first = rx.borrow_and_update().clone();
+            if first == Assigned::Unknown {
+                tracing::warn!(
+                    resource = NODE_PROXY_CONFIGS_RESOURCE,
+                    "the node's NodeProxyConfig could not be read in {}s (see the watch errors): \
+                     programming with the local configuration, and applying the NodeProxyConfig \
+                     once it is read",
+                    ASSIGNMENT_WAIT.as_secs()
+                );
+                self.observer
+                    .resource_unavailable(NODE_PROXY_CONFIGS_RESOURCE, true);
+                unreadable = true;
+                first = Assigned::Local;
+            }
             self.apply_assigned(first).await;
         }
         let mut retry = Duration::ZERO;
@@ -320,6 +341,10 @@ impl<D: Dataplane> Engine<D> {
                     _ = source.changed() => break,
                     _ = &mut resync => break,
                     next = next_assigned(&mut assigned) => {
+                        if std::mem::take(&mut unreadable) && next != Assigned::Unknown {
+                            tracing::info!("the node's NodeProxyConfig is readable now");
+                            self.observer.resource_unavailable(NODE_PROXY_CONFIGS_RESOURCE, false);
+                        }
                         self.apply_assigned(next).await;
                         break;
                     }

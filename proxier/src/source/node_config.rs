@@ -38,10 +38,17 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
+/// The NodeProxyConfig resource, as named in logs and in `kipvs_api_resource_unavailable`
+/// (1 while the proxier runs on its local configuration because it cannot read its
+/// NodeProxyConfig).
+pub const NODE_PROXY_CONFIGS_RESOURCE: &str = "nodeproxyconfigs.kipvs.io/v1alpha1";
+
 /// The configuration the node's NodeProxyConfig assigns.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Assigned {
-    /// Not known yet (the NodeProxyConfigs are not listed): the engine does not program.
+    /// Not known yet (the NodeProxyConfigs are not listed): the engine waits for it at most
+    /// [`ASSIGNMENT_WAIT`](crate::engine::ASSIGNMENT_WAIT), then programs with the local
+    /// configuration.
     Unknown,
     /// No NodeProxyConfig for this node (or no CRD): the local configuration.
     Local,
@@ -57,7 +64,9 @@ pub enum Assigned {
 /// Watch the NodeProxyConfig named `node` forever, publishing what it assigns on `assigned`
 /// (only when that changes). A 404 (the CRD is not installed) is logged once and counts as
 /// [`Assigned::Local`]; the watch keeps retrying with kube-runtime's default backoff and
-/// picks the CRD up when it appears. Other errors keep the last assignment.
+/// picks the CRD up when it appears. Other errors (403 from RBAC, 5xx, an object this version
+/// cannot decode) are logged and keep the last assignment; while none is known yet, the engine
+/// runs on the local configuration after [`ASSIGNMENT_WAIT`](crate::engine::ASSIGNMENT_WAIT).
 pub async fn watch_assigned(client: Client, node: String, assigned: watch::Sender<Assigned>) {
     let api = Api::<NodeProxyConfig>::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
