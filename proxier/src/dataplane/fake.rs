@@ -23,6 +23,8 @@ pub struct FakeDataplane {
     /// adding or editing a virtual server with one fails with `ENOENT`, and
     /// [`FakeDataplane::kernel_settings`]'s scheduler check rejects it.
     pub missing_schedulers: BTreeSet<String>,
+    /// How many times the whole state was observed ([`Dataplane::observe`]).
+    pub full_observes: usize,
 }
 
 impl FakeDataplane {
@@ -71,6 +73,7 @@ impl KernelSettings for FakeModules {
 
 impl Dataplane for FakeDataplane {
     async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
+        self.full_observes += 1;
         Ok(self.state.clone())
     }
 

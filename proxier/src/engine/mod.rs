@@ -26,8 +26,9 @@ use syncer::{SyncReport, Syncer};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// How soon a sync that failed (or had failed ops) is first retried; the delay doubles while
-/// it keeps failing, up to `ipvs.syncPeriod`.
+/// How soon a sync that could not observe the dataplane is first retried; the delay doubles
+/// while it keeps failing, up to `ipvs.syncPeriod`. (Failed ops are retried per entry:
+/// [`syncer::RETRY_FIRST`].)
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long [`Engine::run`] waits for the node's NodeProxyConfig to be read before it programs
@@ -317,7 +318,7 @@ impl<D: Dataplane> Engine<D> {
         loop {
             let started = Instant::now();
             let failed = match self.sync().await {
-                Ok(report) => !report.failures.is_empty(),
+                Ok(_) => false,
                 Err(e) => {
                     tracing::error!("sync failed, will retry: {e}");
                     true
@@ -331,6 +332,10 @@ impl<D: Dataplane> Engine<D> {
                 period = retry;
             } else {
                 retry = Duration::ZERO;
+            }
+            // Failed ops are retried per entry, when due (see `syncer`).
+            if let Some(due) = self.syncer.next_retry() {
+                period = period.min(due.saturating_duration_since(Instant::now()));
             }
             let resync = tokio::time::sleep(period);
             tokio::pin!(resync);
