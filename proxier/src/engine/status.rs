@@ -11,7 +11,9 @@
 //!   configuration stays in force, and the revision in force assigned again (a rollback) is
 //!   reported `Applied` again after the next sync.
 //! - After `Applied`, failed syncs are counted in `syncErrors` (the last error in `message`) and
-//!   `lastSyncTime` is refreshed at most every [`LAST_SYNC_REFRESH`].
+//!   `lastSyncTime` follows the syncs; these counters are published at most once per
+//!   [`LAST_SYNC_REFRESH`] (one failing Service retried every second is one status write a
+//!   minute, not one per retry). A change of phase or revision is published at once.
 //! - Without a NodeProxyConfig (the local configuration) there is nothing to report.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -19,8 +21,8 @@ use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
 use std::time::{Duration, SystemTime};
 
-/// How often a successful sync refreshes `status.lastSyncTime` at most (the NodeProxyConfig
-/// contract: it is for people, not a heartbeat).
+/// How often the counters of the status (`lastSyncTime`, `syncErrors`, `message`) are published
+/// at most (the NodeProxyConfig contract: they are for people, not a heartbeat).
 pub const LAST_SYNC_REFRESH: Duration = Duration::from_secs(60);
 
 /// What a sync did, as the status sees it.
@@ -44,6 +46,8 @@ pub struct StatusReport {
     awaiting_sync: bool,
     /// The status to write (`None`: nothing to report).
     status: Option<NodeProxyConfigStatus>,
+    /// When a sync last published the status.
+    published: Option<SystemTime>,
 }
 
 impl StatusReport {
@@ -108,7 +112,9 @@ impl StatusReport {
         before != self.status
     }
 
-    /// A sync finished at `now` with `result`. Returns whether the status changed.
+    /// A sync finished at `now` with `result`. Returns whether the status is to be published:
+    /// at once for `Applied`; for the counters only once [`LAST_SYNC_REFRESH`] passed since a
+    /// sync last published it.
     pub fn synced(&mut self, result: &SyncResult, now: SystemTime) -> bool {
         let Some(revision) = self.revision.clone() else {
             return false;
@@ -130,6 +136,7 @@ impl StatusReport {
                 message: error,
                 healthy: None,
             });
+            self.published = Some(now);
             return true;
         }
         let Some(status) = self.status.as_mut() else {
@@ -138,19 +145,18 @@ impl StatusReport {
         if status.observed_revision.as_deref() != Some(&revision) {
             return false;
         }
-        if let Some(error) = error {
-            *status.sync_errors.get_or_insert(0) += 1;
-            status.message = Some(error);
-            return true;
+        match error {
+            Some(error) => {
+                *status.sync_errors.get_or_insert(0) += 1;
+                status.message = Some(error);
+            }
+            None => status.last_sync_time = Some(time(now)),
         }
-        let stale = status
-            .last_sync_time
-            .as_ref()
-            .is_none_or(|t| SystemTime::from(t.0) + LAST_SYNC_REFRESH <= now);
-        if stale {
-            status.last_sync_time = Some(time(now));
+        let due = self.published.is_none_or(|t| t + LAST_SYNC_REFRESH <= now);
+        if due {
+            self.published = Some(now);
         }
-        stale
+        due
     }
 }
 
@@ -225,23 +231,27 @@ mod tests {
     }
 
     #[test]
-    fn errors_are_counted_and_last_sync_time_is_refreshed_once_a_minute() {
+    fn counters_are_published_at_most_once_a_minute() {
         let mut r = StatusReport::default();
         r.in_force(Some("r1".into()), true);
-        r.synced(&SyncResult::Clean, at(0));
+        assert!(r.synced(&SyncResult::Clean, at(0)));
         assert!(
             !r.synced(&SyncResult::Clean, at(30)),
             "no write within a minute"
         );
         assert!(r.synced(&SyncResult::Clean, at(60)));
-        assert!(r.synced(
-            &SyncResult::Failed("2 IPVS operations failed".into()),
-            at(61)
-        ));
+        // One Service failing on every retry: counted each time, published once a minute.
+        let failed = SyncResult::Failed("1 IPVS operations failed".into());
+        let published: Vec<u64> = (61..=180).filter(|&t| r.synced(&failed, at(t))).collect();
+        assert_eq!(published, [120, 180]);
         let s = r.status().unwrap();
-        assert_eq!(s.sync_errors, Some(1));
-        assert_eq!(s.message.as_deref(), Some("2 IPVS operations failed"));
+        assert_eq!(s.sync_errors, Some(120));
+        assert_eq!(s.message.as_deref(), Some("1 IPVS operations failed"));
         assert_eq!(s.phase, Some(NodePhase::Applied));
+        // A change of phase is published at once.
+        assert!(r.in_force(Some("r2".into()), false));
+        assert!(r.synced(&SyncResult::Clean, at(181)));
+        assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Applied)));
     }
 
     #[test]
