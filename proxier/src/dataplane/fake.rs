@@ -87,6 +87,12 @@ impl Dataplane for FakeDataplane {
             .collect())
     }
 
+    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
+        let mut config = ProxierConfiguration::default();
+        config.ipvs.scheduler = scheduler.to_owned();
+        self.kernel_settings().check(&config).await
+    }
+
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
         Ok(self.other_addresses.clone())
     }

@@ -236,6 +236,10 @@ impl Dataplane for KernelDataplane {
         Ok(out)
     }
 
+    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
+        super::settings::probe_scheduler(&self.ipvs, scheduler).await
+    }
+
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
         let mut stream = self.rtnl.address().get().execute();
         let mut out = BTreeSet::new();

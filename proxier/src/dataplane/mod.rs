@@ -489,6 +489,14 @@ pub trait Dataplane {
         &mut self,
     ) -> impl Future<Output = Result<BTreeSet<IpAddr>, DataplaneError>> + Send;
 
+    /// Whether the IPVS scheduler `scheduler` is available (its kernel module is there).
+    ///
+    /// Errors: a message saying why not.
+    fn check_scheduler(
+        &mut self,
+        scheduler: &str,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+
     /// Apply `ops` stage by stage ([`Op::stage`]), continuing past failures, and return the
     /// failures. Ops of one stage may run concurrently.
     fn apply(&mut self, ops: &[Op]) -> impl Future<Output = Vec<OpFailure>> + Send;

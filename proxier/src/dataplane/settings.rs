@@ -64,24 +64,10 @@ pub struct Kernel {
 
 impl KernelSettings for Kernel {
     fn check<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            let scheduler = config.ipvs.effective_scheduler();
-            let id = ipvs::ServiceId::Inet {
-                address: PROBE_ADDRESS,
-                port: PROBE_PORT,
-                protocol: ipvs::Protocol::Tcp,
-            };
-            // A probe left over by an interrupted check would make the add fail.
-            let _ = self.ipvs.delete_service(&id).await;
-            self.ipvs
-                .add_service(&ipvs::Service::new(id, scheduler))
-                .await
-                .map_err(|e| format!("IPVS scheduler {scheduler:?} is not available: {e}"))?;
-            if let Err(e) = self.ipvs.delete_service(&id).await {
-                tracing::warn!("cannot delete the scheduler probe virtual server: {e}");
-            }
-            Ok(())
-        })
+        Box::pin(probe_scheduler(
+            &self.ipvs,
+            config.ipvs.effective_scheduler(),
+        ))
     }
 
     fn apply<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
@@ -118,4 +104,27 @@ impl KernelSettings for Kernel {
             Ok(())
         })
     }
+}
+
+/// Whether the kernel has the IPVS scheduler `scheduler`: a virtual server at
+/// [`PROBE_ADDRESS`]:[`PROBE_PORT`] is added with it and deleted (kube-proxy's
+/// `CanUseIPVSProxier`). Used for `ipvs.scheduler` ([`Kernel::check`]) and for the
+/// `kipvs.io/scheduler` annotation of a Service ([`crate::dataplane::Dataplane::check_scheduler`]).
+///
+/// Errors: a message naming the scheduler and the kernel's answer.
+pub async fn probe_scheduler(ipvs: &ipvs::Handle, scheduler: &str) -> Result<(), String> {
+    let id = ipvs::ServiceId::Inet {
+        address: PROBE_ADDRESS,
+        port: PROBE_PORT,
+        protocol: ipvs::Protocol::Tcp,
+    };
+    // A probe left over by an interrupted check would make the add fail.
+    let _ = ipvs.delete_service(&id).await;
+    ipvs.add_service(&ipvs::Service::new(id, scheduler))
+        .await
+        .map_err(|e| format!("IPVS scheduler {scheduler:?} is not available: {e}"))?;
+    if let Err(e) = ipvs.delete_service(&id).await {
+        tracing::warn!("cannot delete the scheduler probe virtual server: {e}");
+    }
+    Ok(())
 }

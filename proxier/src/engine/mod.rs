@@ -12,7 +12,7 @@ pub mod status;
 pub mod syncer;
 
 use crate::dataplane::settings::KernelSettings;
-use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Ownership};
+use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Op, Ownership};
 use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
 use kipvs_crds::config::ProxierConfiguration;
@@ -20,6 +20,7 @@ use kipvs_crds::nodeproxyconfig::NodeProxyConfigStatus;
 use observer::{Observer, SyncOutcome};
 use planner::{Planner, Replanned};
 use status::{StatusReport, SyncResult};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use syncer::{SyncReport, Syncer};
@@ -267,10 +268,47 @@ impl<D: Dataplane> Engine<D> {
             no_local_endpoints,
             terminating_fallback_services,
             drains: self.syncer.drains(),
+            unavailable_schedulers: self.planner.unavailable_schedulers(),
             trigger_times: &trigger_times,
         });
         self.report_sync(&result);
+        if let Ok(report) = &result {
+            self.probe_schedulers(report).await;
+        }
         result
+    }
+
+    /// Probe (once each) the IPVS schedulers of virtual server ops that failed, other than
+    /// `ipvs.scheduler` (checked when the configuration is put in force): a missing one is
+    /// logged, and the planner plans the Services annotated with it with `ipvs.scheduler`.
+    async fn probe_schedulers(&mut self, report: &SyncReport) {
+        let configured = self.planner.config().ipvs.effective_scheduler().to_owned();
+        let failed: BTreeSet<String> = report
+            .failures
+            .iter()
+            .filter_map(|f| match &f.op {
+                Op::AddVirtualServer(_, spec) | Op::UpdateVirtualServer(_, spec) => {
+                    Some(spec.scheduler.clone())
+                }
+                _ => None,
+            })
+            .filter(|s| *s != configured && !self.planner.scheduler_known(s))
+            .collect();
+        for scheduler in failed {
+            let probe = self
+                .syncer
+                .dataplane_mut()
+                .check_scheduler(&scheduler)
+                .await;
+            if let Err(e) = &probe {
+                tracing::warn!(
+                    scheduler,
+                    "{e}: Services annotated kipvs.io/scheduler={scheduler} get ipvs.scheduler \
+                     {configured:?}"
+                );
+            }
+            self.planner.scheduler_probed(scheduler, probe.is_ok());
+        }
     }
 
     /// Check draining real servers (see [`Syncer::check_drains`]).
@@ -332,6 +370,10 @@ impl<D: Dataplane> Engine<D> {
                 period = retry;
             } else {
                 retry = Duration::ZERO;
+            }
+            if self.planner.replan_pending() {
+                // E.g. a scheduler was found missing: re-plan without waiting for a change.
+                period = Duration::ZERO;
             }
             // Failed ops are retried per entry, when due (see `syncer`).
             if let Some(due) = self.syncer.next_retry() {
@@ -462,6 +504,85 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             .next()
             .unwrap();
         assert!(vs.real_servers.is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_service_scheduler_the_kernel_lacks_is_probed_once_and_replaced() {
+        let dir = std::env::temp_dir().join(format!("kipvs-twos-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("web.yaml");
+        let annotated = WEB.replace("READY", "true").replace(
+            "metadata: {name: web, namespace: default}",
+            "metadata: {name: web, namespace: default, annotations: {kipvs.io/scheduler: twos}}",
+        );
+        let other = WEB
+            .replace("READY", "true")
+            .replace("name: web,", "name: api,")
+            .replace("10.96.0.20", "10.96.0.21")
+            .replace("web-1", "api-1")
+            .replace("service-name: web", "service-name: api");
+        std::fs::write(&file, format!("{annotated}\n---\n{other}")).unwrap();
+        let handle = SourceHandle::default();
+        let source = ManifestsSource {
+            path: file.clone(),
+            node_name: "n1".into(),
+            node_configs: None,
+        };
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let fake = FakeDataplane {
+            missing_schedulers: ["twos".to_string()].into(),
+            ..Default::default()
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let mut engine = Engine::new(handle.clone(), planner, fake);
+        let seen = source.load_into(&handle, None).unwrap();
+        // The first sync finds the annotated virtual server refused; the scheduler is probed.
+        let report = engine.sync().await.unwrap();
+        assert!(!report.failures.is_empty());
+        assert!(engine.planner().replan_pending());
+        // Re-planned with the configured scheduler: programmed, nothing left in doubt.
+        let report = engine.sync().await.unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let schedulers: Vec<&str> = engine
+            .dataplane()
+            .state
+            .virtual_servers
+            .values()
+            .map(|vs| vs.spec.scheduler.as_str())
+            .collect();
+        assert_eq!(schedulers, ["rr", "rr"]);
+        assert_eq!(engine.syncer().in_doubt().count(), 0);
+        assert_eq!(
+            engine
+                .planner()
+                .unavailable_schedulers()
+                .iter()
+                .collect::<Vec<_>>(),
+            ["twos"]
+        );
+        let problems = engine.planner().plan().problems;
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.to_string().contains("lacks that IPVS scheduler")),
+            "{problems:?}"
+        );
+        // Other changes stay incremental: no full observe of the kernel.
+        let observes = engine.dataplane().full_observes;
+        std::fs::write(
+            &file,
+            format!("{annotated}\n---\n{}", other.replace("true", "false")),
+        )
+        .unwrap();
+        source.load_into(&handle, Some(seen)).unwrap();
+        let report = engine.sync().await.unwrap();
+        assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
+        assert!(report.failures.is_empty());
+        assert_eq!(engine.dataplane().full_observes, observes);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -8,7 +8,7 @@ use crate::plan::NoLocalEndpoints;
 use crate::source::StoreObserver;
 use crate::source::store::Store;
 use kipvs_crds::config::ProxierConfiguration;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -64,6 +64,9 @@ pub struct SyncOutcome<'a> {
     pub terminating_fallback_services: usize,
     /// Draining real servers and since when.
     pub drains: &'a BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
+    /// IPVS schedulers of `kipvs.io/scheduler` annotations this node's kernel lacks (probed;
+    /// the Services annotated with them run with `ipvs.scheduler`).
+    pub unavailable_schedulers: &'a BTreeSet<String>,
     /// EndpointSlice change trigger times this sync programmed (see
     /// [`Store::take_trigger_times`]).
     pub trigger_times: &'a [SystemTime],

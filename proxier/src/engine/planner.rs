@@ -26,6 +26,10 @@ pub struct Planner {
     index: DesiredIndex,
     node_ips: Vec<IpAddr>,
     other_addresses: BTreeSet<IpAddr>,
+    /// IPVS schedulers of `kipvs.io/scheduler` annotations probed on this kernel.
+    probed_schedulers: BTreeSet<String>,
+    /// Those the kernel lacks.
+    unavailable_schedulers: BTreeSet<String>,
     replan_all: bool,
 }
 
@@ -47,6 +51,8 @@ impl Planner {
             index: DesiredIndex::default(),
             node_ips: Vec::new(),
             other_addresses: BTreeSet::new(),
+            probed_schedulers: BTreeSet::new(),
+            unavailable_schedulers: BTreeSet::new(),
             replan_all: false,
         }
     }
@@ -93,6 +99,36 @@ impl Planner {
         }
     }
 
+    /// Whether the IPVS scheduler `scheduler` was probed already (see
+    /// [`scheduler_probed`](Self::scheduler_probed)).
+    pub fn scheduler_known(&self, scheduler: &str) -> bool {
+        self.probed_schedulers.contains(scheduler)
+    }
+
+    /// Record a probe of `scheduler` (once per scheduler and process): when the kernel lacks it,
+    /// the Services annotated with it are planned with `ipvs.scheduler` (and a [`Problem`]
+    /// each) from the next [`replan`](Self::replan), which re-plans every Service.
+    ///
+    /// [`Problem`]: crate::plan::Problem
+    pub fn scheduler_probed(&mut self, scheduler: String, available: bool) {
+        if !available {
+            self.unavailable_schedulers.insert(scheduler.clone());
+            self.replan_all = true;
+        }
+        self.probed_schedulers.insert(scheduler);
+    }
+
+    /// The IPVS schedulers probed and found missing.
+    pub fn unavailable_schedulers(&self) -> &BTreeSet<String> {
+        &self.unavailable_schedulers
+    }
+
+    /// Whether the next [`replan`](Self::replan) re-plans every Service (configuration,
+    /// addresses or schedulers changed).
+    pub fn replan_pending(&self) -> bool {
+        self.replan_all
+    }
+
     /// Take the store's changes and re-plan the affected Services; problems of re-planned
     /// Services are logged as warnings naming them.
     pub fn replan(&mut self, store: &mut Store) -> Replanned {
@@ -112,7 +148,9 @@ impl Planner {
             };
         let (context, problems) =
             PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
-        let context = context.with_other_interface_addresses(self.other_addresses.iter().copied());
+        let context = context
+            .with_other_interface_addresses(self.other_addresses.iter().copied())
+            .with_unavailable_schedulers(&self.unavailable_schedulers);
         if all {
             self.index.set_nft_rules(context.nft_rules().clone());
             for problem in &problems {

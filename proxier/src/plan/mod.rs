@@ -217,6 +217,7 @@ pub struct PlanContext {
     terminating_endpoints: bool,
     load_balancer_ip_mode: bool,
     nft_rules: NftRules,
+    unavailable_schedulers: BTreeSet<String>,
 }
 
 impl PlanContext {
@@ -303,6 +304,7 @@ impl PlanContext {
             terminating_endpoints: config.gate_enabled(Gate::ProxyTerminatingEndpoints),
             load_balancer_ip_mode: config.gate_enabled(Gate::LoadBalancerIPMode),
             nft_rules: NftRules::new(cluster_cidrs, config.nftables.masquerade_all),
+            unavailable_schedulers: BTreeSet::new(),
         };
         (context, problems)
     }
@@ -318,6 +320,19 @@ impl PlanContext {
     ) -> Self {
         self.other_interface_addresses = addresses.into_iter().collect();
         self
+    }
+
+    /// The same context on a node whose kernel lacks these IPVS schedulers (probed): a
+    /// Service annotated with one of them is a [`Problem`] and gets `ipvs.scheduler`.
+    pub fn with_unavailable_schedulers(mut self, schedulers: &BTreeSet<String>) -> Self {
+        self.unavailable_schedulers = schedulers.clone();
+        self
+    }
+
+    /// Whether this node lacks the IPVS scheduler `scheduler` (see
+    /// [`with_unavailable_schedulers`](Self::with_unavailable_schedulers)).
+    pub fn scheduler_unavailable(&self, scheduler: &str) -> bool {
+        self.unavailable_schedulers.contains(scheduler)
     }
 
     /// The addresses NodePort virtual servers are created on, sorted.

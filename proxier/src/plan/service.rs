@@ -155,7 +155,13 @@ pub fn plan_service(
         .as_ref()
         .and_then(|annotations| annotations.get(SCHEDULER_ANNOTATION))
     {
-        if IPVS_SCHEDULERS.contains(&value.as_str()) {
+        if context.scheduler_unavailable(value) {
+            plan.problems.push(problem(format!(
+                "metadata.annotations[{SCHEDULER_ANNOTATION}] {value:?}: this node's kernel lacks \
+                 that IPVS scheduler (ip_vs_{value}); using {:?}",
+                vs_spec.scheduler
+            )));
+        } else if IPVS_SCHEDULERS.contains(&value.as_str()) {
             vs_spec = scheduler_spec(value);
         } else {
             plan.problems.push(problem(format!(

@@ -19,6 +19,7 @@
 //! | `kipvs_real_servers_draining_oldest_seconds` | gauge | age of the oldest drain at the last sync (0 when none) |
 //! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed) or the name of a failed op (`AddRealServer`, ...) |
 //! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
+//! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
 //! | `kipvs_api_resource_unavailable{resource}` | gauge | 1 while the API server does not serve a resource kipvs watches (e.g. `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21) |
 
 use crate::engine::observer::{Observer, SyncOutcome};
@@ -57,6 +58,7 @@ pub struct Metrics {
     sync_errors: IntCounterVec,
     terminating_fallback: IntGauge,
     api_unavailable: IntGaugeVec,
+    scheduler_unavailable: IntGaugeVec,
     /// Store change totals already counted.
     counted: Arc<Mutex<ChangeCounts>>,
 }
@@ -178,6 +180,18 @@ impl Metrics {
                 "kipvs_services_terminating_fallback",
                 "Services routing to serving+terminating endpoints because none is ready",
             ),
+            scheduler_unavailable: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kipvs_ipvs_scheduler_unavailable",
+                        "1 for an IPVS scheduler a kipvs.io/scheduler annotation asks for and \
+                         this node's kernel lacks (those Services get ipvs.scheduler)",
+                    ),
+                    &["scheduler"],
+                )
+                .expect("valid metric"),
+            ),
             api_unavailable: register(
                 &r,
                 IntGaugeVec::new(
@@ -298,6 +312,11 @@ impl Observer for Metrics {
         self.terminating_fallback
             .set(as_i64(outcome.terminating_fallback_services));
         self.draining.set(as_i64(outcome.drains.len()));
+        for scheduler in outcome.unavailable_schedulers {
+            self.scheduler_unavailable
+                .with_label_values(&[scheduler.as_str()])
+                .set(1);
+        }
         let oldest = outcome.drains.values().min().map_or(0.0, |since| {
             tokio::time::Instant::now()
                 .duration_since(*since)
