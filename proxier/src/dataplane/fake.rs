@@ -1,8 +1,8 @@
 //! An in-memory [`Dataplane`] with the kernel's error behaviour, for unit tests.
 
+use super::settings::{FakeKernel, KernelSettings};
 use super::{Dataplane, DataplaneError, Op, OpFailure};
 use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
-use crate::node_config::{FakeKernel, KernelSettings};
 use futures::future::BoxFuture;
 use kipvs_crds::config::ProxierConfiguration;
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,6 +23,8 @@ pub struct FakeDataplane {
     /// adding or editing a virtual server with one fails with `ENOENT`, and
     /// [`FakeDataplane::kernel_settings`]'s scheduler check rejects it.
     pub missing_schedulers: BTreeSet<String>,
+    /// How many times the whole state was observed ([`Dataplane::observe`]).
+    pub full_observes: usize,
 }
 
 impl FakeDataplane {
@@ -71,6 +73,7 @@ impl KernelSettings for FakeModules {
 
 impl Dataplane for FakeDataplane {
     async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
+        self.full_observes += 1;
         Ok(self.state.clone())
     }
 
@@ -82,6 +85,12 @@ impl Dataplane for FakeDataplane {
             .iter()
             .filter_map(|k| Some((*k, self.state.virtual_servers.get(k)?.clone())))
             .collect())
+    }
+
+    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
+        let mut config = ProxierConfiguration::default();
+        config.ipvs.scheduler = scheduler.to_owned();
+        self.kernel_settings().check(&config).await
     }
 
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {

@@ -5,11 +5,11 @@ use super::{
     DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Op, OpFailure, Ownership, diff,
     nft_transaction,
 };
+use crate::dataplane::nft::{self, Nft};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
 };
-use crate::nft::{self, Nft};
 use futures::{StreamExt, TryStreamExt};
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::LinkAttribute;
@@ -234,6 +234,10 @@ impl Dataplane for KernelDataplane {
             out.insert(*key, ObservedVirtualServer { spec, real_servers });
         }
         Ok(out)
+    }
+
+    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
+        super::settings::probe_scheduler(&self.ipvs, scheduler).await
     }
 
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {

@@ -2,11 +2,11 @@
 
 use super::endpoints::{self, Endpoint, Selection, Topology};
 use super::{
-    IPVS_SCHEDULERS, PlanContext, Problem, SCHEDULER_ANNOTATION, SERVICE_PROXY_NAME_LABEL,
-    namespace_of, parse_protocol, port_number, scheduler_spec,
+    PlanContext, Problem, SCHEDULER_ANNOTATION, SERVICE_PROXY_NAME_LABEL, namespace_of,
+    parse_protocol, port_number, scheduler_spec,
 };
 use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
-use crate::nft::SetElement;
+use crate::model::{IPVS_SCHEDULERS, SetElement};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -44,7 +44,7 @@ pub struct ServicePlan {
     /// at weight 1).
     pub terminating_fallback: bool,
     /// Its elements of the nftables sets (masquerade, hairpin, filtering; see
-    /// [`crate::nft`]).
+    /// [`crate::dataplane::nft`]).
     pub set_elements: BTreeSet<SetElement>,
     /// Problems with the Service or its EndpointSlices.
     pub problems: Vec<Problem>,
@@ -126,14 +126,24 @@ pub fn plan_service(
     // family are ignored (kube-proxy runs one proxier per family).
     let in_service_families = |ip: &IpAddr| cluster_ips.iter().any(|c| c.is_ipv4() == ip.is_ipv4());
 
-    let external_ips: Vec<IpAddr> = parse_ips(
+    // Every dropped address is a Problem (a single-stack IPv4 Service with an IPv6 externalIP
+    // must not lose it without a word).
+    let other_family = |field: &str, ips: Vec<IpAddr>, problems: &mut Vec<Problem>| {
+        let (kept, dropped): (Vec<IpAddr>, Vec<IpAddr>) =
+            ips.into_iter().partition(in_service_families);
+        for ip in dropped {
+            problems.push(problem(format!(
+                "{field} {ip} is not of the Service's IP families (spec.clusterIPs); ignored"
+            )));
+        }
+        kept
+    };
+    let external_ips = parse_ips(
         spec.external_ips.iter().flatten(),
         |i| indexed_field("spec.externalIPs", Some(i)),
         |m| plan.problems.push(problem(m)),
-    )
-    .into_iter()
-    .filter(in_service_families)
-    .collect();
+    );
+    let external_ips = other_family("spec.externalIPs", external_ips, &mut plan.problems);
 
     let source_ranges = if service_type == ServiceType::LoadBalancer {
         source_ranges(spec, |m| plan.problems.push(problem(m)))
@@ -141,10 +151,8 @@ pub fn plan_service(
         Vec::new()
     };
     let load_balancer_ips: Vec<IpAddr> = if service_type == ServiceType::LoadBalancer {
-        load_balancer_vips(service, context, |m| plan.problems.push(problem(m)))
-            .into_iter()
-            .filter(in_service_families)
-            .collect()
+        let vips = load_balancer_vips(service, context, |m| plan.problems.push(problem(m)));
+        other_family("status.loadBalancer.ingress", vips, &mut plan.problems)
     } else {
         Vec::new()
     };
@@ -155,7 +163,13 @@ pub fn plan_service(
         .as_ref()
         .and_then(|annotations| annotations.get(SCHEDULER_ANNOTATION))
     {
-        if IPVS_SCHEDULERS.contains(&value.as_str()) {
+        if context.scheduler_unavailable(value) {
+            plan.problems.push(problem(format!(
+                "metadata.annotations[{SCHEDULER_ANNOTATION}] {value:?}: this node's kernel lacks \
+                 that IPVS scheduler (ip_vs_{value}); using {:?}",
+                vs_spec.scheduler
+            )));
+        } else if IPVS_SCHEDULERS.contains(&value.as_str()) {
             vs_spec = scheduler_spec(value);
         } else {
             plan.problems.push(problem(format!(
