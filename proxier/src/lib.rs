@@ -4,6 +4,7 @@
 //! `source` → [`manifests::Snapshot`] → [`plan::plan`] → [`model::DesiredState`] →
 //! [`dataplane::diff`] → [`dataplane::Op`]s → [`dataplane::Dataplane`].
 
+pub mod conntrack;
 pub mod dataplane;
 pub mod format;
 pub mod grpc_health;

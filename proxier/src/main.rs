@@ -486,7 +486,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         Command::Cleanup { config } => {
             let config = load_config(config.as_deref())?;
             let exclude = config.ipvs.parsed_exclude_cidrs()?;
-            let (ops, failures) = connect_kernel().await?.cleanup(exclude).await?;
+            let node_ports = config.parsed_node_port_range()?;
+            let (ops, failures) = connect_kernel().await?.cleanup(exclude, node_ports).await?;
             for op in &ops {
                 tracing::info!("{op}");
             }

@@ -4,7 +4,7 @@
 //! Following a NodeProxyConfig ([`ConfigFollower`], [`crate::node_config`]), it also takes new
 //! configurations as messages on a watch channel and puts them in force between syncs.
 
-use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Ownership};
+use crate::dataplane::{Dataplane, DataplaneError, Ownership};
 use crate::manifests;
 use crate::model::{DesiredState, VirtualServerKey};
 use crate::node_config::{Assigned, KernelSettings, assigned_from};
@@ -540,7 +540,7 @@ impl<D: Dataplane> Engine<D> {
         let config = &self.planner.config;
         self.syncer.ownership = Ownership {
             node_ips: self.planner.node_ips.iter().copied().collect(),
-            node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
+            node_port_range: config.parsed_node_port_range().ok(),
             exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
         };
         let desired = self.planner.index.desired();

@@ -1,6 +1,7 @@
 //! An in-memory [`Dataplane`] with the kernel's error behaviour, for unit tests.
 
 use super::{Dataplane, DataplaneError, Op, OpFailure};
+use crate::conntrack::UdpEntry;
 use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
 use crate::node_config::{FakeKernel, KernelSettings};
 use futures::future::BoxFuture;
@@ -23,6 +24,8 @@ pub struct FakeDataplane {
     /// adding or editing a virtual server with one fails with `ENOENT`, and
     /// [`FakeDataplane::kernel_settings`]'s scheduler check rejects it.
     pub missing_schedulers: BTreeSet<String>,
+    /// The fake node's UDP conntrack entries; [`Dataplane::delete_conntrack`] removes from it.
+    pub conntrack: BTreeSet<UdpEntry>,
 }
 
 impl FakeDataplane {
@@ -112,6 +115,17 @@ impl Dataplane for FakeDataplane {
             }
         }
         failures
+    }
+
+    async fn udp_conntrack(&mut self) -> Result<Vec<UdpEntry>, DataplaneError> {
+        Ok(self.conntrack.iter().copied().collect())
+    }
+
+    async fn delete_conntrack(&mut self, entries: &[UdpEntry]) -> Vec<(UdpEntry, DataplaneError)> {
+        for e in entries {
+            self.conntrack.remove(e);
+        }
+        Vec::new()
     }
 }
 
