@@ -19,11 +19,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kipvs_crds::config::ProxierConfiguration;
+use kipvs_proxier::dataplane::nft::{self, Nft, transaction};
 use kipvs_proxier::dataplane::{Ownership, diff, diff_scoped, nft_transaction};
+use kipvs_proxier::engine::planner::{NodeIdentity, Planner, Replanned};
 use kipvs_proxier::model::ObservedState;
-use kipvs_proxier::nft::{Nft, transaction};
-use kipvs_proxier::run::{NodeIdentity, Planner, Replanned};
-use kipvs_proxier::store::Store;
+use kipvs_proxier::source::store::Store;
 use std::collections::BTreeSet;
 use std::hint::black_box;
 
@@ -225,7 +225,7 @@ fn nftables(c: &mut Criterion) {
         let empty = ObservedState::default();
         let ownership = Ownership::default();
         let all = diff(p.desired(), &empty, &ownership);
-        let rules = p.desired().nft_rules.comments().len();
+        let rules = nft::rule_comments(&p.desired().nft_rules).len();
         let elements = p.desired().set_elements.len();
         println!("nftables: {n} Services: {rules} rules, {elements} set elements");
         group.bench_with_input(BenchmarkId::new("whole table", n), &n, |b, _| {

@@ -7,14 +7,19 @@ use kipvs_crds::config::ProxierConfiguration;
 use kipvs_proxier::dataplane::Dataplane;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
-use kipvs_proxier::health::{self, ProxyHealth, ServiceHealthServers};
-use kipvs_proxier::kube_source::KubeSource;
-use kipvs_proxier::metrics::Metrics;
-use kipvs_proxier::node_config::{self, Assigned, Kernel, KernelSettings};
-use kipvs_proxier::run::{
-    ConfigFollower, Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle,
-};
-use kipvs_proxier::{format, grpc_health, inspect};
+use kipvs_proxier::dataplane::settings::{Kernel, KernelSettings};
+use kipvs_proxier::engine::observer::Observer;
+use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
+use kipvs_proxier::engine::{ConfigFollower, Engine};
+use kipvs_proxier::serve::grpc;
+use kipvs_proxier::serve::health::{self, ProxyHealth, ServiceHealthServers};
+use kipvs_proxier::serve::metrics::Metrics;
+use kipvs_proxier::serve::status::report_status;
+use kipvs_proxier::source::SourceHandle;
+use kipvs_proxier::source::kube::KubeSource;
+use kipvs_proxier::source::manifests::ManifestsSource;
+use kipvs_proxier::source::node_config::{self, Assigned};
+use kipvs_proxier::{format, inspect};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -194,14 +199,24 @@ fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener>
     health::bind(addr).with_context(|| format!("binding the {what} server to {addr}"))
 }
 
-/// Start the health, metrics and gRPC health servers and the source; returns the handle
-/// the engine syncs from (ready once the source has loaded everything), the health state and
-/// the API client (Kubernetes source only).
+/// What [`start`] started.
+struct Started {
+    /// The handle the engine syncs from (ready once the source has loaded everything).
+    handle: SourceHandle,
+    /// The engine's observers (health, metrics, health-check node ports).
+    observer: Arc<dyn Observer>,
+    /// The health state.
+    health: ProxyHealth,
+    /// Where the node's NodeProxyConfig comes from.
+    follow: Follow,
+}
+
+/// Start the health, metrics and gRPC health servers and the source.
 async fn start(
     args: &SourceArgs,
     cluster: &ClusterArgs,
     config: &ProxierConfiguration,
-) -> anyhow::Result<(SourceHandle, ProxyHealth, Follow)> {
+) -> anyhow::Result<Started> {
     let metrics = Metrics::new();
     let health = ProxyHealth::new(
         2 * config.ipvs.sync_period,
@@ -217,7 +232,8 @@ async fn start(
         Arc::new(metrics.clone()),
         Arc::new(health_check_ports),
     ];
-    let handle = SourceHandle::gated().with_observer(Arc::new(observers));
+    let observer: Arc<dyn Observer> = Arc::new(observers);
+    let handle = SourceHandle::gated().with_observer(observer.clone());
 
     let healthz_addr = match &cluster.healthz_bind_address {
         Some(a) => a
@@ -241,7 +257,7 @@ async fn start(
         let listener = bind(addr, "gRPC health")?;
         let health = health.clone();
         tokio::spawn(async move {
-            if let Err(e) = grpc_health::serve(listener, health, never()).await {
+            if let Err(e) = grpc::serve(listener, health, never()).await {
                 tracing::error!("gRPC health server failed: {e}");
             }
         });
@@ -255,16 +271,25 @@ async fn start(
             ..manifests_source(args)?
         };
         tokio::spawn(source.watch(handle.clone()));
-        return Ok((handle, health, Follow::Manifests(assigned)));
+        return Ok(Started {
+            handle,
+            observer,
+            health,
+            follow: Follow::Manifests(assigned),
+        });
     }
     let client = kube_client(cluster.kubeconfig.as_deref()).await?;
     let source = KubeSource {
         client: client.clone(),
         node_name: args.node.clone(),
-        metrics,
     };
     tokio::spawn(source.run(handle.clone()));
-    Ok((handle, health, Follow::Api(client)))
+    Ok(Started {
+        handle,
+        observer,
+        health,
+        follow: Follow::Api(client),
+    })
 }
 
 /// Where the node's NodeProxyConfig comes from.
@@ -316,12 +341,7 @@ fn follow_node_config(
         node.to_owned(),
         assigned_tx,
     ));
-    tokio::spawn(node_config::report_status(
-        client,
-        node.to_owned(),
-        report_rx,
-        health,
-    ));
+    tokio::spawn(report_status(client, node.to_owned(), report_rx, health));
     ConfigFollower {
         assigned,
         local,
@@ -346,7 +366,6 @@ async fn desired_state(
         let source = KubeSource {
             client: kube_client(kubeconfig).await?,
             node_name: args.node.clone(),
-            metrics: Metrics::new(),
         };
         let listing = tokio::spawn(source.run(handle.clone()));
         tokio::time::timeout(INSPECT_LIST_TIMEOUT, handle.wait_ready())
@@ -363,15 +382,20 @@ async fn desired_state(
 /// the node's NodeProxyConfig with the Kubernetes source (not with `--once`).
 async fn run_engine<D: Dataplane>(
     args: &SourceArgs,
-    started: (SourceHandle, ProxyHealth, Follow),
+    started: Started,
     config: ProxierConfiguration,
     dataplane: D,
     kernel: Box<dyn KernelSettings>,
     once: bool,
 ) -> anyhow::Result<()> {
-    let (handle, health, follow) = started;
+    let Started {
+        handle,
+        observer,
+        health,
+        follow,
+    } = started;
     let planner = Planner::new(identity(args), config.clone());
-    let mut engine = Engine::new(handle.clone(), planner, dataplane);
+    let mut engine = Engine::new(handle.clone(), planner, dataplane).observed_by(observer);
     if !once {
         let follower = match follow {
             Follow::Api(client) => follow_node_config(client, &args.node, health, config, kernel),

@@ -6,10 +6,12 @@ use http::{Request, Response, StatusCode};
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_proxier::dataplane::Op;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
-use kipvs_proxier::kube_source::{ENDPOINT_SLICES_RESOURCE, KubeSource};
-use kipvs_proxier::metrics::{self, Metrics};
-use kipvs_proxier::run::{Engine, NodeIdentity, Planner, SourceHandle};
-use kipvs_proxier::store::Store;
+use kipvs_proxier::engine::Engine;
+use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
+use kipvs_proxier::serve::metrics::{self, Metrics};
+use kipvs_proxier::source::SourceHandle;
+use kipvs_proxier::source::kube::{ENDPOINT_SLICES_RESOURCE, KubeSource};
+use kipvs_proxier::source::store::Store;
 use kube::client::Body;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -156,12 +158,11 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let (api, client) = ApiServer::start();
-    let handle = SourceHandle::gated();
     let metrics = Metrics::new();
+    let handle = SourceHandle::gated().with_observer(Arc::new(metrics.clone()));
     let source = KubeSource {
         client,
         node_name: NODE.into(),
-        metrics: metrics.clone(),
     };
     tokio::spawn(source.run(handle.clone()));
     let identity = NodeIdentity {

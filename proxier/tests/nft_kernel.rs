@@ -4,8 +4,8 @@
 //! package. Without them the tests say so and pass, unless `KIPVS_REQUIRE_NFT=1` (set by
 //! `hack/test.sh`) makes that a failure.
 
-use kipvs_proxier::model::{Protocol, VirtualServerKey};
-use kipvs_proxier::nft::{Nft, NftRules, SetElement, Transaction, transaction};
+use kipvs_proxier::dataplane::nft::{Nft, Transaction, rule_comments, transaction};
+use kipvs_proxier::model::{NftRules, Protocol, SetElement, VirtualServerKey};
 use std::collections::BTreeSet;
 
 /// Moves this thread into a new network namespace; false (or a panic with
@@ -94,7 +94,7 @@ fn table_elements_and_rules_round_trip_through_the_kernel() {
         nft.apply(&transaction(&tx)).await.unwrap();
         let observed = nft.observe().await.unwrap();
         assert_eq!(observed.elements, elements);
-        assert_eq!(observed.rule_comments, rules.comments());
+        assert_eq!(observed.rule_comments, rule_comments(&rules));
 
         // Delete some, add others, rules untouched: one transaction.
         let gone = SetElement::Hairpin("10.244.1.2".parse().unwrap());
@@ -110,7 +110,7 @@ fn table_elements_and_rules_round_trip_through_the_kernel() {
         expected.remove(&gone);
         expected.insert(new);
         assert_eq!(observed.elements, expected);
-        assert_eq!(observed.rule_comments, rules.comments());
+        assert_eq!(observed.rule_comments, rule_comments(&rules));
 
         // Rules rewritten with other parameters: same count, new comments, elements kept.
         let all = NftRules::new(vec![], true);
@@ -120,7 +120,7 @@ fn table_elements_and_rules_round_trip_through_the_kernel() {
         };
         nft.apply(&transaction(&tx)).await.unwrap();
         let observed = nft.observe().await.unwrap();
-        assert_eq!(observed.rule_comments, all.comments());
+        assert_eq!(observed.rule_comments, rule_comments(&all));
         assert_eq!(observed.elements, expected);
 
         // A failing transaction (deleting a missing element) changes nothing.

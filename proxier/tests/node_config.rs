@@ -5,11 +5,14 @@
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
-use kipvs_proxier::health::{Probe, ProxyHealth};
-use kipvs_proxier::node_config::{Assigned, FakeKernel};
-use kipvs_proxier::run::{
-    ConfigFollower, Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle,
-};
+use kipvs_proxier::dataplane::settings::FakeKernel;
+use kipvs_proxier::engine::observer::Observer;
+use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
+use kipvs_proxier::engine::{ConfigFollower, Engine};
+use kipvs_proxier::serve::health::{Probe, ProxyHealth};
+use kipvs_proxier::source::SourceHandle;
+use kipvs_proxier::source::manifests::ManifestsSource;
+use kipvs_proxier::source::node_config::Assigned;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -90,8 +93,8 @@ async fn fixture(local: ProxierConfiguration, initial: Assigned) -> Fixture {
         2 * local.ipvs.sync_period,
         local.gate_enabled(kipvs_crds::Gate::KubeProxyDrainingTerminatingNodes),
     );
-    let observers: Vec<Arc<dyn Observer>> = vec![Arc::new(health.clone())];
-    let handle = SourceHandle::default().with_observer(Arc::new(observers));
+    let observer: Arc<dyn Observer> = Arc::new(vec![Arc::new(health.clone()) as Arc<dyn Observer>]);
+    let handle = SourceHandle::default().with_observer(observer.clone());
     let source = ManifestsSource {
         path,
         node_name: "n1".into(),
@@ -112,7 +115,9 @@ async fn fixture(local: ProxierConfiguration, initial: Assigned) -> Fixture {
         report,
     };
     let planner = Planner::new(identity, local);
-    let mut engine = Engine::new(handle, planner, FakeDataplane::default()).following(follower);
+    let mut engine = Engine::new(handle, planner, FakeDataplane::default())
+        .observed_by(observer)
+        .following(follower);
     engine.apply_assigned(initial).await;
     engine.sync().await.unwrap();
     Fixture {
@@ -272,6 +277,94 @@ async fn live_change_is_pending_until_synced_and_deletion_returns_to_local() {
     assert_eq!(f.engine.planner().config(), &config(&[]));
 }
 
+/// A NodeProxyConfig that cannot be read (403, 5xx, undecodable: the assignment stays
+/// Unknown) does not keep the node from programming: after `ASSIGNMENT_WAIT` the engine syncs
+/// with the local configuration, reports it in `kipvs_api_resource_unavailable`, and applies
+/// the NodeProxyConfig once it is read.
+#[tokio::test(start_paused = true)]
+async fn an_unreadable_node_proxy_config_falls_back_to_the_local_configuration() {
+    use kipvs_proxier::engine::ASSIGNMENT_WAIT;
+    use kipvs_proxier::serve::metrics::{self, Metrics};
+    let dir = std::env::temp_dir().join(format!("kipvs-unreadable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("objects.yaml"), OBJECTS).unwrap();
+    let local = config(&[]);
+    let health = ProxyHealth::new(2 * local.ipvs.sync_period, false);
+    let metrics = Metrics::new();
+    let observers: Vec<Arc<dyn Observer>> =
+        vec![Arc::new(health.clone()), Arc::new(metrics.clone())];
+    let observer: Arc<dyn Observer> = Arc::new(observers);
+    let handle = SourceHandle::default().with_observer(observer.clone());
+    let source = ManifestsSource {
+        path: dir.join("objects.yaml"),
+        node_name: "n1".into(),
+        node_configs: None,
+    };
+    source.load_into(&handle, None).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+    let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
+    let (report, report_rx) = watch::channel(None);
+    let follower = ConfigFollower {
+        assigned,
+        local: local.clone(),
+        kernel: Box::new(FakeKernel),
+        report,
+    };
+    let identity = NodeIdentity {
+        name: "n1".into(),
+        node_ips: vec![],
+    };
+    let mut engine = Engine::new(
+        handle,
+        Planner::new(identity, local),
+        FakeDataplane::default(),
+    )
+    .observed_by(observer)
+    .following(follower);
+    let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        engine
+            .run(async {
+                let _ = done.await;
+            })
+            .await;
+        engine
+    });
+    let unavailable = || {
+        let name =
+            "kipvs_api_resource_unavailable{resource=\"nodeproxyconfigs.kipvs.io/v1alpha1\"}";
+        metrics::sample(&metrics.encode(), name)
+    };
+    let synced = || !health.check(Probe::Livez).status.is_empty();
+    tokio::time::sleep(ASSIGNMENT_WAIT - Duration::from_millis(100)).await;
+    assert!(
+        !synced(),
+        "nothing programmed while the NodeProxyConfig may still come"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(synced(), "programmed with the local configuration");
+    assert_eq!(unavailable(), Some(1.0));
+    // The NodeProxyConfig becomes readable: applied live and reported.
+    let mut r1 = config(&[]);
+    r1.ipvs.scheduler = "wrr".into();
+    assigned_tx.send_replace(revision("r1", r1));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(unavailable(), Some(0.0));
+    let status = report_rx.borrow().clone().expect("a status");
+    assert_eq!(status.observed_revision.as_deref(), Some("r1"));
+    assert_eq!(status.phase, Some(NodePhase::Applied));
+    done_tx.send(()).unwrap();
+    let engine = run.await.unwrap();
+    let vs = engine
+        .dataplane()
+        .state
+        .virtual_servers
+        .values()
+        .next()
+        .unwrap();
+    assert_eq!(vs.spec.scheduler, "wrr");
+}
+
 /// The NodeProxyConfig path end to end against a scripted API server (tower-test): the
 /// watch assigns a revision, the engine applies it, the status writer reports it by
 /// server-side apply on the status subresource; then a revision with a scheduler the kernel
@@ -279,7 +372,8 @@ async fn live_change_is_pending_until_synced_and_deletion_returns_to_local() {
 mod api {
     use super::*;
     use http::{Request, Response};
-    use kipvs_proxier::node_config::{report_status, watch_assigned};
+    use kipvs_proxier::serve::status::report_status;
+    use kipvs_proxier::source::node_config::watch_assigned;
     use kube::client::Body;
     use serde_json::{Value, json};
     use tokio::sync::mpsc;
@@ -361,8 +455,9 @@ mod api {
         let (client, mut patches) = api_server(npc("r1", "wrr", "1"), watches);
         let local = config(&[]);
         let health = ProxyHealth::new(2 * local.ipvs.sync_period, true);
-        let observers: Vec<Arc<dyn Observer>> = vec![Arc::new(health.clone())];
-        let handle = SourceHandle::default().with_observer(Arc::new(observers));
+        let observer: Arc<dyn Observer> =
+            Arc::new(vec![Arc::new(health.clone()) as Arc<dyn Observer>]);
+        let handle = SourceHandle::default().with_observer(observer.clone());
         let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
         let (report, report_rx) = watch::channel(None);
         tokio::spawn(watch_assigned(client.clone(), NODE.into(), assigned_tx));
@@ -378,7 +473,9 @@ mod api {
             report,
         };
         let planner = Planner::new(identity, local);
-        let mut engine = Engine::new(handle, planner, FakeDataplane::default()).following(follower);
+        let mut engine = Engine::new(handle, planner, FakeDataplane::default())
+            .observed_by(observer)
+            .following(follower);
         tokio::spawn(async move { engine.run(std::future::pending()).await });
 
         let (query, content_type, body) = next(&mut patches).await;

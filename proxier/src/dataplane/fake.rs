@@ -1,9 +1,9 @@
 //! An in-memory [`Dataplane`] with the kernel's error behaviour, for unit tests.
 
+use super::settings::{FakeKernel, KernelSettings};
 use super::{Dataplane, DataplaneError, Op, OpFailure};
-use crate::conntrack::UdpEntry;
+use crate::dataplane::conntrack::UdpEntry;
 use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
-use crate::node_config::{FakeKernel, KernelSettings};
 use futures::future::BoxFuture;
 use kipvs_crds::config::ProxierConfiguration;
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,6 +26,8 @@ pub struct FakeDataplane {
     pub missing_schedulers: BTreeSet<String>,
     /// The fake node's UDP conntrack entries; [`Dataplane::delete_conntrack`] removes from it.
     pub conntrack: BTreeSet<UdpEntry>,
+    /// How many times the whole state was observed ([`Dataplane::observe`]).
+    pub full_observes: usize,
 }
 
 impl FakeDataplane {
@@ -74,6 +76,7 @@ impl KernelSettings for FakeModules {
 
 impl Dataplane for FakeDataplane {
     async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
+        self.full_observes += 1;
         Ok(self.state.clone())
     }
 
@@ -85,6 +88,12 @@ impl Dataplane for FakeDataplane {
             .iter()
             .filter_map(|k| Some((*k, self.state.virtual_servers.get(k)?.clone())))
             .collect())
+    }
+
+    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
+        let mut config = ProxierConfiguration::default();
+        config.ipvs.scheduler = scheduler.to_owned();
+        self.kernel_settings().check(&config).await
     }
 
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {

@@ -1,13 +1,13 @@
 //! The real [`Dataplane`]: kernel IPVS through `ipvs-rs`, the dummy interface `kube-ipvs0` and
 //! its addresses through rtnetlink, and the sysctls kube-proxy's IPVS mode sets.
 
+use super::conntrack::{Conntrack, UdpEntry};
 use super::{Dataplane, DataplaneError, Op, OpFailure, Ownership, diff, nft_transaction};
-use crate::conntrack::{Conntrack, UdpEntry};
+use crate::dataplane::nft::{self, Nft};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
 };
-use crate::nft::{self, Nft};
 use futures::{StreamExt, TryStreamExt};
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::LinkAttribute;
@@ -238,6 +238,10 @@ impl Dataplane for KernelDataplane {
             out.insert(*key, ObservedVirtualServer { spec, real_servers });
         }
         Ok(out)
+    }
+
+    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
+        super::settings::probe_scheduler(&self.ipvs, scheduler).await
     }
 
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {

@@ -18,15 +18,19 @@
 //! in unit tests. Ops inside one stage are independent of each other, so a dataplane may run
 //! them concurrently (the kernel one pipelines them over one netlink socket).
 
+pub mod conntrack;
 pub mod fake;
 pub mod kernel;
+pub mod nft;
+pub mod settings;
+pub mod sysctl;
 
-use crate::conntrack::UdpEntry;
+use crate::dataplane::conntrack::UdpEntry;
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
 };
-use crate::nft::{NftRules, SetElement};
+use crate::model::{NftRules, Scope, SetElement, full_scope};
 use ipnet::IpNet;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -122,7 +126,7 @@ impl fmt::Display for Op {
         match self {
             Op::UnbindAddress(a) | Op::BindAddress(a) => write!(f, " address={a}"),
             Op::DeleteVirtualServer(vs) => write!(f, " vs=\"{vs}\""),
-            Op::WriteRules(rules) => write!(f, " rules={}", rules.comments().len()),
+            Op::WriteRules(rules) => write!(f, " rules={}", nft::rule_comments(rules).len()),
             Op::DeleteSetElement(e) | Op::AddSetElement(e) => write!(f, " element=\"{e}\""),
             Op::AddVirtualServer(vs, s) | Op::UpdateVirtualServer(vs, s) => {
                 write!(f, " vs=\"{vs}\" scheduler={}", s.scheduler)?;
@@ -200,43 +204,6 @@ pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Owners
     diff_scoped(desired, observed, ownership, &scope, &BTreeSet::new())
 }
 
-/// What a scoped diff looks at: virtual servers, bind addresses and nftables set elements.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Scope {
-    /// Virtual servers.
-    pub virtual_servers: BTreeSet<VirtualServerKey>,
-    /// Addresses on `kube-ipvs0`.
-    pub addresses: BTreeSet<IpAddr>,
-    /// nftables set elements.
-    pub set_elements: BTreeSet<SetElement>,
-}
-
-/// Every virtual server, address and set element of either state: the scope of a full
-/// [`diff`].
-pub fn full_scope(desired: &DesiredState, observed: &ObservedState) -> Scope {
-    let virtual_servers = desired
-        .virtual_servers
-        .keys()
-        .chain(observed.virtual_servers.keys())
-        .copied()
-        .collect();
-    let addresses = desired
-        .bind_addresses
-        .union(&observed.bound_addresses)
-        .copied()
-        .collect();
-    let set_elements = desired
-        .set_elements
-        .union(&observed.set_elements)
-        .copied()
-        .collect();
-    Scope {
-        virtual_servers,
-        addresses,
-        set_elements,
-    }
-}
-
 /// [`diff`] restricted to `scope` (what an incremental sync touched), in O(size of those
 /// entries · log n). Real servers listed in `expired_drains` are deleted even though they
 /// still have connections (their maximum drain time passed). The nftables rules are compared
@@ -250,7 +217,7 @@ pub fn diff_scoped(
     expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
 ) -> Vec<Op> {
     let mut ops = Vec::new();
-    if desired.nft_rules.comments() != observed.nft_rule_comments.as_slice() {
+    if nft::rule_comments(&desired.nft_rules) != observed.nft_rule_comments.as_slice() {
         ops.push(Op::WriteRules(desired.nft_rules.clone()));
     }
     for element in &scope.set_elements {
@@ -313,9 +280,9 @@ pub fn diff_scoped(
     ops
 }
 
-/// The nftables ops among `ops` as one [`crate::nft::Transaction`] (the others are ignored).
-pub fn nft_transaction(ops: &[Op]) -> crate::nft::Transaction<'_> {
-    let mut tx = crate::nft::Transaction::default();
+/// The nftables ops among `ops` as one [`crate::dataplane::nft::Transaction`] (the others are ignored).
+pub fn nft_transaction(ops: &[Op]) -> crate::dataplane::nft::Transaction<'_> {
+    let mut tx = crate::dataplane::nft::Transaction::default();
     for op in ops {
         match op {
             Op::WriteRules(rules) => tx.rules = Some(rules),
@@ -353,6 +320,41 @@ pub fn draining<'a>(
     })
 }
 
+impl From<&DesiredState> for ObservedState {
+    /// The state a kernel holds right after `desired` was programmed into an empty table:
+    /// same virtual servers, weights and bound addresses, no connections.
+    fn from(desired: &DesiredState) -> Self {
+        ObservedState {
+            virtual_servers: desired
+                .virtual_servers
+                .iter()
+                .map(|(key, vs)| {
+                    let real_servers = vs
+                        .real_servers
+                        .iter()
+                        .map(|(rs, &weight)| {
+                            let observed = ObservedRealServer {
+                                weight,
+                                active_connections: 0,
+                                inactive_connections: 0,
+                            };
+                            (*rs, observed)
+                        })
+                        .collect();
+                    let observed = ObservedVirtualServer {
+                        spec: vs.spec.clone(),
+                        real_servers,
+                    };
+                    (*key, observed)
+                })
+                .collect(),
+            bound_addresses: desired.bind_addresses.clone(),
+            set_elements: desired.set_elements.clone(),
+            nft_rule_comments: nft::rule_comments(&desired.nft_rules).to_vec(),
+        }
+    }
+}
+
 impl ObservedState {
     /// The state after `op`, as the kernel would change it. Errors mirror the kernel's
     /// (`ip_vs_ctl.c`): adding an existing virtual or real server is `EEXIST`
@@ -371,7 +373,7 @@ impl ObservedState {
             Op::BindAddress(a) => {
                 self.bound_addresses.insert(*a);
             }
-            Op::WriteRules(rules) => self.nft_rule_comments = rules.comments().to_vec(),
+            Op::WriteRules(rules) => self.nft_rule_comments = nft::rule_comments(rules).to_vec(),
             // `nft add element` of a present element succeeds; deleting a missing one is
             // ENOENT (and fails the whole transaction).
             Op::AddSetElement(e) => {
@@ -457,13 +459,13 @@ pub enum DataplaneError {
     NoInterface(String),
     /// An nftables transaction or listing failed.
     #[error("nftables: {0}")]
-    Nft(#[from] crate::nft::NftError),
+    Nft(#[from] crate::dataplane::nft::NftError),
     /// The nftables transaction this op was part of failed (the reason, once per op).
     #[error("nftables transaction: {0}")]
     NftTransaction(String),
     /// A conntrack request failed.
     #[error("{0}")]
-    Conntrack(#[from] crate::conntrack::ConntrackError),
+    Conntrack(#[from] crate::dataplane::conntrack::ConntrackError),
 }
 
 /// Something that holds an IPVS table and the addresses of `kube-ipvs0`.
@@ -490,12 +492,20 @@ pub trait Dataplane {
         &mut self,
     ) -> impl Future<Output = Result<BTreeSet<IpAddr>, DataplaneError>> + Send;
 
+    /// Whether the IPVS scheduler `scheduler` is available (its kernel module is there).
+    ///
+    /// Errors: a message saying why not.
+    fn check_scheduler(
+        &mut self,
+        scheduler: &str,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+
     /// Apply `ops` stage by stage ([`Op::stage`]), continuing past failures, and return the
     /// failures. Ops of one stage may run concurrently.
     fn apply(&mut self, ops: &[Op]) -> impl Future<Output = Vec<OpFailure>> + Send;
 
     /// The UDP conntrack entries of the network namespace, both IP families (see
-    /// [`crate::conntrack`]).
+    /// [`crate::dataplane::conntrack`]).
     fn udp_conntrack(
         &mut self,
     ) -> impl Future<Output = Result<Vec<UdpEntry>, DataplaneError>> + Send;

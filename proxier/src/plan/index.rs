@@ -9,9 +9,7 @@
 //! one virtual server or health-check node port, the first in namespace/name order keeps it.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
-use crate::dataplane::Scope;
-use crate::model::{DesiredState, VirtualServerKey};
-use crate::nft::{NftRules, SetElement};
+use crate::model::{DesiredState, NftRules, Scope, SetElement, VirtualServerKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -22,15 +20,6 @@ pub type ServiceKey = (String, String);
 /// whose desired entry may differ, bind addresses and nftables set elements that may have
 /// appeared or disappeared. It is the scope of the incremental diff.
 pub type Touched = Scope;
-
-impl Scope {
-    /// Add another update's changes.
-    pub fn extend(&mut self, other: Scope) {
-        self.virtual_servers.extend(other.virtual_servers);
-        self.addresses.extend(other.addresses);
-        self.set_elements.extend(other.set_elements);
-    }
-}
 
 /// Per-Service plans and their union (see module docs).
 #[derive(Clone, Debug, Default)]

@@ -71,8 +71,8 @@ mod service;
 pub use index::{DesiredIndex, ServiceKey, Touched};
 pub use service::{ServicePlan, plan_service};
 
+use crate::model::NftRules;
 use crate::model::{DesiredState, Protocol, SchedFlags, VirtualServerSpec};
-use crate::nft::NftRules;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -95,16 +95,9 @@ pub const SCHED_FLAG_MH_PORT: SchedFlags = 0x10;
 
 /// Service annotation choosing the IPVS scheduler of that Service's virtual servers, overriding
 /// `ipvs.scheduler` (the idea of kube-router's `kube-router.io/service.scheduler`). The value
-/// must be one of [`IPVS_SCHEDULERS`]; anything else (including `""`) is a [`Problem`] and
+/// must be one of [`IPVS_SCHEDULERS`](crate::model::IPVS_SCHEDULERS); anything else (including `""`) is a [`Problem`] and
 /// the configured scheduler is used.
 pub const SCHEDULER_ANNOTATION: &str = "kipvs.io/scheduler";
-
-/// The schedulers of Linux IPVS (`net/netfilter/ipvs/Kconfig`, one `ip_vs_<name>` module
-/// each), the values [`SCHEDULER_ANNOTATION`] accepts. A kernel built without one of them
-/// refuses virtual servers that use it.
-pub const IPVS_SCHEDULERS: [&str; 14] = [
-    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos",
-];
 
 /// Node label naming the node's zone, matched against `hints.forZones` (`v1.LabelTopologyZone`).
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
@@ -224,6 +217,7 @@ pub struct PlanContext {
     terminating_endpoints: bool,
     load_balancer_ip_mode: bool,
     nft_rules: NftRules,
+    unavailable_schedulers: BTreeSet<String>,
 }
 
 impl PlanContext {
@@ -310,6 +304,7 @@ impl PlanContext {
             terminating_endpoints: config.gate_enabled(Gate::ProxyTerminatingEndpoints),
             load_balancer_ip_mode: config.gate_enabled(Gate::LoadBalancerIPMode),
             nft_rules: NftRules::new(cluster_cidrs, config.nftables.masquerade_all),
+            unavailable_schedulers: BTreeSet::new(),
         };
         (context, problems)
     }
@@ -325,6 +320,19 @@ impl PlanContext {
     ) -> Self {
         self.other_interface_addresses = addresses.into_iter().collect();
         self
+    }
+
+    /// The same context on a node whose kernel lacks these IPVS schedulers (probed): a
+    /// Service annotated with one of them is a [`Problem`] and gets `ipvs.scheduler`.
+    pub fn with_unavailable_schedulers(mut self, schedulers: &BTreeSet<String>) -> Self {
+        self.unavailable_schedulers = schedulers.clone();
+        self
+    }
+
+    /// Whether this node lacks the IPVS scheduler `scheduler` (see
+    /// [`with_unavailable_schedulers`](Self::with_unavailable_schedulers)).
+    pub fn scheduler_unavailable(&self, scheduler: &str) -> bool {
+        self.unavailable_schedulers.contains(scheduler)
     }
 
     /// The addresses NodePort virtual servers are created on, sorted.

@@ -2,11 +2,11 @@
 
 use super::endpoints::{self, Endpoint, Selection, Topology};
 use super::{
-    IPVS_SCHEDULERS, PlanContext, Problem, SCHEDULER_ANNOTATION, SERVICE_PROXY_NAME_LABEL,
-    namespace_of, parse_protocol, port_number, scheduler_spec,
+    PlanContext, Problem, SCHEDULER_ANNOTATION, SERVICE_PROXY_NAME_LABEL, namespace_of,
+    parse_protocol, port_number, scheduler_spec,
 };
 use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
-use crate::nft::SetElement;
+use crate::model::{IPVS_SCHEDULERS, SetElement};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -44,7 +44,7 @@ pub struct ServicePlan {
     /// at weight 1).
     pub terminating_fallback: bool,
     /// Its elements of the nftables sets (masquerade, hairpin, filtering; see
-    /// [`crate::nft`]).
+    /// [`crate::dataplane::nft`]).
     pub set_elements: BTreeSet<SetElement>,
     /// Problems with the Service or its EndpointSlices.
     pub problems: Vec<Problem>,
@@ -155,7 +155,13 @@ pub fn plan_service(
         .as_ref()
         .and_then(|annotations| annotations.get(SCHEDULER_ANNOTATION))
     {
-        if IPVS_SCHEDULERS.contains(&value.as_str()) {
+        if context.scheduler_unavailable(value) {
+            plan.problems.push(problem(format!(
+                "metadata.annotations[{SCHEDULER_ANNOTATION}] {value:?}: this node's kernel lacks \
+                 that IPVS scheduler (ip_vs_{value}); using {:?}",
+                vs_spec.scheduler
+            )));
+        } else if IPVS_SCHEDULERS.contains(&value.as_str()) {
             vs_spec = scheduler_spec(value);
         } else {
             plan.problems.push(problem(format!(

@@ -1,4 +1,4 @@
-//! Synchronisation: observe the dataplane, [`diff`] against the desired state, apply.
+//! Synchronisation: observe the dataplane, [`diff`](crate::dataplane::diff) against the desired state, apply.
 //!
 //! Three kinds of sync, so that cost follows change:
 //! - [`Syncer::sync`] (start, periodic resync): observe the whole kernel table, diff it all.
@@ -9,15 +9,25 @@
 //! - [`Syncer::check_drains`] (while real servers drain): re-read only the virtual servers
 //!   holding draining real servers, and delete those whose connections ended or whose
 //!   maximum drain time passed.
+//!
+//! Failures stay local: a failed op leaves only the cache entry it concerns in doubt (a
+//! virtual server, an address, a set element, the rules), never the whole cache. Entries in
+//! doubt are retried with their own backoff ([`RETRY_FIRST`] doubling to [`RETRY_MAX`]):
+//! until due, incremental syncs leave them out; when due, a virtual server is re-read from the
+//! kernel first (addresses and set elements keep the cached state before the failed op: a
+//! netlink request and an `nft` transaction either apply or do not). Every other change stays
+//! incremental; the periodic full sync re-observes everything and retries every entry.
 
-use crate::conntrack::{self, CleanupReport};
+use crate::dataplane::conntrack::{self, CleanupReport};
 use crate::dataplane::{
-    Dataplane, DataplaneError, Op, OpFailure, Ownership, Scope, diff_scoped, draining, full_scope,
+    Dataplane, DataplaneError, Op, OpFailure, Ownership, diff_scoped, draining,
 };
-use crate::model::{DesiredState, ObservedState, Protocol, VirtualServerKey};
+use crate::model::{
+    DesiredState, ObservedState, Protocol, Scope, SetElement, VirtualServerKey, full_scope,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -30,8 +40,78 @@ pub struct SyncReport {
     pub failures: Vec<OpFailure>,
     /// Wall time of observe + diff + apply + conntrack cleanup.
     pub duration: Duration,
-    /// What the UDP conntrack cleanup did ([`crate::conntrack`]); zero when it did not run.
+    /// What the UDP conntrack cleanup did ([`crate::dataplane::conntrack`]); zero when it did not run.
     pub conntrack: CleanupReport,
+}
+
+/// How soon a cache entry a failed op left in doubt is retried first.
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// The longest delay between retries of one entry (the delay doubles from [`RETRY_FIRST`]).
+pub const RETRY_MAX: Duration = Duration::from_secs(64);
+
+/// A cache entry an op concerns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Entry {
+    /// A virtual server with its real servers.
+    VirtualServer(VirtualServerKey),
+    /// An address on `kube-ipvs0`.
+    Address(IpAddr),
+    /// An nftables set element.
+    SetElement(SetElement),
+    /// The nftables rules.
+    Rules,
+}
+
+impl Entry {
+    /// The entry `op` changes.
+    pub fn of(op: &Op) -> Entry {
+        match op {
+            Op::UnbindAddress(a) | Op::BindAddress(a) => Entry::Address(*a),
+            Op::DeleteRealServer { vs, .. }
+            | Op::AddRealServer { vs, .. }
+            | Op::UpdateRealServer { vs, .. }
+            | Op::DeleteVirtualServer(vs)
+            | Op::AddVirtualServer(vs, _)
+            | Op::UpdateVirtualServer(vs, _) => Entry::VirtualServer(*vs),
+            Op::WriteRules(_) => Entry::Rules,
+            Op::DeleteSetElement(e) | Op::AddSetElement(e) => Entry::SetElement(*e),
+        }
+    }
+
+    /// Whether `scope` names this entry (the rules are in every scope).
+    fn in_scope(&self, scope: &Scope) -> bool {
+        match self {
+            Entry::VirtualServer(k) => scope.virtual_servers.contains(k),
+            Entry::Address(a) => scope.addresses.contains(a),
+            Entry::SetElement(e) => scope.set_elements.contains(e),
+            Entry::Rules => true,
+        }
+    }
+
+    /// Add this entry to `scope`, or take it out.
+    fn set_in(&self, scope: &mut Scope, wanted: bool) {
+        fn set<T: Ord>(set: &mut BTreeSet<T>, item: T, wanted: bool) {
+            if wanted {
+                set.insert(item);
+            } else {
+                set.remove(&item);
+            }
+        }
+        match *self {
+            Entry::VirtualServer(k) => set(&mut scope.virtual_servers, k, wanted),
+            Entry::Address(a) => set(&mut scope.addresses, a, wanted),
+            Entry::SetElement(e) => set(&mut scope.set_elements, e, wanted),
+            Entry::Rules => {}
+        }
+    }
+}
+
+/// When an entry in doubt is retried next, and the delay before the retry after that.
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    due: Instant,
+    delay: Duration,
 }
 
 /// Drives a [`Dataplane`] towards desired states.
@@ -45,8 +125,10 @@ pub struct Syncer<D> {
     /// Longest drain of a removed TCP real server (`ipvs.drainTimeout`).
     pub max_drain: Duration,
     /// The kernel's state after the last sync, with every applied op folded in; `None` until
-    /// the first full sync and after a failed op (the next sync then re-observes).
+    /// the first full sync.
     cache: Option<ObservedState>,
+    /// Cache entries failed ops left in doubt, and when each is retried.
+    in_doubt: BTreeMap<Entry, Backoff>,
     /// Draining real servers and when they started draining (in this process).
     drains: BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
     /// UDP virtual servers deleted since the last successful conntrack cleanup: their entries
@@ -62,6 +144,7 @@ impl<D: Dataplane> Syncer<D> {
             ownership,
             max_drain,
             cache: None,
+            in_doubt: BTreeMap::new(),
             drains: BTreeMap::new(),
             removed_udp: BTreeSet::new(),
         }
@@ -82,6 +165,16 @@ impl<D: Dataplane> Syncer<D> {
         &self.drains
     }
 
+    /// The cache entries failed ops left in doubt.
+    pub fn in_doubt(&self) -> impl Iterator<Item = &Entry> {
+        self.in_doubt.keys()
+    }
+
+    /// When the first entry in doubt is due for a retry (`None`: nothing in doubt).
+    pub fn next_retry(&self) -> Option<Instant> {
+        self.in_doubt.values().map(|b| b.due).min()
+    }
+
     /// Full sync: observe everything, diff everything, apply.
     ///
     /// Errors: only when the dataplane cannot be observed (nothing is changed then); failed
@@ -93,7 +186,7 @@ impl<D: Dataplane> Syncer<D> {
         let expired = self.expired(start);
         let ops = diff_scoped(desired, &observed, &self.ownership, &scope, &expired);
         self.cache = Some(observed);
-        self.apply(desired, ops, start, "full").await
+        self.apply(desired, ops, &scope, start, "full").await
     }
 
     /// Incremental sync of what `touched` names, against the cached kernel state; a full
@@ -103,13 +196,39 @@ impl<D: Dataplane> Syncer<D> {
         desired: &DesiredState,
         touched: &Scope,
     ) -> Result<SyncReport, DataplaneError> {
-        let Some(cache) = &self.cache else {
+        if self.cache.is_none() {
             return self.sync(desired).await;
-        };
+        }
         let start = Instant::now();
+        let mut scope = touched.clone();
+        let mut refresh = Vec::new();
+        for (entry, backoff) in &self.in_doubt {
+            let due = backoff.due <= start;
+            entry.set_in(&mut scope, due);
+            if let (true, Entry::VirtualServer(key)) = (due, entry) {
+                refresh.push(*key);
+            }
+        }
+        if !refresh.is_empty() {
+            self.refresh(&refresh).await?;
+        }
         let expired = self.expired(start);
-        let ops = diff_scoped(desired, cache, &self.ownership, touched, &expired);
-        self.apply(desired, ops, start, "incremental").await
+        let cache = self.cache.as_ref().expect("checked");
+        let ops = diff_scoped(desired, cache, &self.ownership, &scope, &expired);
+        self.apply(desired, ops, &scope, start, "incremental").await
+    }
+
+    /// Re-read the virtual servers `keys` from the kernel into the cache.
+    async fn refresh(&mut self, keys: &[VirtualServerKey]) -> Result<(), DataplaneError> {
+        let fresh = self.dataplane.observe_virtual_servers(keys).await?;
+        let cache = self.cache.as_mut().expect("refresh needs a cache");
+        for key in keys {
+            match fresh.get(key) {
+                Some(vs) => cache.virtual_servers.insert(*key, vs.clone()),
+                None => cache.virtual_servers.remove(key),
+            };
+        }
+        Ok(())
     }
 
     /// Re-read the virtual servers holding draining real servers and delete those whose
@@ -130,14 +249,7 @@ impl<D: Dataplane> Syncer<D> {
             });
         }
         let list: Vec<VirtualServerKey> = keys.iter().copied().collect();
-        let fresh = self.dataplane.observe_virtual_servers(&list).await?;
-        let cache = self.cache.as_mut().expect("checked");
-        for key in &list {
-            match fresh.get(key) {
-                Some(vs) => cache.virtual_servers.insert(*key, vs.clone()),
-                None => cache.virtual_servers.remove(key),
-            };
-        }
+        self.refresh(&list).await?;
         let expired = self.expired(start);
         let cache = self.cache.as_ref().expect("checked");
         let scope = Scope {
@@ -145,7 +257,7 @@ impl<D: Dataplane> Syncer<D> {
             ..Scope::default()
         };
         let ops = diff_scoped(desired, cache, &self.ownership, &scope, &expired);
-        self.apply(desired, ops, start, "drain check").await
+        self.apply(desired, ops, &scope, start, "drain check").await
     }
 
     /// Draining real servers past their maximum drain time at `now`.
@@ -157,11 +269,14 @@ impl<D: Dataplane> Syncer<D> {
             .collect()
     }
 
-    /// Apply `ops`, fold the successful ones into the cache, track drains, log.
+    /// Apply `ops` (the diff of `scope`), fold the successful ones into the cache, put the
+    /// entries of failed ones in doubt (and take those of `scope` that did not fail out of
+    /// doubt), track drains, log.
     async fn apply(
         &mut self,
         desired: &DesiredState,
         ops: Vec<Op>,
+        scope: &Scope,
         start: Instant,
         kind: &str,
     ) -> Result<SyncReport, DataplaneError> {
@@ -176,18 +291,28 @@ impl<D: Dataplane> Syncer<D> {
         for f in &failures {
             tracing::warn!(error = %f.error, "failed {}", f.op);
         }
-        if failures.is_empty() {
-            if let Some(cache) = &mut self.cache {
-                for op in &ops {
-                    if let Err(e) = cache.apply(op) {
-                        tracing::debug!("cache out of step ({e}) after {op}; will re-observe");
-                        self.cache = None;
-                        break;
-                    }
+        let mut failed: BTreeSet<Entry> = failures.iter().map(|f| Entry::of(&f.op)).collect();
+        if let Some(cache) = &mut self.cache {
+            // Ops on an entry in doubt are not folded in: it is re-read (or re-diffed) when
+            // retried.
+            let mut out_of_step = Vec::new();
+            for op in ops.iter().filter(|op| !failed.contains(&Entry::of(op))) {
+                if let Err(e) = cache.apply(op) {
+                    tracing::debug!("cache out of step ({e}) after {op}; will re-read it");
+                    out_of_step.push(Entry::of(op));
                 }
             }
-        } else {
-            self.cache = None;
+            failed.extend(out_of_step);
+        }
+        self.in_doubt
+            .retain(|entry, _| failed.contains(entry) || !entry.in_scope(scope));
+        for entry in failed {
+            let delay = self
+                .in_doubt
+                .get(&entry)
+                .map_or(RETRY_FIRST, |b| (b.delay * 2).min(RETRY_MAX));
+            let due = start + delay;
+            self.in_doubt.insert(entry, Backoff { due, delay });
         }
         if let Some(cache) = &self.cache {
             let now: BTreeSet<_> = draining(desired, cache).collect();
@@ -205,6 +330,7 @@ impl<D: Dataplane> Syncer<D> {
             ops = ops.len(),
             failed = failures.len(),
             draining = self.drains.len(),
+            in_doubt = self.in_doubt.len(),
             duration_us = duration.as_micros() as u64,
             "sync complete ops={} failed={}",
             ops.len(),
@@ -401,7 +527,7 @@ mod tests {
 
     #[tokio::test]
     async fn stale_udp_conntrack_entries_are_deleted_and_nothing_else() {
-        use crate::conntrack::UdpEntry;
+        use crate::dataplane::conntrack::UdpEntry;
         let udp = VirtualServerKey {
             protocol: Protocol::Udp,
             port: 53,
@@ -468,5 +594,70 @@ mod tests {
             }]
         );
         assert!(syncer.drains().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_op_leaves_only_its_entry_in_doubt_and_is_retried_with_backoff() {
+        let mut desired = state(&["10.244.1.2:8080"]);
+        let mut bad = desired.virtual_servers[&key(80)].clone();
+        bad.spec.scheduler = "twos".into();
+        desired.virtual_servers.insert(key(81), bad);
+        let fake = FakeDataplane {
+            missing_schedulers: ["twos".to_string()].into(),
+            ..Default::default()
+        };
+        let mut syncer = Syncer::new(fake, Ownership::default(), DRAIN);
+        let report = syncer.sync(&desired).await.unwrap();
+        assert_eq!(report.failures.len(), 2, "{:?}", report.failures);
+        let in_doubt: Vec<Entry> = syncer.in_doubt().copied().collect();
+        assert_eq!(in_doubt, [Entry::VirtualServer(key(81))]);
+        let first_retry = syncer.next_retry().unwrap();
+        assert_eq!(first_retry, Instant::now() + RETRY_FIRST);
+
+        // Another virtual server changes: incremental, without observing the kernel again, and
+        // the entry in doubt is left out until due (even when the change names it).
+        desired
+            .virtual_servers
+            .get_mut(&key(80))
+            .unwrap()
+            .real_servers
+            .insert("10.244.1.3:8080".parse().unwrap(), 1);
+        let touched = Scope {
+            virtual_servers: [key(80), key(81)].into(),
+            ..Default::default()
+        };
+        let report = syncer.sync_touched(&desired, &touched).await.unwrap();
+        assert!(matches!(report.ops[..], [Op::AddRealServer { vs, .. }] if vs == key(80)));
+        assert!(report.failures.is_empty());
+        assert_eq!(syncer.dataplane().full_observes, 1);
+
+        // Due: retried alone (and fails again: the delay doubles).
+        tokio::time::advance(RETRY_FIRST).await;
+        let report = syncer
+            .sync_touched(&desired, &Scope::default())
+            .await
+            .unwrap();
+        assert!(matches!(report.ops[0], Op::AddVirtualServer(k, _) if k == key(81)));
+        assert_eq!(report.failures.len(), 2);
+        assert_eq!(syncer.next_retry(), Some(Instant::now() + 2 * RETRY_FIRST));
+        // Not due: nothing to do.
+        let report = syncer
+            .sync_touched(&desired, &Scope::default())
+            .await
+            .unwrap();
+        assert!(report.ops.is_empty());
+
+        // The module is loaded: the next retry succeeds and nothing is in doubt any more.
+        syncer.dataplane_mut().missing_schedulers.clear();
+        tokio::time::advance(2 * RETRY_FIRST).await;
+        let report = syncer
+            .sync_touched(&desired, &Scope::default())
+            .await
+            .unwrap();
+        assert!(report.failures.is_empty());
+        assert_eq!(syncer.in_doubt().count(), 0);
+        assert_eq!(syncer.next_retry(), None);
+        assert_eq!(syncer.dataplane().state, ObservedState::from(&desired));
+        assert_eq!(syncer.dataplane().full_observes, 1);
     }
 }

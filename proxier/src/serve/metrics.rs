@@ -17,13 +17,15 @@
 //! | `kipvs_virtual_servers`, `kipvs_real_servers` | gauge | virtual and real servers in the desired state after the last successful sync |
 //! | `kipvs_real_servers_draining` | gauge | real servers at weight 0 waiting for their connections to end |
 //! | `kipvs_real_servers_draining_oldest_seconds` | gauge | age of the oldest drain at the last sync (0 when none) |
-//! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP conntrack entries deleted ([`crate::conntrack`]) |
+//! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP conntrack entries deleted ([`crate::dataplane::conntrack`]) |
 //! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed), the name of a failed op (`AddRealServer`, ...), or `conntrack` (a UDP conntrack listing or delete failed) |
 //! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
+//! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
 //! | `kipvs_api_resource_unavailable{resource}` | gauge | 1 while the API server does not serve a resource kipvs watches (e.g. `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21) |
 
-use crate::run::{Observer, SyncOutcome};
-use crate::store::{ChangeCounts, Store};
+use crate::engine::observer::{Observer, SyncOutcome};
+use crate::source::StoreObserver;
+use crate::source::store::{ChangeCounts, Store};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
@@ -58,6 +60,7 @@ pub struct Metrics {
     conntrack_deleted: IntCounter,
     terminating_fallback: IntGauge,
     api_unavailable: IntGaugeVec,
+    scheduler_unavailable: IntGaugeVec,
     /// Store change totals already counted.
     counted: Arc<Mutex<ChangeCounts>>,
 }
@@ -183,6 +186,18 @@ impl Metrics {
                 "kipvs_services_terminating_fallback",
                 "Services routing to serving+terminating endpoints because none is ready",
             ),
+            scheduler_unavailable: register(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "kipvs_ipvs_scheduler_unavailable",
+                        "1 for an IPVS scheduler a kipvs.io/scheduler annotation asks for and \
+                         this node's kernel lacks (those Services get ipvs.scheduler)",
+                    ),
+                    &["scheduler"],
+                )
+                .expect("valid metric"),
+            ),
             api_unavailable: register(
                 &r,
                 IntGaugeVec::new(
@@ -197,14 +212,6 @@ impl Metrics {
             counted: Arc::default(),
             registry: r,
         }
-    }
-
-    /// Record whether the API server serves `resource` (e.g.
-    /// `endpointslices.discovery.k8s.io/v1`).
-    pub fn set_resource_unavailable(&self, resource: &str, unavailable: bool) {
-        self.api_unavailable
-            .with_label_values(&[resource])
-            .set(unavailable.into());
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
@@ -243,7 +250,7 @@ fn unix_seconds(at: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-impl Observer for Metrics {
+impl StoreObserver for Metrics {
     fn store_updated(&self, store: &Store) {
         let totals = store.change_totals();
         let mut counted = self.counted.lock().expect("metrics lock");
@@ -262,6 +269,14 @@ impl Observer for Metrics {
             .set(i64::try_from(pending.endpoint_slices).unwrap_or(i64::MAX));
     }
 
+    fn resource_unavailable(&self, resource: &'static str, unavailable: bool) {
+        self.api_unavailable
+            .with_label_values(&[resource])
+            .set(unavailable.into());
+    }
+}
+
+impl Observer for Metrics {
     fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
         let report = match outcome.result {
             Ok(report) => report,
@@ -310,6 +325,11 @@ impl Observer for Metrics {
         self.terminating_fallback
             .set(as_i64(outcome.terminating_fallback_services));
         self.draining.set(as_i64(outcome.drains.len()));
+        for scheduler in outcome.unavailable_schedulers {
+            self.scheduler_unavailable
+                .with_label_values(&[scheduler.as_str()])
+                .set(1);
+        }
         let oldest = outcome.drains.values().min().map_or(0.0, |since| {
             tokio::time::Instant::now()
                 .duration_since(*since)

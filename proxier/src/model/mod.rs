@@ -5,7 +5,10 @@
 //! Everything here is plain data, ordered (`BTreeMap`/`BTreeSet`) so that output and
 //! operation lists are deterministic.
 
-use crate::nft::{NftRules, SetElement};
+mod sets;
+
+pub use sets::{NftRules, SetElement};
+
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -32,6 +35,15 @@ impl Protocol {
             Protocol::Tcp => "-t",
             Protocol::Udp => "-u",
             Protocol::Sctp => "--sctp-service",
+        }
+    }
+
+    /// The protocol's lower-case name, as `nft` writes it: `tcp`, `udp` or `sctp`.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
         }
     }
 }
@@ -76,6 +88,13 @@ impl fmt::Display for VirtualServerKey {
 /// Scheduler flag bits kipvs may set (kernel `IP_VS_SVC_F_SCHED1..3`); the persistence
 /// flag and the kernel-owned `HASHED` bit are not part of this value.
 pub type SchedFlags = u32;
+
+/// The schedulers of Linux IPVS (`net/netfilter/ipvs/Kconfig`, one `ip_vs_<name>` module
+/// each), the values [`crate::plan::SCHEDULER_ANNOTATION`] and `ipvs.scheduler` accept. A kernel built without one of them
+/// refuses virtual servers that use it.
+pub const IPVS_SCHEDULERS: [&str; 14] = [
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos",
+];
 
 /// The attributes of a virtual server that kipvs programs (besides its real servers).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -125,7 +144,7 @@ pub struct DesiredState {
     pub bind_addresses: BTreeSet<IpAddr>,
     /// healthCheckNodePort → the Service it reports on (LoadBalancer + externalTrafficPolicy Local).
     pub health_check_node_ports: BTreeMap<u16, HealthCheckNodePort>,
-    /// Elements of the nftables sets (masquerade, hairpin, filtering; see [`crate::nft`]).
+    /// Elements of the nftables sets (masquerade, hairpin, filtering; see [`crate::dataplane::nft`]).
     pub set_elements: BTreeSet<SetElement>,
     /// The parameters of the constant nftables rules.
     pub nft_rules: NftRules,
@@ -161,42 +180,54 @@ pub struct ObservedState {
     pub bound_addresses: BTreeSet<IpAddr>,
     /// Elements of kipvs's nftables sets.
     pub set_elements: BTreeSet<SetElement>,
-    /// Comments of the rules in kipvs's nftables table, in order ([`NftRules::comments`]):
+    /// Comments of the rules in kipvs's nftables table, in order ([`crate::dataplane::nft::rule_comments`]):
     /// empty without the table.
     pub nft_rule_comments: Vec<String>,
 }
 
-impl From<&DesiredState> for ObservedState {
-    /// The state a kernel holds right after `desired` was programmed into an empty table:
-    /// same virtual servers, weights and bound addresses, no connections.
-    fn from(desired: &DesiredState) -> Self {
-        ObservedState {
-            virtual_servers: desired
-                .virtual_servers
-                .iter()
-                .map(|(key, vs)| {
-                    let real_servers = vs
-                        .real_servers
-                        .iter()
-                        .map(|(rs, &weight)| {
-                            let observed = ObservedRealServer {
-                                weight,
-                                active_connections: 0,
-                                inactive_connections: 0,
-                            };
-                            (*rs, observed)
-                        })
-                        .collect();
-                    let observed = ObservedVirtualServer {
-                        spec: vs.spec.clone(),
-                        real_servers,
-                    };
-                    (*key, observed)
-                })
-                .collect(),
-            bound_addresses: desired.bind_addresses.clone(),
-            set_elements: desired.set_elements.clone(),
-            nft_rule_comments: desired.nft_rules.comments().to_vec(),
-        }
+/// What a scoped diff ([`crate::dataplane::diff_scoped`]) looks at, and what a plan update
+/// touched ([`crate::plan::Touched`]): virtual servers, bind addresses and nftables set elements.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Virtual servers.
+    pub virtual_servers: BTreeSet<VirtualServerKey>,
+    /// Addresses on `kube-ipvs0`.
+    pub addresses: BTreeSet<IpAddr>,
+    /// nftables set elements.
+    pub set_elements: BTreeSet<SetElement>,
+}
+
+/// Every virtual server, address and set element of either state: the scope of a full
+/// [`diff`](crate::dataplane::diff).
+pub fn full_scope(desired: &DesiredState, observed: &ObservedState) -> Scope {
+    let virtual_servers = desired
+        .virtual_servers
+        .keys()
+        .chain(observed.virtual_servers.keys())
+        .copied()
+        .collect();
+    let addresses = desired
+        .bind_addresses
+        .union(&observed.bound_addresses)
+        .copied()
+        .collect();
+    let set_elements = desired
+        .set_elements
+        .union(&observed.set_elements)
+        .copied()
+        .collect();
+    Scope {
+        virtual_servers,
+        addresses,
+        set_elements,
+    }
+}
+
+impl Scope {
+    /// Add another update's changes.
+    pub fn extend(&mut self, other: Scope) {
+        self.virtual_servers.extend(other.virtual_servers);
+        self.addresses.extend(other.addresses);
+        self.set_elements.extend(other.set_elements);
     }
 }

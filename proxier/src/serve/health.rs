@@ -23,10 +23,11 @@
 //!   `{"service":{"namespace","name"},"localEndpoints":N,"serviceProxyHealthy":bool}` and the
 //!   header `X-Load-Balancing-Endpoint-Weight: N`.
 
-use crate::metrics::Metrics;
+use crate::engine::observer::{Observer, SyncOutcome};
 use crate::model::HealthCheckNodePort;
-use crate::run::{Observer, SyncOutcome};
-use crate::store::Store;
+use crate::serve::metrics::Metrics;
+use crate::source::StoreObserver;
+use crate::source::store::Store;
 use k8s_openapi::api::core::v1::Node;
 use kipvs_crds::Gate;
 use kipvs_crds::config::ProxierConfiguration;
@@ -273,14 +274,16 @@ impl ProxyHealth {
     }
 }
 
-impl Observer for ProxyHealth {
+impl StoreObserver for ProxyHealth {
     fn store_updated(&self, store: &Store) {
         if store.is_dirty() {
             self.queued_update();
         }
         self.set_node(store.node());
     }
+}
 
+impl Observer for ProxyHealth {
     fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
         if outcome.result.is_ok() {
             self.updated();
@@ -457,6 +460,8 @@ impl ServiceHealthServers {
         })
     }
 }
+
+impl StoreObserver for ServiceHealthServers {}
 
 impl Observer for ServiceHealthServers {
     fn sync_finished(&self, outcome: &SyncOutcome<'_>) {

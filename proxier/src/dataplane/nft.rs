@@ -28,7 +28,7 @@
 //! `output` at priority -150 (`mangle`), both before IPVS's own hooks (`LOCAL_IN` priority 98,
 //! `LOCAL_OUT` priority -98), so they still see the virtual address.
 
-use crate::model::{Protocol, VirtualServerKey};
+use crate::model::{NftRules, Protocol, SetElement, VirtualServerKey};
 use ipnet::IpNet;
 use nftables::expr::{BinaryOperation, CT, Expression, Meta, MetaKey, NamedExpression};
 use nftables::expr::{Payload, PayloadField, Prefix, SetItem};
@@ -38,151 +38,62 @@ use nftables::schema::{
 };
 use nftables::stmt::{JumpTarget, Mangle, Match, NAT, NATFlag, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
-use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
-use std::fmt;
 use std::net::IpAddr;
 
 /// The table kipvs owns (family `inet`, both IP families).
 pub const TABLE: &str = "kipvs";
 
-/// One element of one of kipvs's named sets (see the [module](self) docs for what each means).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub enum SetElement {
-    /// `cluster-ips`: a ClusterIP virtual server.
-    ClusterIp(VirtualServerKey),
-    /// `external`: a NodePort, externalIP or load-balancer virtual server whose traffic is
-    /// masqueraded (`externalTrafficPolicy: Cluster`).
-    External(VirtualServerKey),
-    /// `external-local`: the same with `externalTrafficPolicy: Local` (client IP preserved).
-    ExternalLocal(VirtualServerKey),
-    /// `service-ips`: an address bound on `kube-ipvs0`.
-    ServiceIp(IpAddr),
-    /// `hairpin`: a local endpoint IP (the element is `ip . ip`).
-    Hairpin(IpAddr),
-    /// `firewall`: a load-balancer virtual server restricted by `loadBalancerSourceRanges`.
-    Firewall(VirtualServerKey),
-    /// `firewall-allow`: a source range allowed to reach a [`SetElement::Firewall`] virtual
-    /// server (host bits cleared).
-    FirewallAllow(VirtualServerKey, IpNet),
-    /// `health-check-ports`: a healthCheckNodePort (TCP).
-    HealthCheckNodePort(u16),
-}
-
-impl SetElement {
-    /// The name of the set this element belongs to.
-    pub fn set_name(&self) -> &'static str {
-        let (v4, v6) = match self {
-            SetElement::ClusterIp(_) => ("cluster-ips", "cluster-ips-v6"),
-            SetElement::External(_) => ("external", "external-v6"),
-            SetElement::ExternalLocal(_) => ("external-local", "external-local-v6"),
-            SetElement::ServiceIp(_) => ("service-ips", "service-ips-v6"),
-            SetElement::Hairpin(_) => ("hairpin", "hairpin-v6"),
-            SetElement::Firewall(_) => ("firewall", "firewall-v6"),
-            SetElement::FirewallAllow(..) => ("firewall-allow", "firewall-allow-v6"),
-            SetElement::HealthCheckNodePort(_) => return "health-check-ports",
-        };
-        if self.is_ipv6() { v6 } else { v4 }
-    }
-
-    fn is_ipv6(&self) -> bool {
-        match self {
-            SetElement::ClusterIp(k)
-            | SetElement::External(k)
-            | SetElement::ExternalLocal(k)
-            | SetElement::Firewall(k)
-            | SetElement::FirewallAllow(k, _) => k.address.is_ipv6(),
-            SetElement::ServiceIp(ip) | SetElement::Hairpin(ip) => ip.is_ipv6(),
-            SetElement::HealthCheckNodePort(_) => false,
+/// `element` as libnftables JSON (`"10.96.0.1"`, `{"concat": ["10.96.0.1", "tcp", 80]}`).
+pub fn element_expr(element: &SetElement) -> Expression<'static> {
+    match *element {
+        SetElement::ClusterIp(k)
+        | SetElement::External(k)
+        | SetElement::ExternalLocal(k)
+        | SetElement::Firewall(k) => concat(key_parts(&k).to_vec()),
+        SetElement::FirewallAllow(k, net) => {
+            let mut parts = key_parts(&k).to_vec();
+            parts.push(prefix(net));
+            concat(parts)
         }
+        SetElement::ServiceIp(ip) => address(ip),
+        SetElement::Hairpin(ip) => concat(vec![address(ip), address(ip)]),
+        SetElement::HealthCheckNodePort(port) => Expression::Number(port.into()),
     }
+}
 
-    /// The element as libnftables JSON (`"10.96.0.1"`, `{"concat": ["10.96.0.1", "tcp", 80]}`).
-    pub fn to_expr(&self) -> Expression<'static> {
-        match *self {
-            SetElement::ClusterIp(k)
-            | SetElement::External(k)
-            | SetElement::ExternalLocal(k)
-            | SetElement::Firewall(k) => concat(key_parts(&k).to_vec()),
-            SetElement::FirewallAllow(k, net) => {
-                let mut parts = key_parts(&k).to_vec();
-                parts.push(prefix(net));
-                concat(parts)
-            }
-            SetElement::ServiceIp(ip) => address(ip),
-            SetElement::Hairpin(ip) => concat(vec![address(ip), address(ip)]),
-            SetElement::HealthCheckNodePort(port) => Expression::Number(port.into()),
+/// Reads an element of set `set` back from `nft -j list` output; `None` for a set kipvs
+/// does not have or an element it would not have written.
+pub fn parse_element(set: &str, expr: &Expression<'_>) -> Option<SetElement> {
+    let family_ok = |e: SetElement| (e.set_name() == set).then_some(e);
+    let parts: &[Expression<'_>] = match expr {
+        Expression::Named(NamedExpression::Concat(parts)) => parts,
+        Expression::Named(NamedExpression::Elem(elem)) => {
+            return parse_element(set, &elem.val);
         }
-    }
-
-    /// Reads an element of set `set` back from `nft -j list` output; `None` for a set kipvs
-    /// does not have or an element it would not have written.
-    pub fn from_expr(set: &str, expr: &Expression<'_>) -> Option<SetElement> {
-        let family_ok = |e: SetElement| (e.set_name() == set).then_some(e);
-        let parts: &[Expression<'_>] = match expr {
-            Expression::Named(NamedExpression::Concat(parts)) => parts,
-            Expression::Named(NamedExpression::Elem(elem)) => {
-                return SetElement::from_expr(set, &elem.val);
-            }
-            single => std::slice::from_ref(single),
-        };
-        let base = set.strip_suffix("-v6").unwrap_or(set);
-        let element = match (base, parts) {
-            ("cluster-ips", [a, p, n]) => SetElement::ClusterIp(parse_key(a, p, n)?),
-            ("external", [a, p, n]) => SetElement::External(parse_key(a, p, n)?),
-            ("external-local", [a, p, n]) => SetElement::ExternalLocal(parse_key(a, p, n)?),
-            ("firewall", [a, p, n]) => SetElement::Firewall(parse_key(a, p, n)?),
-            ("firewall-allow", [a, p, n, s]) => {
-                SetElement::FirewallAllow(parse_key(a, p, n)?, parse_net(s)?)
-            }
-            ("service-ips", [a]) => SetElement::ServiceIp(parse_address(a)?),
-            ("hairpin", [a, b]) => {
-                let ip = parse_address(a)?;
-                (parse_address(b)? == ip).then_some(SetElement::Hairpin(ip))?
-            }
-            ("health-check-ports", [Expression::Number(port)]) => {
-                SetElement::HealthCheckNodePort(u16::try_from(*port).ok()?)
-            }
-            _ => return None,
-        };
-        family_ok(element)
-    }
-}
-
-impl fmt::Display for SetElement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let key = |k: &VirtualServerKey| {
-            format!("{} . {} . {}", k.address, protocol_name(k.protocol), k.port)
-        };
-        let element = match self {
-            SetElement::ClusterIp(k)
-            | SetElement::External(k)
-            | SetElement::ExternalLocal(k)
-            | SetElement::Firewall(k) => key(k),
-            SetElement::FirewallAllow(k, net) => format!("{} . {net}", key(k)),
-            SetElement::ServiceIp(ip) => ip.to_string(),
-            SetElement::Hairpin(ip) => format!("{ip} . {ip}"),
-            SetElement::HealthCheckNodePort(port) => port.to_string(),
-        };
-        write!(f, "{} {{ {element} }}", self.set_name())
-    }
-}
-
-/// The parameters of the constant rules (from the configuration), with the rules' comments
-/// computed once (a sync compares them with the kernel's).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct NftRules {
-    cluster_cidrs: Vec<IpNet>,
-    masquerade_all: bool,
-    #[serde(skip)]
-    comments: Vec<String>,
-}
-
-impl Default for NftRules {
-    fn default() -> Self {
-        NftRules::new(Vec::new(), false)
-    }
+        single => std::slice::from_ref(single),
+    };
+    let base = set.strip_suffix("-v6").unwrap_or(set);
+    let element = match (base, parts) {
+        ("cluster-ips", [a, p, n]) => SetElement::ClusterIp(parse_key(a, p, n)?),
+        ("external", [a, p, n]) => SetElement::External(parse_key(a, p, n)?),
+        ("external-local", [a, p, n]) => SetElement::ExternalLocal(parse_key(a, p, n)?),
+        ("firewall", [a, p, n]) => SetElement::Firewall(parse_key(a, p, n)?),
+        ("firewall-allow", [a, p, n, s]) => {
+            SetElement::FirewallAllow(parse_key(a, p, n)?, parse_net(s)?)
+        }
+        ("service-ips", [a]) => SetElement::ServiceIp(parse_address(a)?),
+        ("hairpin", [a, b]) => {
+            let ip = parse_address(a)?;
+            (parse_address(b)? == ip).then_some(SetElement::Hairpin(ip))?
+        }
+        ("health-check-ports", [Expression::Number(port)]) => {
+            SetElement::HealthCheckNodePort(u16::try_from(*port).ok()?)
+        }
+        _ => return None,
+    };
+    family_ok(element)
 }
 
 /// The chains kipvs creates: name and, for base chains, type, hook and priority. The marks are
@@ -242,22 +153,11 @@ const FAMILIES: [Family; 2] = [
     },
 ];
 
+/// The encoding of the rules' parameters (a [`NftRules`] is plain data in [`crate::model`]).
 impl NftRules {
-    /// The rules for `clusterCIDR` (ClusterIP traffic from outside these CIDRs is masqueraded)
-    /// and `nftables.masqueradeAll` (all ClusterIP traffic is).
-    pub fn new(cluster_cidrs: Vec<IpNet>, masquerade_all: bool) -> Self {
-        let mut rules = NftRules {
-            cluster_cidrs,
-            masquerade_all,
-            comments: Vec::new(),
-        };
-        rules.comments = rules.rules().into_iter().map(|(_, c, _)| c).collect();
-        rules
-    }
-
     /// The rules, in chain order, as `(chain, comment, statements)`. The comments name the
     /// rule's purpose and its parameters, so that the rules in the kernel can be compared with
-    /// the wanted ones by comment alone ([`NftRules::comments`]).
+    /// the wanted ones by comment alone ([`rule_comments`]).
     fn rules(&self) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
         let masquerade = || {
             Statement::Masquerade(Some(NAT {
@@ -343,7 +243,7 @@ impl NftRules {
                 format!("{v}: externalTrafficPolicy Cluster"),
                 vec![matches(destination(), set("external")), set_mark()],
             ));
-            if self.masquerade_all {
+            if self.masquerade_all() {
                 rules.push((
                     "mark-masquerade",
                     format!("{v}: every ClusterIP connection (masqueradeAll)"),
@@ -360,7 +260,7 @@ impl NftRules {
                     ],
                 ));
                 let cidrs: Vec<IpNet> = self
-                    .cluster_cidrs
+                    .cluster_cidrs()
                     .iter()
                     .copied()
                     .filter(|net| net.addr().is_ipv6() == f.v6)
@@ -453,11 +353,12 @@ impl NftRules {
         rules.sort_by_key(|(chain, _, _)| CHAINS.iter().position(|c| c.0 == *chain));
         rules
     }
+}
 
-    /// The comments of the rules, in chain order: what [`parse_table`] reads back.
-    pub fn comments(&self) -> &[String] {
-        &self.comments
-    }
+/// The comments of `params`' rules, in chain order: what [`parse_table`] reads back and what a
+/// sync compares with it. Computed once per [`NftRules`] value.
+pub fn rule_comments(params: &NftRules) -> &[String] {
+    params.comments_with(|p| p.rules().into_iter().map(|(_, c, _)| c).collect())
 }
 
 /// What one nftables transaction does: (re)write the rules, delete and add elements.
@@ -538,7 +439,10 @@ pub fn transaction(tx: &Transaction<'_>) -> Nftables<'static> {
         let mut by_set: std::collections::BTreeMap<&'static str, Vec<Expression<'static>>> =
             Default::default();
         for e in elements {
-            by_set.entry(e.set_name()).or_default().push(e.to_expr());
+            by_set
+                .entry(e.set_name())
+                .or_default()
+                .push(element_expr(e));
         }
         by_set
             .into_iter()
@@ -578,7 +482,7 @@ pub fn delete_table() -> Nftables<'static> {
 pub struct ObservedTable {
     /// Every element kipvs recognises in its sets.
     pub elements: BTreeSet<SetElement>,
-    /// The comments of the rules, in chain order ([`NftRules::comments`]).
+    /// The comments of the rules, in chain order ([`rule_comments`]).
     pub rule_comments: Vec<String>,
 }
 
@@ -616,7 +520,7 @@ pub fn parse_table(json: &str) -> Result<ObservedTable, serde_json::Error> {
                 observed.elements.extend(
                     set.elem
                         .iter()
-                        .filter_map(|expr| SetElement::from_expr(&set.name, expr)),
+                        .filter_map(|expr| parse_element(&set.name, expr)),
                 );
             }
         } else if let Some(rule) = object.remove("rule") {
@@ -697,18 +601,10 @@ fn prefix(net: IpNet) -> Expression<'static> {
     }))
 }
 
-fn protocol_name(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    }
-}
-
 fn key_parts(key: &VirtualServerKey) -> [Expression<'static>; 3] {
     [
         address(key.address),
-        Expression::String(protocol_name(key.protocol).into()),
+        Expression::String(key.protocol.keyword().into()),
         Expression::Number(key.port.into()),
     ]
 }
@@ -908,7 +804,7 @@ mod tests {
     fn rules_are_constant_and_in_chain_order() {
         let rules = NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false);
         assert_eq!(
-            rules.comments(),
+            rule_comments(&rules),
             [
                 "mark service traffic to masquerade",
                 "mark service traffic to masquerade",
@@ -929,6 +825,6 @@ mod tests {
                 "IPv6: drop node traffic outside loadBalancerSourceRanges",
             ]
         );
-        assert_eq!(NftRules::new(vec![], true).comments().len(), 16);
+        assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 16);
     }
 }

@@ -12,14 +12,19 @@
 //! (when readable) the object, and the rest is still loaded. Each document is parsed with
 //! serde-saphyr into a `serde_json::Value`, then into the k8s-openapi type.
 
+use super::SourceHandle;
+use super::node_config::{Assigned, assigned_from};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kipvs_crds::nodeproxyconfig::NodeProxyConfig;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::watch;
 
 /// The objects read from the manifests, in file and document order.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -342,6 +347,81 @@ fn is_blank_or_comments(text: &str) -> bool {
         let line = line.trim();
         line.is_empty() || line.starts_with('#')
     })
+}
+
+/// The manifests source: a file or directory re-read whenever its contents change.
+#[derive(Clone, Debug)]
+pub struct ManifestsSource {
+    /// File or directory of manifests.
+    pub path: PathBuf,
+    /// The node whose Node object is taken from the manifests.
+    pub node_name: String,
+    /// Where to publish what the manifests' NodeProxyConfig for this node assigns (`None`:
+    /// NodeProxyConfigs in the manifests are not followed).
+    pub node_configs: Option<watch::Sender<Assigned>>,
+}
+
+/// How often the manifests are checked for changes.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+impl ManifestsSource {
+    /// Load the files into the store if their contents changed since `seen`; returns the new
+    /// fingerprint. Unreadable documents are logged by name and skipped.
+    ///
+    /// Errors: when the path itself cannot be read (the store is left unchanged).
+    pub fn load_into(&self, handle: &SourceHandle, seen: Option<u64>) -> io::Result<u64> {
+        let current = fingerprint(&self.path)?;
+        if Some(current) != seen {
+            let (snapshot, errors) = load(&self.path)?;
+            for e in &errors {
+                tracing::warn!("skipped manifest: {e}");
+            }
+            if let Some(tx) = &self.node_configs {
+                let next = assigned_from(&snapshot.node_proxy_configs, &self.node_name);
+                tx.send_if_modified(|current| {
+                    let changed = *current != next;
+                    *current = next;
+                    changed
+                });
+            }
+            handle.update(|store| store.replace_all(snapshot, &self.node_name));
+        }
+        Ok(current)
+    }
+
+    /// Poll the files every [`POLL_INTERVAL`] forever, loading changes into the store.
+    pub async fn watch(self, handle: SourceHandle) {
+        let mut seen = None;
+        loop {
+            match self.load_into(&handle, seen) {
+                Ok(f) => {
+                    seen = Some(f);
+                    handle.mark_ready();
+                }
+                Err(e) => {
+                    tracing::error!(path = %self.path.display(), "cannot read manifests: {e}")
+                }
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+}
+
+/// A fingerprint of the manifests' contents, to notice edits (of any size or timestamp).
+fn fingerprint(path: &Path) -> io::Result<u64> {
+    let mut hasher = DefaultHasher::new();
+    let mut files = vec![path.to_path_buf()];
+    if path.is_dir() {
+        files = std::fs::read_dir(path)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<io::Result<_>>()?;
+        files.sort();
+    }
+    for f in files {
+        f.hash(&mut hasher);
+        std::fs::read(&f)?.hash(&mut hasher);
+    }
+    Ok(hasher.finish())
 }
 
 #[cfg(test)]

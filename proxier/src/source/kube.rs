@@ -20,9 +20,8 @@
 //! Services and EndpointSlices are filtered as kube-proxy filters them
 //! ([`PROXY_LABEL_SELECTOR`]); the Node by the field selector `metadata.name=<node>`.
 
-use crate::metrics::Metrics;
-use crate::run::SourceHandle;
-use crate::store::{Store, object_key};
+use super::store::{Store, object_key};
+use super::{SourceHandle, is_not_found};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -120,8 +119,6 @@ pub struct KubeSource {
     pub client: Client,
     /// This node's name (its Node object is watched).
     pub node_name: String,
-    /// Where unavailable resources are reported.
-    pub metrics: Metrics,
 }
 
 impl KubeSource {
@@ -164,8 +161,7 @@ impl KubeSource {
                             resource = ENDPOINT_SLICES_RESOURCE,
                             "the API server serves it now"
                         );
-                        self.metrics
-                            .set_resource_unavailable(ENDPOINT_SLICES_RESOURCE, false);
+                        handle.resource_unavailable(ENDPOINT_SLICES_RESOURCE, false);
                         unavailable = false;
                     }
                     synced.mark(K::NAME);
@@ -180,8 +176,7 @@ impl KubeSource {
                              Kubernetes >= 1.21 is needed): running with Services only, \
                              without endpoints, and retrying"
                         );
-                        self.metrics
-                            .set_resource_unavailable(ENDPOINT_SLICES_RESOURCE, true);
+                        handle.resource_unavailable(ENDPOINT_SLICES_RESOURCE, true);
                         unavailable = true;
                     }
                     synced.mark(K::NAME);
@@ -192,15 +187,5 @@ impl KubeSource {
                 ),
             }
         }
-    }
-}
-
-/// Whether a watcher error is the API server's 404 for the resource (it is not served).
-pub(crate) fn is_not_found(error: &watcher::Error) -> bool {
-    match error {
-        watcher::Error::InitialListFailed(kube::Error::Api(status))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
-        _ => false,
     }
 }

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""The proxier's module layering (ARCHITECTURE.md, "Proxier: folders"), checked from the source.
+
+Reads every `crate::a::b` path (outside comments) and `super::x` path in proxier/src and fails
+when the module graph has a cycle, between files or between the top-level folders, when `plan/`
+imports `dataplane/`, or when `model/` imports anything outside itself. Edges from a module to
+its own ancestors (a child naming its parent `mod.rs`) are part of Rust's nesting and ignored.
+Usage: hack/check-imports.py [proxier/src] [-v: print the edges]
+"""
+import os
+import re
+import sys
+
+args = [a for a in sys.argv[1:] if a != "-v"]
+root = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "proxier", "src")
+mods = {}
+for d, _, files in os.walk(root):
+    for f in files:
+        if f.endswith(".rs") and f != "main.rs":
+            path = os.path.relpath(os.path.join(d, f), root)
+            name = path[:-3].replace("/mod", "").replace("/", "::")
+            if name != "lib":
+                mods[name] = path
+
+
+def resolve(path):
+    """The longest module prefix of a `a::b::c` path."""
+    parts = path.split("::")
+    while parts:
+        if "::".join(parts) in mods:
+            return "::".join(parts)
+        parts.pop()
+    return None
+
+
+edges = set()
+for name, path in mods.items():
+    with open(os.path.join(root, path)) as f:
+        code = "\n".join(l for l in f.read().splitlines() if not l.lstrip().startswith("//"))
+    parent = name.rsplit("::", 1)[0] if "::" in name else None
+    targets = [m.group(1) for m in re.finditer(r"\bcrate::((?:\w+::)*\w+)", code)]
+    if parent:
+        targets += [parent + "::" + m.group(1) for m in re.finditer(r"\bsuper::((?:\w+::)*\w+)", code)]
+    for t in filter(None, map(resolve, targets)):
+        if t != name and not name.startswith(t + "::"):
+            edges.add((name, t))
+
+
+def top(m):
+    return m.split("::")[0]
+
+
+folders = {(top(a), top(b)) for a, b in edges if top(a) != top(b)}
+
+
+def cycles(graph_edges):
+    graph = {}
+    for a, b in graph_edges:
+        graph.setdefault(a, set()).add(b)
+    found, seen = [], set()
+
+    def walk(node, stack):
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in stack:
+                cycle = stack[stack.index(nxt):]
+                if frozenset(cycle) not in seen:
+                    seen.add(frozenset(cycle))
+                    found.append(cycle + [nxt])
+            else:
+                walk(nxt, stack + [nxt])
+
+    for node in sorted(graph):
+        walk(node, [node])
+    return found
+
+
+if "-v" in sys.argv:
+    for a, b in sorted(folders):
+        print(f"{a}/ -> {b}/")
+problems = [f"folder cycle: {' -> '.join(c)}" for c in cycles(folders)]
+problems += [f"file cycle: {' -> '.join(c)}" for c in cycles(edges)]
+problems += [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "plan" and top(b) == "dataplane"]
+problems += [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "model" and top(b) != "model"]
+for p in problems:
+    print(p)
+print(f"{len(mods)} modules, {len(edges)} imports between them: " + ("FAILED" if problems else "no cycle"))
+sys.exit(1 if problems else 0)

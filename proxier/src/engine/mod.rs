@@ -1,0 +1,588 @@
+//! The proxier's main loop: sources write objects into a shared store
+//! ([`crate::source::SourceHandle`]); the [`Engine`] re-plans what changed ([`planner`]) and
+//! syncs the dataplane ([`syncer`]), at most once per `ipvs.minSyncPeriod` and at least once
+//! per `ipvs.syncPeriod` (kube-proxy's `BoundedFrequencyRunner` contract), and tells its
+//! [`observer::Observer`]s. Following a NodeProxyConfig ([`ConfigFollower`],
+//! [`crate::source::node_config`]), it also takes new configurations as messages on a watch
+//! channel, puts them in force between syncs and reports on them ([`status`]).
+
+pub mod observer;
+pub mod planner;
+pub mod status;
+pub mod syncer;
+
+use crate::dataplane::settings::KernelSettings;
+use crate::dataplane::{Dataplane, DataplaneError, Op, Ownership};
+use crate::source::SourceHandle;
+use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
+use kipvs_crds::config::ProxierConfiguration;
+use kipvs_crds::nodeproxyconfig::NodeProxyConfigStatus;
+use observer::{Observer, SyncOutcome};
+use planner::{Planner, Replanned};
+use status::{StatusReport, SyncResult};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use syncer::{SyncReport, Syncer};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How soon a sync that could not observe the dataplane is first retried; the delay doubles
+/// while it keeps failing, up to `ipvs.syncPeriod`. (Failed ops are retried per entry:
+/// [`syncer::RETRY_FIRST`].)
+pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long [`Engine::run`] waits for the node's NodeProxyConfig to be read before it programs
+/// with the local configuration: a NodeProxyConfig that cannot be read (RBAC, API server
+/// errors, a newer operator's object) never keeps a node from programming.
+pub const ASSIGNMENT_WAIT: Duration = Duration::from_secs(5);
+
+/// How often draining real servers are checked for remaining connections.
+pub const DRAIN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How the engine follows the node's NodeProxyConfig (see [`crate::source::node_config`]).
+pub struct ConfigFollower {
+    /// What the NodeProxyConfig assigns ([`crate::source::node_config::watch_assigned`]).
+    pub assigned: watch::Receiver<Assigned>,
+    /// The local configuration (`--config` or the defaults), in force without a
+    /// NodeProxyConfig.
+    pub local: ProxierConfiguration,
+    /// Checks and sets the node-wide kernel settings of a new configuration.
+    pub kernel: Box<dyn KernelSettings>,
+    /// Where the engine publishes the status to write
+    /// ([`crate::serve::status::report_status`] adds `healthy`); `None` while no revision is
+    /// assigned.
+    pub report: watch::Sender<Option<NodeProxyConfigStatus>>,
+}
+
+/// A [`ConfigFollower`] and what the engine reports on the revision in force.
+struct Following {
+    follower: ConfigFollower,
+    report: StatusReport,
+}
+
+impl Following {
+    /// Publish the report's status if `changed`.
+    fn publish(&self, changed: bool) {
+        if changed {
+            self.follower
+                .report
+                .send_replace(self.report.status().cloned());
+        }
+    }
+}
+
+/// Plans from the store and syncs a dataplane.
+pub struct Engine<D> {
+    source: SourceHandle,
+    observer: Arc<dyn Observer>,
+    planner: Planner,
+    syncer: Syncer<D>,
+    last_full_sync: Option<Instant>,
+    following: Option<Following>,
+}
+
+impl<D: Dataplane> Engine<D> {
+    /// An engine over `dataplane`, fed through `source`.
+    pub fn new(source: SourceHandle, planner: Planner, dataplane: D) -> Self {
+        let max_drain = planner.config().ipvs.drain_timeout;
+        Engine {
+            source,
+            observer: Arc::new(Vec::new()),
+            planner,
+            syncer: Syncer::new(dataplane, Ownership::default(), max_drain),
+            last_full_sync: None,
+            following: None,
+        }
+    }
+
+    /// The same engine, telling `observer` about every sync and configuration change (and the
+    /// store changes it takes). The source handle's observer should be the same one.
+    pub fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
+        self
+    }
+
+    /// The same engine, following a NodeProxyConfig: [`run`](Self::run) waits until the
+    /// assignment is known and applies each new one live
+    /// ([`apply_assigned`](Self::apply_assigned)).
+    /// The planner's configuration must be `follower.local`.
+    pub fn following(mut self, follower: ConfigFollower) -> Self {
+        self.following = Some(Following {
+            follower,
+            report: StatusReport::default(),
+        });
+        self
+    }
+
+    /// Put `assigned` in force if it differs from the configuration in force (NodeProxyConfig
+    /// over the local configuration; see [`crate::source::node_config`]); the revision in force
+    /// assigned again after a Failed one is reported `Applied` again after the next sync. The new configuration is
+    /// first validated and checked against the kernel ([`KernelSettings::check`]); if that or
+    /// [`KernelSettings::apply`] fails, the previous configuration stays in force and the
+    /// revision is reported `Failed` with the reason. Otherwise the planner re-plans every
+    /// Service with it at the next [`sync`](Self::sync), the drain limit, the health servers
+    /// ([`Observer::config_changed`]) and the sync periods follow, and the revision is
+    /// reported `Pending` (except before the first sync: a restart does not go back to
+    /// Pending) until a sync with it succeeds.
+    ///
+    /// Without a [`ConfigFollower`] this does nothing.
+    pub async fn apply_assigned(&mut self, assigned: Assigned) {
+        let Some(following) = &mut self.following else {
+            return;
+        };
+        let follower = &following.follower;
+        let (revision, config) = match assigned {
+            Assigned::Unknown => return,
+            Assigned::Local => (None, follower.local.clone()),
+            Assigned::Revision { revision, config } => (Some(revision), *config),
+        };
+        if revision.as_deref() == following.report.revision() && config == *self.planner.config() {
+            // Back to the revision in force after a Failed one (e.g. the operator rolled
+            // back): report it again once the next sync succeeds.
+            following.report.reassigned();
+            return;
+        }
+        let mut outcome = config.validate().map_err(|e| e.to_string());
+        if outcome.is_ok() {
+            outcome = follower.kernel.check(&config).await;
+        }
+        if outcome.is_ok() {
+            outcome = follower.kernel.apply(&config).await;
+        }
+        let name = revision.as_deref().unwrap_or("local");
+        if let Err(message) = outcome {
+            tracing::error!(
+                revision = name,
+                "cannot apply the configuration, keeping the previous one: {message}"
+            );
+            // The spec asks for this revision now: the one in force is not reported Applied.
+            let changed = following.report.rejected(revision, message);
+            following.publish(changed);
+            return;
+        }
+        let old = self.planner.config();
+        if (&old.healthz_bind_address, &old.metrics_bind_address)
+            != (&config.healthz_bind_address, &config.metrics_bind_address)
+        {
+            tracing::warn!(
+                revision = name,
+                "healthzBindAddress and metricsBindAddress changes take effect at the next restart"
+            );
+        }
+        tracing::info!(
+            revision = name,
+            "configuration in force; re-planning everything"
+        );
+        self.syncer.max_drain = config.ipvs.drain_timeout;
+        self.observer.config_changed(&config);
+        self.planner.set_config(config);
+        let restarting = self.last_full_sync.is_none();
+        let changed = following.report.in_force(revision, restarting);
+        following.publish(changed);
+    }
+
+    /// Update the published status after a sync (see [`status`]).
+    fn report_sync(&mut self, result: &Result<SyncReport, DataplaneError>) {
+        let Some(following) = &mut self.following else {
+            return;
+        };
+        let result = match result {
+            Ok(report) if report.failures.is_empty() => SyncResult::Clean,
+            Ok(report) => {
+                SyncResult::Failed(format!("{} IPVS operations failed", report.failures.len()))
+            }
+            Err(e) => SyncResult::NotObserved(e.to_string()),
+        };
+        let changed = following.report.synced(&result, SystemTime::now());
+        following.publish(changed);
+    }
+
+    /// The planner (last plan, configuration).
+    pub fn planner(&self) -> &Planner {
+        &self.planner
+    }
+
+    /// The syncer (dataplane, drains).
+    pub fn syncer(&self) -> &Syncer<D> {
+        &self.syncer
+    }
+
+    /// The dataplane.
+    pub fn dataplane(&self) -> &D {
+        self.syncer.dataplane()
+    }
+
+    /// Re-plan what changed and sync the dataplane: in full on the first sync, after a Node or
+    /// configuration change and once per `ipvs.syncPeriod`; otherwise only what changed.
+    ///
+    /// Errors: only when the dataplane cannot be observed; nothing is changed then.
+    ///
+    /// The source's observer hears of the taken changes and of the outcome.
+    pub async fn sync(&mut self) -> Result<SyncReport, DataplaneError> {
+        let period_over = self
+            .last_full_sync
+            .is_none_or(|t| t.elapsed() >= self.planner.config().ipvs.sync_period);
+        if period_over {
+            match self
+                .syncer
+                .dataplane_mut()
+                .other_interface_addresses()
+                .await
+            {
+                Ok(a) => self.planner.set_other_interface_addresses(a),
+                Err(e) => tracing::warn!("cannot list the node's addresses: {e}"),
+            }
+        }
+        let observer = self.observer.clone();
+        let (replanned, trigger_times) = {
+            let mut store = self.source.store.lock().expect("store lock");
+            let trigger_times = store.take_trigger_times();
+            let replanned = self.planner.replan(&mut store);
+            observer.store_updated(&store);
+            (replanned, trigger_times)
+        };
+        let config = self.planner.config();
+        self.syncer.ownership = Ownership {
+            node_ips: self.planner.node_ips().iter().copied().collect(),
+            node_port_range: config.parsed_node_port_range().ok(),
+            exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
+        };
+        let desired = self.planner.desired();
+        let result = match replanned {
+            Replanned::Touched(touched) if !period_over => {
+                self.syncer.sync_touched(desired, &touched).await
+            }
+            _ => {
+                let result = self.syncer.sync(desired).await;
+                if result.is_ok() {
+                    self.last_full_sync = Some(Instant::now());
+                }
+                result
+            }
+        };
+        let (no_local_endpoints, terminating_fallback_services) = self.planner.counts();
+        observer.sync_finished(&SyncOutcome {
+            result: &result,
+            desired,
+            no_local_endpoints,
+            terminating_fallback_services,
+            drains: self.syncer.drains(),
+            unavailable_schedulers: self.planner.unavailable_schedulers(),
+            trigger_times: &trigger_times,
+        });
+        self.report_sync(&result);
+        if let Ok(report) = &result {
+            self.probe_schedulers(report).await;
+        }
+        result
+    }
+
+    /// Probe (once each) the IPVS schedulers of virtual server ops that failed, other than
+    /// `ipvs.scheduler` (checked when the configuration is put in force): a missing one is
+    /// logged, and the planner plans the Services annotated with it with `ipvs.scheduler`.
+    async fn probe_schedulers(&mut self, report: &SyncReport) {
+        let configured = self.planner.config().ipvs.effective_scheduler().to_owned();
+        let failed: BTreeSet<String> = report
+            .failures
+            .iter()
+            .filter_map(|f| match &f.op {
+                Op::AddVirtualServer(_, spec) | Op::UpdateVirtualServer(_, spec) => {
+                    Some(spec.scheduler.clone())
+                }
+                _ => None,
+            })
+            .filter(|s| *s != configured && !self.planner.scheduler_known(s))
+            .collect();
+        for scheduler in failed {
+            let probe = self
+                .syncer
+                .dataplane_mut()
+                .check_scheduler(&scheduler)
+                .await;
+            if let Err(e) = &probe {
+                tracing::warn!(
+                    scheduler,
+                    "{e}: Services annotated kipvs.io/scheduler={scheduler} get ipvs.scheduler \
+                     {configured:?}"
+                );
+            }
+            self.planner.scheduler_probed(scheduler, probe.is_ok());
+        }
+    }
+
+    /// Check draining real servers (see [`Syncer::check_drains`]).
+    pub async fn check_drains(&mut self) -> Result<SyncReport, DataplaneError> {
+        self.syncer.check_drains(self.planner.desired()).await
+    }
+
+    /// Sync once the source is ready ([`SourceHandle::wait_ready`]), then whenever a source
+    /// reports a change (at most once per `ipvs.minSyncPeriod`) and at least every
+    /// `ipvs.syncPeriod`, until `shutdown` resolves. A failed sync is logged and retried after
+    /// [`RETRY_INTERVAL`], doubling while it fails; the kernel is left as it is on shutdown (never flushed).
+    pub async fn run(&mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let source = self.source.clone();
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = source.wait_ready() => {}
+        }
+        let mut assigned = self.following.as_ref().map(|f| f.follower.assigned.clone());
+        let mut unreadable = false;
+        if let Some(rx) = &mut assigned {
+            let known =
+                tokio::time::timeout(ASSIGNMENT_WAIT, rx.wait_for(|a| *a != Assigned::Unknown));
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = known => {}
+            }
+            let mut first = rx.borrow_and_update().clone();
+            if first == Assigned::Unknown {
+                tracing::warn!(
+                    resource = NODE_PROXY_CONFIGS_RESOURCE,
+                    "the node's NodeProxyConfig could not be read in {}s (see the watch errors): \
+                     programming with the local configuration, and applying the NodeProxyConfig \
+                     once it is read",
+                    ASSIGNMENT_WAIT.as_secs()
+                );
+                self.observer
+                    .resource_unavailable(NODE_PROXY_CONFIGS_RESOURCE, true);
+                unreadable = true;
+                first = Assigned::Local;
+            }
+            self.apply_assigned(first).await;
+        }
+        let mut retry = Duration::ZERO;
+        loop {
+            let started = Instant::now();
+            let failed = match self.sync().await {
+                Ok(_) => false,
+                Err(e) => {
+                    tracing::error!("sync failed, will retry: {e}");
+                    true
+                }
+            };
+            let ipvs = &self.planner.config().ipvs;
+            let (min_next, mut period) = (started + ipvs.min_sync_period, ipvs.sync_period);
+            if failed {
+                // Retry soon rather than a whole syncPeriod later, backing off while it fails.
+                retry = (retry * 2).clamp(RETRY_INTERVAL, period);
+                period = retry;
+            } else {
+                retry = Duration::ZERO;
+            }
+            if self.planner.replan_pending() {
+                // E.g. a scheduler was found missing: re-plan without waiting for a change.
+                period = Duration::ZERO;
+            }
+            // Failed ops are retried per entry, when due (see `syncer`).
+            if let Some(due) = self.syncer.next_retry() {
+                period = period.min(due.saturating_duration_since(Instant::now()));
+            }
+            let resync = tokio::time::sleep(period);
+            tokio::pin!(resync);
+            loop {
+                let draining = !self.syncer.drains().is_empty();
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = source.changed() => break,
+                    _ = &mut resync => break,
+                    next = next_assigned(&mut assigned) => {
+                        if std::mem::take(&mut unreadable) && next != Assigned::Unknown {
+                            tracing::info!("the node's NodeProxyConfig is readable now");
+                            self.observer.resource_unavailable(NODE_PROXY_CONFIGS_RESOURCE, false);
+                        }
+                        self.apply_assigned(next).await;
+                        break;
+                    }
+                    _ = tokio::time::sleep(DRAIN_CHECK_INTERVAL), if draining => {
+                        if let Err(e) = self.check_drains().await {
+                            tracing::error!("drain check failed, will retry: {e}");
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep_until(min_next) => {}
+            }
+        }
+    }
+}
+
+/// The next assignment on `assigned`; never resolves without a receiver or once its sender
+/// is gone.
+async fn next_assigned(assigned: &mut Option<watch::Receiver<Assigned>>) -> Assigned {
+    if let Some(rx) = assigned
+        && rx.changed().await.is_ok()
+    {
+        return rx.borrow_and_update().clone();
+    }
+    std::future::pending().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::planner::NodeIdentity;
+    use super::*;
+    use crate::dataplane::Op;
+    use crate::dataplane::fake::FakeDataplane;
+    use crate::source::manifests::ManifestsSource;
+
+    const WEB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.20
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+endpoints:
+- addresses: [10.244.1.2]
+  conditions: {ready: READY}
+ports: [{name: http, port: 8080, protocol: TCP}]
+"#;
+
+    #[tokio::test]
+    async fn manifest_edits_flow_to_the_dataplane() {
+        let dir = std::env::temp_dir().join(format!("kipvs-run-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("web.yaml");
+        std::fs::write(&file, WEB.replace("READY", "true")).unwrap();
+        let handle = SourceHandle::default();
+        let source = ManifestsSource {
+            path: file.clone(),
+            node_name: "n1".into(),
+            node_configs: None,
+        };
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let mut engine = Engine::new(handle.clone(), planner, FakeDataplane::default());
+        let seen = source.load_into(&handle, None).unwrap();
+        let names: Vec<&str> = engine
+            .sync()
+            .await
+            .unwrap()
+            .ops
+            .iter()
+            .map(Op::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "WriteRules",
+                "AddSetElement", // cluster-ips
+                "AddSetElement", // service-ips
+                "AddVirtualServer",
+                "AddRealServer",
+                "BindAddress"
+            ]
+        );
+        // No change: nothing re-planned, nothing applied.
+        assert_eq!(source.load_into(&handle, Some(seen)).unwrap(), seen);
+        assert!(engine.sync().await.unwrap().ops.is_empty());
+        // The endpoint stops being ready: its real server goes away.
+        std::fs::write(&file, WEB.replace("READY", "false")).unwrap();
+        source.load_into(&handle, Some(seen)).unwrap();
+        let report = engine.sync().await.unwrap();
+        assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
+        let vs = engine
+            .dataplane()
+            .state
+            .virtual_servers
+            .values()
+            .next()
+            .unwrap();
+        assert!(vs.real_servers.is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_service_scheduler_the_kernel_lacks_is_probed_once_and_replaced() {
+        let dir = std::env::temp_dir().join(format!("kipvs-twos-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("web.yaml");
+        let annotated = WEB.replace("READY", "true").replace(
+            "metadata: {name: web, namespace: default}",
+            "metadata: {name: web, namespace: default, annotations: {kipvs.io/scheduler: twos}}",
+        );
+        let other = WEB
+            .replace("READY", "true")
+            .replace("name: web,", "name: api,")
+            .replace("10.96.0.20", "10.96.0.21")
+            .replace("web-1", "api-1")
+            .replace("service-name: web", "service-name: api");
+        std::fs::write(&file, format!("{annotated}\n---\n{other}")).unwrap();
+        let handle = SourceHandle::default();
+        let source = ManifestsSource {
+            path: file.clone(),
+            node_name: "n1".into(),
+            node_configs: None,
+        };
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let fake = FakeDataplane {
+            missing_schedulers: ["twos".to_string()].into(),
+            ..Default::default()
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let mut engine = Engine::new(handle.clone(), planner, fake);
+        let seen = source.load_into(&handle, None).unwrap();
+        // The first sync finds the annotated virtual server refused; the scheduler is probed.
+        let report = engine.sync().await.unwrap();
+        assert!(!report.failures.is_empty());
+        assert!(engine.planner().replan_pending());
+        // Re-planned with the configured scheduler: programmed, nothing left in doubt.
+        let report = engine.sync().await.unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        let schedulers: Vec<&str> = engine
+            .dataplane()
+            .state
+            .virtual_servers
+            .values()
+            .map(|vs| vs.spec.scheduler.as_str())
+            .collect();
+        assert_eq!(schedulers, ["rr", "rr"]);
+        assert_eq!(engine.syncer().in_doubt().count(), 0);
+        assert_eq!(
+            engine
+                .planner()
+                .unavailable_schedulers()
+                .iter()
+                .collect::<Vec<_>>(),
+            ["twos"]
+        );
+        let problems = engine.planner().plan().problems;
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.to_string().contains("lacks that IPVS scheduler")),
+            "{problems:?}"
+        );
+        // Other changes stay incremental: no full observe of the kernel.
+        let observes = engine.dataplane().full_observes;
+        std::fs::write(
+            &file,
+            format!("{annotated}\n---\n{}", other.replace("true", "false")),
+        )
+        .unwrap();
+        source.load_into(&handle, Some(seen)).unwrap();
+        let report = engine.sync().await.unwrap();
+        assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
+        assert!(report.failures.is_empty());
+        assert_eq!(engine.dataplane().full_observes, observes);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,73 @@
+//! What the engine tells the rest of the proxier: [`Observer`]s hear of every sync and
+//! configuration change (and, as [`StoreObserver`]s, of every store write).
+
+use super::syncer::SyncReport;
+use crate::dataplane::DataplaneError;
+use crate::model::{DesiredState, VirtualServerKey};
+use crate::plan::NoLocalEndpoints;
+use crate::source::StoreObserver;
+use crate::source::store::Store;
+use kipvs_crds::config::ProxierConfiguration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+use tokio::time::Instant;
+
+/// Told what the engine syncs, and (as a [`StoreObserver`]) what sources write: the health
+/// servers and the metrics implement it ([`crate::serve`]). Every method defaults to nothing.
+pub trait Observer: StoreObserver {
+    /// The engine finished a sync (successful or not).
+    fn sync_finished(&self, _outcome: &SyncOutcome<'_>) {}
+    /// The engine put a new configuration in force (a NodeProxyConfig revision applied live,
+    /// see [`crate::source::node_config`]); the next sync is the first with it.
+    fn config_changed(&self, _config: &ProxierConfiguration) {}
+}
+
+impl StoreObserver for Vec<Arc<dyn Observer>> {
+    fn store_updated(&self, store: &Store) {
+        for o in self {
+            o.store_updated(store);
+        }
+    }
+
+    fn resource_unavailable(&self, resource: &'static str, unavailable: bool) {
+        for o in self {
+            o.resource_unavailable(resource, unavailable);
+        }
+    }
+}
+
+impl Observer for Vec<Arc<dyn Observer>> {
+    fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
+        for o in self {
+            o.sync_finished(outcome);
+        }
+    }
+
+    fn config_changed(&self, config: &ProxierConfiguration) {
+        for o in self {
+            o.config_changed(config);
+        }
+    }
+}
+
+/// What one [`Engine::sync`](super::Engine::sync) did, for [`Observer`]s.
+pub struct SyncOutcome<'a> {
+    /// The sync's result (`Err`: the dataplane could not be observed; nothing was changed).
+    pub result: &'a Result<SyncReport, DataplaneError>,
+    /// The desired state synced towards.
+    pub desired: &'a DesiredState,
+    /// Services with a Local traffic policy and no local endpoint, by policy.
+    pub no_local_endpoints: NoLocalEndpoints,
+    /// Services served by the KEP-1669 fallback to serving+terminating endpoints.
+    pub terminating_fallback_services: usize,
+    /// Draining real servers and since when.
+    pub drains: &'a BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
+    /// IPVS schedulers of `kipvs.io/scheduler` annotations this node's kernel lacks (probed;
+    /// the Services annotated with them run with `ipvs.scheduler`).
+    pub unavailable_schedulers: &'a BTreeSet<String>,
+    /// EndpointSlice change trigger times this sync programmed (see
+    /// [`Store::take_trigger_times`]).
+    pub trigger_times: &'a [SystemTime],
+}

@@ -1,0 +1,176 @@
+//! Incremental planning: the plan of every Service kept in a [`DesiredIndex`], re-planned
+//! only where the store changed.
+
+use crate::model::DesiredState;
+use crate::plan::{self, DesiredIndex, NoLocalEndpoints, Plan, PlanContext, Touched};
+use crate::source::store::{ObjectKey, Store};
+use kipvs_crds::config::ProxierConfiguration;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+/// Which node this proxier runs on.
+#[derive(Clone, Debug)]
+pub struct NodeIdentity {
+    /// This node's name (endpoints with this `nodeName` are local).
+    pub name: String,
+    /// Node IPs for NodePort virtual servers; empty means the Node's InternalIP addresses.
+    pub node_ips: Vec<IpAddr>,
+}
+
+/// Plans from the store incrementally: keeps the plan of every Service in a [`DesiredIndex`]
+/// and re-plans only the Services whose objects changed (all of them when the Node changed or
+/// on the first call).
+pub struct Planner {
+    identity: NodeIdentity,
+    config: ProxierConfiguration,
+    index: DesiredIndex,
+    node_ips: Vec<IpAddr>,
+    other_addresses: BTreeSet<IpAddr>,
+    /// IPVS schedulers of `kipvs.io/scheduler` annotations probed on this kernel.
+    probed_schedulers: BTreeSet<String>,
+    /// Those the kernel lacks.
+    unavailable_schedulers: BTreeSet<String>,
+    replan_all: bool,
+}
+
+/// What a [`Planner::replan`] changed.
+#[derive(Debug)]
+pub enum Replanned {
+    /// Everything was re-planned (first plan, Node or configuration change).
+    All,
+    /// Only these virtual servers and addresses may have changed.
+    Touched(Touched),
+}
+
+impl Planner {
+    /// A planner for this node and configuration.
+    pub fn new(identity: NodeIdentity, config: ProxierConfiguration) -> Self {
+        Planner {
+            identity,
+            config,
+            index: DesiredIndex::default(),
+            node_ips: Vec::new(),
+            other_addresses: BTreeSet::new(),
+            probed_schedulers: BTreeSet::new(),
+            unavailable_schedulers: BTreeSet::new(),
+            replan_all: false,
+        }
+    }
+
+    /// The desired state of every Service.
+    pub fn desired(&self) -> &DesiredState {
+        self.index.desired()
+    }
+
+    /// The whole plan (desired state, every problem, counts). O(number of Services).
+    pub fn plan(&self) -> Plan {
+        self.index.to_plan()
+    }
+
+    /// Services with a Local traffic policy and no local endpoint, and Services served by the
+    /// KEP-1669 fallback to serving+terminating endpoints ([`DesiredIndex::counts`]).
+    pub fn counts(&self) -> (NoLocalEndpoints, usize) {
+        self.index.counts()
+    }
+
+    /// The configuration planned with.
+    pub fn config(&self) -> &ProxierConfiguration {
+        &self.config
+    }
+
+    /// Plan with `config` from now on: the next [`replan`](Self::replan) re-plans every
+    /// Service.
+    pub fn set_config(&mut self, config: ProxierConfiguration) {
+        self.config = config;
+        self.replan_all = true;
+    }
+
+    /// The node IPs of the last plan (NodePort virtual servers live on them).
+    pub fn node_ips(&self) -> &[IpAddr] {
+        &self.node_ips
+    }
+
+    /// Set the node's addresses on interfaces other than `kube-ipvs0` (externalIPs and
+    /// load-balancer IPs among them are not bound); a change re-plans every Service.
+    pub fn set_other_interface_addresses(&mut self, addresses: BTreeSet<IpAddr>) {
+        if addresses != self.other_addresses {
+            self.other_addresses = addresses;
+            self.replan_all = true;
+        }
+    }
+
+    /// Whether the IPVS scheduler `scheduler` was probed already (see
+    /// [`scheduler_probed`](Self::scheduler_probed)).
+    pub fn scheduler_known(&self, scheduler: &str) -> bool {
+        self.probed_schedulers.contains(scheduler)
+    }
+
+    /// Record a probe of `scheduler` (once per scheduler and process): when the kernel lacks it,
+    /// the Services annotated with it are planned with `ipvs.scheduler` (and a [`Problem`]
+    /// each) from the next [`replan`](Self::replan), which re-plans every Service.
+    ///
+    /// [`Problem`]: crate::plan::Problem
+    pub fn scheduler_probed(&mut self, scheduler: String, available: bool) {
+        if !available {
+            self.unavailable_schedulers.insert(scheduler.clone());
+            self.replan_all = true;
+        }
+        self.probed_schedulers.insert(scheduler);
+    }
+
+    /// The IPVS schedulers probed and found missing.
+    pub fn unavailable_schedulers(&self) -> &BTreeSet<String> {
+        &self.unavailable_schedulers
+    }
+
+    /// Whether the next [`replan`](Self::replan) re-plans every Service (configuration,
+    /// addresses or schedulers changed).
+    pub fn replan_pending(&self) -> bool {
+        self.replan_all
+    }
+
+    /// Take the store's changes and re-plan the affected Services; problems of re-planned
+    /// Services are logged as warnings naming them.
+    pub fn replan(&mut self, store: &mut Store) -> Replanned {
+        let dirty = store.take_dirty();
+        let node = store.node();
+        let (keys, all): (Vec<ObjectKey>, bool) =
+            if dirty.all || std::mem::take(&mut self.replan_all) {
+                self.index = DesiredIndex::default();
+                self.node_ips = if self.identity.node_ips.is_empty() {
+                    node.map(plan::node_internal_ips).unwrap_or_default()
+                } else {
+                    self.identity.node_ips.clone()
+                };
+                (store.services().map(|(k, _)| k.clone()).collect(), true)
+            } else {
+                (dirty.services.into_iter().collect(), false)
+            };
+        let (context, problems) =
+            PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
+        let context = context
+            .with_other_interface_addresses(self.other_addresses.iter().copied())
+            .with_unavailable_schedulers(&self.unavailable_schedulers);
+        if all {
+            self.index.set_nft_rules(context.nft_rules().clone());
+            for problem in &problems {
+                tracing::warn!("{problem}");
+            }
+        }
+        let mut touched = Touched::default();
+        for key in &keys {
+            let planned = store
+                .service(key)
+                .and_then(|s| plan::plan_service(s, &store.slices_of(key), &context));
+            touched.extend(self.index.update(key.clone(), planned));
+            for problem in self.index.problems_of(key) {
+                tracing::warn!("{problem}");
+            }
+        }
+        if all {
+            Replanned::All
+        } else {
+            Replanned::Touched(touched)
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! The status the proxier reports on its own NodeProxyConfig, as a pure reducer: the engine
+//! tells [`StatusReport`] what happened (a revision rejected, put in force, assigned again, a
+//! sync done) and publishes [`StatusReport::status`] when a step says it changed;
+//! [`crate::serve::status::report_status`] writes it to the API server.
+//!
+//! The phases (the NodeProxyConfig contract, `crds/src/nodeproxyconfig.rs`):
+//! - `Pending` when a revision is put in force live, `Applied` after the first successful sync
+//!   with it; a proxier that (re)starts on a revision goes straight to `Applied` after its
+//!   first sync (a restart does not go back to `Pending`).
+//! - `Failed` (with the reason) when a revision cannot be put in force; the previous
+//!   configuration stays in force, and the revision in force assigned again (a rollback) is
+//!   reported `Applied` again after the next sync.
+//! - After `Applied`, failed syncs are counted in `syncErrors` (the last error in `message`) and
+//!   `lastSyncTime` follows the syncs; these counters are published at most once per
+//!   [`LAST_SYNC_REFRESH`] (one failing Service retried every second is one status write a
+//!   minute, not one per retry). A change of phase or revision is published at once.
+//! - Without a NodeProxyConfig (the local configuration) there is nothing to report.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
+use std::time::{Duration, SystemTime};
+
+/// How often the counters of the status (`lastSyncTime`, `syncErrors`, `message`) are published
+/// at most (the NodeProxyConfig contract: they are for people, not a heartbeat).
+pub const LAST_SYNC_REFRESH: Duration = Duration::from_secs(60);
+
+/// What a sync did, as the status sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyncResult {
+    /// Every op succeeded.
+    Clean,
+    /// The sync ran, and this error is reported (e.g. "3 IPVS operations failed").
+    Failed(String),
+    /// The dataplane could not be observed: nothing was changed (never counts as the first
+    /// successful sync of a revision).
+    NotObserved(String),
+}
+
+/// The reducer's state: the revision in force and the status to publish.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatusReport {
+    /// The revision in force (`None`: the local configuration).
+    revision: Option<String>,
+    /// A configuration was put in force and no sync with it succeeded yet.
+    awaiting_sync: bool,
+    /// The status to write (`None`: nothing to report).
+    status: Option<NodeProxyConfigStatus>,
+    /// When a sync last published the status.
+    published: Option<SystemTime>,
+}
+
+impl StatusReport {
+    /// The revision in force (`None`: the local configuration).
+    pub fn revision(&self) -> Option<&str> {
+        self.revision.as_deref()
+    }
+
+    /// The status to write (`None`: nothing to report).
+    pub fn status(&self) -> Option<&NodeProxyConfigStatus> {
+        self.status.as_ref()
+    }
+
+    /// The revision in force was assigned again with the same configuration (e.g. the
+    /// operator rolled back after a Failed revision): if the status reports another revision,
+    /// report this one `Applied` again after the next successful sync. Changes no status.
+    pub fn reassigned(&mut self) {
+        let reported = self
+            .status
+            .as_ref()
+            .and_then(|s| s.observed_revision.as_ref());
+        self.awaiting_sync |= self.revision.is_some() && reported != self.revision.as_ref();
+    }
+
+    /// `revision` could not be put in force (`message` says why); the previous configuration
+    /// stays in force and is no longer reported `Applied` after a sync. Returns whether the
+    /// status changed.
+    pub fn rejected(&mut self, revision: Option<String>, message: String) -> bool {
+        self.awaiting_sync = false;
+        let before = self.status.clone();
+        match revision {
+            None => self.status = None,
+            Some(revision) => {
+                let status = self.status.get_or_insert_default();
+                status.observed_revision = Some(revision);
+                status.phase = Some(NodePhase::Failed);
+                status.message = Some(message);
+                status.sync_errors = None;
+            }
+        }
+        before != self.status
+    }
+
+    /// `revision` is in force from now on; `restarting`: no sync succeeded yet in this process
+    /// (the status then stays as it is until the first sync). Returns whether the status
+    /// changed.
+    pub fn in_force(&mut self, revision: Option<String>, restarting: bool) -> bool {
+        self.awaiting_sync = true;
+        let before = self.status.clone();
+        match &revision {
+            None => self.status = None,
+            Some(_) if restarting => {}
+            Some(_) => {
+                self.status = Some(NodeProxyConfigStatus {
+                    observed_revision: revision.clone(),
+                    phase: Some(NodePhase::Pending),
+                    ..Default::default()
+                })
+            }
+        }
+        self.revision = revision;
+        before != self.status
+    }
+
+    /// A sync finished at `now` with `result`. Returns whether the status is to be published:
+    /// at once for `Applied`; for the counters only once [`LAST_SYNC_REFRESH`] passed since a
+    /// sync last published it.
+    pub fn synced(&mut self, result: &SyncResult, now: SystemTime) -> bool {
+        let Some(revision) = self.revision.clone() else {
+            return false;
+        };
+        let error = match result {
+            SyncResult::Clean => None,
+            SyncResult::Failed(e) | SyncResult::NotObserved(e) => Some(e.clone()),
+        };
+        if self.awaiting_sync {
+            if matches!(result, SyncResult::NotObserved(_)) {
+                return false;
+            }
+            self.awaiting_sync = false;
+            self.status = Some(NodeProxyConfigStatus {
+                observed_revision: Some(revision),
+                phase: Some(NodePhase::Applied),
+                last_sync_time: Some(time(now)),
+                sync_errors: Some(u64::from(error.is_some())),
+                message: error,
+                healthy: None,
+            });
+            self.published = Some(now);
+            return true;
+        }
+        let Some(status) = self.status.as_mut() else {
+            return false;
+        };
+        if status.observed_revision.as_deref() != Some(&revision) {
+            return false;
+        }
+        match error {
+            Some(error) => {
+                *status.sync_errors.get_or_insert(0) += 1;
+                status.message = Some(error);
+            }
+            None => status.last_sync_time = Some(time(now)),
+        }
+        let due = self.published.is_none_or(|t| t + LAST_SYNC_REFRESH <= now);
+        if due {
+            self.published = Some(now);
+        }
+        due
+    }
+}
+
+/// A `metav1.Time` at `at`.
+fn time(at: SystemTime) -> Time {
+    Time(Timestamp::try_from(at).expect("the clock is within jiff's range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phase(r: &StatusReport) -> (Option<&str>, Option<NodePhase>) {
+        let s = r.status().expect("a status");
+        (s.observed_revision.as_deref(), s.phase)
+    }
+
+    const T0: SystemTime = SystemTime::UNIX_EPOCH;
+
+    fn at(secs: u64) -> SystemTime {
+        T0 + Duration::from_secs(1_700_000_000 + secs)
+    }
+
+    #[test]
+    fn pending_then_applied_after_the_first_successful_sync() {
+        let mut r = StatusReport::default();
+        r.in_force(Some("r1".into()), true);
+        assert!(r.synced(&SyncResult::Clean, at(0)));
+        assert!(r.in_force(Some("r2".into()), false));
+        assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Pending)));
+        // A sync that could not observe the dataplane is not the first sync with r2.
+        assert!(!r.synced(&SyncResult::NotObserved("netlink".into()), at(1)));
+        assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Pending)));
+        assert!(r.synced(&SyncResult::Clean, at(2)));
+        assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Applied)));
+        assert_eq!(r.status().unwrap().sync_errors, Some(0));
+        assert_eq!(r.revision(), Some("r2"));
+    }
+
+    #[test]
+    fn restart_on_the_same_revision_reports_applied_without_pending() {
+        let mut r = StatusReport::default();
+        // Restarting: the status stays unknown (None here) until the first sync.
+        assert!(!r.in_force(Some("r1".into()), true));
+        assert_eq!(r.status(), None);
+        assert!(r.synced(&SyncResult::Clean, at(0)));
+        assert_eq!(phase(&r), (Some("r1"), Some(NodePhase::Applied)));
+    }
+
+    #[test]
+    fn failed_keeps_the_old_revision_in_force_and_a_rollback_is_applied_again() {
+        let mut r = StatusReport::default();
+        r.in_force(Some("r1".into()), true);
+        r.synced(&SyncResult::Clean, at(0));
+        assert!(r.rejected(
+            Some("r2".into()),
+            "scheduler \"twos\" is not available".into()
+        ));
+        assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Failed)));
+        assert_eq!(r.revision(), Some("r1"), "r1 stays in force");
+        // Syncs with r1 do not overwrite the Failed report about r2.
+        assert!(!r.synced(&SyncResult::Clean, at(100)));
+        assert!(!r.synced(
+            &SyncResult::Failed("1 IPVS operations failed".into()),
+            at(101)
+        ));
+        assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Failed)));
+        // The operator rolls back to r1: Applied again after the next sync.
+        r.reassigned();
+        assert!(r.synced(&SyncResult::Clean, at(102)));
+        assert_eq!(phase(&r), (Some("r1"), Some(NodePhase::Applied)));
+    }
+
+    #[test]
+    fn counters_are_published_at_most_once_a_minute() {
+        let mut r = StatusReport::default();
+        r.in_force(Some("r1".into()), true);
+        assert!(r.synced(&SyncResult::Clean, at(0)));
+        assert!(
+            !r.synced(&SyncResult::Clean, at(30)),
+            "no write within a minute"
+        );
+        assert!(r.synced(&SyncResult::Clean, at(60)));
+        // One Service failing on every retry: counted each time, published once a minute.
+        let failed = SyncResult::Failed("1 IPVS operations failed".into());
+        let published: Vec<u64> = (61..=180).filter(|&t| r.synced(&failed, at(t))).collect();
+        assert_eq!(published, [120, 180]);
+        let s = r.status().unwrap();
+        assert_eq!(s.sync_errors, Some(120));
+        assert_eq!(s.message.as_deref(), Some("1 IPVS operations failed"));
+        assert_eq!(s.phase, Some(NodePhase::Applied));
+        // A change of phase is published at once.
+        assert!(r.in_force(Some("r2".into()), false));
+        assert!(r.synced(&SyncResult::Clean, at(181)));
+        assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Applied)));
+    }
+
+    #[test]
+    fn the_local_configuration_reports_nothing() {
+        let mut r = StatusReport::default();
+        r.in_force(Some("r1".into()), true);
+        r.synced(&SyncResult::Clean, at(0));
+        assert!(r.in_force(None, false));
+        assert_eq!(r.status(), None);
+        assert!(!r.synced(&SyncResult::Clean, at(1)));
+        assert!(!r.rejected(None, "bad local configuration".into()));
+    }
+}

@@ -1,0 +1,135 @@
+//! The vocabulary of kipvs's nftables table as plain data: the [`SetElement`]s planned per
+//! Service and the parameters of the constant rules ([`NftRules`]). How they are encoded for
+//! `nft` (and read back) is the dataplane's business ([`crate::dataplane::nft`]).
+
+use super::VirtualServerKey;
+use ipnet::IpNet;
+use serde::Serialize;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::OnceLock;
+
+/// One element of one of kipvs's named sets (see [`crate::dataplane::nft`] for the sets and the rules that use them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum SetElement {
+    /// `cluster-ips`: a ClusterIP virtual server.
+    ClusterIp(VirtualServerKey),
+    /// `external`: a NodePort, externalIP or load-balancer virtual server whose traffic is
+    /// masqueraded (`externalTrafficPolicy: Cluster`).
+    External(VirtualServerKey),
+    /// `external-local`: the same with `externalTrafficPolicy: Local` (client IP preserved).
+    ExternalLocal(VirtualServerKey),
+    /// `service-ips`: an address bound on `kube-ipvs0`.
+    ServiceIp(IpAddr),
+    /// `hairpin`: a local endpoint IP (the element is `ip . ip`).
+    Hairpin(IpAddr),
+    /// `firewall`: a load-balancer virtual server restricted by `loadBalancerSourceRanges`.
+    Firewall(VirtualServerKey),
+    /// `firewall-allow`: a source range allowed to reach a [`SetElement::Firewall`] virtual
+    /// server (host bits cleared).
+    FirewallAllow(VirtualServerKey, IpNet),
+    /// `health-check-ports`: a healthCheckNodePort (TCP).
+    HealthCheckNodePort(u16),
+}
+
+impl SetElement {
+    /// The name of the set this element belongs to.
+    pub fn set_name(&self) -> &'static str {
+        let (v4, v6) = match self {
+            SetElement::ClusterIp(_) => ("cluster-ips", "cluster-ips-v6"),
+            SetElement::External(_) => ("external", "external-v6"),
+            SetElement::ExternalLocal(_) => ("external-local", "external-local-v6"),
+            SetElement::ServiceIp(_) => ("service-ips", "service-ips-v6"),
+            SetElement::Hairpin(_) => ("hairpin", "hairpin-v6"),
+            SetElement::Firewall(_) => ("firewall", "firewall-v6"),
+            SetElement::FirewallAllow(..) => ("firewall-allow", "firewall-allow-v6"),
+            SetElement::HealthCheckNodePort(_) => return "health-check-ports",
+        };
+        if self.is_ipv6() { v6 } else { v4 }
+    }
+
+    /// Whether the element belongs to an IPv6 set (a health-check port is family-less: IPv4).
+    pub fn is_ipv6(&self) -> bool {
+        match self {
+            SetElement::ClusterIp(k)
+            | SetElement::External(k)
+            | SetElement::ExternalLocal(k)
+            | SetElement::Firewall(k)
+            | SetElement::FirewallAllow(k, _) => k.address.is_ipv6(),
+            SetElement::ServiceIp(ip) | SetElement::Hairpin(ip) => ip.is_ipv6(),
+            SetElement::HealthCheckNodePort(_) => false,
+        }
+    }
+}
+
+impl fmt::Display for SetElement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key =
+            |k: &VirtualServerKey| format!("{} . {} . {}", k.address, k.protocol.keyword(), k.port);
+        let element = match self {
+            SetElement::ClusterIp(k)
+            | SetElement::External(k)
+            | SetElement::ExternalLocal(k)
+            | SetElement::Firewall(k) => key(k),
+            SetElement::FirewallAllow(k, net) => format!("{} . {net}", key(k)),
+            SetElement::ServiceIp(ip) => ip.to_string(),
+            SetElement::Hairpin(ip) => format!("{ip} . {ip}"),
+            SetElement::HealthCheckNodePort(port) => port.to_string(),
+        };
+        write!(f, "{} {{ {element} }}", self.set_name())
+    }
+}
+
+/// The parameters of the constant rules (from the configuration): `clusterCIDR` (ClusterIP
+/// traffic from outside these CIDRs is masqueraded) and `nftables.masqueradeAll` (all ClusterIP
+/// traffic is). Equal when the parameters are equal.
+#[derive(Clone, Debug, Serialize)]
+pub struct NftRules {
+    cluster_cidrs: Vec<IpNet>,
+    masquerade_all: bool,
+    /// The rules' comments as the dataplane encodes them, computed once (a sync compares them
+    /// with the kernel's).
+    #[serde(skip)]
+    comments: OnceLock<Vec<String>>,
+}
+
+impl NftRules {
+    /// The rules for `clusterCIDR` and `nftables.masqueradeAll`.
+    pub fn new(cluster_cidrs: Vec<IpNet>, masquerade_all: bool) -> Self {
+        NftRules {
+            cluster_cidrs,
+            masquerade_all,
+            comments: OnceLock::new(),
+        }
+    }
+
+    /// `clusterCIDR`, as configured.
+    pub fn cluster_cidrs(&self) -> &[IpNet] {
+        &self.cluster_cidrs
+    }
+
+    /// `nftables.masqueradeAll`.
+    pub fn masquerade_all(&self) -> bool {
+        self.masquerade_all
+    }
+
+    /// The rules' comments, computed by `encode` the first time they are asked for
+    /// ([`crate::dataplane::nft::rule_comments`] is the one encoder).
+    pub fn comments_with(&self, encode: impl FnOnce(&NftRules) -> Vec<String>) -> &[String] {
+        self.comments.get_or_init(|| encode(self))
+    }
+}
+
+impl Default for NftRules {
+    fn default() -> Self {
+        NftRules::new(Vec::new(), false)
+    }
+}
+
+impl PartialEq for NftRules {
+    fn eq(&self, other: &Self) -> bool {
+        self.cluster_cidrs == other.cluster_cidrs && self.masquerade_all == other.masquerade_all
+    }
+}
+
+impl Eq for NftRules {}
