@@ -195,12 +195,10 @@ impl Dataplane for KernelDataplane {
             };
             virtual_servers.insert(key, ObservedVirtualServer { spec, real_servers });
         }
-        // Without nftables (no `nft`, no nf_tables) IPVS is still programmed: the table reads
-        // as empty, and the nftables ops fail and are retried, each failure logged.
-        let table = self.nft.observe().await.unwrap_or_else(|e| {
-            tracing::warn!("cannot read the nftables table: {e}");
-            nft::ObservedTable::default()
-        });
+        // A table that cannot be read is an error, not an empty table: an empty one would
+        // make the diff re-add what exists and never delete a stale element. The sync fails
+        // (nothing is changed) and is retried with backoff; a missing table reads as empty.
+        let table = self.nft.observe().await?;
         Ok(ObservedState {
             virtual_servers,
             bound_addresses: self.bound_addresses().await?,

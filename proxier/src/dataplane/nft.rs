@@ -798,6 +798,33 @@ impl Nft {
 mod tests {
     use super::*;
 
+    /// A missing table reads as empty; any other failure to read it is an error (the sync
+    /// fails and is retried), never an empty table that would hide stale elements.
+    #[tokio::test]
+    async fn table_read_failure_is_an_error_and_a_missing_table_is_empty() {
+        let dir = std::env::temp_dir().join(format!("kipvs-nft-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = |name: &str, body: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            Nft {
+                program: path.to_string_lossy().into_owned(),
+            }
+        };
+        let missing = script(
+            "missing",
+            "echo 'Error: No such file or directory; did you mean table kipvs?' >&2; exit 1",
+        );
+        assert_eq!(missing.observe().await.unwrap(), ObservedTable::default());
+        let refused = script("refused", "echo 'Error: Operation not permitted' >&2; exit 1");
+        assert!(matches!(refused.observe().await, Err(NftError::Failed { .. })));
+        let garbage = script("garbage", "echo 'not json'");
+        assert!(matches!(garbage.observe().await, Err(NftError::Parse(_))));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     /// The rule order is part of the contract with the kernel (a restart compares comments):
     /// marks, masquerade, then filters with the health-check accept before any reject.
     #[test]
