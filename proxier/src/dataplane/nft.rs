@@ -155,10 +155,15 @@ const FAMILIES: [Family; 2] = [
 
 /// The encoding of the rules' parameters (a [`NftRules`] is plain data in [`crate::model`]).
 impl NftRules {
-    /// The rules, in chain order, as `(chain, comment, statements)`. The comments name the
-    /// rule's purpose and its parameters, so that the rules in the kernel can be compared with
-    /// the wanted ones by comment alone ([`rule_comments`]).
+    /// The rules, in chain order, as `(chain, comment, statements)`: [`NftRules::bodies`] with
+    /// each comment made the rule's identity ([`identify`]).
     fn rules(&self) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
+        identify(self.bodies())
+    }
+
+    /// The rules, in chain order, as `(chain, purpose, statements)`; the purpose names what the
+    /// rule is for and its parameters.
+    fn bodies(&self) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
         let masquerade = || {
             Statement::Masquerade(Some(NAT {
                 addr: None,
@@ -353,6 +358,28 @@ impl NftRules {
         rules.sort_by_key(|(chain, _, _)| CHAINS.iter().position(|c| c.0 == *chain));
         rules
     }
+}
+
+/// Gives each rule its identity as its comment: its purpose and a hash of its chain and body
+/// (`"accept healthCheckNodePorts #1a2b3c4d"`, FNV-1a of the chain name and the statements'
+/// libnftables JSON, 32 bits). The kernel's rules are compared with the wanted ones by comment
+/// ([`rule_comments`]), so a kipvs version that changes a rule's body, even with the same
+/// purpose, rewrites the rules (`WriteRules`) instead of keeping the old body.
+fn identify(
+    bodies: Vec<(&'static str, String, Vec<Statement<'static>>)>,
+) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
+    bodies
+        .into_iter()
+        .map(|(chain, purpose, statements)| {
+            let body = serde_json::to_vec(&statements).expect("statements serialize");
+            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+            for byte in chain.bytes().chain([0]).chain(body) {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+            let comment = format!("{purpose} #{:08x}", (hash ^ (hash >> 32)) as u32);
+            (chain, comment, statements)
+        })
+        .collect()
 }
 
 /// The comments of `params`' rules, in chain order: what [`parse_table`] reads back and what a
@@ -818,8 +845,14 @@ mod tests {
             "echo 'Error: No such file or directory; did you mean table kipvs?' >&2; exit 1",
         );
         assert_eq!(missing.observe().await.unwrap(), ObservedTable::default());
-        let refused = script("refused", "echo 'Error: Operation not permitted' >&2; exit 1");
-        assert!(matches!(refused.observe().await, Err(NftError::Failed { .. })));
+        let refused = script(
+            "refused",
+            "echo 'Error: Operation not permitted' >&2; exit 1",
+        );
+        assert!(matches!(
+            refused.observe().await,
+            Err(NftError::Failed { .. })
+        ));
         let garbage = script("garbage", "echo 'not json'");
         assert!(matches!(garbage.observe().await, Err(NftError::Parse(_))));
         std::fs::remove_dir_all(dir).unwrap();
@@ -830,8 +863,12 @@ mod tests {
     #[test]
     fn rules_are_constant_and_in_chain_order() {
         let rules = NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false);
+        let purposes: Vec<&str> = rule_comments(&rules)
+            .iter()
+            .map(|c| c.rsplit_once(" #").expect("identity hash").0)
+            .collect();
         assert_eq!(
-            rule_comments(&rules),
+            purposes,
             [
                 "mark service traffic to masquerade",
                 "mark service traffic to masquerade",
@@ -853,5 +890,39 @@ mod tests {
             ]
         );
         assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 16);
+    }
+
+    /// An upgrade that changes a rule's body but not its purpose still rewrites the rules: the
+    /// comment carries a hash of the body, so the kernel's old rule no longer matches.
+    #[test]
+    fn changed_rule_body_yields_write_rules() {
+        use crate::dataplane::{Op, Ownership, diff};
+        use crate::model::{DesiredState, ObservedState};
+        let desired = DesiredState {
+            nft_rules: NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false),
+            ..Default::default()
+        };
+        let converged = ObservedState::from(&desired);
+        assert!(diff(&desired, &converged, &Ownership::default()).is_empty());
+        // What an older kipvs wrote: the same rules but the masquerade without `fully-random`.
+        let mut older = desired.nft_rules.bodies();
+        let masquerade = older
+            .iter_mut()
+            .find(|(chain, ..)| *chain == "nat-postrouting")
+            .expect("masquerade rule");
+        *masquerade.2.last_mut().unwrap() = Statement::Masquerade(None);
+        let older: Vec<String> = identify(older).into_iter().map(|(_, c, _)| c).collect();
+        let changed: Vec<usize> = (0..older.len())
+            .filter(|&i| older[i] != rule_comments(&desired.nft_rules)[i])
+            .collect();
+        assert_eq!(changed.len(), 1, "only the changed rule's identity differs");
+        let kernel = ObservedState {
+            nft_rule_comments: older,
+            ..converged
+        };
+        assert_eq!(
+            diff(&desired, &kernel, &Ownership::default()),
+            [Op::WriteRules(desired.nft_rules.clone())]
+        );
     }
 }
