@@ -59,7 +59,9 @@ struct SourceArgs {
 enum Format {
     /// The lines `ipvsadm -Sn` prints for the table.
     Ipvsadm,
-    /// Virtual servers, bound addresses and health-check node ports as JSON.
+    /// The nftables set elements as `nft` commands (`add element inet kipvs SET { ... }`).
+    Nft,
+    /// Virtual servers, bound addresses, health-check node ports and set elements as JSON.
     Json,
 }
 
@@ -482,6 +484,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let plan = planner.plan();
             let text = match format {
                 Format::Ipvsadm => format::ipvsadm(&plan.desired),
+                Format::Nft => format::nft(&plan.desired),
                 Format::Json => format::json(&plan.desired),
             };
             print!("{text}");
