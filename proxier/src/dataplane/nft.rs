@@ -2,7 +2,7 @@
 //! alone cannot do (kube-proxy's IPVS mode does them with iptables and ipsets; reference
 //! `kube-proxy-ipvs.md` section 1, "iptables").
 //!
-//! kipvs owns one table, `inet kipvs`, with a constant set of rules (16, whatever the number of
+//! kipvs owns one table, `inet kipvs`, with a constant set of rules (17, whatever the number of
 //! Services) that look up **named sets**; Services only ever add and delete set elements. The
 //! elements are [`SetElement`]s, planned per Service (`plan_service`) and diffed like virtual
 //! servers, so one endpoint change costs a handful of elements. Every change of one sync goes to
@@ -223,15 +223,6 @@ impl NftRules {
                     masquerade(),
                 ],
             ),
-            // Before the rejects of both families: the health-check ports stay reachable.
-            (
-                "filter-input",
-                "accept healthCheckNodePorts".to_owned(),
-                vec![
-                    matches(payload("tcp", "dport"), set_ref("health-check-ports")),
-                    Statement::Accept(None),
-                ],
-            ),
         ];
         for f in FAMILIES {
             let set = |name: &str| set_ref(&format!("{name}{}", f.suffix));
@@ -331,6 +322,22 @@ impl NftRules {
                 "filter-output",
                 format!("{v}: drop node traffic outside loadBalancerSourceRanges"),
                 firewall(),
+            ));
+            // After the source-range drop, before the reject: health-check ports are accepted
+            // on the node's own addresses only (the input hook sees local destinations; service
+            // IPs are excluded), so they never open a firewalled load-balancer IP.
+            rules.push((
+                "filter-input",
+                format!("{v}: accept healthCheckNodePorts on the node's own addresses"),
+                vec![
+                    Statement::Match(Match {
+                        left: payload(f.proto, "daddr"),
+                        right: set("service-ips"),
+                        op: Operator::NEQ,
+                    }),
+                    matches(payload("tcp", "dport"), set_ref("health-check-ports")),
+                    Statement::Accept(None),
+                ],
             ));
             let mut reject = vec![
                 Statement::Match(Match {
@@ -859,7 +866,8 @@ mod tests {
     }
 
     /// The rule order is part of the contract with the kernel (a restart compares comments):
-    /// marks, masquerade, then filters with the health-check accept before any reject.
+    /// marks, masquerade, then per family: the source-range drop, the health-check accept
+    /// (node addresses only), the reject.
     #[test]
     fn rules_are_constant_and_in_chain_order() {
         let rules = NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false);
@@ -880,16 +888,17 @@ mod tests {
                 "masquerade marked traffic (mark 0x4000)",
                 "IPv4: masquerade hairpin traffic (an endpoint reaching itself)",
                 "IPv6: masquerade hairpin traffic (an endpoint reaching itself)",
-                "accept healthCheckNodePorts",
                 "IPv4: drop sources outside loadBalancerSourceRanges",
+                "IPv4: accept healthCheckNodePorts on the node's own addresses",
                 "IPv4: reject new connections to service IPs on other ports",
                 "IPv6: drop sources outside loadBalancerSourceRanges",
+                "IPv6: accept healthCheckNodePorts on the node's own addresses",
                 "IPv6: reject new connections to service IPs on other ports",
                 "IPv4: drop node traffic outside loadBalancerSourceRanges",
                 "IPv6: drop node traffic outside loadBalancerSourceRanges",
             ]
         );
-        assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 16);
+        assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 17);
     }
 
     /// An upgrade that changes a rule's body but not its purpose still rewrites the rules: the
