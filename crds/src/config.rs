@@ -180,7 +180,43 @@ impl Default for IpvsConfiguration {
     }
 }
 
+/// The IPVS timeouts in whole seconds, as the kernel takes them (`IPVS_CMD_SET_CONFIG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimeoutSeconds {
+    /// `tcpTimeout`.
+    pub tcp: u32,
+    /// `tcpFinTimeout`.
+    pub tcp_fin: u32,
+    /// `udpTimeout`.
+    pub udp: u32,
+}
+
 impl IpvsConfiguration {
+    /// `tcpTimeout`, `tcpFinTimeout` and `udpTimeout` in seconds (`0`: keep the kernel's).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming a timeout longer than the kernel's 32-bit seconds
+    /// (about 136 years), never a wrapped value.
+    pub fn timeout_seconds(&self) -> Result<TimeoutSeconds, ConfigError> {
+        let secs = |field: &str, d: Duration| {
+            u32::try_from(d.as_secs()).map_err(|_| {
+                invalid(
+                    format!("ipvs.{field}"),
+                    format!(
+                        "{} is longer than {} seconds",
+                        duration::format(d),
+                        u32::MAX
+                    ),
+                )
+            })
+        };
+        Ok(TimeoutSeconds {
+            tcp: secs("tcpTimeout", self.tcp_timeout)?,
+            tcp_fin: secs("tcpFinTimeout", self.tcp_fin_timeout)?,
+            udp: secs("udpTimeout", self.udp_timeout)?,
+        })
+    }
+
     /// The scheduler to program: `scheduler`, or `rr` when it is empty (kube-proxy's rule).
     pub fn effective_scheduler(&self) -> &str {
         if self.scheduler.is_empty() {
@@ -300,6 +336,7 @@ impl ProxierConfiguration {
             ));
         }
         self.ipvs.parsed_exclude_cidrs()?;
+        self.ipvs.timeout_seconds()?;
         self.parsed_node_port_addresses()?;
         self.parsed_node_port_range()?;
         self.parsed_cluster_cidrs()?;
@@ -427,6 +464,18 @@ fn parse_socket_addr(text: &str, field: &str) -> Result<SocketAddr, ConfigError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn out_of_range_timeouts_are_rejected_not_wrapped() {
+        let mut config = ProxierConfiguration::default();
+        config.ipvs.tcp_timeout = Duration::from_secs(2_000_000 * 3600);
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("ipvs.tcpTimeout"), "{err}");
+        config.ipvs.tcp_timeout = Duration::from_secs(u64::from(u32::MAX));
+        config.ipvs.udp_timeout = Duration::from_secs(300);
+        let secs = config.ipvs.timeout_seconds().unwrap();
+        assert_eq!((secs.tcp, secs.tcp_fin, secs.udp), (u32::MAX, 0, 300));
+    }
 
     #[test]
     fn defaults_are_kube_proxys() {

@@ -303,20 +303,25 @@ fn nft_order(op: &Op) -> u8 {
     }
 }
 
-/// Real servers that are draining in `observed`: present at weight 0 in a desired virtual
-/// server that no longer wants them.
+/// Real servers of the virtual servers `keys` that are draining in `observed`: present at
+/// weight 0 in a desired virtual server that no longer wants them. Cost: O(real servers of
+/// `keys`), so a sync looks only at the virtual servers it touched.
 pub fn draining<'a>(
     desired: &'a DesiredState,
     observed: &'a ObservedState,
+    keys: impl IntoIterator<Item = &'a VirtualServerKey> + 'a,
 ) -> impl Iterator<Item = (VirtualServerKey, SocketAddr)> + 'a {
-    observed.virtual_servers.iter().flat_map(move |(key, ovs)| {
+    keys.into_iter().flat_map(move |key| {
         let dvs = desired.virtual_servers.get(key);
-        ovs.real_servers
-            .iter()
-            .filter(move |(rs, o)| {
-                o.weight == 0 && dvs.is_some_and(|d| !d.real_servers.contains_key(*rs))
-            })
-            .map(move |(rs, _)| (*key, *rs))
+        let ovs = observed.virtual_servers.get(key).into_iter();
+        ovs.flat_map(move |ovs| {
+            ovs.real_servers
+                .iter()
+                .filter(move |(rs, o)| {
+                    o.weight == 0 && dvs.is_some_and(|d| !d.real_servers.contains_key(*rs))
+                })
+                .map(move |(rs, _)| (*key, *rs))
+        })
     })
 }
 

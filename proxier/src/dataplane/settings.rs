@@ -89,11 +89,14 @@ impl KernelSettings for Kernel {
                     a.sysctl.reason
                 );
             }
-            let ipvs = &config.ipvs;
+            let secs = config
+                .ipvs
+                .timeout_seconds()
+                .map_err(|e| format!("cannot set IPVS timeouts: {e}"))?;
             let timeouts = ipvs::Timeouts {
-                tcp: ipvs.tcp_timeout.as_secs() as u32,
-                tcp_fin: ipvs.tcp_fin_timeout.as_secs() as u32,
-                udp: ipvs.udp_timeout.as_secs() as u32,
+                tcp: secs.tcp,
+                tcp_fin: secs.tcp_fin,
+                udp: secs.udp,
             };
             if timeouts.tcp > 0 || timeouts.tcp_fin > 0 || timeouts.udp > 0 {
                 self.ipvs

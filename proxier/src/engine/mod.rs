@@ -489,11 +489,11 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             ]
         );
         // No change: nothing re-planned, nothing applied.
-        assert_eq!(source.load_into(&handle, Some(seen)).unwrap(), seen);
+        assert!(source.load_into(&handle, seen.as_ref()).unwrap().is_none());
         assert!(engine.sync().await.unwrap().ops.is_empty());
         // The endpoint stops being ready: its real server goes away.
         std::fs::write(&file, WEB.replace("READY", "false")).unwrap();
-        source.load_into(&handle, Some(seen)).unwrap();
+        let seen = source.load_into(&handle, seen.as_ref()).unwrap();
         let report = engine.sync().await.unwrap();
         assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
         let vs = engine
@@ -504,6 +504,20 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             .next()
             .unwrap();
         assert!(vs.real_servers.is_empty());
+        // A half-written file (not UTF-8, then not YAML) keeps its last good content: nothing
+        // is deleted.
+        let programmed = engine.dataplane().state.clone();
+        let garbage: [&[u8]; 2] = [
+            b"\xff\xfe garbage",
+            b"apiVersion: v1\nkind: Service\nspec: [",
+        ];
+        for bytes in garbage {
+            std::fs::write(&file, bytes).unwrap();
+            source.load_into(&handle, seen.as_ref()).unwrap().unwrap();
+            let report = engine.sync().await.unwrap();
+            assert!(report.ops.is_empty(), "{:?}", report.ops);
+            assert_eq!(engine.dataplane().state, programmed);
+        }
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -578,7 +592,7 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             format!("{annotated}\n---\n{}", other.replace("true", "false")),
         )
         .unwrap();
-        source.load_into(&handle, Some(seen)).unwrap();
+        source.load_into(&handle, seen.as_ref()).unwrap();
         let report = engine.sync().await.unwrap();
         assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
         assert!(report.failures.is_empty());

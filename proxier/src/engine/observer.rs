@@ -36,6 +36,12 @@ impl StoreObserver for Vec<Arc<dyn Observer>> {
             o.resource_unavailable(resource, unavailable);
         }
     }
+
+    fn invalid_manifests(&self, files: usize) {
+        for o in self {
+            o.invalid_manifests(files);
+        }
+    }
 }
 
 impl Observer for Vec<Arc<dyn Observer>> {

@@ -315,8 +315,12 @@ impl<D: Dataplane> Syncer<D> {
             self.in_doubt.insert(entry, Backoff { due, delay });
         }
         if let Some(cache) = &self.cache {
-            let now: BTreeSet<_> = draining(desired, cache).collect();
-            self.drains.retain(|k, _| now.contains(k));
+            // Drains change only where this sync looked: the virtual servers of `scope` (all of
+            // them in a full sync).
+            let now: BTreeSet<_> = draining(desired, cache, &scope.virtual_servers).collect();
+            self.drains.retain(|(key, rs), _| {
+                !scope.virtual_servers.contains(key) || now.contains(&(*key, *rs))
+            });
             for k in now {
                 self.drains.entry(k).or_insert(start);
             }
@@ -659,5 +663,32 @@ mod tests {
         assert_eq!(syncer.next_retry(), None);
         assert_eq!(syncer.dataplane().state, ObservedState::from(&desired));
         assert_eq!(syncer.dataplane().full_observes, 1);
+    }
+
+    #[tokio::test]
+    async fn drains_are_tracked_by_incremental_syncs_where_they_look() {
+        let both = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
+        let one = state(&["10.244.1.3:8080"]);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        syncer.sync(&both).await.unwrap();
+        set_connections(&mut syncer, "10.244.1.2:8080", 1);
+        // The periodic full sync reads the connection into the cache.
+        assert!(syncer.sync(&both).await.unwrap().ops.is_empty());
+        let touched = Scope {
+            virtual_servers: [key(80)].into(),
+            ..Default::default()
+        };
+        let report = syncer.sync_touched(&one, &touched).await.unwrap();
+        assert!(matches!(
+            report.ops[..],
+            [Op::UpdateRealServer { weight: 0, .. }]
+        ));
+        assert_eq!(syncer.drains().len(), 1);
+        // A sync that does not look at that virtual server keeps its drain.
+        syncer.sync_touched(&one, &Scope::default()).await.unwrap();
+        assert_eq!(syncer.drains().len(), 1);
+        // Wanted again: the drain ends.
+        syncer.sync_touched(&both, &touched).await.unwrap();
+        assert!(syncer.drains().is_empty());
     }
 }

@@ -126,14 +126,24 @@ pub fn plan_service(
     // family are ignored (kube-proxy runs one proxier per family).
     let in_service_families = |ip: &IpAddr| cluster_ips.iter().any(|c| c.is_ipv4() == ip.is_ipv4());
 
-    let external_ips: Vec<IpAddr> = parse_ips(
+    // Every dropped address is a Problem (a single-stack IPv4 Service with an IPv6 externalIP
+    // must not lose it without a word).
+    let other_family = |field: &str, ips: Vec<IpAddr>, problems: &mut Vec<Problem>| {
+        let (kept, dropped): (Vec<IpAddr>, Vec<IpAddr>) =
+            ips.into_iter().partition(in_service_families);
+        for ip in dropped {
+            problems.push(problem(format!(
+                "{field} {ip} is not of the Service's IP families (spec.clusterIPs); ignored"
+            )));
+        }
+        kept
+    };
+    let external_ips = parse_ips(
         spec.external_ips.iter().flatten(),
         |i| indexed_field("spec.externalIPs", Some(i)),
         |m| plan.problems.push(problem(m)),
-    )
-    .into_iter()
-    .filter(in_service_families)
-    .collect();
+    );
+    let external_ips = other_family("spec.externalIPs", external_ips, &mut plan.problems);
 
     let source_ranges = if service_type == ServiceType::LoadBalancer {
         source_ranges(spec, |m| plan.problems.push(problem(m)))
@@ -141,10 +151,8 @@ pub fn plan_service(
         Vec::new()
     };
     let load_balancer_ips: Vec<IpAddr> = if service_type == ServiceType::LoadBalancer {
-        load_balancer_vips(service, context, |m| plan.problems.push(problem(m)))
-            .into_iter()
-            .filter(in_service_families)
-            .collect()
+        let vips = load_balancer_vips(service, context, |m| plan.problems.push(problem(m)));
+        other_family("status.loadBalancer.ingress", vips, &mut plan.problems)
     } else {
         Vec::new()
     };

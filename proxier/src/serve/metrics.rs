@@ -20,6 +20,7 @@
 //! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP conntrack entries deleted ([`crate::dataplane::conntrack`]) |
 //! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed), the name of a failed op (`AddRealServer`, ...), or `conntrack` (a UDP conntrack listing or delete failed) |
 //! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
+//! | `kipvs_manifests_invalid_files` | gauge | manifests files (`run --manifests`) that cannot be read or do not load as they are; each keeps its last good content |
 //! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
 //! | `kipvs_api_resource_unavailable{resource}` | gauge | 1 while the API server does not serve a resource kipvs watches (e.g. `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21) |
 
@@ -61,6 +62,7 @@ pub struct Metrics {
     terminating_fallback: IntGauge,
     api_unavailable: IntGaugeVec,
     scheduler_unavailable: IntGaugeVec,
+    invalid_manifests: IntGauge,
     /// Store change totals already counted.
     counted: Arc<Mutex<ChangeCounts>>,
 }
@@ -186,6 +188,10 @@ impl Metrics {
                 "kipvs_services_terminating_fallback",
                 "Services routing to serving+terminating endpoints because none is ready",
             ),
+            invalid_manifests: int_gauge(
+                "kipvs_manifests_invalid_files",
+                "manifests files that do not load as they are (their last good content is used)",
+            ),
             scheduler_unavailable: register(
                 &r,
                 IntGaugeVec::new(
@@ -267,6 +273,11 @@ impl StoreObserver for Metrics {
             .set(i64::try_from(pending.services).unwrap_or(i64::MAX));
         self.endpoint_changes_pending
             .set(i64::try_from(pending.endpoint_slices).unwrap_or(i64::MAX));
+    }
+
+    fn invalid_manifests(&self, files: usize) {
+        self.invalid_manifests
+            .set(i64::try_from(files).unwrap_or(i64::MAX));
     }
 
     fn resource_unavailable(&self, resource: &'static str, unavailable: bool) {

@@ -19,6 +19,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kipvs_crds::nodeproxyconfig::NodeProxyConfig;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
@@ -41,6 +42,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Append `other`'s objects (the next file's).
+    pub fn extend(&mut self, other: Snapshot) {
+        self.services.extend(other.services);
+        self.endpoint_slices.extend(other.endpoint_slices);
+        self.nodes.extend(other.nodes);
+        self.node_proxy_configs.extend(other.node_proxy_configs);
+    }
+
     /// The Node named `name`, if the manifests hold one.
     pub fn node(&self, name: &str) -> Option<&Node> {
         self.nodes
@@ -89,40 +98,57 @@ impl std::error::Error for ManifestError {}
 /// An I/O error, with the path in its message, if `path` or a file in it cannot be read.
 /// Problems with the contents are returned as [`ManifestError`]s next to what did load.
 pub fn load(path: &Path) -> io::Result<(Snapshot, Vec<ManifestError>)> {
-    let with_path =
-        |e: io::Error, p: &Path| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
-    let metadata = std::fs::metadata(path).map_err(|e| with_path(e, path))?;
-    let files = if metadata.is_dir() {
-        let mut files = Vec::new();
-        for entry in std::fs::read_dir(path).map_err(|e| with_path(e, path))? {
-            let file = entry.map_err(|e| with_path(e, path))?.path();
-            let name = file
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
-            let wanted = !name.starts_with('.')
-                && matches!(
-                    file.extension().and_then(|e| e.to_str()),
-                    Some("yaml" | "yml" | "json")
-                );
-            if wanted && file.is_file() {
-                files.push(file);
-            }
-        }
-        files.sort();
-        files
-    } else {
-        vec![path.to_owned()]
-    };
+    let mut snapshot = Snapshot::default();
+    let mut errors = Vec::new();
+    for file in files(path)? {
+        let (s, e) = load_file(&file)?;
+        snapshot.extend(s);
+        errors.extend(e);
+    }
+    Ok((snapshot, errors))
+}
 
-    let mut loader = Loader::default();
-    for file in files {
-        let bytes = std::fs::read(&file).map_err(|e| with_path(e, &file))?;
-        loader.file = file;
-        match String::from_utf8(bytes) {
-            Ok(text) => loader.load_text(&text),
-            Err(e) => loader.error(None, None, None, format!("not UTF-8: {e}")),
+/// `path` with the path in an I/O error's message.
+fn with_path(e: io::Error, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+/// The files of `path`: itself, or a directory's manifests in name order.
+fn files(path: &Path) -> io::Result<Vec<PathBuf>> {
+    let metadata = std::fs::metadata(path).map_err(|e| with_path(e, path))?;
+    if !metadata.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(|e| with_path(e, path))? {
+        let file = entry.map_err(|e| with_path(e, path))?.path();
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let wanted = !name.starts_with('.')
+            && matches!(
+                file.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml" | "json")
+            );
+        if wanted && file.is_file() {
+            files.push(file);
         }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Loads one manifests file.
+fn load_file(file: &Path) -> io::Result<(Snapshot, Vec<ManifestError>)> {
+    let bytes = std::fs::read(file).map_err(|e| with_path(e, file))?;
+    let mut loader = Loader {
+        file: file.to_owned(),
+        ..Loader::default()
+    };
+    match String::from_utf8(bytes) {
+        Ok(text) => loader.load_text(&text),
+        Err(e) => loader.error(None, None, None, format!("not UTF-8: {e}")),
     }
     Ok((loader.snapshot, loader.errors))
 }
@@ -365,37 +391,82 @@ pub struct ManifestsSource {
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 impl ManifestsSource {
-    /// Load the files into the store if their contents changed since `seen`; returns the new
-    /// fingerprint. Unreadable documents are logged by name and skipped.
+    /// Load the files into the store if their contents changed since `last` (`None`: load);
+    /// returns what was loaded, or `None` when nothing changed.
     ///
-    /// Errors: when the path itself cannot be read (the store is left unchanged).
-    pub fn load_into(&self, handle: &SourceHandle, seen: Option<u64>) -> io::Result<u64> {
-        let current = fingerprint(&self.path)?;
-        if Some(current) != seen {
-            let (snapshot, errors) = load(&self.path)?;
-            for e in &errors {
-                tracing::warn!("skipped manifest: {e}");
-            }
-            if let Some(tx) = &self.node_configs {
-                let next = assigned_from(&snapshot.node_proxy_configs, &self.node_name);
-                tx.send_if_modified(|current| {
-                    let changed = *current != next;
-                    *current = next;
-                    changed
-                });
-            }
-            handle.update(|store| store.replace_all(snapshot, &self.node_name));
+    /// A file that cannot be read or has a document or object that does not load (e.g. a
+    /// half-written file) keeps its last good content from `last`, so bad input never deletes
+    /// anything; it is logged with the reason and counted in `kipvs_manifests_invalid_files`.
+    /// Without a last good content (at start) what did load is used. A file that is removed
+    /// takes its objects with it.
+    ///
+    /// Errors: when the path itself cannot be listed (the store is left unchanged).
+    pub fn load_into(
+        &self,
+        handle: &SourceHandle,
+        last: Option<&Loaded>,
+    ) -> io::Result<Option<Loaded>> {
+        let fingerprint = fingerprint(&self.path)?;
+        if last.is_some_and(|l| l.fingerprint == fingerprint) {
+            return Ok(None);
         }
-        Ok(current)
+        let mut loaded = Loaded {
+            fingerprint,
+            good: BTreeMap::new(),
+        };
+        let mut snapshot = Snapshot::default();
+        let mut invalid = 0;
+        for file in files(&self.path)? {
+            let reason = match load_file(&file) {
+                Ok((s, errors)) if errors.is_empty() => {
+                    loaded.good.insert(file, s.clone());
+                    snapshot.extend(s);
+                    continue;
+                }
+                Ok((s, errors)) => {
+                    let reason: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                    (Some(s), reason.join("; "))
+                }
+                Err(e) => (None, e.to_string()),
+            };
+            invalid += 1;
+            match (last.and_then(|l| l.good.get(&file)), reason) {
+                (Some(good), (_, reason)) => {
+                    tracing::warn!(
+                        file = %file.display(),
+                        "keeping the file's last good content: {reason}"
+                    );
+                    loaded.good.insert(file, good.clone());
+                    snapshot.extend(good.clone());
+                }
+                (None, (partial, reason)) => {
+                    tracing::warn!("skipped manifest: {reason}");
+                    snapshot.extend(partial.unwrap_or_default());
+                }
+            }
+        }
+        handle.invalid_manifests(invalid);
+        if let Some(tx) = &self.node_configs {
+            let next = assigned_from(&snapshot.node_proxy_configs, &self.node_name);
+            tx.send_if_modified(|current| {
+                let changed = *current != next;
+                *current = next;
+                changed
+            });
+        }
+        handle.update(|store| store.replace_all(snapshot, &self.node_name));
+        Ok(Some(loaded))
     }
 
     /// Poll the files every [`POLL_INTERVAL`] forever, loading changes into the store.
     pub async fn watch(self, handle: SourceHandle) {
-        let mut seen = None;
+        let mut last = None;
         loop {
-            match self.load_into(&handle, seen) {
-                Ok(f) => {
-                    seen = Some(f);
+            match self.load_into(&handle, last.as_ref()) {
+                Ok(loaded) => {
+                    if loaded.is_some() {
+                        last = loaded;
+                    }
                     handle.mark_ready();
                 }
                 Err(e) => {
@@ -405,6 +476,14 @@ impl ManifestsSource {
             tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
+}
+
+/// What [`ManifestsSource::load_into`] loaded: the fingerprint of the files and the last good
+/// content of each.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    fingerprint: u64,
+    good: BTreeMap<PathBuf, Snapshot>,
 }
 
 /// A fingerprint of the manifests' contents, to notice edits (of any size or timestamp).

@@ -22,6 +22,8 @@ pub trait StoreObserver: Send + Sync {
     /// The API server does (`true`) or does not any more (`false`) serve `resource` (e.g.
     /// `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21).
     fn resource_unavailable(&self, _resource: &'static str, _unavailable: bool) {}
+    /// `files` manifests files do not load as they are (their last good content is used).
+    fn invalid_manifests(&self, _files: usize) {}
 }
 
 /// What sources hold to feed the engine: the store, the wake-up signal, the readiness gate
@@ -85,6 +87,11 @@ impl SourceHandle {
     /// `resource`.
     pub fn resource_unavailable(&self, resource: &'static str, unavailable: bool) {
         self.observer.resource_unavailable(resource, unavailable);
+    }
+
+    /// Tell the observer how many manifests files do not load as they are.
+    pub fn invalid_manifests(&self, files: usize) {
+        self.observer.invalid_manifests(files);
     }
 
     /// Resolves at the next [`update`](Self::update) (or at once if one happened since the
