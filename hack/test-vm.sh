@@ -10,6 +10,7 @@
 # env:   VMCACHE (~/.cache/kipvs-vm), VMTIMEOUT (s, 600), CARGO_TARGET_DIR; output in $target/vm/
 #        KIPVS_PROXIER: run this kipvs-proxier instead of the image's (nft still comes from the image)
 #        KIPVS_KERNEL_TEST: use this ipvs-rs kernel test executable instead of building it
+#        VM_TESTS: run only the guest tests matching this glob (e.g. '3[56]-*'; default all)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VM=$ROOT/hack/vm
@@ -69,7 +70,9 @@ img_exec nft /usr/sbin/nft
 if [ -n "${KIPVS_PROXIER:-}" ]; then cp "$PROXIER" "$P/bin/kipvs-proxier"
 else img_exec kipvs-proxier /usr/local/bin/kipvs-proxier; fi
 [ -z "$KTEST" ] || cp "$KTEST" "$P/bin/ipvs-rs-kernel"
-cp -r "$ROOT"/tests/vm/. "$P/tests/"; cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
+cp -r "$ROOT"/tests/vm/. "$P/tests/"
+for f in "$P"/tests/[0-9][0-9]-*.sh; do case $(basename "$f") in ${VM_TESTS:-*}) ;; *) rm "$f" ;; esac; done
+cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
 if [ "$MODE" = bench ]; then
   mkdir -p "$P/manifests/bench"
   python3 "$ROOT/hack/gen-manifests.py" "${BENCH_SERVICES:-10000}" "${BENCH_ENDPOINTS:-2}" "$P/manifests/bench/cluster.json"
@@ -96,7 +99,7 @@ fail=0
 awk '$1 == "TIME" { t[$2] = $3; next } /^(PASS|FAIL|SKIP) / { n = $2; sub(":$", "", n); r[++k] = $0; name[k] = n }
   END { for (i = 1; i <= k; i++) printf "  %s%s\n", r[i], (name[i] in t) ? "  [" t[name[i]] " s]" : "" }' "$OUT/console.log"
 if [ "$MODE" = test ]; then expected="topology"; for f in tests/vm/[0-9][0-9]-*.sh; do
-    n=$(basename "$f" .sh); expected="$expected ${n#[0-9][0-9]-}"; done
+    case $(basename "$f") in ${VM_TESTS:-*}) ;; *) continue ;; esac; n=$(basename "$f" .sh); expected="$expected ${n#[0-9][0-9]-}"; done
 elif [ "$MODE" = demo ]; then expected="topology demo"; else expected="bench"; fi
 for n in $expected; do
   grep -qE "^(PASS|SKIP) $n\$|^(PASS|SKIP) $n:" "$OUT/console.log" && continue

@@ -24,6 +24,7 @@
 //!   udpTimeout: 0s
 //!   excludeCIDRs: []
 //! nodePortAddresses: []
+//! nodePortRange: 30000-32767
 //! clusterCIDR: 10.244.0.0/16
 //! nftables:
 //!   masqueradeAll: false
@@ -43,6 +44,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -71,6 +73,11 @@ pub struct ProxierConfiguration {
     /// one of them), or the single value `"primary"` (the Node object's primary IP of each
     /// family). Empty: every node IP.
     pub node_port_addresses: Vec<String>,
+    /// The NodePort range of the cluster, `FIRST-LAST` (kube-apiserver's
+    /// `--service-node-port-range`; a kipvs extension: kube-proxy does not need it). A virtual
+    /// server on a node IP with a port in this range is a NodePort the proxier owns: it is
+    /// deleted when no Service wants it. Default `30000-32767`; `FIRST` ≥ 1, `FIRST` ≤ `LAST`.
+    pub node_port_range: String,
     /// The pod network: CIDRs separated by commas (one per IP family), as kube-proxy's
     /// `clusterCIDR`. Traffic to a ClusterIP from a source outside it is masqueraded (kube-proxy's
     /// `ClusterCIDR` local-traffic detector). Empty: only traffic the node itself sends from a
@@ -148,6 +155,7 @@ impl Default for ProxierConfiguration {
             feature_gates: BTreeMap::new(),
             ipvs: IpvsConfiguration::default(),
             node_port_addresses: Vec::new(),
+            node_port_range: DEFAULT_NODE_PORT_RANGE.to_owned(),
             cluster_cidr: String::new(),
             nftables: NftablesConfiguration::default(),
             healthz_bind_address: "0.0.0.0:10256".to_owned(),
@@ -244,6 +252,9 @@ pub enum NodePortAddress {
 /// `NodePortAddressesPrimary`).
 pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
 
+/// The default `nodePortRange`: kube-apiserver's default `--service-node-port-range`.
+pub const DEFAULT_NODE_PORT_RANGE: &str = "30000-32767";
+
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -327,6 +338,7 @@ impl ProxierConfiguration {
         self.ipvs.parsed_exclude_cidrs()?;
         self.ipvs.timeout_seconds()?;
         self.parsed_node_port_addresses()?;
+        self.parsed_node_port_range()?;
         self.parsed_cluster_cidrs()?;
         self.healthz_socket_addr()?;
         self.metrics_socket_addr()?;
@@ -381,6 +393,30 @@ impl ProxierConfiguration {
                 }
             })
             .collect()
+    }
+
+    /// `nodePortRange`, parsed (`"30000-32767"` → `30000..=32767`; blanks around the numbers
+    /// are allowed, as kube-apiserver's `net.ParsePortRange`).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] when it is not `FIRST-LAST` with 1 ≤ `FIRST` ≤ `LAST` ≤ 65535.
+    pub fn parsed_node_port_range(&self) -> Result<RangeInclusive<u16>, ConfigError> {
+        let bad = || {
+            invalid(
+                "nodePortRange",
+                format!(
+                    "{:?} is not FIRST-LAST with 1 <= FIRST <= LAST <= 65535 (e.g. {DEFAULT_NODE_PORT_RANGE})",
+                    self.node_port_range
+                ),
+            )
+        };
+        let (first, last) = self.node_port_range.split_once('-').ok_or_else(bad)?;
+        let first: u16 = first.trim().parse().map_err(|_| bad())?;
+        let last: u16 = last.trim().parse().map_err(|_| bad())?;
+        if first == 0 || first > last {
+            return Err(bad());
+        }
+        Ok(first..=last)
     }
 
     /// `healthzBindAddress`, parsed.
@@ -463,6 +499,33 @@ mod tests {
             "127.0.0.1:10249".parse().unwrap()
         );
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn node_port_range_is_parsed_and_validated() {
+        assert_eq!(
+            ProxierConfiguration::default()
+                .parsed_node_port_range()
+                .unwrap(),
+            30000..=32767
+        );
+        let config = ProxierConfiguration::from_yaml_str("nodePortRange: 20000-22767\n").unwrap();
+        assert_eq!(config.parsed_node_port_range().unwrap(), 20000..=22767);
+        assert_eq!(
+            ProxierConfiguration::from_yaml_str("nodePortRange: \" 80 - 80 \"\n")
+                .unwrap()
+                .parsed_node_port_range()
+                .unwrap(),
+            80..=80
+        );
+        for bad in ["30000", "0-100", "200-100", "1-65536", "a-b", ""] {
+            let yaml = format!("nodePortRange: \"{bad}\"\n");
+            let err = ProxierConfiguration::from_yaml_str(&yaml).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid { field, .. } if field == "nodePortRange"),
+                "{bad}: {err:?}"
+            );
+        }
     }
 
     #[test]

@@ -315,6 +315,8 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
             .into_iter()
             .flat_map(expand_node_port_keyword)
             .collect(),
+        // KubeProxyConfiguration has no NodePort range (only kube-apiserver knows it).
+        node_port_range: crate::config::DEFAULT_NODE_PORT_RANGE.to_owned(),
         healthz_bind_address: bind_address(file.healthz_bind_address, healthz_host, HEALTHZ_PORT),
         metrics_bind_address: bind_address(file.metrics_bind_address, metrics_host, METRICS_PORT),
     };

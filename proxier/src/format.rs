@@ -1,4 +1,5 @@
-//! Text renderings of a [`DesiredState`]: `ipvsadm -Sn` rules and JSON.
+//! Text renderings of a [`DesiredState`]: `ipvsadm -Sn` rules, the nftables set elements in
+//! `nft` syntax, and JSON.
 //!
 //! [`ipvsadm`] prints exactly what `ipvsadm -Sn` (ipvsadm 1.31, `print_service_entry` with
 //! `FMT_RULE | FMT_NUMERIC`) prints once the table is programmed, so the two can be compared
@@ -26,7 +27,7 @@
 //! the compared words all lie within half the 32-bit circle; otherwise (when ipvsadm's own
 //! order depends on its sort algorithm and the kernel's listing order) it is numeric.
 
-use crate::model::{DesiredState, Protocol, SchedFlags, VirtualServer};
+use crate::model::{DesiredState, Protocol, SchedFlags, SetElement, VirtualServer};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -190,8 +191,28 @@ fn circular_start(values: &[u32]) -> u32 {
     }
 }
 
+/// The set elements by set name, then element.
+fn sorted_elements(desired: &DesiredState) -> impl Iterator<Item = &SetElement> {
+    let mut elements: Vec<&SetElement> = desired.set_elements.iter().collect();
+    elements.sort_by_key(|e| (e.set_name(), **e));
+    elements.into_iter()
+}
+
+/// The elements of kipvs's nftables sets in `nft` syntax, one `add element` command per
+/// element (`add element inet kipvs external { 203.0.113.77 . tcp . 443 }`), sorted by set
+/// name then element: a file `nft -f` accepts once the table exists, and what
+/// `nft list table inet kipvs` shows in its sets' `elements`.
+pub fn nft(desired: &DesiredState) -> String {
+    let mut text = String::new();
+    for element in sorted_elements(desired) {
+        writeln!(text, "add element inet kipvs {element}").expect("writing to a String");
+    }
+    text
+}
+
 /// `desired` as pretty-printed JSON: virtual servers (in virtual-server key order, real
-/// servers by address), addresses to bind, and health-check node ports.
+/// servers by address), addresses to bind, health-check node ports, and the nftables set
+/// elements in [`nft`]'s order (`{"set": ..., "element": ...}`, the element in `nft` syntax):
 ///
 /// ```json
 /// {
@@ -206,7 +227,8 @@ fn circular_start(values: &[u32]) -> u32 {
 ///   "bindAddresses": ["10.96.0.10"],
 ///   "healthCheckNodePorts": [
 ///     {"port": 30000, "namespace": "default", "name": "web", "localReadyEndpoints": 1}
-///   ]
+///   ],
+///   "setElements": [{"set": "cluster-ips", "element": "10.96.0.10 . udp . 53"}]
 /// }
 /// ```
 pub fn json(desired: &DesiredState) -> String {
@@ -240,6 +262,12 @@ pub fn json(desired: &DesiredState) -> String {
                 local_ready_endpoints: hc.local_ready_endpoints,
             })
             .collect(),
+        set_elements: sorted_elements(desired)
+            .map(|e| JsonSetElement {
+                set: e.set_name(),
+                element: e.element_text(),
+            })
+            .collect(),
     };
     let mut text = serde_json::to_string_pretty(&view).expect("plain data serializes");
     text.push('\n');
@@ -252,6 +280,13 @@ struct JsonState<'a> {
     virtual_servers: Vec<JsonVirtualServer<'a>>,
     bind_addresses: &'a BTreeSet<IpAddr>,
     health_check_node_ports: Vec<JsonHealthCheck<'a>>,
+    set_elements: Vec<JsonSetElement>,
+}
+
+#[derive(Serialize)]
+struct JsonSetElement {
+    set: &'static str,
+    element: String,
 }
 
 #[derive(Serialize)]
@@ -430,6 +465,12 @@ mod tests {
                 local_ready_endpoints: 2,
             },
         );
+        desired
+            .set_elements
+            .insert(SetElement::ClusterIp(key("10.96.0.10", 53, Protocol::Udp)));
+        desired
+            .set_elements
+            .insert(SetElement::HealthCheckNodePort(30000));
         let value: serde_json::Value = serde_json::from_str(&json(&desired)).unwrap();
         assert_eq!(
             value,
@@ -451,8 +492,17 @@ mod tests {
                     "name": "web",
                     "localReadyEndpoints": 2,
                 }],
+                "setElements": [
+                    {"set": "cluster-ips", "element": "10.96.0.10 . udp . 53"},
+                    {"set": "health-check-ports", "element": "30000"},
+                ],
             })
         );
         assert!(json(&DesiredState::default()).ends_with("}\n"));
+        assert_eq!(
+            nft(&desired),
+            "add element inet kipvs cluster-ips { 10.96.0.10 . udp . 53 }\n\
+             add element inet kipvs health-check-ports { 30000 }\n"
+        );
     }
 }

@@ -59,7 +59,9 @@ struct SourceArgs {
 enum Format {
     /// The lines `ipvsadm -Sn` prints for the table.
     Ipvsadm,
-    /// Virtual servers, bound addresses and health-check node ports as JSON.
+    /// The nftables set elements as `nft` commands (`add element inet kipvs SET { ... }`).
+    Nft,
+    /// Virtual servers, bound addresses, health-check node ports and set elements as JSON.
     Json,
 }
 
@@ -482,6 +484,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             let plan = planner.plan();
             let text = match format {
                 Format::Ipvsadm => format::ipvsadm(&plan.desired),
+                Format::Nft => format::nft(&plan.desired),
                 Format::Json => format::json(&plan.desired),
             };
             print!("{text}");
@@ -511,7 +514,8 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         Command::Cleanup { config } => {
             let config = load_config(config.as_deref())?;
             let exclude = config.ipvs.parsed_exclude_cidrs()?;
-            let (ops, failures) = connect_kernel().await?.cleanup(exclude).await?;
+            let node_ports = config.parsed_node_port_range()?;
+            let (ops, failures) = connect_kernel().await?.cleanup(exclude, node_ports).await?;
             for op in &ops {
                 tracing::info!("{op}");
             }

@@ -15,9 +15,13 @@
 //! - `expected.healthcheck`: health-check node ports, `port namespace/name localReadyEndpoints`.
 //! - `expected.problems`: manifest errors (file names relative to the case), then plan problems.
 //! - `expected.counts`: the non-zero metric counts, `name value`.
+//! - `expected.nft`: the nftables set elements, as `plan --format nft` prints them
+//!   ([`format::nft`]).
 //!
-//! Every expectation file but `expected.ipvsadm` may be left out, which means "nothing": no
-//! bound address, no health-check port, no problem, all counts zero.
+//! Every expectation file but `expected.ipvsadm` and `expected.nft` may be left out, which
+//! means "nothing": no bound address, no health-check port, no problem, all counts zero.
+//! `expected.nft` is checked where present (every Service has set elements, so "none" would
+//! be wrong for almost every case).
 
 use kipvs_crds::ProxierConfiguration;
 use kipvs_proxier::format;
@@ -92,6 +96,7 @@ struct Outcome {
     healthcheck: String,
     problems: String,
     counts: String,
+    nft: String,
 }
 
 fn run_case(dir: &Path) -> Outcome {
@@ -167,6 +172,7 @@ fn run_case(dir: &Path) -> Outcome {
         healthcheck,
         problems: rendered_problems,
         counts,
+        nft: format::nft(&desired),
     }
 }
 
@@ -194,7 +200,11 @@ fn plan_vectors() {
             ("expected.healthcheck", &outcome.healthcheck),
             ("expected.problems", &outcome.problems),
             ("expected.counts", &outcome.counts),
+            ("expected.nft", &outcome.nft),
         ] {
+            if file == "expected.nft" && !dir.join(file).exists() {
+                continue;
+            }
             let expected = read_optional(&dir.join(file));
             if &expected != actual {
                 writeln!(

@@ -7,7 +7,8 @@
 #   - a host port (2222 on every address of the node) is not reachable on a ClusterIP, but still on the
 #     node IP; the service port on the same ClusterIP is;
 #   - loadBalancerSourceRanges [192.168.100.2/32]: the client is served, client2 (192.168.101.2) and
-#     the node itself are not;
+#     the node itself are not; a firewalled load-balancer IP whose port equals a healthCheckNodePort
+#     stays closed to client2 while the health check on the node IP answers it;
 #   - the table's rule count does not change when Services are added.
 . /payload/tests/lib.sh
 proxier_ensure; wait_converged 30 >/dev/null
@@ -72,8 +73,14 @@ a=$(printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 203.0.113.20 80 2>/dev/null | tail
 check "load-balancer IP from the node itself (not in the ranges) is dropped (got '$a')" [ -z "$a" ]
 a=$(peer "$CLIENT2" 10.96.0.42 80)
 check "the same Service's ClusterIP is not restricted: client2 is served (got '$a')" [ -n "$a" ]
+a=$(peer "$CLIENT2" 203.0.113.21 30380)
+check "firewalled load-balancer IP 203.0.113.21 on port 30380 (= a healthCheckNodePort) stays closed to 192.168.101.2 (got '$a')" [ -z "$a" ]
+a=$(peer "$CLIENT" 203.0.113.21 30380)
+check "the same port on 203.0.113.21 serves 192.168.100.2, inside the range (seen as '$a')" [ -n "$a" ]
+a=$(printf 'GET /healthz HTTP/1.0\r\n\r\n' | $CLIENT2 nc -w 3 $NODE_IP 30380 2>/dev/null | grep -o '"localEndpoints": *[0-9]*')
+check "the health check on the node IP $NODE_IP:30380 answers 192.168.101.2 ('$a')" [ -n "$a" ]
 r1=$(rules)
-check "rule count unchanged by 3 more Services ($r0 -> $r1)" [ "$r0" = "$r1" ]
+check "rule count unchanged by 4 more Services ($r0 -> $r1)" [ "$r0" = "$r1" ]
 # kubernetes#119656 in reverse: a range holding the node IP lets the node in (from the LB IP)
 sed 's#192.168.100.2/32#192.168.100.0/24#' /payload/tests/nft/services.yaml > "$W/nft.tmp" && mv "$W/nft.tmp" "$M/nft.yaml"
 wait_converged 30 >/dev/null
@@ -84,7 +91,7 @@ check "with 192.168.100.0/24 (holds the node IP) the node itself is served (got 
 
 rm -f "$M/nft.yaml"
 wait_converged 30 >/dev/null || bad "not converged after removing the test Services"
-left=$(nft list table inet kipvs | grep -cE '10\.96\.0\.4[0-2]|203\.0\.113\.20|10\.244\.(9\.9|1\.9)')
+left=$(nft list table inet kipvs | grep -cE '10\.96\.0\.4[0-3]|203\.0\.113\.2[01]|10\.244\.(9\.9|1\.9)')
 check "their set elements are gone ($left left)" [ "$left" = 0 ]
 pkill -f 'httpd -p 2222' 2>/dev/null
 finish

@@ -2,6 +2,7 @@
 
 use super::settings::{FakeKernel, KernelSettings};
 use super::{Dataplane, DataplaneError, Op, OpFailure};
+use crate::dataplane::conntrack::UdpEntry;
 use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
 use futures::future::BoxFuture;
 use kipvs_crds::config::ProxierConfiguration;
@@ -23,6 +24,8 @@ pub struct FakeDataplane {
     /// adding or editing a virtual server with one fails with `ENOENT`, and
     /// [`FakeDataplane::kernel_settings`]'s scheduler check rejects it.
     pub missing_schedulers: BTreeSet<String>,
+    /// The fake node's UDP conntrack entries; [`Dataplane::delete_conntrack`] removes from it.
+    pub conntrack: BTreeSet<UdpEntry>,
     /// How many times the whole state was observed ([`Dataplane::observe`]).
     pub full_observes: usize,
 }
@@ -121,6 +124,17 @@ impl Dataplane for FakeDataplane {
             }
         }
         failures
+    }
+
+    async fn udp_conntrack(&mut self) -> Result<Vec<UdpEntry>, DataplaneError> {
+        Ok(self.conntrack.iter().copied().collect())
+    }
+
+    async fn delete_conntrack(&mut self, entries: &[UdpEntry]) -> Vec<(UdpEntry, DataplaneError)> {
+        for e in entries {
+            self.conntrack.remove(e);
+        }
+        Vec::new()
     }
 }
 

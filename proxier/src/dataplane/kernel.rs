@@ -1,10 +1,8 @@
 //! The real [`Dataplane`]: kernel IPVS through `ipvs-rs`, the dummy interface `kube-ipvs0` and
 //! its addresses through rtnetlink, and the sysctls kube-proxy's IPVS mode sets.
 
-use super::{
-    DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Op, OpFailure, Ownership, diff,
-    nft_transaction,
-};
+use super::conntrack::{Conntrack, UdpEntry};
+use super::{Dataplane, DataplaneError, Op, OpFailure, Ownership, diff, nft_transaction};
 use crate::dataplane::nft::{self, Nft};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
@@ -36,6 +34,8 @@ pub struct KernelDataplane {
     rtnl: rtnetlink::Handle,
     link_index: u32,
     nft: Nft,
+    /// `None` when the UDP conntrack cleanup is switched off (`KIPVS_CONNTRACK_CLEANUP=false`).
+    conntrack: Option<Conntrack>,
 }
 
 impl KernelDataplane {
@@ -56,6 +56,9 @@ impl KernelDataplane {
             rtnl,
             link_index,
             nft: Nft::default(),
+            conntrack: conntrack_cleanup_enabled()
+                .then(Conntrack::connect)
+                .transpose()?,
         })
     }
 
@@ -68,11 +71,12 @@ impl KernelDataplane {
     pub async fn cleanup(
         mut self,
         exclude_cidrs: Vec<ipnet::IpNet>,
+        node_port_range: std::ops::RangeInclusive<u16>,
     ) -> Result<(Vec<Op>, Vec<OpFailure>), DataplaneError> {
         let observed = self.observe().await?;
         let ownership = Ownership {
             node_ips: self.other_interface_addresses().await?,
-            node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
+            node_port_range: Some(node_port_range),
             exclude_cidrs,
         };
         let ops = diff(&DesiredState::default(), &observed, &ownership);
@@ -191,12 +195,10 @@ impl Dataplane for KernelDataplane {
             };
             virtual_servers.insert(key, ObservedVirtualServer { spec, real_servers });
         }
-        // Without nftables (no `nft`, no nf_tables) IPVS is still programmed: the table reads
-        // as empty, and the nftables ops fail and are retried, each failure logged.
-        let table = self.nft.observe().await.unwrap_or_else(|e| {
-            tracing::warn!("cannot read the nftables table: {e}");
-            nft::ObservedTable::default()
-        });
+        // A table that cannot be read is an error, not an empty table: an empty one would
+        // make the diff re-add what exists and never delete a stale element. The sync fails
+        // (nothing is changed) and is retried with backoff; a missing table reads as empty.
+        let table = self.nft.observe().await?;
         Ok(ObservedState {
             virtual_servers,
             bound_addresses: self.bound_addresses().await?,
@@ -300,9 +302,36 @@ impl Dataplane for KernelDataplane {
         }
         failures
     }
+
+    async fn udp_conntrack(&mut self) -> Result<Vec<UdpEntry>, DataplaneError> {
+        match &self.conntrack {
+            Some(conntrack) => Ok(conntrack.udp_entries().await?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    async fn delete_conntrack(&mut self, entries: &[UdpEntry]) -> Vec<(UdpEntry, DataplaneError)> {
+        let Some(conntrack) = &self.conntrack else {
+            return Vec::new();
+        };
+        let failures = conntrack.delete(entries).await;
+        failures
+            .into_iter()
+            .map(|(e, error)| (e, error.into()))
+            .collect()
+    }
 }
 
 /// Real servers by address from a destination dump.
+/// Whether the UDP conntrack cleanup runs: on unless `KIPVS_CONNTRACK_CLEANUP` is `false` or
+/// `0` (an escape hatch, and how the VM test shows what happens without it).
+fn conntrack_cleanup_enabled() -> bool {
+    !matches!(
+        std::env::var("KIPVS_CONNTRACK_CLEANUP").as_deref(),
+        Ok("false" | "0")
+    )
+}
+
 fn real_servers(dests: Vec<ipvs::Destination>) -> BTreeMap<SocketAddr, ObservedRealServer> {
     dests
         .into_iter()

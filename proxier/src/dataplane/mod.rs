@@ -18,12 +18,14 @@
 //! in unit tests. Ops inside one stage are independent of each other, so a dataplane may run
 //! them concurrently (the kernel one pipelines them over one netlink socket).
 
+pub mod conntrack;
 pub mod fake;
 pub mod kernel;
 pub mod nft;
 pub mod settings;
 pub mod sysctl;
 
+use crate::dataplane::conntrack::UdpEntry;
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
@@ -36,9 +38,6 @@ use std::fmt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
-
-/// The default `--service-node-port-range` of kube-apiserver (30000-32767).
-pub const DEFAULT_NODE_PORT_RANGE: RangeInclusive<u16> = 30000..=32767;
 
 /// One change to the kernel. Variant order is the order [`diff`] emits them in.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -157,7 +156,8 @@ impl fmt::Display for Op {
 pub struct Ownership {
     /// The node IPs NodePort virtual servers are programmed on.
     pub node_ips: BTreeSet<IpAddr>,
-    /// The NodePort range (kube-apiserver `--service-node-port-range`).
+    /// The NodePort range (kube-apiserver `--service-node-port-range`), from the configuration's
+    /// `nodePortRange` only.
     pub node_port_range: Option<RangeInclusive<u16>>,
     /// `ipvs.excludeCIDRs`: virtual servers inside these are never deleted.
     pub exclude_cidrs: Vec<IpNet>,
@@ -468,6 +468,9 @@ pub enum DataplaneError {
     /// The nftables transaction this op was part of failed (the reason, once per op).
     #[error("nftables transaction: {0}")]
     NftTransaction(String),
+    /// A conntrack request failed.
+    #[error("{0}")]
+    Conntrack(#[from] crate::dataplane::conntrack::ConntrackError),
 }
 
 /// Something that holds an IPVS table and the addresses of `kube-ipvs0`.
@@ -505,6 +508,19 @@ pub trait Dataplane {
     /// Apply `ops` stage by stage ([`Op::stage`]), continuing past failures, and return the
     /// failures. Ops of one stage may run concurrently.
     fn apply(&mut self, ops: &[Op]) -> impl Future<Output = Vec<OpFailure>> + Send;
+
+    /// The UDP conntrack entries of the network namespace, both IP families (see
+    /// [`crate::dataplane::conntrack`]).
+    fn udp_conntrack(
+        &mut self,
+    ) -> impl Future<Output = Result<Vec<UdpEntry>, DataplaneError>> + Send;
+
+    /// Delete these conntrack entries, each by its original tuple (never a flush); an entry
+    /// already gone is not a failure. Returns the entries that could not be deleted.
+    fn delete_conntrack(
+        &mut self,
+        entries: &[UdpEntry],
+    ) -> impl Future<Output = Vec<(UdpEntry, DataplaneError)>> + Send;
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! alone cannot do (kube-proxy's IPVS mode does them with iptables and ipsets; reference
 //! `kube-proxy-ipvs.md` section 1, "iptables").
 //!
-//! kipvs owns one table, `inet kipvs`, with a constant set of rules (16, whatever the number of
+//! kipvs owns one table, `inet kipvs`, with a constant set of rules (17, whatever the number of
 //! Services) that look up **named sets**; Services only ever add and delete set elements. The
 //! elements are [`SetElement`]s, planned per Service (`plan_service`) and diffed like virtual
 //! servers, so one endpoint change costs a handful of elements. Every change of one sync goes to
@@ -155,10 +155,15 @@ const FAMILIES: [Family; 2] = [
 
 /// The encoding of the rules' parameters (a [`NftRules`] is plain data in [`crate::model`]).
 impl NftRules {
-    /// The rules, in chain order, as `(chain, comment, statements)`. The comments name the
-    /// rule's purpose and its parameters, so that the rules in the kernel can be compared with
-    /// the wanted ones by comment alone ([`rule_comments`]).
+    /// The rules, in chain order, as `(chain, comment, statements)`: [`NftRules::bodies`] with
+    /// each comment made the rule's identity ([`identify`]).
     fn rules(&self) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
+        identify(self.bodies())
+    }
+
+    /// The rules, in chain order, as `(chain, purpose, statements)`; the purpose names what the
+    /// rule is for and its parameters.
+    fn bodies(&self) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
         let masquerade = || {
             Statement::Masquerade(Some(NAT {
                 addr: None,
@@ -216,15 +221,6 @@ impl NftRules {
                         ))),
                     }),
                     masquerade(),
-                ],
-            ),
-            // Before the rejects of both families: the health-check ports stay reachable.
-            (
-                "filter-input",
-                "accept healthCheckNodePorts".to_owned(),
-                vec![
-                    matches(payload("tcp", "dport"), set_ref("health-check-ports")),
-                    Statement::Accept(None),
                 ],
             ),
         ];
@@ -327,6 +323,22 @@ impl NftRules {
                 format!("{v}: drop node traffic outside loadBalancerSourceRanges"),
                 firewall(),
             ));
+            // After the source-range drop, before the reject: health-check ports are accepted
+            // on the node's own addresses only (the input hook sees local destinations; service
+            // IPs are excluded), so they never open a firewalled load-balancer IP.
+            rules.push((
+                "filter-input",
+                format!("{v}: accept healthCheckNodePorts on the node's own addresses"),
+                vec![
+                    Statement::Match(Match {
+                        left: payload(f.proto, "daddr"),
+                        right: set("service-ips"),
+                        op: Operator::NEQ,
+                    }),
+                    matches(payload("tcp", "dport"), set_ref("health-check-ports")),
+                    Statement::Accept(None),
+                ],
+            ));
             let mut reject = vec![
                 Statement::Match(Match {
                     left: ct_state(),
@@ -353,6 +365,28 @@ impl NftRules {
         rules.sort_by_key(|(chain, _, _)| CHAINS.iter().position(|c| c.0 == *chain));
         rules
     }
+}
+
+/// Gives each rule its identity as its comment: its purpose and a hash of its chain and body
+/// (`"accept healthCheckNodePorts #1a2b3c4d"`, FNV-1a of the chain name and the statements'
+/// libnftables JSON, 32 bits). The kernel's rules are compared with the wanted ones by comment
+/// ([`rule_comments`]), so a kipvs version that changes a rule's body, even with the same
+/// purpose, rewrites the rules (`WriteRules`) instead of keeping the old body.
+fn identify(
+    bodies: Vec<(&'static str, String, Vec<Statement<'static>>)>,
+) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
+    bodies
+        .into_iter()
+        .map(|(chain, purpose, statements)| {
+            let body = serde_json::to_vec(&statements).expect("statements serialize");
+            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+            for byte in chain.bytes().chain([0]).chain(body) {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+            let comment = format!("{purpose} #{:08x}", (hash ^ (hash >> 32)) as u32);
+            (chain, comment, statements)
+        })
+        .collect()
 }
 
 /// The comments of `params`' rules, in chain order: what [`parse_table`] reads back and what a
@@ -798,13 +832,51 @@ impl Nft {
 mod tests {
     use super::*;
 
+    /// A missing table reads as empty; any other failure to read it is an error (the sync
+    /// fails and is retried), never an empty table that would hide stale elements.
+    #[tokio::test]
+    async fn table_read_failure_is_an_error_and_a_missing_table_is_empty() {
+        let dir = std::env::temp_dir().join(format!("kipvs-nft-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = |name: &str, body: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            Nft {
+                program: path.to_string_lossy().into_owned(),
+            }
+        };
+        let missing = script(
+            "missing",
+            "echo 'Error: No such file or directory; did you mean table kipvs?' >&2; exit 1",
+        );
+        assert_eq!(missing.observe().await.unwrap(), ObservedTable::default());
+        let refused = script(
+            "refused",
+            "echo 'Error: Operation not permitted' >&2; exit 1",
+        );
+        assert!(matches!(
+            refused.observe().await,
+            Err(NftError::Failed { .. })
+        ));
+        let garbage = script("garbage", "echo 'not json'");
+        assert!(matches!(garbage.observe().await, Err(NftError::Parse(_))));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     /// The rule order is part of the contract with the kernel (a restart compares comments):
-    /// marks, masquerade, then filters with the health-check accept before any reject.
+    /// marks, masquerade, then per family: the source-range drop, the health-check accept
+    /// (node addresses only), the reject.
     #[test]
     fn rules_are_constant_and_in_chain_order() {
         let rules = NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false);
+        let purposes: Vec<&str> = rule_comments(&rules)
+            .iter()
+            .map(|c| c.rsplit_once(" #").expect("identity hash").0)
+            .collect();
         assert_eq!(
-            rule_comments(&rules),
+            purposes,
             [
                 "mark service traffic to masquerade",
                 "mark service traffic to masquerade",
@@ -816,15 +888,50 @@ mod tests {
                 "masquerade marked traffic (mark 0x4000)",
                 "IPv4: masquerade hairpin traffic (an endpoint reaching itself)",
                 "IPv6: masquerade hairpin traffic (an endpoint reaching itself)",
-                "accept healthCheckNodePorts",
                 "IPv4: drop sources outside loadBalancerSourceRanges",
+                "IPv4: accept healthCheckNodePorts on the node's own addresses",
                 "IPv4: reject new connections to service IPs on other ports",
                 "IPv6: drop sources outside loadBalancerSourceRanges",
+                "IPv6: accept healthCheckNodePorts on the node's own addresses",
                 "IPv6: reject new connections to service IPs on other ports",
                 "IPv4: drop node traffic outside loadBalancerSourceRanges",
                 "IPv6: drop node traffic outside loadBalancerSourceRanges",
             ]
         );
-        assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 16);
+        assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 17);
+    }
+
+    /// An upgrade that changes a rule's body but not its purpose still rewrites the rules: the
+    /// comment carries a hash of the body, so the kernel's old rule no longer matches.
+    #[test]
+    fn changed_rule_body_yields_write_rules() {
+        use crate::dataplane::{Op, Ownership, diff};
+        use crate::model::{DesiredState, ObservedState};
+        let desired = DesiredState {
+            nft_rules: NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false),
+            ..Default::default()
+        };
+        let converged = ObservedState::from(&desired);
+        assert!(diff(&desired, &converged, &Ownership::default()).is_empty());
+        // What an older kipvs wrote: the same rules but the masquerade without `fully-random`.
+        let mut older = desired.nft_rules.bodies();
+        let masquerade = older
+            .iter_mut()
+            .find(|(chain, ..)| *chain == "nat-postrouting")
+            .expect("masquerade rule");
+        *masquerade.2.last_mut().unwrap() = Statement::Masquerade(None);
+        let older: Vec<String> = identify(older).into_iter().map(|(_, c, _)| c).collect();
+        let changed: Vec<usize> = (0..older.len())
+            .filter(|&i| older[i] != rule_comments(&desired.nft_rules)[i])
+            .collect();
+        assert_eq!(changed.len(), 1, "only the changed rule's identity differs");
+        let kernel = ObservedState {
+            nft_rule_comments: older,
+            ..converged
+        };
+        assert_eq!(
+            diff(&desired, &kernel, &Ownership::default()),
+            [Op::WriteRules(desired.nft_rules.clone())]
+        );
     }
 }

@@ -200,7 +200,7 @@ fn foreign_virtual_servers_are_left_alone() {
     o.bound_addresses.insert("10.96.5.5".parse().unwrap());
     let ownership = Ownership {
         node_ips: ["192.168.1.5".parse().unwrap()].into(),
-        node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
+        node_port_range: Some(30000..=32767),
         exclude_cidrs: vec!["10.96.5.0/24".parse().unwrap()],
     };
     let ops = diff(&DesiredState::default(), &o, &ownership);
@@ -355,7 +355,7 @@ proptest! {
     fn applying_the_diff_converges(d in arb_desired(), o in arb_observed()) {
         let ownership = Ownership {
             node_ips: ["192.168.1.5".parse().unwrap()].into(),
-            node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
+            node_port_range: Some(30000..=32767),
             exclude_cidrs: vec![],
         };
         let ops = diff(&d, &o, &ownership);
@@ -389,4 +389,26 @@ proptest! {
     fn diff_of_a_state_with_itself_is_empty(d in arb_desired()) {
         prop_assert!(diff(&d, &ObservedState::from(&d), &Ownership::default()).is_empty());
     }
+}
+
+/// `nodePortRange` decides which virtual servers on node IPs are NodePorts kipvs owns: with a
+/// cluster started with `--service-node-port-range=20000-22767`, a stale NodePort at 20080 is
+/// deleted and a virtual server at 30080 (not a NodePort there) is left alone.
+#[test]
+fn node_port_ownership_follows_the_configured_range() {
+    let stale = key("192.168.1.5", 20080, Protocol::Udp);
+    let other = key("192.168.1.5", 30080, Protocol::Tcp);
+    let o = ObservedState::from(&desired(&[(stale, &[]), (other, &[])], &[]));
+    let config =
+        kipvs_crds::config::ProxierConfiguration::from_yaml_str("nodePortRange: 20000-22767")
+            .unwrap();
+    let ownership = Ownership {
+        node_ips: ["192.168.1.5".parse().unwrap()].into(),
+        node_port_range: Some(config.parsed_node_port_range().unwrap()),
+        exclude_cidrs: vec![],
+    };
+    assert_eq!(
+        diff(&DesiredState::default(), &o, &ownership),
+        [Op::DeleteVirtualServer(stale)]
+    );
 }

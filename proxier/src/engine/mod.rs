@@ -12,7 +12,7 @@ pub mod status;
 pub mod syncer;
 
 use crate::dataplane::settings::KernelSettings;
-use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Op, Ownership};
+use crate::dataplane::{Dataplane, DataplaneError, Op, Ownership};
 use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
 use kipvs_crds::config::ProxierConfiguration;
@@ -245,7 +245,7 @@ impl<D: Dataplane> Engine<D> {
         let config = self.planner.config();
         self.syncer.ownership = Ownership {
             node_ips: self.planner.node_ips().iter().copied().collect(),
-            node_port_range: Some(DEFAULT_NODE_PORT_RANGE),
+            node_port_range: config.parsed_node_port_range().ok(),
             exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
         };
         let desired = self.planner.desired();

@@ -18,10 +18,13 @@
 //! netlink request and an `nft` transaction either apply or do not). Every other change stays
 //! incremental; the periodic full sync re-observes everything and retries every entry.
 
+use crate::dataplane::conntrack::{self, CleanupReport};
 use crate::dataplane::{
     Dataplane, DataplaneError, Op, OpFailure, Ownership, diff_scoped, draining,
 };
-use crate::model::{DesiredState, ObservedState, Scope, SetElement, VirtualServerKey, full_scope};
+use crate::model::{
+    DesiredState, ObservedState, Protocol, Scope, SetElement, VirtualServerKey, full_scope,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -35,8 +38,10 @@ pub struct SyncReport {
     pub ops: Vec<Op>,
     /// Those that failed.
     pub failures: Vec<OpFailure>,
-    /// Wall time of observe + diff + apply.
+    /// Wall time of observe + diff + apply + conntrack cleanup.
     pub duration: Duration,
+    /// What the UDP conntrack cleanup did ([`crate::dataplane::conntrack`]); zero when it did not run.
+    pub conntrack: CleanupReport,
 }
 
 /// How soon a cache entry a failed op left in doubt is retried first.
@@ -126,6 +131,9 @@ pub struct Syncer<D> {
     in_doubt: BTreeMap<Entry, Backoff>,
     /// Draining real servers and when they started draining (in this process).
     drains: BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
+    /// UDP virtual servers deleted since the last successful conntrack cleanup: their entries
+    /// are stale whatever their real server.
+    removed_udp: BTreeSet<VirtualServerKey>,
 }
 
 impl<D: Dataplane> Syncer<D> {
@@ -138,6 +146,7 @@ impl<D: Dataplane> Syncer<D> {
             cache: None,
             in_doubt: BTreeMap::new(),
             drains: BTreeMap::new(),
+            removed_udp: BTreeSet::new(),
         }
     }
 
@@ -236,6 +245,7 @@ impl<D: Dataplane> Syncer<D> {
                 ops: vec![],
                 failures: vec![],
                 duration: start.elapsed(),
+                conntrack: CleanupReport::default(),
             });
         }
         let list: Vec<VirtualServerKey> = keys.iter().copied().collect();
@@ -315,6 +325,9 @@ impl<D: Dataplane> Syncer<D> {
                 self.drains.entry(k).or_insert(start);
             }
         }
+        let conntrack = self
+            .clean_conntrack(desired, &ops, &failures, kind == "full")
+            .await;
         let duration = start.elapsed();
         tracing::info!(
             kind,
@@ -331,7 +344,70 @@ impl<D: Dataplane> Syncer<D> {
             ops,
             failures,
             duration,
+            conntrack,
         })
+    }
+
+    /// Delete the stale UDP conntrack entries ([`conntrack::stale`]) after a full sync, after
+    /// a sync that added or deleted a UDP real server or deleted a UDP virtual server (a
+    /// Service back from zero endpoints gets no entry made while it had none), and after one
+    /// whose cleanup failed; a no-op otherwise. Failures are logged and counted, never fail the sync.
+    async fn clean_conntrack(
+        &mut self,
+        desired: &DesiredState,
+        ops: &[Op],
+        failures: &[OpFailure],
+        full: bool,
+    ) -> CleanupReport {
+        let mut udp_changed = false;
+        for op in ops
+            .iter()
+            .filter(|op| !failures.iter().any(|f| &f.op == *op))
+        {
+            match op {
+                Op::DeleteVirtualServer(vs) if vs.protocol == Protocol::Udp => {
+                    self.removed_udp.insert(*vs);
+                    udp_changed = true;
+                }
+                Op::DeleteRealServer { vs, .. } | Op::AddRealServer { vs, .. }
+                    if vs.protocol == Protocol::Udp =>
+                {
+                    udp_changed = true;
+                }
+                _ => {}
+            }
+        }
+        if !full && !udp_changed && self.removed_udp.is_empty() {
+            return CleanupReport::default();
+        }
+        let entries = match self.dataplane.udp_conntrack().await {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::warn!(%error, "cannot list UDP conntrack entries; retried next sync");
+                return CleanupReport {
+                    deleted: 0,
+                    failed: 1,
+                };
+            }
+        };
+        let stale = conntrack::stale(&entries, desired, &self.removed_udp);
+        let failed = self.dataplane.delete_conntrack(&stale).await;
+        for (entry, error) in &failed {
+            tracing::warn!(%error, "cannot delete stale UDP conntrack entry {entry}");
+        }
+        for entry in stale
+            .iter()
+            .filter(|e| !failed.iter().any(|(f, _)| f == *e))
+        {
+            tracing::info!("deleted stale UDP conntrack entry {entry}");
+        }
+        if failed.is_empty() {
+            self.removed_udp.clear();
+        }
+        CleanupReport {
+            deleted: stale.len() - failed.len(),
+            failed: failed.len(),
+        }
     }
 }
 
@@ -451,6 +527,57 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         let report = syncer.check_drains(&one).await.unwrap();
         assert!(matches!(report.ops[..], [Op::DeleteRealServer { .. }]));
+    }
+
+    #[tokio::test]
+    async fn stale_udp_conntrack_entries_are_deleted_and_nothing_else() {
+        use crate::dataplane::conntrack::UdpEntry;
+        let udp = VirtualServerKey {
+            protocol: Protocol::Udp,
+            port: 53,
+            ..key(53)
+        };
+        let with = |backends: &[&str]| {
+            let mut d = state(&[]);
+            d.virtual_servers = [(udp, state(backends).virtual_servers[&key(80)].clone())].into();
+            d
+        };
+        let entry = |client: &str, reply: &str| UdpEntry {
+            client: client.parse().unwrap(),
+            destination: "10.96.0.10:53".parse().unwrap(),
+            reply_source: reply.parse().unwrap(),
+        };
+        let on_a = entry("10.244.3.3:40000", "10.244.1.5:53");
+        let on_b = entry("10.244.3.3:40001", "10.244.2.6:53");
+        let foreign = UdpEntry {
+            destination: "10.0.0.10:53".parse().unwrap(),
+            ..on_a
+        };
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        syncer.dataplane.conntrack = [on_a, on_b, foreign].into();
+        // A (re)start clears nothing that still points at a wanted real server.
+        let both = with(&["10.244.1.5:53", "10.244.2.6:53"]);
+        assert_eq!(syncer.sync(&both).await.unwrap().conntrack.deleted, 0);
+        assert_eq!(syncer.dataplane.conntrack.len(), 3);
+        // A's pod is replaced: its entry goes in the same sync, B's flow stays.
+        let only_b = with(&["10.244.2.6:53"]);
+        let touched = Scope {
+            virtual_servers: [udp].into(),
+            ..Default::default()
+        };
+        let report = syncer.sync_touched(&only_b, &touched).await.unwrap();
+        assert_eq!(
+            report.conntrack,
+            CleanupReport {
+                deleted: 1,
+                failed: 0
+            }
+        );
+        assert_eq!(syncer.dataplane.conntrack, [on_b, foreign].into());
+        // The Service goes away: every entry to its virtual server goes, nothing else.
+        let report = syncer.sync_touched(&state(&[]), &touched).await.unwrap();
+        assert_eq!(report.conntrack.deleted, 1);
+        assert_eq!(syncer.dataplane.conntrack, [foreign].into());
     }
 
     #[tokio::test]

@@ -48,6 +48,21 @@ impl SetElement {
         if self.is_ipv6() { v6 } else { v4 }
     }
 
+    /// The virtual server the element is derived from, if any: such an element belongs to
+    /// whichever Service owns that virtual server, never to one that lost it in a conflict.
+    pub fn virtual_server(&self) -> Option<VirtualServerKey> {
+        match self {
+            SetElement::ClusterIp(k)
+            | SetElement::External(k)
+            | SetElement::ExternalLocal(k)
+            | SetElement::Firewall(k)
+            | SetElement::FirewallAllow(k, _) => Some(*k),
+            SetElement::ServiceIp(_)
+            | SetElement::Hairpin(_)
+            | SetElement::HealthCheckNodePort(_) => None,
+        }
+    }
+
     /// Whether the element belongs to an IPv6 set (a health-check port is family-less: IPv4).
     pub fn is_ipv6(&self) -> bool {
         match self {
@@ -62,11 +77,12 @@ impl SetElement {
     }
 }
 
-impl fmt::Display for SetElement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl SetElement {
+    /// The element alone in `nft` syntax (`203.0.113.77 . tcp . 443`).
+    pub fn element_text(&self) -> String {
         let key =
             |k: &VirtualServerKey| format!("{} . {} . {}", k.address, k.protocol.keyword(), k.port);
-        let element = match self {
+        match self {
             SetElement::ClusterIp(k)
             | SetElement::External(k)
             | SetElement::ExternalLocal(k)
@@ -75,8 +91,14 @@ impl fmt::Display for SetElement {
             SetElement::ServiceIp(ip) => ip.to_string(),
             SetElement::Hairpin(ip) => format!("{ip} . {ip}"),
             SetElement::HealthCheckNodePort(port) => port.to_string(),
-        };
-        write!(f, "{} {{ {element} }}", self.set_name())
+        }
+    }
+}
+
+impl fmt::Display for SetElement {
+    /// `set { element }` (`external { 203.0.113.77 . tcp . 443 }`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {{ {} }}", self.set_name(), self.element_text())
     }
 }
 

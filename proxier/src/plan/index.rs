@@ -7,6 +7,11 @@
 //!
 //! Conflicts are resolved as [`merge`](super::merge) always did: when several Services claim
 //! one virtual server or health-check node port, the first in namespace/name order keeps it.
+//! The decision is taken once per virtual server and covers everything derived from it: the
+//! set elements naming that virtual server (masquerade, firewall, allowed source ranges) are
+//! the winner's only, so a losing Service's traffic policy or source ranges never reach the
+//! kernel. Elements not tied to a virtual server (service IPs, hairpin endpoints,
+//! health-check ports) are reference-counted across Services.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
 use crate::model::{DesiredState, NftRules, Scope, SetElement, VirtualServerKey};
@@ -20,6 +25,26 @@ pub type ServiceKey = (String, String);
 /// whose desired entry may differ, bind addresses and nftables set elements that may have
 /// appeared or disappeared. It is the scope of the incremental diff.
 pub type Touched = Scope;
+
+/// The set elements of `plan` derived from its virtual server `vs`.
+fn vs_elements<'a>(
+    plan: &'a ServicePlan,
+    vs: &'a VirtualServerKey,
+) -> impl Iterator<Item = SetElement> + 'a {
+    plan.set_elements
+        .iter()
+        .filter(move |e| e.virtual_server().as_ref() == Some(vs))
+        .copied()
+}
+
+/// The set elements of `plan` not derived from one of its virtual servers (reference-counted
+/// across Services).
+fn shared_elements(plan: &ServicePlan) -> impl Iterator<Item = &SetElement> {
+    plan.set_elements.iter().filter(|e| {
+        e.virtual_server()
+            .is_none_or(|vs| !plan.virtual_servers.contains_key(&vs))
+    })
+}
 
 /// Per-Service plans and their union (see module docs).
 #[derive(Clone, Debug, Default)]
@@ -73,15 +98,28 @@ impl DesiredIndex {
         for vs in old.virtual_servers.keys() {
             touched.virtual_servers.insert(*vs);
             let claims = self.vs_claims.get_mut(vs).expect("claimed");
+            let was_winner = claims.first() == Some(key);
             claims.remove(key);
-            match claims.first() {
-                None => {
-                    self.vs_claims.remove(vs);
-                    self.desired.virtual_servers.remove(vs);
-                }
-                Some(winner) => {
-                    let entry = self.plans[winner].virtual_servers[vs].clone();
-                    self.desired.virtual_servers.insert(*vs, entry);
+            let winner = claims.first().cloned();
+            if winner.is_none() {
+                self.vs_claims.remove(vs);
+                self.desired.virtual_servers.remove(vs);
+            }
+            if !was_winner {
+                continue;
+            }
+            for element in vs_elements(old, vs) {
+                self.desired.set_elements.remove(&element);
+                touched.set_elements.insert(element);
+            }
+            if let Some(winner) = winner {
+                let plan = &self.plans[&winner];
+                self.desired
+                    .virtual_servers
+                    .insert(*vs, plan.virtual_servers[vs].clone());
+                for element in vs_elements(plan, vs) {
+                    self.desired.set_elements.insert(element);
+                    touched.set_elements.insert(element);
                 }
             }
         }
@@ -94,7 +132,7 @@ impl DesiredIndex {
                 touched.addresses.insert(*address);
             }
         }
-        for element in &old.set_elements {
+        for element in shared_elements(old) {
             let count = self.element_claims.get_mut(element).expect("claimed");
             *count -= 1;
             if *count == 0 {
@@ -127,9 +165,21 @@ impl DesiredIndex {
         for (vs, entry) in &new.virtual_servers {
             touched.virtual_servers.insert(*vs);
             let claims = self.vs_claims.entry(*vs).or_default();
+            let previous = claims.first().cloned();
             claims.insert(key.clone());
-            if claims.first() == Some(key) {
-                self.desired.virtual_servers.insert(*vs, entry.clone());
+            if claims.first() != Some(key) {
+                continue;
+            }
+            self.desired.virtual_servers.insert(*vs, entry.clone());
+            if let Some(previous) = previous {
+                for element in vs_elements(&self.plans[&previous], vs) {
+                    self.desired.set_elements.remove(&element);
+                    touched.set_elements.insert(element);
+                }
+            }
+            for element in vs_elements(new, vs) {
+                self.desired.set_elements.insert(element);
+                touched.set_elements.insert(element);
             }
         }
         for address in &new.bind_addresses {
@@ -140,7 +190,7 @@ impl DesiredIndex {
                 touched.addresses.insert(*address);
             }
         }
-        for element in &new.set_elements {
+        for element in shared_elements(new) {
             let count = self.element_claims.entry(*element).or_default();
             *count += 1;
             if *count == 1 {
@@ -291,8 +341,83 @@ mod tests {
             set_elements: addrs
                 .iter()
                 .map(|&a| SetElement::ServiceIp(IpAddr::from([10, 96, 0, a])))
+                .chain(vss.iter().flat_map(|&(port, _)| {
+                    // Elements derived from the virtual server, different per Service.
+                    let key = VirtualServerKey {
+                        address: "10.96.0.1".parse().unwrap(),
+                        port,
+                        protocol: Protocol::Tcp,
+                    };
+                    let range = format!("192.0.{}.0/24", name.len() + ns.len())
+                        .parse()
+                        .unwrap();
+                    let external = if name < "c" {
+                        SetElement::External(key)
+                    } else {
+                        SetElement::ExternalLocal(key)
+                    };
+                    [external, SetElement::FirewallAllow(key, range)]
+                }))
                 .collect(),
             problems: vec![],
+        }
+    }
+
+    /// Two Services on one virtual server with different traffic policies and source ranges:
+    /// the set elements derived from it are the winner's only, whatever the order of updates,
+    /// and the other's take over when the winner goes.
+    #[test]
+    fn conflict_is_decided_once_for_a_virtual_server_and_its_elements() {
+        let k = VirtualServerKey {
+            address: "203.0.113.77".parse().unwrap(),
+            port: 443,
+            protocol: Protocol::Tcp,
+        };
+        let plan = |ns: &str, local: bool, range: &str| {
+            let mut plan = plan_for(ns, ns, &[], &[], None);
+            let vs = plan_for(ns, ns, &[(443, 1)], &[], None).virtual_servers;
+            plan.virtual_servers = [(k, vs.into_values().next().unwrap())].into();
+            plan.set_elements = [
+                if local {
+                    SetElement::ExternalLocal(k)
+                } else {
+                    SetElement::External(k)
+                },
+                SetElement::Firewall(k),
+                SetElement::FirewallAllow(k, range.parse().unwrap()),
+                SetElement::ServiceIp(k.address),
+            ]
+            .into();
+            plan
+        };
+        let alpha = plan("a", true, "198.51.100.0/24");
+        let beta = plan("b", false, "192.0.2.0/24");
+        let a = ("a".to_owned(), "alpha".to_owned());
+        let b = ("b".to_owned(), "beta".to_owned());
+        for order in [[&a, &b], [&b, &a]] {
+            let mut index = DesiredIndex::default();
+            for key in order {
+                let plan = if key == &a { &alpha } else { &beta };
+                index.update(key.clone(), Some(plan.clone()));
+            }
+            assert_eq!(
+                index.desired().set_elements,
+                alpha.set_elements,
+                "{order:?}"
+            );
+            // The winner goes: the other's elements replace its own, reported as touched.
+            let touched = index.update(a.clone(), None);
+            assert_eq!(index.desired().set_elements, beta.set_elements);
+            let changed: BTreeSet<SetElement> = alpha
+                .set_elements
+                .symmetric_difference(&beta.set_elements)
+                .copied()
+                .collect();
+            assert!(changed.is_subset(&touched.set_elements));
+            index.update(a.clone(), Some(alpha.clone()));
+            assert_eq!(index.desired().set_elements, alpha.set_elements);
+            index.update(b.clone(), None);
+            assert_eq!(index.desired().set_elements, alpha.set_elements);
         }
     }
 

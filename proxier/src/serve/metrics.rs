@@ -17,7 +17,8 @@
 //! | `kipvs_virtual_servers`, `kipvs_real_servers` | gauge | virtual and real servers in the desired state after the last successful sync |
 //! | `kipvs_real_servers_draining` | gauge | real servers at weight 0 waiting for their connections to end |
 //! | `kipvs_real_servers_draining_oldest_seconds` | gauge | age of the oldest drain at the last sync (0 when none) |
-//! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed) or the name of a failed op (`AddRealServer`, ...) |
+//! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP conntrack entries deleted ([`crate::dataplane::conntrack`]) |
+//! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed), the name of a failed op (`AddRealServer`, ...), or `conntrack` (a UDP conntrack listing or delete failed) |
 //! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
 //! | `kipvs_manifests_invalid_files` | gauge | manifests files (`run --manifests`) that cannot be read or do not load as they are; each keeps its last good content |
 //! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
@@ -57,6 +58,7 @@ pub struct Metrics {
     draining: IntGauge,
     draining_oldest: Gauge,
     sync_errors: IntCounterVec,
+    conntrack_deleted: IntCounter,
     terminating_fallback: IntGauge,
     api_unavailable: IntGaugeVec,
     scheduler_unavailable: IntGaugeVec,
@@ -178,6 +180,10 @@ impl Metrics {
                 "Sync errors by cause: observe, or the name of the failed op",
                 "cause",
             ),
+            conntrack_deleted: int_counter(
+                "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                "Cumulative stale UDP conntrack entries deleted",
+            ),
             terminating_fallback: int_gauge(
                 "kipvs_services_terminating_fallback",
                 "Services routing to serving+terminating endpoints because none is ready",
@@ -297,6 +303,13 @@ impl Observer for Metrics {
             self.sync_errors
                 .with_label_values(&[failure.op.name()])
                 .inc();
+        }
+        self.conntrack_deleted
+            .inc_by(report.conntrack.deleted as u64);
+        if report.conntrack.failed > 0 {
+            self.sync_errors
+                .with_label_values(&["conntrack"])
+                .inc_by(report.conntrack.failed as u64);
         }
         for trigger in outcome.trigger_times {
             if let Ok(latency) = now.duration_since(*trigger) {
