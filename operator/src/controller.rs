@@ -314,6 +314,7 @@ fn decide_from_stores(
                         revision,
                         assigned_at: *assigned_at,
                         status,
+                        config: None,
                     },
                 );
             }

@@ -6,13 +6,11 @@
 //! - [`events`]: Events about ProxyConfigs.
 //! - [`lease`]: leader election through a Lease.
 //! - [`conditions`]: the status conditions and their transition times.
-//! - [`revision`]: configuration revisions and node hashes.
 //! - [`sim`]: an in-memory fleet to drive the decision (tests, benchmarks, what-if runs).
 
 pub mod conditions;
 pub mod controller;
 pub mod events;
 pub mod lease;
-pub mod revision;
 pub mod rollout;
 pub mod sim;

@@ -35,11 +35,11 @@
 //!   stage advances.
 
 use crate::conditions::ConditionSet;
-use crate::revision::{config_revision, node_hash};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kipvs_crds::proxyconfig::parse_selector;
+use kipvs_crds::revision::{config_revision, node_hash};
 use kipvs_crds::{
     NodeFailure, NodePhase, NodeProxyConfig, NodeProxyConfigStatus, PROMOTE_ANNOTATION,
     ProxierConfiguration, ProxyConfigSpec, ProxyConfigStatus, RolloutSpec, StagePhase, StageStatus,
@@ -122,6 +122,9 @@ pub struct NpcView<'a> {
     pub assigned_at: Timestamp,
     /// What the proxier reported.
     pub status: Option<&'a NodeProxyConfigStatus>,
+    /// `spec.config`, to notice hand edits (None: not known, e.g. a write the stores have not
+    /// shown yet).
+    pub config: Option<&'a ProxierConfiguration>,
 }
 
 impl<'a> NpcView<'a> {
@@ -139,6 +142,7 @@ impl<'a> NpcView<'a> {
             revision: &npc.spec.revision,
             assigned_at: npc.spec.assigned_at.0,
             status: npc.status.as_ref(),
+            config: Some(&npc.spec.config),
         }
     }
 }
@@ -255,6 +259,14 @@ fn health(npc: &NpcView<'_>, timeout: Duration, now: Timestamp) -> Health {
     } else {
         Health::InFlight
     }
+}
+
+/// Whether the proxier reports the revision its NodeProxyConfig carries as Applied (healthy or
+/// not).
+fn applied(npc: &NpcView<'_>) -> bool {
+    npc.status.is_some_and(|s| {
+        s.observed_revision.as_deref() == Some(npc.revision) && s.phase == Some(NodePhase::Applied)
+    })
 }
 
 fn deadline(npc: &NpcView<'_>, timeout: Duration) -> Timestamp {
@@ -416,12 +428,109 @@ impl<'a> Decider<'a> {
             (true, false) => Mode::Halted,
             (true, true) => Mode::Rollback,
         };
+        let drifted: Vec<&str> = members
+            .iter()
+            .filter(|m| m.view.skip.is_none() && m.npc.is_some_and(|n| self.drifted(n)))
+            .map(|m| m.view.name)
+            .collect();
         match mode {
-            Mode::Rollout => self.rollout(&mut members, spec_revision),
-            Mode::Halted => self.halted(&members, spec_revision),
+            Mode::Rollout if members.is_empty() => self.no_nodes(spec_revision.clone()),
+            Mode::Rollout => self.rollout(&mut members, spec_revision.clone()),
+            Mode::Halted => self.halted(&members, spec_revision.clone()),
             Mode::Rollback => self.rollback(&members, &spec_revision),
         }
+        self.restore_drifted(&members, &drifted, &spec_revision);
         self.report_availability(&members);
+    }
+
+    /// No node to configure: the rollout does not start (a revision is never "good" on no
+    /// node, or nodes joining later would get it without a canary); the status says so and
+    /// one Event tells when it starts selecting nothing.
+    fn no_nodes(&mut self, target: String) {
+        if self.prev.target_revision.as_deref() == Some(target.as_str()) {
+            self.status.stages = self.prev.stages.clone();
+            self.status.stage = self.prev.stage.clone();
+        }
+        self.status.target_revision = Some(target);
+        let message = match self.status.conflicting_node_count {
+            0 => "spec.nodeSelector selects no node: nothing to roll out".to_owned(),
+            n => format!(
+                "every node spec.nodeSelector selects ({n}) is also selected by another \
+                 ProxyConfig: nothing to roll out"
+            ),
+        };
+        let was = self
+            .prev
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Progressing" && c.reason == "NoNodes");
+        if !was {
+            self.note(true, "NoNodes", message.clone());
+        }
+        self.conditions.no_nodes(&message);
+    }
+
+    /// The configuration this ProxyConfig wrote for `revision`, if it still knows it.
+    fn config_of(&self, revision: &str, spec_revision: &str) -> Option<&'a ProxierConfiguration> {
+        if revision == spec_revision {
+            Some(&self.input.spec.config)
+        } else if self
+            .input
+            .status
+            .and_then(|s| s.last_good_revision.as_deref())
+            == Some(revision)
+        {
+            self.input.status.and_then(|s| s.last_good_config.as_ref())
+        } else {
+            None
+        }
+    }
+
+    /// Whether a NodeProxyConfig's `spec.config` was edited by hand: it is not what this
+    /// ProxyConfig wrote for its revision, and its content hashes to another revision.
+    fn drifted(&self, npc: &NpcView<'_>) -> bool {
+        let Some(config) = npc.config else {
+            return false;
+        };
+        let spec_revision = self.status.revision.as_deref().unwrap_or_default();
+        if self.config_of(npc.revision, spec_revision) == Some(config) {
+            return false;
+        }
+        config_revision(config) != npc.revision
+    }
+
+    /// Drift is corrected: the operator owns NodeProxyConfig specs, so a node whose spec was
+    /// edited by hand gets the configuration of its revision back (unless this decision writes
+    /// it anyway), with a warning Event naming it.
+    fn restore_drifted(&mut self, members: &[Member<'a>], drifted: &[&str], spec_revision: &str) {
+        if drifted.is_empty() {
+            return;
+        }
+        let written: HashSet<String> = self.writes.iter().map(|w| w.node().to_owned()).collect();
+        let mut restored = Vec::new();
+        for m in members.iter().filter(|m| drifted.contains(&m.view.name)) {
+            let Some(npc) = m.npc else { continue };
+            if written.contains(m.view.name) {
+                continue;
+            }
+            if let Some(config) = self.config_of(npc.revision, spec_revision) {
+                let revision: Arc<str> = npc.revision.into();
+                self.assign(m.view.name, &revision, &Arc::new(config.clone()));
+                restored.push(m.view.name);
+            }
+        }
+        if !restored.is_empty() {
+            self.note(
+                true,
+                "DriftRestored",
+                format!(
+                    "{} NodeProxyConfig spec(s) edited by hand were restored to the \
+                     configuration of their revision: {}",
+                    restored.len(),
+                    list(&restored)
+                ),
+            );
+        }
     }
 
     fn report_conflicts(&mut self, conflicts: &[&str]) {
@@ -459,6 +568,31 @@ impl<'a> Decider<'a> {
                 _ => {}
             }
             eligible += 1;
+        }
+        let was_available = self
+            .prev
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Available")
+            .is_none_or(|c| c.status == "True");
+        // Nodes failing the rollout have their NodeFailed Events; the others (a node unhealthy
+        // after its stage completed, on a latched or good revision) get this one.
+        let unhealthy: Vec<&str> = failed
+            .iter()
+            .copied()
+            .filter(|n| self.status.failures.iter().all(|f| f.node != *n))
+            .collect();
+        if was_available && !unhealthy.is_empty() {
+            self.note(
+                true,
+                "NodesUnhealthy",
+                format!(
+                    "{} node(s) are unhealthy on the revision they carry (not counted against \
+                     a revision whose stage completed): {}",
+                    unhealthy.len(),
+                    list(&unhealthy)
+                ),
+            );
         }
         self.conditions.available(&failed, healthy, eligible);
     }
@@ -697,8 +831,13 @@ impl<'a> Decider<'a> {
                 continue;
             }
             st.updated += 1;
+            let latched = st.phase == StagePhase::Complete && m.npc.is_some_and(applied);
             match m.health(timeout, now) {
                 Some(Health::Healthy) => st.healthy += 1,
+                // Health is latched per revision: a node that applied it and whose stage then
+                // completed (soak included) is done; a later /livez blip is reported by the
+                // Available condition, not counted against the revision.
+                Some(Health::Failed) if latched => {}
                 Some(Health::Failed) => {
                     st.failed += 1;
                     failed_total.push(m);
@@ -746,12 +885,18 @@ impl<'a> Decider<'a> {
             }
             return;
         }
-        self.conditions.failures_within_budget(&failed_names);
+        self.conditions.failures_within_budget(
+            &target,
+            &failed_names,
+            rollout.failure_budget,
+            done,
+        );
 
         // Walk the stages: complete ones advance the cursor; writes up to the cursor.
         let paused = input.spec.paused;
         let promote = input.annotations.and_then(|a| a.get(PROMOTE_ANNOTATION));
         let mut cursor = stages.len();
+        let mut too_small = None;
         for (i, stage) in stages.iter().enumerate() {
             let st = &mut stage_status[i];
             if st.phase == StagePhase::Complete {
@@ -759,6 +904,13 @@ impl<'a> Decider<'a> {
             }
             if paused {
                 cursor = i;
+                break;
+            }
+            if st.total - st.skipped < stage.min_nodes {
+                st.phase = StagePhase::Waiting;
+                st.healthy_at = None;
+                cursor = i;
+                too_small = Some(st.total - st.skipped);
                 break;
             }
             if st.started_at.is_none() {
@@ -808,6 +960,15 @@ impl<'a> Decider<'a> {
                 }
             }
             st.phase = StagePhase::Complete;
+            if empty {
+                let message = format!(
+                    "stage {} of revision {target} has no node to wait for ({} node(s), {} \
+                     skipped): it completes without running; set minNodes on the stage to \
+                     make the rollout wait instead",
+                    stage.name, st.total, st.skipped
+                );
+                self.note(true, "StageEmpty", message);
+            }
             let message = format!(
                 "stage {} complete for revision {target}: {} healthy, {} failed, {} skipped",
                 stage.name, st.healthy, st.failed, st.skipped
@@ -837,7 +998,7 @@ impl<'a> Decider<'a> {
             if m.view.skip.is_some() || m.revision() == Some(target.as_str()) {
                 continue;
             }
-            if m.stage <= cursor {
+            if m.stage < cursor || (m.stage == cursor && too_small.is_none()) {
                 if slots[m.stage] > 0 {
                     slots[m.stage] -= 1;
                     self.assign(m.view.name, &revision, &config);
@@ -857,16 +1018,30 @@ impl<'a> Decider<'a> {
             if self.status.last_good_revision.as_deref() != Some(target.as_str()) {
                 self.status.last_good_revision = Some(target.clone());
                 self.status.last_good_config = Some(input.spec.config.clone());
-                self.note(
-                    false,
-                    "RolloutComplete",
-                    format!("revision {target} is on every node"),
-                );
+                let message = match self.status.conflicting_node_count {
+                    0 => format!("revision {target} is on every node"),
+                    n => format!(
+                        "revision {target} is on every node this ProxyConfig controls ({n} \
+                         conflicting node(s) are left alone and may run another revision)"
+                    ),
+                };
+                self.note(false, "RolloutComplete", message);
             }
             self.status.stage = None;
         } else {
             let stage = &stages[cursor];
             self.status.stage = Some(stage.name.clone());
+            if let Some(waiting) = too_small {
+                let message = format!(
+                    "stage {} of revision {target} needs at least {} node(s) (minNodes) and has \
+                     {waiting} that are neither skipped nor conflicting: the rollout waits",
+                    stage.name, stage.min_nodes
+                );
+                if self.prev.conditions.iter().all(|c| c.message != message) {
+                    self.note(true, "StageTooSmall", message.clone());
+                }
+                self.conditions.stage_too_small(&message);
+            }
             if stage_status[cursor].phase == StagePhase::AwaitingPromotion {
                 let command = format!(
                     "kubectl annotate proxyconfig {} {PROMOTE_ANNOTATION}={}@{target} --overwrite",

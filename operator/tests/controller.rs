@@ -228,8 +228,9 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
     )
     .await;
     respond(send, 404, &status(404, "NotFound"));
-    // No node left to wait for: the (empty) rollout is complete at once.
-    for reason in ["StageStarted", "StageComplete", "RolloutComplete"] {
+    // No node left: the rollout does not start (a revision is never good on no node), and
+    // the ProxyConfig says so.
+    for reason in ["NoNodes"] {
         let (event, send) = expect(
             &mut server,
             "POST",
@@ -248,6 +249,14 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
     )
     .await;
     assert_eq!(body["status"]["totalNodes"], 0);
+    let progressing = body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Progressing")
+        .unwrap();
+    assert_eq!(progressing["reason"], "NoNodes");
+    assert!(body["status"].get("lastGoodRevision").is_none());
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
     task.await.unwrap().unwrap();
 }
