@@ -6,6 +6,7 @@
 //! - [`events`]: Events about ProxyConfigs.
 //! - [`lease`]: leader election through a Lease.
 //! - [`conditions`]: the status conditions and their transition times.
+//! - [`stored`]: ProxyConfigs read without failing (an undecodable one is reported, not fatal).
 //! - [`sim`]: an in-memory fleet to drive the decision (tests, benchmarks, what-if runs).
 
 pub mod conditions;
@@ -14,3 +15,4 @@ pub mod events;
 pub mod lease;
 pub mod rollout;
 pub mod sim;
+pub mod stored;

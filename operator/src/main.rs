@@ -6,9 +6,9 @@
 use anyhow::Context as _;
 use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
-use kipvs_crds::ProxyConfig;
 use kipvs_operator::controller;
 use kipvs_operator::lease::{Elector, LeaseConfig};
+use kipvs_operator::stored::StoredProxyConfig;
 use kube::api::ListParams;
 use kube::{Api, Client};
 use std::io::IsTerminal;
@@ -47,7 +47,8 @@ async fn main() -> anyhow::Result<()> {
     let client = Client::try_default()
         .await
         .context("no Kubernetes client configuration")?;
-    Api::<ProxyConfig>::all(client.clone())
+    // Read leniently: one undecodable ProxyConfig must not keep the operator from starting.
+    Api::<StoredProxyConfig>::all(client.clone())
         .list(&ListParams::default().limit(1))
         .await
         .context(

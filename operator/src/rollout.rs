@@ -36,13 +36,14 @@
 
 use crate::conditions::ConditionSet;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kipvs_crds::proxyconfig::parse_selector;
 use kipvs_crds::revision::{config_revision, node_hash};
 use kipvs_crds::{
-    NodeFailure, NodePhase, NodeProxyConfig, NodeProxyConfigStatus, PROMOTE_ANNOTATION,
-    ProxierConfiguration, ProxyConfigSpec, ProxyConfigStatus, RolloutSpec, StagePhase, StageStatus,
+    NodeFailure, NodePhase, NodeProxyConfig, NodeProxyConfigSpec, NodeProxyConfigStatus,
+    PROMOTE_ANNOTATION, ProxierConfiguration, ProxyConfigSpec, ProxyConfigStatus, RolloutSpec,
+    StagePhase, StageStatus,
 };
 use kube::core::{Selector, SelectorExt};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -74,6 +75,8 @@ pub enum SkipReason {
 pub struct NodeView<'a> {
     /// Node name (= NodeProxyConfig name).
     pub name: &'a str,
+    /// Node uid.
+    pub uid: Option<&'a str>,
     /// Node labels.
     pub labels: &'a BTreeMap<String, String>,
     /// Set when the node is skipped.
@@ -105,6 +108,7 @@ impl<'a> NodeView<'a> {
         };
         NodeView {
             name: node.metadata.name.as_deref().unwrap_or_default(),
+            uid: node.metadata.uid.as_deref(),
             labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
             skip,
         }
@@ -114,7 +118,9 @@ impl<'a> NodeView<'a> {
 /// What the decision needs of a NodeProxyConfig.
 #[derive(Clone, Debug)]
 pub struct NpcView<'a> {
-    /// Name of the ProxyConfig that controls it (its controller ownerReference).
+    /// Name of the ProxyConfig that controls it (its controller ownerReference); None when it
+    /// has none or that ProxyConfig no longer exists (an orphan, adopted by the ProxyConfig
+    /// that selects the node).
     pub owner: Option<&'a str>,
     /// `spec.revision`.
     pub revision: &'a str,
@@ -177,6 +183,8 @@ pub enum Write {
     Assign {
         /// The node.
         node: String,
+        /// The Node's uid (for the NodeProxyConfig's ownerReference to it), if known.
+        node_uid: Option<String>,
         /// The revision.
         revision: Arc<str>,
         /// Its configuration.
@@ -195,6 +203,51 @@ impl Write {
         match self {
             Write::Assign { node, .. } | Write::Delete { node } => node,
         }
+    }
+
+    /// The NodeProxyConfig an [`Write::Assign`] writes (None for a delete): named after the
+    /// node, `spec.assignedAt` = `now`, controlled by `owner` (the ProxyConfig) and also owned
+    /// by its Node, so that the garbage collector removes it with the Node. The one conversion
+    /// from a decision to an object: the controller applies it, the simulation ([`crate::sim`])
+    /// stores it.
+    pub fn node_proxy_config(
+        &self,
+        owner: &OwnerReference,
+        now: Timestamp,
+    ) -> Option<NodeProxyConfig> {
+        let Write::Assign {
+            node,
+            node_uid,
+            revision,
+            config,
+        } = self
+        else {
+            return None;
+        };
+        let mut owners = vec![OwnerReference {
+            controller: Some(true),
+            ..owner.clone()
+        }];
+        if let Some(uid) = node_uid {
+            owners.push(OwnerReference {
+                api_version: "v1".to_owned(),
+                kind: "Node".to_owned(),
+                name: node.clone(),
+                uid: uid.clone(),
+                controller: None,
+                block_owner_deletion: None,
+            });
+        }
+        let mut npc = NodeProxyConfig::new(
+            node,
+            NodeProxyConfigSpec {
+                revision: revision.to_string(),
+                assigned_at: Time(now),
+                config: (**config).clone(),
+            },
+        );
+        npc.metadata.owner_references = Some(owners);
+        Some(npc)
     }
 }
 
@@ -391,7 +444,9 @@ impl<'a> Decider<'a> {
                 }
                 continue;
             }
-            let foreign = npc.is_some_and(|n| n.owner != Some(input.name));
+            // An orphan (owner None: its ProxyConfig is gone) is adopted by the one that selects
+            // its node, through the staged rollout.
+            let foreign = npc.is_some_and(|n| n.owner.is_some_and(|o| o != input.name));
             if foreign || input.others.iter().any(|o| o.matches(view.labels)) {
                 conflicts.push(view.name);
                 continue;
@@ -515,7 +570,7 @@ impl<'a> Decider<'a> {
             }
             if let Some(config) = self.config_of(npc.revision, spec_revision) {
                 let revision: Arc<str> = npc.revision.into();
-                self.assign(m.view.name, &revision, &Arc::new(config.clone()));
+                self.assign(m.view, &revision, &Arc::new(config.clone()));
                 restored.push(m.view.name);
             }
         }
@@ -604,9 +659,15 @@ impl<'a> Decider<'a> {
         }
     }
 
-    fn assign(&mut self, node: &str, revision: &Arc<str>, config: &Arc<ProxierConfiguration>) {
+    fn assign(
+        &mut self,
+        node: &NodeView<'_>,
+        revision: &Arc<str>,
+        config: &Arc<ProxierConfiguration>,
+    ) {
         self.write(Write::Assign {
-            node: node.to_owned(),
+            node: node.name.to_owned(),
+            node_uid: node.uid.map(str::to_owned),
             revision: revision.clone(),
             config: config.clone(),
         });
@@ -651,7 +712,7 @@ impl<'a> Decider<'a> {
                         }
                     } else {
                         returning += 1;
-                        self.assign(m.view.name, &revision, &config);
+                        self.assign(m.view, &revision, &config);
                     }
                 }
             }
@@ -706,7 +767,7 @@ impl<'a> Decider<'a> {
                 .iter()
                 .filter(|m| m.view.skip.is_none() && m.npc.is_none())
             {
-                self.assign(m.view.name, &revision, &config);
+                self.assign(m.view, &revision, &config);
             }
         }
         self.conditions.halted(&bad);
@@ -1001,7 +1062,7 @@ impl<'a> Decider<'a> {
             if m.stage < cursor || (m.stage == cursor && too_small.is_none()) {
                 if slots[m.stage] > 0 {
                     slots[m.stage] -= 1;
-                    self.assign(m.view.name, &revision, &config);
+                    self.assign(m.view, &revision, &config);
                     stage_status[m.stage].updated += 1;
                     self.status.updated_nodes += 1;
                     self.requeue_at(now.checked_add(timeout).unwrap_or(Timestamp::MAX));
@@ -1009,7 +1070,7 @@ impl<'a> Decider<'a> {
             } else if m.npc.is_none()
                 && let Some((good_revision, good_config)) = &good
             {
-                self.assign(m.view.name, good_revision, good_config);
+                self.assign(m.view, good_revision, good_config);
             }
         }
 
