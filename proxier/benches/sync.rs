@@ -19,11 +19,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kipvs_crds::config::ProxierConfiguration;
+use kipvs_proxier::dataplane::nft::{Nft, transaction};
 use kipvs_proxier::dataplane::{Ownership, diff, diff_scoped, nft_transaction};
+use kipvs_proxier::engine::{NodeIdentity, Planner, Replanned};
 use kipvs_proxier::model::ObservedState;
-use kipvs_proxier::nft::{Nft, transaction};
-use kipvs_proxier::run::{NodeIdentity, Planner, Replanned};
-use kipvs_proxier::store::Store;
+use kipvs_proxier::source::store::Store;
 use std::collections::BTreeSet;
 use std::hint::black_box;
 

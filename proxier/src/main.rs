@@ -7,14 +7,15 @@ use kipvs_crds::config::ProxierConfiguration;
 use kipvs_proxier::dataplane::Dataplane;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
-use kipvs_proxier::health::{self, ProxyHealth, ServiceHealthServers};
-use kipvs_proxier::kube_source::KubeSource;
-use kipvs_proxier::metrics::Metrics;
-use kipvs_proxier::node_config::{self, Assigned, Kernel, KernelSettings};
-use kipvs_proxier::run::{
+use kipvs_proxier::engine::{
     ConfigFollower, Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle,
 };
-use kipvs_proxier::{format, grpc_health, inspect};
+use kipvs_proxier::serve::grpc;
+use kipvs_proxier::serve::health::{self, ProxyHealth, ServiceHealthServers};
+use kipvs_proxier::serve::metrics::Metrics;
+use kipvs_proxier::source::kube::KubeSource;
+use kipvs_proxier::source::node_config::{self, Assigned, Kernel, KernelSettings};
+use kipvs_proxier::{format, inspect};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -241,7 +242,7 @@ async fn start(
         let listener = bind(addr, "gRPC health")?;
         let health = health.clone();
         tokio::spawn(async move {
-            if let Err(e) = grpc_health::serve(listener, health, never()).await {
+            if let Err(e) = grpc::serve(listener, health, never()).await {
                 tracing::error!("gRPC health server failed: {e}");
             }
         });

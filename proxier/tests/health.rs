@@ -5,11 +5,13 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
-use kipvs_proxier::grpc_health::{self, HEALTHZ_SERVICE};
-use kipvs_proxier::health::{self, ENDPOINT_WEIGHT_HEADER, ProxyHealth, ServiceHealthServers};
-use kipvs_proxier::metrics::{self, Metrics};
-use kipvs_proxier::run::{Engine, NodeIdentity, Observer, Planner, SourceHandle};
-use kipvs_proxier::store::LAST_CHANGE_TRIGGER_TIME;
+use kipvs_proxier::engine::{Engine, NodeIdentity, Observer, Planner, SourceHandle};
+use kipvs_proxier::serve::grpc::{self, HEALTHZ_SERVICE};
+use kipvs_proxier::serve::health::{
+    self, ENDPOINT_WEIGHT_HEADER, ProxyHealth, ServiceHealthServers,
+};
+use kipvs_proxier::serve::metrics::{self, Metrics};
+use kipvs_proxier::source::store::LAST_CHANGE_TRIGGER_TIME;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -408,7 +410,7 @@ async fn grpc_health_mirrors_livez_and_healthz_as_the_kubelet_asks() {
     let mut p = proxier(STALE_AFTER, true);
     let listener = health::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(grpc_health::serve(
+    tokio::spawn(grpc::serve(
         listener,
         p.health.clone(),
         std::future::pending(),

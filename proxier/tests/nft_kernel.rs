@@ -4,8 +4,8 @@
 //! package. Without them the tests say so and pass, unless `KIPVS_REQUIRE_NFT=1` (set by
 //! `hack/test.sh`) makes that a failure.
 
+use kipvs_proxier::dataplane::nft::{Nft, NftRules, SetElement, Transaction, transaction};
 use kipvs_proxier::model::{Protocol, VirtualServerKey};
-use kipvs_proxier::nft::{Nft, NftRules, SetElement, Transaction, transaction};
 use std::collections::BTreeSet;
 
 /// Moves this thread into a new network namespace; false (or a panic with

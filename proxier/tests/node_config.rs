@@ -5,11 +5,11 @@
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
-use kipvs_proxier::health::{Probe, ProxyHealth};
-use kipvs_proxier::node_config::{Assigned, FakeKernel};
-use kipvs_proxier::run::{
+use kipvs_proxier::engine::{
     ConfigFollower, Engine, ManifestsSource, NodeIdentity, Observer, Planner, SourceHandle,
 };
+use kipvs_proxier::serve::health::{Probe, ProxyHealth};
+use kipvs_proxier::source::node_config::{Assigned, FakeKernel};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -279,7 +279,7 @@ async fn live_change_is_pending_until_synced_and_deletion_returns_to_local() {
 mod api {
     use super::*;
     use http::{Request, Response};
-    use kipvs_proxier::node_config::{report_status, watch_assigned};
+    use kipvs_proxier::source::node_config::{report_status, watch_assigned};
     use kube::client::Body;
     use serde_json::{Value, json};
     use tokio::sync::mpsc;

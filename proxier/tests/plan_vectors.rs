@@ -21,8 +21,8 @@
 
 use kipvs_crds::ProxierConfiguration;
 use kipvs_proxier::format;
-use kipvs_proxier::manifests;
 use kipvs_proxier::plan::{self, Plan, PlanInput};
+use kipvs_proxier::source::manifests;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 
 use super::{Dataplane, DataplaneError, Op, OpFailure};
 use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
-use crate::node_config::{FakeKernel, KernelSettings};
+use crate::source::node_config::{FakeKernel, KernelSettings};
 use futures::future::BoxFuture;
 use kipvs_crds::config::ProxierConfiguration;
 use std::collections::{BTreeMap, BTreeSet};

@@ -5,11 +5,11 @@ use super::{
     DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Op, OpFailure, Ownership, diff,
     nft_transaction,
 };
+use crate::dataplane::nft::{self, Nft};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
 };
-use crate::nft::{self, Nft};
 use futures::{StreamExt, TryStreamExt};
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::LinkAttribute;

@@ -20,12 +20,14 @@
 
 pub mod fake;
 pub mod kernel;
+pub mod nft;
+pub mod sysctl;
 
+use crate::dataplane::nft::{NftRules, SetElement};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
 };
-use crate::nft::{NftRules, SetElement};
 use ipnet::IpNet;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -314,9 +316,9 @@ pub fn diff_scoped(
     ops
 }
 
-/// The nftables ops among `ops` as one [`crate::nft::Transaction`] (the others are ignored).
-pub fn nft_transaction(ops: &[Op]) -> crate::nft::Transaction<'_> {
-    let mut tx = crate::nft::Transaction::default();
+/// The nftables ops among `ops` as one [`crate::dataplane::nft::Transaction`] (the others are ignored).
+pub fn nft_transaction(ops: &[Op]) -> crate::dataplane::nft::Transaction<'_> {
+    let mut tx = crate::dataplane::nft::Transaction::default();
     for op in ops {
         match op {
             Op::WriteRules(rules) => tx.rules = Some(rules),
@@ -458,7 +460,7 @@ pub enum DataplaneError {
     NoInterface(String),
     /// An nftables transaction or listing failed.
     #[error("nftables: {0}")]
-    Nft(#[from] crate::nft::NftError),
+    Nft(#[from] crate::dataplane::nft::NftError),
     /// The nftables transaction this op was part of failed (the reason, once per op).
     #[error("nftables transaction: {0}")]
     NftTransaction(String),

@@ -10,8 +10,8 @@
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
 use crate::dataplane::Scope;
+use crate::dataplane::nft::{NftRules, SetElement};
 use crate::model::{DesiredState, VirtualServerKey};
-use crate::nft::{NftRules, SetElement};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 

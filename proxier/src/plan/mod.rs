@@ -71,8 +71,8 @@ mod service;
 pub use index::{DesiredIndex, ServiceKey, Touched};
 pub use service::{ServicePlan, plan_service};
 
+use crate::dataplane::nft::NftRules;
 use crate::model::{DesiredState, Protocol, SchedFlags, VirtualServerSpec};
-use crate::nft::NftRules;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

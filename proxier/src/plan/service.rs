@@ -5,8 +5,8 @@ use super::{
     IPVS_SCHEDULERS, PlanContext, Problem, SCHEDULER_ANNOTATION, SERVICE_PROXY_NAME_LABEL,
     namespace_of, parse_protocol, port_number, scheduler_spec,
 };
+use crate::dataplane::nft::SetElement;
 use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
-use crate::nft::SetElement;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -44,7 +44,7 @@ pub struct ServicePlan {
     /// at weight 1).
     pub terminating_fallback: bool,
     /// Its elements of the nftables sets (masquerade, hairpin, filtering; see
-    /// [`crate::nft`]).
+    /// [`crate::dataplane::nft`]).
     pub set_elements: BTreeSet<SetElement>,
     /// Problems with the Service or its EndpointSlices.
     pub problems: Vec<Problem>,

@@ -5,7 +5,7 @@
 //! Everything here is plain data, ordered (`BTreeMap`/`BTreeSet`) so that output and
 //! operation lists are deterministic.
 
-use crate::nft::{NftRules, SetElement};
+use crate::dataplane::nft::{NftRules, SetElement};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -125,7 +125,7 @@ pub struct DesiredState {
     pub bind_addresses: BTreeSet<IpAddr>,
     /// healthCheckNodePort → the Service it reports on (LoadBalancer + externalTrafficPolicy Local).
     pub health_check_node_ports: BTreeMap<u16, HealthCheckNodePort>,
-    /// Elements of the nftables sets (masquerade, hairpin, filtering; see [`crate::nft`]).
+    /// Elements of the nftables sets (masquerade, hairpin, filtering; see [`crate::dataplane::nft`]).
     pub set_elements: BTreeSet<SetElement>,
     /// The parameters of the constant nftables rules.
     pub nft_rules: NftRules,

@@ -20,9 +20,9 @@
 //! Services and EndpointSlices are filtered as kube-proxy filters them
 //! ([`PROXY_LABEL_SELECTOR`]); the Node by the field selector `metadata.name=<node>`.
 
-use crate::metrics::Metrics;
-use crate::run::SourceHandle;
-use crate::store::{Store, object_key};
+use crate::engine::SourceHandle;
+use crate::serve::metrics::Metrics;
+use crate::source::store::{Store, object_key};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

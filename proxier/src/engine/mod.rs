@@ -1,16 +1,18 @@
 //! The proxier's main loop: sources write objects into a shared [`Store`]; the [`Engine`]
 //! re-plans what changed and syncs the dataplane, at most once per `ipvs.minSyncPeriod` and
 //! at least once per `ipvs.syncPeriod` (kube-proxy's `BoundedFrequencyRunner` contract).
-//! Following a NodeProxyConfig ([`ConfigFollower`], [`crate::node_config`]), it also takes new
+//! Following a NodeProxyConfig ([`ConfigFollower`], [`crate::source::node_config`]), it also takes new
 //! configurations as messages on a watch channel and puts them in force between syncs.
 
+pub mod syncer;
+
 use crate::dataplane::{DEFAULT_NODE_PORT_RANGE, Dataplane, DataplaneError, Ownership};
-use crate::manifests;
+use crate::engine::syncer::{SyncReport, Syncer};
 use crate::model::{DesiredState, VirtualServerKey};
-use crate::node_config::{Assigned, KernelSettings, assigned_from};
 use crate::plan::{self, DesiredIndex, NoLocalEndpoints, Plan, PlanContext, Touched};
-use crate::store::{ObjectKey, Store};
-use crate::sync::{SyncReport, Syncer};
+use crate::source::manifests;
+use crate::source::node_config::{Assigned, KernelSettings, assigned_from};
+use crate::source::store::{ObjectKey, Store};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::config::ProxierConfiguration;
@@ -27,7 +29,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 /// Told what sources write and what the engine syncs: the health servers and the metrics
-/// implement it ([`crate::health`], [`crate::metrics`]). Every method defaults to nothing.
+/// implement it ([`crate::serve::health`], [`crate::serve::metrics`]). Every method defaults to nothing.
 pub trait Observer: Send + Sync {
     /// The store changed: a source wrote to it, or the engine took its dirty set. Called under
     /// the store lock, so it must be quick.
@@ -35,7 +37,7 @@ pub trait Observer: Send + Sync {
     /// The engine finished a sync (successful or not).
     fn sync_finished(&self, _outcome: &SyncOutcome<'_>) {}
     /// The engine put a new configuration in force (a NodeProxyConfig revision applied live,
-    /// see [`crate::node_config`]); the next sync is the first with it.
+    /// see [`crate::source::node_config`]); the next sync is the first with it.
     fn config_changed(&self, _config: &ProxierConfiguration) {}
 }
 
@@ -281,9 +283,9 @@ pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// How often draining real servers are checked for remaining connections.
 pub const DRAIN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
-/// How the engine follows the node's NodeProxyConfig (see [`crate::node_config`]).
+/// How the engine follows the node's NodeProxyConfig (see [`crate::source::node_config`]).
 pub struct ConfigFollower {
-    /// What the NodeProxyConfig assigns ([`crate::node_config::watch_assigned`]).
+    /// What the NodeProxyConfig assigns ([`crate::source::node_config::watch_assigned`]).
     pub assigned: watch::Receiver<Assigned>,
     /// The local configuration (`--config` or the defaults), in force without a
     /// NodeProxyConfig.
@@ -291,7 +293,7 @@ pub struct ConfigFollower {
     /// Checks and sets the node-wide kernel settings of a new configuration.
     pub kernel: Box<dyn KernelSettings>,
     /// Where the engine publishes the status to write
-    /// ([`crate::node_config::report_status`] adds `healthy`); `None` while no revision is
+    /// ([`crate::source::node_config::report_status`] adds `healthy`); `None` while no revision is
     /// assigned.
     pub report: watch::Sender<Option<NodeProxyConfigStatus>>,
 }
@@ -345,7 +347,7 @@ impl<D: Dataplane> Engine<D> {
     }
 
     /// Put `assigned` in force if it differs from the configuration in force (NodeProxyConfig
-    /// over the local configuration; see [`crate::node_config`]); the revision in force
+    /// over the local configuration; see [`crate::source::node_config`]); the revision in force
     /// assigned again after a Failed one is reported `Applied` again after the next sync. The new configuration is
     /// first validated and checked against the kernel ([`KernelSettings::check`]); if that or
     /// [`KernelSettings::apply`] fails, the previous configuration stays in force and the

@@ -7,7 +7,7 @@
 //!   the operator. Deleting the NodeProxyConfig returns to the local configuration.
 //! - [`watch_assigned`] watches `nodeproxyconfigs` with the field selector
 //!   `metadata.name=<node>` and publishes the [`Assigned`] configuration on a
-//!   `tokio::sync::watch` channel; the [`Engine`](crate::run::Engine) selects on it (no
+//!   `tokio::sync::watch` channel; the [`Engine`](crate::engine::Engine) selects on it (no
 //!   shared mutable configuration). Status writes of the proxier itself come back as watch
 //!   events with the same spec and are not republished.
 //! - The engine checks a new revision first ([`ProxierConfiguration::validate`], then
@@ -26,10 +26,10 @@
 //!   report or the `/livez` verdict changes: `Pending` when a live change starts, then
 //!   `Applied` after the first sync with it (at start, directly `Applied`), or `Failed`.
 
-use crate::health::ProxyHealth;
-use crate::kube_source::is_not_found;
+use crate::dataplane::sysctl;
 use crate::plan::IPVS_SCHEDULERS;
-use crate::sysctl;
+use crate::serve::health::ProxyHealth;
+use crate::source::kube::is_not_found;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use kipvs_crds::config::ProxierConfiguration;

@@ -23,10 +23,10 @@
 //!   `{"service":{"namespace","name"},"localEndpoints":N,"serviceProxyHealthy":bool}` and the
 //!   header `X-Load-Balancing-Endpoint-Weight: N`.
 
-use crate::metrics::Metrics;
+use crate::engine::{Observer, SyncOutcome};
 use crate::model::HealthCheckNodePort;
-use crate::run::{Observer, SyncOutcome};
-use crate::store::Store;
+use crate::serve::metrics::Metrics;
+use crate::source::store::Store;
 use k8s_openapi::api::core::v1::Node;
 use kipvs_crds::Gate;
 use kipvs_crds::config::ProxierConfiguration;

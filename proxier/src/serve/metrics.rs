@@ -21,8 +21,8 @@
 //! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
 //! | `kipvs_api_resource_unavailable{resource}` | gauge | 1 while the API server does not serve a resource kipvs watches (e.g. `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21) |
 
-use crate::run::{Observer, SyncOutcome};
-use crate::store::{ChangeCounts, Store};
+use crate::engine::{Observer, SyncOutcome};
+use crate::source::store::{ChangeCounts, Store};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,

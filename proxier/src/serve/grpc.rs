@@ -9,7 +9,7 @@
 //! recomputes both whenever the [`ProxyHealth`] changes and at the moment a pending change
 //! goes stale, so Check and Watch agree with the HTTP endpoints at all times.
 
-use crate::health::{Probe, ProxyHealth};
+use crate::serve::health::{Probe, ProxyHealth};
 use std::future::Future;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;

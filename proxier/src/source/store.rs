@@ -7,8 +7,8 @@
 //! only what changed. A write that changes nothing marks nothing dirty, so a relist of an
 //! unchanged cluster costs no planning.
 
-use crate::manifests::Snapshot;
 use crate::plan::SERVICE_NAME_LABEL;
+use crate::source::manifests::Snapshot;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
