@@ -15,6 +15,7 @@
 
 use crate::conditions::ConditionSet;
 use crate::events::Publisher;
+use crate::metrics::Metrics;
 use crate::rollout::{self, Decision, Input, NodeView, NpcView, Write};
 use crate::stored::StoredProxyConfig;
 use futures::{StreamExt, stream};
@@ -55,6 +56,16 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The cause, as `kipvs_operator_reconcile_failures_total{kind}` counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube { action, .. } if action.ends_with(" status") => "status",
+            Error::Kube { .. } => "write",
+        }
+    }
+}
+
 fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let action = action.into();
     move |source| Error::Kube { action, source }
@@ -87,6 +98,7 @@ pub struct Context {
     npcs: Store<NodeProxyConfig>,
     events: Publisher,
     expectations: Mutex<Expectations>,
+    metrics: Metrics,
 }
 
 impl Context {
@@ -105,7 +117,14 @@ impl Context {
             nodes,
             npcs,
             expectations: Mutex::new(Expectations::default()),
+            metrics: Metrics::new(),
         }
+    }
+
+    /// Records into `metrics` (by default, a registry of its own).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -149,7 +168,7 @@ fn npc_relevance(npc: &NodeProxyConfig) -> Option<u64> {
 ///
 /// # Errors
 /// A reflector that stopped before it was ready.
-pub async fn run(client: Client, identity: &str) -> anyhow::Result<()> {
+pub async fn run(client: Client, identity: &str, metrics: Metrics) -> anyhow::Result<()> {
     let pc_api: Api<StoredProxyConfig> = Api::all(client.clone());
     let node_api: Api<Node> = Api::all(client.clone());
     let npc_api: Api<NodeProxyConfig> = Api::all(client.clone());
@@ -175,13 +194,9 @@ pub async fn run(client: Client, identity: &str) -> anyhow::Result<()> {
     // the controller runs at most back to back and never waits for a quiet moment.
     let controller = Controller::new(pc_api, watcher::Config::default())
         .with_config(ControllerConfig::default().debounce(Duration::ZERO));
-    let ctx = Arc::new(Context::new(
-        client,
-        identity,
-        controller.store(),
-        nodes,
-        npcs,
-    ));
+    let ctx = Arc::new(
+        Context::new(client, identity, controller.store(), nodes, npcs).with_metrics(metrics),
+    );
 
     // The trigger stream also drives the Node and NodeProxyConfig reflectors; readiness is
     // awaited inside the first reconciles (see `reconcile`).
@@ -209,10 +224,24 @@ pub async fn reconcile_stored(
     stored: Arc<StoredProxyConfig>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    match stored.decode() {
+    let start = std::time::Instant::now();
+    let metrics = ctx.metrics.clone();
+    let result = match stored.decode() {
         Ok(pc) => reconcile(Arc::new(pc), ctx).await,
-        Err(message) => report_undecodable(&stored, &message, &ctx).await,
+        Err(message) => {
+            metrics.failures.with_label_values(&["decode"]).inc();
+            report_undecodable(&stored, &message, &ctx).await
+        }
+    };
+    metrics
+        .reconcile_duration
+        .observe(start.elapsed().as_secs_f64());
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    metrics.reconciles.with_label_values(&[outcome]).inc();
+    if let Err(e) = &result {
+        metrics.failures.with_label_values(&[e.kind()]).inc();
     }
+    result
 }
 
 /// The status of a ProxyConfig whose spec does not decode: its previous status (the rollout's
@@ -275,6 +304,10 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     let name = pc.name_any();
     let (decision, previous) = decide_from_stores(&pc, &ctx, now);
     let mut failure = None;
+    ctx.metrics
+        .decision_writes
+        .observe(decision.writes.len() as f64);
+    ctx.metrics.rollout(&name, &decision.status);
 
     let results: Vec<(Write, Result<(), Error>)> = stream::iter(decision.writes.iter().cloned())
         .map(|write| {
@@ -293,6 +326,11 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
         for (write, result) in results {
             match result {
                 Ok(()) => {
+                    let kind = match &write {
+                        Write::Assign { .. } => "apply",
+                        Write::Delete { .. } => "delete",
+                    };
+                    ctx.metrics.writes.with_label_values(&[kind]).inc();
                     let expected = match &write {
                         Write::Assign { revision, .. } => Expected::Assigned {
                             owner: name.clone(),
@@ -314,8 +352,11 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     }
 
     for note in &decision.events {
-        if let Err(e) = ctx.events.publish(&*pc, note).await {
-            tracing::warn!(proxyconfig = %name, error = %e, reason = note.reason, "cannot publish Event");
+        match ctx.events.publish(&*pc, note).await {
+            Ok(()) => ctx.metrics.writes.with_label_values(&["event"]).inc(),
+            Err(e) => {
+                tracing::warn!(proxyconfig = %name, error = %e, reason = note.reason, "cannot publish Event")
+            }
         }
         tracing::info!(proxyconfig = %name, reason = note.reason, "{}", note.message);
     }
@@ -489,6 +530,7 @@ async fn write_status(
     api.patch_status(name, &params, &Patch::Apply(&body))
         .await
         .map_err(kube_error(format!("apply ProxyConfig {name} status")))?;
+    ctx.metrics.writes.with_label_values(&["status"]).inc();
     ctx.expectations
         .lock()
         .expect("expectations lock")
