@@ -58,7 +58,7 @@ set +e
   ${CHECK:+--check} ${FLEET_ARGS:-} 2> >(tee "$OUT/fleet.log" >&2)
 rc=$?
 set -e
-kubectl get proxyconfig fleet -o wide 2>&1 | sed 's/^/  /'
+kubectl get proxyconfig scale -o wide 2>&1 | sed 's/^/  /'
 if [ "$rc" != 0 ]; then
   echo "---- operator log (last 40 lines)"; tail -n 40 "$OUT/operator.log"
 fi

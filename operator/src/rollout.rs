@@ -43,7 +43,7 @@ use kipvs_crds::revision::{config_revision, node_hash};
 use kipvs_crds::{
     NodeFailure, NodePhase, NodeProxyConfig, NodeProxyConfigSpec, NodeProxyConfigStatus,
     PROMOTE_ANNOTATION, ProxierConfiguration, ProxyConfigSpec, ProxyConfigStatus, RolloutSpec,
-    StagePhase, StageStatus,
+    Stage, StagePhase, StageStatus,
 };
 use kube::core::{Selector, SelectorExt};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -790,126 +790,18 @@ impl<'a> Decider<'a> {
             .zip(self.status.last_good_config.clone())
             .map(|(r, c)| (r.into(), Arc::new(c)));
 
-        // Stage statuses: carried over by name while the same revision rolls out.
-        let carried: HashMap<&str, &StageStatus> = if continuing {
-            self.prev
-                .stages
-                .iter()
-                .map(|s| (s.name.as_str(), s))
-                .collect()
-        } else {
-            HashMap::new()
-        };
-        let mut stage_status: Vec<StageStatus> = stages
-            .iter()
-            .map(|stage| match carried.get(stage.name.as_str()) {
-                Some(s) => StageStatus {
-                    name: stage.name.clone(),
-                    phase: s.phase,
-                    size_bound: s.size_bound.clone(),
-                    started_at: s.started_at.clone(),
-                    healthy_at: s.healthy_at.clone(),
-                    promoted_at: s.promoted_at.clone(),
-                    ..StageStatus::default()
-                },
-                None => StageStatus {
-                    name: stage.name.clone(),
-                    phase: if done {
-                        StagePhase::Complete
-                    } else {
-                        StagePhase::Waiting
-                    },
-                    ..StageStatus::default()
-                },
-            })
-            .collect();
-
-        // Membership (members are sorted by hash, which is the order sized stages take them in).
-        let selectors: Vec<Selector> = stages
-            .iter()
-            .map(|s| {
-                s.node_selector
-                    .as_ref()
-                    .map(|sel| parse_selector(sel, "").expect("validated"))
-                    .unwrap_or_default()
-            })
-            .collect();
-        let pool = members.len();
-        let mut taken = vec![0usize; stages.len()];
-        let mut bounds: Vec<Option<u64>> = stage_status
-            .iter()
-            .map(|s| {
-                s.size_bound
-                    .as_deref()
-                    .and_then(|b| u64::from_str_radix(b, 16).ok())
-            })
-            .collect();
-        let fresh_bound: Vec<bool> = stages
-            .iter()
-            .zip(&bounds)
-            .map(|(s, b)| s.size.is_some() && b.is_none())
-            .collect();
-        for m in members.iter_mut() {
-            let mut stage = stages.len() - 1;
-            for (i, s) in stages.iter().enumerate() {
-                if !selectors[i].matches(m.view.labels) {
-                    continue;
-                }
-                let fits = match s.size {
-                    None => true,
-                    Some(size) if fresh_bound[i] => taken[i] < size.of(pool),
-                    Some(_) => bounds[i].is_some_and(|b| m.hash <= b),
-                };
-                if fits {
-                    stage = i;
-                    break;
-                }
-            }
-            m.stage = stage;
-            taken[stage] += 1;
-            if fresh_bound[stage] {
-                bounds[stage] = Some(m.hash);
-            }
-        }
-        for (i, status) in stage_status.iter_mut().enumerate() {
-            if stages[i].size.is_some() {
-                status.size_bound = bounds[i].map(|b| format!("{b:016x}"));
-            }
-        }
+        let mut stage_status = carried_stage_statuses(&stages, &self.prev.stages, continuing, done);
+        assign_stages(&stages, &mut stage_status, members);
 
         // Per-stage state.
         let timeout = rollout.apply_timeout;
-        let mut failed_total = Vec::new();
-        let mut in_flight = vec![0usize; stages.len()];
-        for m in members.iter() {
-            let st = &mut stage_status[m.stage];
-            st.total += 1;
-            if m.view.skip.is_some() {
-                st.skipped += 1;
-                continue;
-            }
-            if m.revision() != Some(target.as_str()) {
-                continue;
-            }
-            st.updated += 1;
-            let latched = st.phase == StagePhase::Complete && m.npc.is_some_and(applied);
-            match m.health(timeout, now) {
-                Some(Health::Healthy) => st.healthy += 1,
-                // Health is latched per revision: a node that applied it and whose stage then
-                // completed (soak included) is done; a later /livez blip is reported by the
-                // Available condition, not counted against the revision.
-                Some(Health::Failed) if latched => {}
-                Some(Health::Failed) => {
-                    st.failed += 1;
-                    failed_total.push(m);
-                }
-                Some(Health::InFlight) | None => {
-                    in_flight[m.stage] += 1;
-                    if let Some(npc) = m.npc {
-                        self.requeue_at(deadline(npc, timeout));
-                    }
-                }
-            }
+        let StageHealth {
+            failed: failed_total,
+            in_flight,
+            deadlines,
+        } = stage_health(members, &target, &mut stage_status, timeout, now);
+        for at in deadlines {
+            self.requeue_at(at);
         }
         self.status.updated_nodes = count(stage_status.iter().map(|s| s.updated as usize).sum());
         self.status.healthy_nodes = count(stage_status.iter().map(|s| s.healthy as usize).sum());
@@ -1174,6 +1066,161 @@ impl<'a> Decider<'a> {
                 );
             }
             self.status.failures.push(failure);
+        }
+    }
+}
+
+/// What [`stage_health`] finds.
+struct StageHealth<'m, 'a> {
+    /// Members failed on the target revision (counted against the failure budget).
+    failed: Vec<&'m Member<'a>>,
+    /// Per stage: members given the target that are neither healthy nor failed yet.
+    in_flight: Vec<usize>,
+    /// Apply deadlines of the members in flight (when to look again).
+    deadlines: Vec<Timestamp>,
+}
+
+/// Counts each stage's members against the target revision into `stage_status` (total,
+/// skipped, updated, healthy, failed) and returns the failed ones and those in flight.
+///
+/// Health is latched per revision: a member that applied the target and whose stage is already
+/// Complete (soak included) is done; a later `/livez` blip is not a failure of the revision (the
+/// Available condition reports it).
+fn stage_health<'m, 'a>(
+    members: &'m [Member<'a>],
+    target: &str,
+    stage_status: &mut [StageStatus],
+    timeout: Duration,
+    now: Timestamp,
+) -> StageHealth<'m, 'a> {
+    let mut found = StageHealth {
+        failed: Vec::new(),
+        in_flight: vec![0; stage_status.len()],
+        deadlines: Vec::new(),
+    };
+    for m in members {
+        let st = &mut stage_status[m.stage];
+        st.total += 1;
+        if m.view.skip.is_some() {
+            st.skipped += 1;
+            continue;
+        }
+        if m.revision() != Some(target) {
+            continue;
+        }
+        st.updated += 1;
+        let latched = st.phase == StagePhase::Complete && m.npc.is_some_and(applied);
+        match m.health(timeout, now) {
+            Some(Health::Healthy) => st.healthy += 1,
+            Some(Health::Failed) if latched => {}
+            Some(Health::Failed) => {
+                st.failed += 1;
+                found.failed.push(m);
+            }
+            Some(Health::InFlight) | None => {
+                found.in_flight[m.stage] += 1;
+                if let Some(npc) = m.npc {
+                    found.deadlines.push(deadline(npc, timeout));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The stage statuses a decision starts from: carried over by name while the same revision
+/// rolls out (`continuing`), else fresh (Waiting, or Complete when the revision is already the
+/// last good one).
+fn carried_stage_statuses(
+    stages: &[Stage],
+    previous: &[StageStatus],
+    continuing: bool,
+    done: bool,
+) -> Vec<StageStatus> {
+    let carried: HashMap<&str, &StageStatus> = if continuing {
+        previous.iter().map(|s| (s.name.as_str(), s)).collect()
+    } else {
+        HashMap::new()
+    };
+    stages
+        .iter()
+        .map(|stage| match carried.get(stage.name.as_str()) {
+            Some(s) => StageStatus {
+                name: stage.name.clone(),
+                phase: s.phase,
+                size_bound: s.size_bound.clone(),
+                started_at: s.started_at.clone(),
+                healthy_at: s.healthy_at.clone(),
+                promoted_at: s.promoted_at.clone(),
+                ..StageStatus::default()
+            },
+            None => StageStatus {
+                name: stage.name.clone(),
+                phase: if done {
+                    StagePhase::Complete
+                } else {
+                    StagePhase::Waiting
+                },
+                ..StageStatus::default()
+            },
+        })
+        .collect()
+}
+
+/// Stage membership: each member goes to the first stage whose selector matches it and, for a
+/// sized stage, whose size bound its hash does not exceed (a bound is fixed, in
+/// `stage_status[].sizeBound`, by the first decision of the revision: the hash of the last
+/// member the stage took). `members` must be sorted by hash, the order sized stages take them in.
+fn assign_stages(stages: &[Stage], stage_status: &mut [StageStatus], members: &mut [Member<'_>]) {
+    let selectors: Vec<Selector> = stages
+        .iter()
+        .map(|s| {
+            s.node_selector
+                .as_ref()
+                .map(|sel| parse_selector(sel, "").expect("validated"))
+                .unwrap_or_default()
+        })
+        .collect();
+    let pool = members.len();
+    let mut taken = vec![0usize; stages.len()];
+    let mut bounds: Vec<Option<u64>> = stage_status
+        .iter()
+        .map(|s| {
+            s.size_bound
+                .as_deref()
+                .and_then(|b| u64::from_str_radix(b, 16).ok())
+        })
+        .collect();
+    let fresh_bound: Vec<bool> = stages
+        .iter()
+        .zip(&bounds)
+        .map(|(s, b)| s.size.is_some() && b.is_none())
+        .collect();
+    for m in members.iter_mut() {
+        let mut stage = stages.len() - 1;
+        for (i, s) in stages.iter().enumerate() {
+            if !selectors[i].matches(m.view.labels) {
+                continue;
+            }
+            let fits = match s.size {
+                None => true,
+                Some(size) if fresh_bound[i] => taken[i] < size.of(pool),
+                Some(_) => bounds[i].is_some_and(|b| m.hash <= b),
+            };
+            if fits {
+                stage = i;
+                break;
+            }
+        }
+        m.stage = stage;
+        taken[stage] += 1;
+        if fresh_bound[stage] {
+            bounds[stage] = Some(m.hash);
+        }
+    }
+    for (i, status) in stage_status.iter_mut().enumerate() {
+        if stages[i].size.is_some() {
+            status.size_bound = bounds[i].map(|b| format!("{b:016x}"));
         }
     }
 }

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-const PC: &str = "fleet";
+const PC: &str = "scale";
 
 struct Args {
     nodes: usize,
