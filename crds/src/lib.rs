@@ -10,6 +10,8 @@
 //!   ([`ProxierConfiguration::load_any`]), for clusters moving from kube-proxy.
 //! - [`Gate`]: the feature gates kipvs understands.
 //! - [`duration`]: Go-style duration strings (`"30s"`, `"1m30s"`).
+//! - [`revision`]: the revision of a configuration (a content hash, shared by the operator,
+//!   which writes it, and the proxier, which reports the revision of what it applied).
 //! - [`crd`]: the CustomResourceDefinitions as the `crdgen` binary writes them.
 
 pub mod config;
@@ -19,6 +21,7 @@ pub mod gates;
 pub mod kubeproxy;
 pub mod nodeproxyconfig;
 pub mod proxyconfig;
+pub mod revision;
 pub mod schema;
 
 pub use config::{

@@ -223,6 +223,18 @@ pub struct Stage {
     /// annotated kipvs.io/promote=<stage>@<revision> (the Paused condition prints the command).
     #[serde(default)]
     pub pause: bool,
+    /// The fewest nodes the stage must have to run (nodes it takes that are neither skipped nor
+    /// conflicting). With fewer, the rollout waits at this stage (condition Progressing, reason
+    /// StageTooSmall, and a StageTooSmall Event) until nodes join or the spec changes. Set it to
+    /// 1 on a canary stage so that a selector matching nothing, or a canary node taken by
+    /// another ProxyConfig, stops the rollout instead of skipping the canary. Default 0: a stage
+    /// with no node to wait for completes at once, reported by a StageEmpty Event.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub min_nodes: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Default for RolloutSpec {
@@ -246,6 +258,7 @@ impl Stage {
             max_unavailable: CountOrPercent::one(),
             soak_duration: Duration::ZERO,
             pause: false,
+            min_nodes: 0,
         }
     }
 
@@ -430,10 +443,77 @@ pub fn parse_selector(
     selector: &LabelSelector,
     field: &str,
 ) -> Result<kube::core::Selector, SpecError> {
-    kube::core::Selector::try_from(selector.clone()).map_err(|e| SpecError::Selector {
+    let invalid = |message: String| SpecError::Selector {
         field: field.to_owned(),
-        message: e.to_string(),
-    })
+        message,
+    };
+    for (key, value) in selector.match_labels.iter().flatten() {
+        check_label_key(key).map_err(|m| invalid(format!("matchLabels key {key:?}: {m}")))?;
+        check_label_value(value)
+            .map_err(|m| invalid(format!("matchLabels[{key:?}] value {value:?}: {m}")))?;
+    }
+    for (i, expression) in selector.match_expressions.iter().flatten().enumerate() {
+        let key = &expression.key;
+        check_label_key(key)
+            .map_err(|m| invalid(format!("matchExpressions[{i}].key {key:?}: {m}")))?;
+        for value in expression.values.iter().flatten() {
+            check_label_value(value)
+                .map_err(|m| invalid(format!("matchExpressions[{i}].values {value:?}: {m}")))?;
+        }
+    }
+    kube::core::Selector::try_from(selector.clone()).map_err(|e| invalid(e.to_string()))
+}
+
+/// A label key as Kubernetes validates it (`IsQualifiedName`): an optional DNS subdomain
+/// prefix of at most 253 characters and `/`, then a name of 1-63 alphanumerics, `-`, `_`, `.`,
+/// beginning and ending with an alphanumeric. A selector with any other key matches no Node
+/// ever, which would silently empty a stage (issue 15), so it is an invalid spec.
+fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(label_ok) {
+            return Err(
+                "the prefix must be a DNS subdomain (lowercase alphanumerics, '-' and '.', at \
+                 most 253 characters)"
+                    .to_owned(),
+            );
+        }
+    }
+    if name.is_empty() {
+        return Err("the name part must not be empty".to_owned());
+    }
+    check_label_value(name)
+}
+
+/// A label value (`IsValidLabelValue`): empty, or at most 63 alphanumerics, `-`, `_`, `.`,
+/// beginning and ending with an alphanumeric.
+fn check_label_value(value: &str) -> Result<(), String> {
+    let edge_ok = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphanumeric());
+    if value.len() > 63
+        || !value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        || !edge_ok(value.chars().next())
+        || !edge_ok(value.chars().last())
+    {
+        return Err(
+            "must be at most 63 characters: alphanumerics, '-', '_' or '.', beginning and \
+             ending with an alphanumeric"
+                .to_owned(),
+        );
+    }
+    Ok(())
 }
 
 /// What the operator reports about a `ProxyConfig`.

@@ -11,10 +11,18 @@ use schemars::{Schema, SchemaGenerator, json_schema};
 use serde_json::{Map, Value, json};
 
 /// A non-negative Go duration (`time.ParseDuration` syntax, optional `+`): `"0"`, `"30s"`,
-/// `"1m30s"`, `"1.5h"`, `"500ms"`. It accepts what [`crate::duration::parse`] accepts, except
-/// a negative zero (`"-0s"`), which the parser tolerates.
-pub const DURATION_PATTERN: &str =
-    r"^\+?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$";
+/// `"1m30s"`, `"1.5h"`, `"500ms"`, bounded so that everything it accepts
+/// [`crate::duration::parse`] accepts too (Go's `time.Duration` ends at about 2,562,047 h, and
+/// an object the apiserver stores but the operator cannot read must not exist): at most 6
+/// components, integer parts of at most 5 digits for `h`, 7 for `m` and 9 for the smaller units,
+/// fractions of at most 9 digits. The worst case, six `99999.999999999h`, is about 600,000 h.
+pub const DURATION_PATTERN: &str = concat!(
+    r"^\+?(0|(",
+    r"(([0-9]{1,9}(\.[0-9]{0,9})?|\.[0-9]{1,9})(ns|us|µs|μs|ms|s))",
+    r"|(([0-9]{1,7}(\.[0-9]{0,9})?|\.[0-9]{1,9})m)",
+    r"|(([0-9]{1,5}(\.[0-9]{0,9})?|\.[0-9]{1,9})h)",
+    r"){1,6})$"
+);
 
 /// A percentage from 1% to 100%, as written in a count-or-percentage field (`"10%"`).
 pub const PERCENT_PATTERN: &str = r"^(100|[1-9][0-9]?)%$";

@@ -113,6 +113,30 @@ fn duration_pattern_agrees_with_the_parser() {
         assert!(pattern.is_match(input), "{input} should match");
         assert!(duration::parse(input).is_ok(), "{input} should parse");
     }
+    // The bounds: the largest values the pattern accepts still parse.
+    for input in [
+        "99999.999999999h99999.999999999h99999.999999999h99999.999999999h99999.999999999h99999.999999999h",
+        "9999999m9999999m9999999m9999999m9999999m9999999m",
+        "999999999s999999999s999999999s999999999s999999999s999999999s",
+        "999999999ms",
+        "300000ms",
+        "99999h",
+    ] {
+        assert!(pattern.is_match(input), "{input} should match");
+        assert!(duration::parse(input).is_ok(), "{input} should parse");
+    }
+    // Too large for Go's time.Duration (issue 15: the apiserver stored them, the operator
+    // could not read them): the schema rejects them.
+    for input in [
+        "100000000h",
+        "2562048h",
+        "100000h",
+        "10000000m",
+        "1000000000s",
+        "1h1h1h1h1h1h1h",
+    ] {
+        assert!(!pattern.is_match(input), "{input:?} should not match");
+    }
     for input in [
         "", "-5s", "5", "s", "1d", "1.5", "5 s", "one", "1m-5s", "--1s", "1e3s", ".s",
     ] {

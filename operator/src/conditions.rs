@@ -2,9 +2,9 @@
 //!
 //! | type | True when | reasons |
 //! |---|---|---|
-//! | `Progressing` | nodes are moving to the target revision | `RollingOut`, `Soaking`, `AwaitingPromotion`, `RollingBack` / False: `RolloutComplete`, `RolledBack`, `Halted`, `InvalidSpec` |
+//! | `Progressing` | nodes are moving to the target revision | `RollingOut`, `Soaking`, `AwaitingPromotion`, `StageTooSmall`, `RollingBack` / False: `RolloutComplete`, `NoNodes`, `RolledBack`, `Halted`, `InvalidSpec` |
 //! | `Available` | no node is failed on the revision its NodeProxyConfig carries | `AllHealthy` / False: `NodesFailed` |
-//! | `Degraded` | something needs a person | `InvalidSpec`, `RevisionFailed`, `NodeConflict`, `NodesFailed` (within the failure budget) / False: `AsExpected` |
+//! | `Degraded` | something needs a person | `InvalidSpec`, `RevisionFailed`, `NodeConflict`, `StageTooSmall`, `NodesFailed` (within the failure budget) / False: `AsExpected` |
 //! | `Paused` | nothing moves until a person acts | `SpecPaused`, `AwaitingPromotion` / False: `Running` |
 //!
 //! A condition keeps its `lastTransitionTime` unless its status changes (Kubernetes API
@@ -37,6 +37,8 @@ pub struct ConditionSet {
     /// Degraded verdicts with their priority (highest wins; messages of the others are kept).
     degraded: Vec<(u8, Verdict)>,
     paused: Option<Verdict>,
+    /// Set by [`Self::stage_too_small`]: the reason the rollout waits.
+    too_small: Option<String>,
 }
 
 fn verdict(status: bool, reason: &'static str, message: impl Into<String>) -> Option<Verdict> {
@@ -58,6 +60,7 @@ impl ConditionSet {
             available: None,
             degraded: Vec::new(),
             paused: None,
+            too_small: None,
         }
     }
 
@@ -145,14 +148,29 @@ impl ConditionSet {
         ));
     }
 
-    /// Failed nodes within the failure budget.
-    pub fn failures_within_budget(&mut self, failed: &[&str]) {
+    /// Failed nodes that do not fail `revision`: within the failure budget, or (`done`) on a
+    /// revision that already reached every node.
+    pub fn failures_within_budget(
+        &mut self,
+        revision: &str,
+        failed: &[&str],
+        budget: u32,
+        done: bool,
+    ) {
         if !failed.is_empty() {
-            let message = format!(
-                "{} node(s) failed within the failure budget: {}",
-                failed.len(),
-                list(failed)
-            );
+            let message = if done {
+                format!(
+                    "{} node(s) failed on revision {revision} after it reached every node: {}",
+                    failed.len(),
+                    list(failed)
+                )
+            } else {
+                format!(
+                    "{} node(s) failed revision {revision}, within the failure budget of {budget}: {}",
+                    failed.len(),
+                    list(failed)
+                )
+            };
             self.degraded.push((
                 1,
                 Verdict {
@@ -211,6 +229,24 @@ impl ConditionSet {
         ));
     }
 
+    /// The ProxyConfig selects no node it can configure.
+    pub fn no_nodes(&mut self, message: &str) {
+        self.progressing = verdict(false, "NoNodes", message);
+    }
+
+    /// The stage at the cursor has fewer nodes than its `minNodes`.
+    pub fn stage_too_small(&mut self, message: &str) {
+        self.too_small = Some(message.to_owned());
+        self.degraded.push((
+            2,
+            Verdict {
+                status: true,
+                reason: "StageTooSmall",
+                message: message.to_owned(),
+            },
+        ));
+    }
+
     /// A stage waits for the promote annotation.
     pub fn awaiting_promotion(&mut self, stage: &str, command: &str) {
         if !self.paused.as_ref().is_some_and(|p| p.status) {
@@ -233,6 +269,11 @@ impl ConditionSet {
         healthy: u32,
     ) {
         self.progressing = match (stages.get(cursor), status.get(cursor)) {
+            (Some(_), Some(_)) if self.too_small.is_some() => verdict(
+                true,
+                "StageTooSmall",
+                self.too_small.clone().unwrap_or_default(),
+            ),
             (Some(stage), Some(st)) => {
                 let reason = match st.phase {
                     StagePhase::Soaking => "Soaking",

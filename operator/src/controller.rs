@@ -13,22 +13,22 @@
 //! up; otherwise a quick second reconcile would write the same nodes again (restarting their
 //! apply timeouts) or decide from a stale status.
 
+use crate::conditions::ConditionSet;
 use crate::events::Publisher;
+use crate::metrics::Metrics;
 use crate::rollout::{self, Decision, Input, NodeView, NpcView, Write};
+use crate::stored::StoredProxyConfig;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::proxyconfig::parse_selector;
-use kipvs_crds::{
-    NodeProxyConfig, NodeProxyConfigSpec, OPERATOR_FIELD_MANAGER, ProxyConfig, ProxyConfigStatus,
-};
+use kipvs_crds::{NodeProxyConfig, OPERATOR_FIELD_MANAGER, ProxyConfig, ProxyConfigStatus};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,6 +54,16 @@ pub enum Error {
         /// The API error.
         source: kube::Error,
     },
+}
+
+impl Error {
+    /// The cause, as `kipvs_operator_reconcile_failures_total{kind}` counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube { action, .. } if action.ends_with(" status") => "status",
+            Error::Kube { .. } => "write",
+        }
+    }
 }
 
 fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -83,11 +93,12 @@ struct Expectations {
 /// What every reconcile shares.
 pub struct Context {
     client: Client,
-    proxy_configs: Store<ProxyConfig>,
+    proxy_configs: Store<StoredProxyConfig>,
     nodes: Store<Node>,
     npcs: Store<NodeProxyConfig>,
     events: Publisher,
     expectations: Mutex<Expectations>,
+    metrics: Metrics,
 }
 
 impl Context {
@@ -95,7 +106,7 @@ impl Context {
     pub fn new(
         client: Client,
         identity: &str,
-        proxy_configs: Store<ProxyConfig>,
+        proxy_configs: Store<StoredProxyConfig>,
         nodes: Store<Node>,
         npcs: Store<NodeProxyConfig>,
     ) -> Self {
@@ -106,7 +117,14 @@ impl Context {
             nodes,
             npcs,
             expectations: Mutex::new(Expectations::default()),
+            metrics: Metrics::new(),
         }
+    }
+
+    /// Records into `metrics` (by default, a registry of its own).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -120,14 +138,38 @@ fn node_relevance(node: &Node) -> Option<u64> {
     Some(hasher.finish())
 }
 
+/// What a NodeProxyConfig change must look like to matter: its spec (`metadata.generation`),
+/// its controller, deletion, and the proxier's verdict (observed revision, phase, health). Not
+/// `status.lastSyncTime`, `message` or `syncErrors`: a proxier refreshing its status must not
+/// trigger reconciles (issue 15: with N nodes such refreshes arrived every 60/N s and, behind a
+/// resetting debounce, starved the controller).
+fn npc_relevance(npc: &NodeProxyConfig) -> Option<u64> {
+    let view = NpcView::from_npc(npc);
+    let status = npc.status.as_ref();
+    let mut hasher = DefaultHasher::new();
+    npc.metadata.generation.hash(&mut hasher);
+    npc.metadata.deletion_timestamp.is_some().hash(&mut hasher);
+    view.owner.hash(&mut hasher);
+    view.revision.hash(&mut hasher);
+    status
+        .and_then(|s| s.observed_revision.as_deref())
+        .hash(&mut hasher);
+    status
+        .and_then(|s| s.phase)
+        .map(|p| p as u8)
+        .hash(&mut hasher);
+    status.and_then(|s| s.healthy).hash(&mut hasher);
+    Some(hasher.finish())
+}
+
 /// Runs the controller until a shutdown signal: starts the reflectors, waits until they have
 /// listed everything (a decision over a partial list could delete NodeProxyConfigs), then
 /// reconciles.
 ///
 /// # Errors
 /// A reflector that stopped before it was ready.
-pub async fn run(client: Client, identity: &str) -> anyhow::Result<()> {
-    let pc_api: Api<ProxyConfig> = Api::all(client.clone());
+pub async fn run(client: Client, identity: &str, metrics: Metrics) -> anyhow::Result<()> {
+    let pc_api: Api<StoredProxyConfig> = Api::all(client.clone());
     let node_api: Api<Node> = Api::all(client.clone());
     let npc_api: Api<NodeProxyConfig> = Api::all(client.clone());
 
@@ -142,25 +184,26 @@ pub async fn run(client: Client, identity: &str) -> anyhow::Result<()> {
     let npc_events = reflector::reflector(npc_writer, watcher(npc_api, watcher::Config::default()))
         .default_backoff()
         .touched_objects()
+        .predicate_filter(npc_relevance, Default::default())
         .map(|_| ());
     let triggers = stream::select(node_events, npc_events).boxed();
 
+    // No debounce: kube-runtime's debounce restarts with every trigger, so a steady stream of
+    // triggers postpones the reconcile indefinitely. Without it, triggers that arrive while a
+    // reconcile of the same ProxyConfig runs are merged into one reconcile right after it, so
+    // the controller runs at most back to back and never waits for a quiet moment.
     let controller = Controller::new(pc_api, watcher::Config::default())
-        .with_config(ControllerConfig::default().debounce(Duration::from_millis(500)));
-    let ctx = Arc::new(Context::new(
-        client,
-        identity,
-        controller.store(),
-        nodes,
-        npcs,
-    ));
+        .with_config(ControllerConfig::default().debounce(Duration::ZERO));
+    let ctx = Arc::new(
+        Context::new(client, identity, controller.store(), nodes, npcs).with_metrics(metrics),
+    );
 
     // The trigger stream also drives the Node and NodeProxyConfig reflectors; readiness is
     // awaited inside the first reconciles (see `reconcile`).
     controller
         .reconcile_all_on(triggers)
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile_stored, error_policy, ctx)
         .for_each(|result| async move {
             match result {
                 Ok((object, _)) => tracing::debug!(proxyconfig = %object.name, "reconciled"),
@@ -169,6 +212,83 @@ pub async fn run(client: Client, identity: &str) -> anyhow::Result<()> {
         })
         .await;
     Ok(())
+}
+
+/// Reconciles one stored ProxyConfig: [`reconcile`] if its spec decodes; otherwise reports
+/// that on the object itself (Degraded `InvalidSpec` with the decoding error, one Event) and
+/// writes nothing else. Either way the other ProxyConfigs are not affected.
+///
+/// # Errors
+/// As [`reconcile`]; for an undecodable object, a failed status write.
+pub async fn reconcile_stored(
+    stored: Arc<StoredProxyConfig>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let start = std::time::Instant::now();
+    let metrics = ctx.metrics.clone();
+    let result = match stored.decode() {
+        Ok(pc) => reconcile(Arc::new(pc), ctx).await,
+        Err(message) => {
+            metrics.failures.with_label_values(&["decode"]).inc();
+            report_undecodable(&stored, &message, &ctx).await
+        }
+    };
+    metrics
+        .reconcile_duration
+        .observe(start.elapsed().as_secs_f64());
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    metrics.reconciles.with_label_values(&[outcome]).inc();
+    if let Err(e) = &result {
+        metrics.failures.with_label_values(&[e.kind()]).inc();
+    }
+    result
+}
+
+/// The status of a ProxyConfig whose spec does not decode: its previous status (the rollout's
+/// memory is kept) with Degraded `InvalidSpec`, and an Event unless Degraded said so already.
+async fn report_undecodable(
+    stored: &StoredProxyConfig,
+    message: &str,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let name = stored.name_any();
+    tracing::warn!(proxyconfig = %name, error = %message, "spec cannot be read");
+    let previous = stored.status.clone().unwrap_or_default();
+    let mut conditions = ConditionSet::new(
+        &previous.conditions,
+        Timestamp::now(),
+        stored.metadata.generation,
+    );
+    conditions.invalid_spec(message);
+    let status = ProxyConfigStatus {
+        observed_generation: stored.metadata.generation,
+        conditions: conditions.finish(),
+        ..previous.clone()
+    };
+    let said = previous
+        .conditions
+        .iter()
+        .any(|c| c.reason == "InvalidSpec" && c.message == message);
+    if !said {
+        let note = rollout::Note {
+            warning: true,
+            reason: "InvalidSpec",
+            message: message.to_owned(),
+        };
+        if let Err(e) = ctx.events.publish(stored, &note).await {
+            tracing::warn!(proxyconfig = %name, error = %e, "cannot publish Event");
+        }
+    }
+    if stored.status.as_ref() != Some(&status) {
+        write_status(
+            ctx,
+            &name,
+            stored.metadata.resource_version.clone(),
+            &status,
+        )
+        .await?;
+    }
+    Ok(Action::requeue(RESYNC))
 }
 
 /// Reconciles one ProxyConfig: decide, then write.
@@ -184,6 +304,10 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     let name = pc.name_any();
     let (decision, previous) = decide_from_stores(&pc, &ctx, now);
     let mut failure = None;
+    ctx.metrics
+        .decision_writes
+        .observe(decision.writes.len() as f64);
+    ctx.metrics.rollout(&name, &decision.status);
 
     let results: Vec<(Write, Result<(), Error>)> = stream::iter(decision.writes.iter().cloned())
         .map(|write| {
@@ -202,6 +326,11 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
         for (write, result) in results {
             match result {
                 Ok(()) => {
+                    let kind = match &write {
+                        Write::Assign { .. } => "apply",
+                        Write::Delete { .. } => "delete",
+                    };
+                    ctx.metrics.writes.with_label_values(&[kind]).inc();
                     let expected = match &write {
                         Write::Assign { revision, .. } => Expected::Assigned {
                             owner: name.clone(),
@@ -223,14 +352,23 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     }
 
     for note in &decision.events {
-        if let Err(e) = ctx.events.publish(&pc, note).await {
-            tracing::warn!(proxyconfig = %name, error = %e, reason = note.reason, "cannot publish Event");
+        match ctx.events.publish(&*pc, note).await {
+            Ok(()) => ctx.metrics.writes.with_label_values(&["event"]).inc(),
+            Err(e) => {
+                tracing::warn!(proxyconfig = %name, error = %e, reason = note.reason, "cannot publish Event")
+            }
         }
         tracing::info!(proxyconfig = %name, reason = note.reason, "{}", note.message);
     }
 
     if previous.as_ref() != Some(&decision.status) {
-        write_status(&ctx, &pc, &decision.status).await?;
+        write_status(
+            &ctx,
+            &name,
+            pc.metadata.resource_version.clone(),
+            &decision.status,
+        )
+        .await?;
     }
     match failure {
         Some(e) => Err(e),
@@ -251,16 +389,16 @@ fn decide_from_stores(
     let name = pc.name_any();
     let node_objects = ctx.nodes.state();
     let npc_objects = ctx.npcs.state();
-    let others: Vec<kube::core::Selector> = ctx
-        .proxy_configs
-        .state()
+    let proxy_configs = ctx.proxy_configs.state();
+    let others: Vec<kube::core::Selector> = proxy_configs
         .iter()
         .filter(|other| other.name_any() != name)
-        .filter_map(|other| match &other.spec.node_selector {
+        .filter_map(|other| match &other.node_selector {
             None => Some(kube::core::Selector::default()),
             Some(s) => parse_selector(s, "").ok(),
         })
         .collect();
+    let live: HashSet<String> = proxy_configs.iter().map(|p| p.name_any()).collect();
 
     let mut expectations = ctx.expectations.lock().expect("expectations lock");
     let expiry = now.checked_sub(EXPECTATION_TTL).unwrap_or(Timestamp::MIN);
@@ -297,7 +435,12 @@ fn decide_from_stores(
         .collect();
     let mut npcs: HashMap<&str, NpcView<'_>> = by_name
         .iter()
-        .map(|(name, npc)| (*name, NpcView::from_npc(npc)))
+        .map(|(name, npc)| {
+            let mut view = NpcView::from_npc(npc);
+            // The controlling ProxyConfig was deleted: an orphan, adopted by whoever selects it.
+            view.owner = view.owner.filter(|o| live.contains(*o));
+            (*name, view)
+        })
         .collect();
     for (node, expected) in &overlay {
         match expected {
@@ -314,6 +457,7 @@ fn decide_from_stores(
                         revision,
                         assigned_at: *assigned_at,
                         status,
+                        config: None,
                     },
                 );
             }
@@ -346,24 +490,13 @@ async fn apply_write(
 ) -> Result<(), Error> {
     let api: Api<NodeProxyConfig> = Api::all(client.clone());
     match write {
-        Write::Assign {
-            node,
-            revision,
-            config,
-        } => {
-            let npc = NodeProxyConfig {
-                metadata: ObjectMeta {
-                    name: Some(node.clone()),
-                    owner_references: pc.controller_owner_ref(&()).map(|r| vec![r]),
-                    ..ObjectMeta::default()
-                },
-                spec: NodeProxyConfigSpec {
-                    revision: revision.to_string(),
-                    assigned_at: Time(now),
-                    config: (**config).clone(),
-                },
-                status: None,
-            };
+        Write::Assign { node, .. } => {
+            let owner = pc
+                .controller_owner_ref(&())
+                .expect("a stored ProxyConfig has a name and a uid");
+            let npc = write
+                .node_proxy_config(&owner, now)
+                .expect("an Assign is a NodeProxyConfig");
             let params = PatchParams::apply(OPERATOR_FIELD_MANAGER).force();
             api.patch(node, &params, &Patch::Apply(&npc))
                 .await
@@ -381,11 +514,12 @@ async fn apply_write(
 /// Server-side apply of the status subresource; remembers it until the store shows it.
 async fn write_status(
     ctx: &Context,
-    pc: &ProxyConfig,
+    name: &str,
+    resource_version: Option<String>,
     status: &ProxyConfigStatus,
 ) -> Result<(), Error> {
-    let name = pc.name_any();
-    let api: Api<ProxyConfig> = Api::all(ctx.client.clone());
+    // The response is read leniently too: it is the stored object, which may not decode.
+    let api: Api<StoredProxyConfig> = Api::all(ctx.client.clone());
     let body = serde_json::json!({
         "apiVersion": ProxyConfig::api_version(&()),
         "kind": ProxyConfig::kind(&()),
@@ -393,19 +527,64 @@ async fn write_status(
         "status": status,
     });
     let params = PatchParams::apply(OPERATOR_FIELD_MANAGER).force();
-    api.patch_status(&name, &params, &Patch::Apply(&body))
+    api.patch_status(name, &params, &Patch::Apply(&body))
         .await
         .map_err(kube_error(format!("apply ProxyConfig {name} status")))?;
+    ctx.metrics.writes.with_label_values(&["status"]).inc();
     ctx.expectations
         .lock()
         .expect("expectations lock")
         .statuses
-        .insert(name, (pc.metadata.resource_version.clone(), status.clone()));
+        .insert(name.to_owned(), (resource_version, status.clone()));
     Ok(())
 }
 
 /// Logs and retries soon.
-pub fn error_policy(pc: Arc<ProxyConfig>, error: &Error, _: Arc<Context>) -> Action {
+pub fn error_policy(pc: Arc<StoredProxyConfig>, error: &Error, _: Arc<Context>) -> Action {
     tracing::warn!(proxyconfig = %pc.name_any(), %error, "reconcile failed; retrying");
     Action::requeue(RETRY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kipvs_crds::{NodePhase, NodeProxyConfigSpec, NodeProxyConfigStatus};
+
+    #[test]
+    fn status_refreshes_do_not_trigger_but_verdicts_and_specs_do() {
+        let mut npc = NodeProxyConfig::new(
+            "a",
+            NodeProxyConfigSpec {
+                revision: "r1".into(),
+                assigned_at: Time(Timestamp::UNIX_EPOCH),
+                config: Default::default(),
+            },
+        );
+        npc.metadata.generation = Some(1);
+        npc.status = Some(NodeProxyConfigStatus {
+            observed_revision: Some("r1".into()),
+            phase: Some(NodePhase::Applied),
+            healthy: Some(true),
+            last_sync_time: Some(Time(Timestamp::UNIX_EPOCH)),
+            message: None,
+            sync_errors: Some(0),
+        });
+        let before = npc_relevance(&npc);
+        let mut refreshed = npc.clone();
+        let status = refreshed.status.as_mut().unwrap();
+        status.last_sync_time = Some(Time(Timestamp::now()));
+        status.sync_errors = Some(3);
+        status.message = Some("sync error".into());
+        assert_eq!(npc_relevance(&refreshed), before, "a heartbeat");
+        let mut unhealthy = npc.clone();
+        unhealthy.status.as_mut().unwrap().healthy = Some(false);
+        assert_ne!(npc_relevance(&unhealthy), before);
+        let mut failed = npc.clone();
+        failed.status.as_mut().unwrap().phase = Some(NodePhase::Failed);
+        assert_ne!(npc_relevance(&failed), before);
+        let mut edited = npc.clone();
+        edited.metadata.generation = Some(2);
+        assert_ne!(npc_relevance(&edited), before, "a spec edit (drift)");
+    }
 }

@@ -10,7 +10,7 @@ use crate::rollout::Note;
 use k8s_openapi::api::core::v1::{Event, EventSource};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kipvs_crds::{OPERATOR_FIELD_MANAGER, ProxyConfig};
+use kipvs_crds::OPERATOR_FIELD_MANAGER;
 use kube::api::PostParams;
 use kube::{Api, Client, Resource, ResourceExt};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,11 +37,16 @@ impl Publisher {
         }
     }
 
-    /// Creates one Event about `pc`.
+    /// Creates one Event about `pc` (a [`kipvs_crds::ProxyConfig`], or a stored one whose
+    /// spec does not decode).
     ///
     /// # Errors
     /// The API's refusal.
-    pub async fn publish(&self, pc: &ProxyConfig, note: &Note) -> Result<(), kube::Error> {
+    pub async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        pc: &K,
+        note: &Note,
+    ) -> Result<(), kube::Error> {
         let now = Timestamp::now();
         let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
         let event = Event {

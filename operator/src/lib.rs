@@ -4,15 +4,17 @@
 //! - [`rollout`]: the decision, a pure function (no I/O, no clock), with its rules.
 //! - [`controller`]: the kube-runtime controller around it (reflectors, writes, Events, status).
 //! - [`events`]: Events about ProxyConfigs.
+//! - [`metrics`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
 //! - [`lease`]: leader election through a Lease.
 //! - [`conditions`]: the status conditions and their transition times.
-//! - [`revision`]: configuration revisions and node hashes.
+//! - [`stored`]: ProxyConfigs read without failing (an undecodable one is reported, not fatal).
 //! - [`sim`]: an in-memory fleet to drive the decision (tests, benchmarks, what-if runs).
 
 pub mod conditions;
 pub mod controller;
 pub mod events;
 pub mod lease;
-pub mod revision;
+pub mod metrics;
 pub mod rollout;
 pub mod sim;
+pub mod stored;

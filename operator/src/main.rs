@@ -6,9 +6,10 @@
 use anyhow::Context as _;
 use clap::Parser;
 use k8s_openapi::api::coordination::v1::Lease;
-use kipvs_crds::ProxyConfig;
 use kipvs_operator::controller;
 use kipvs_operator::lease::{Elector, LeaseConfig};
+use kipvs_operator::metrics::{self, Metrics};
+use kipvs_operator::stored::StoredProxyConfig;
 use kube::api::ListParams;
 use kube::{Api, Client};
 use std::io::IsTerminal;
@@ -27,6 +28,9 @@ struct Args {
     /// This replica's identity in the Lease (the pod name; the host name if unset).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Address of the HTTP server for /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_bind_address: std::net::SocketAddr,
 }
 
 #[tokio::main]
@@ -44,15 +48,28 @@ async fn main() -> anyhow::Result<()> {
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| format!("kipvs-operator-{}", std::process::id())),
     };
+    let metrics = Metrics::new();
+    let listener = tokio::net::TcpListener::bind(args.metrics_bind_address)
+        .await
+        .with_context(|| {
+            format!(
+                "binding --metrics-bind-address {}",
+                args.metrics_bind_address
+            )
+        })?;
+    tokio::spawn(metrics::serve(listener, metrics.clone()));
+    tracing::info!(address = %args.metrics_bind_address, "serving /metrics, /healthz and /readyz");
     let client = Client::try_default()
         .await
         .context("no Kubernetes client configuration")?;
-    Api::<ProxyConfig>::all(client.clone())
+    // Read leniently: one undecodable ProxyConfig must not keep the operator from starting.
+    Api::<StoredProxyConfig>::all(client.clone())
         .list(&ListParams::default().limit(1))
         .await
         .context(
             "cannot list ProxyConfigs: are the CRDs installed (kubectl apply -k config/crd)?",
         )?;
+    metrics.set_ready();
 
     let leases: Api<Lease> = Api::namespaced(client.clone(), &args.lease_namespace);
     let mut elector = Elector::new(leases, LeaseConfig::new(&args.lease_name, &identity));
@@ -60,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
     elector.acquire().await;
     tracing::info!(%identity, "leading");
     let outcome = tokio::select! {
-        result = controller::run(client, &identity) => result,
+        result = controller::run(client, &identity, metrics) => result,
         () = elector.hold() => Err(anyhow::anyhow!("lost the leader-election Lease; exiting so as not to write without it")),
     };
     if let Err(e) = elector.release().await {

@@ -35,14 +35,15 @@
 //!   stage advances.
 
 use crate::conditions::ConditionSet;
-use crate::revision::{config_revision, node_hash};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kipvs_crds::proxyconfig::parse_selector;
+use kipvs_crds::revision::{config_revision, node_hash};
 use kipvs_crds::{
-    NodeFailure, NodePhase, NodeProxyConfig, NodeProxyConfigStatus, PROMOTE_ANNOTATION,
-    ProxierConfiguration, ProxyConfigSpec, ProxyConfigStatus, RolloutSpec, StagePhase, StageStatus,
+    NodeFailure, NodePhase, NodeProxyConfig, NodeProxyConfigSpec, NodeProxyConfigStatus,
+    PROMOTE_ANNOTATION, ProxierConfiguration, ProxyConfigSpec, ProxyConfigStatus, RolloutSpec,
+    Stage, StagePhase, StageStatus,
 };
 use kube::core::{Selector, SelectorExt};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -74,6 +75,8 @@ pub enum SkipReason {
 pub struct NodeView<'a> {
     /// Node name (= NodeProxyConfig name).
     pub name: &'a str,
+    /// Node uid.
+    pub uid: Option<&'a str>,
     /// Node labels.
     pub labels: &'a BTreeMap<String, String>,
     /// Set when the node is skipped.
@@ -105,6 +108,7 @@ impl<'a> NodeView<'a> {
         };
         NodeView {
             name: node.metadata.name.as_deref().unwrap_or_default(),
+            uid: node.metadata.uid.as_deref(),
             labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
             skip,
         }
@@ -114,7 +118,9 @@ impl<'a> NodeView<'a> {
 /// What the decision needs of a NodeProxyConfig.
 #[derive(Clone, Debug)]
 pub struct NpcView<'a> {
-    /// Name of the ProxyConfig that controls it (its controller ownerReference).
+    /// Name of the ProxyConfig that controls it (its controller ownerReference); None when it
+    /// has none or that ProxyConfig no longer exists (an orphan, adopted by the ProxyConfig
+    /// that selects the node).
     pub owner: Option<&'a str>,
     /// `spec.revision`.
     pub revision: &'a str,
@@ -122,6 +128,9 @@ pub struct NpcView<'a> {
     pub assigned_at: Timestamp,
     /// What the proxier reported.
     pub status: Option<&'a NodeProxyConfigStatus>,
+    /// `spec.config`, to notice hand edits (None: not known, e.g. a write the stores have not
+    /// shown yet).
+    pub config: Option<&'a ProxierConfiguration>,
 }
 
 impl<'a> NpcView<'a> {
@@ -139,6 +148,7 @@ impl<'a> NpcView<'a> {
             revision: &npc.spec.revision,
             assigned_at: npc.spec.assigned_at.0,
             status: npc.status.as_ref(),
+            config: Some(&npc.spec.config),
         }
     }
 }
@@ -173,6 +183,8 @@ pub enum Write {
     Assign {
         /// The node.
         node: String,
+        /// The Node's uid (for the NodeProxyConfig's ownerReference to it), if known.
+        node_uid: Option<String>,
         /// The revision.
         revision: Arc<str>,
         /// Its configuration.
@@ -191,6 +203,51 @@ impl Write {
         match self {
             Write::Assign { node, .. } | Write::Delete { node } => node,
         }
+    }
+
+    /// The NodeProxyConfig an [`Write::Assign`] writes (None for a delete): named after the
+    /// node, `spec.assignedAt` = `now`, controlled by `owner` (the ProxyConfig) and also owned
+    /// by its Node, so that the garbage collector removes it with the Node. The one conversion
+    /// from a decision to an object: the controller applies it, the simulation ([`crate::sim`])
+    /// stores it.
+    pub fn node_proxy_config(
+        &self,
+        owner: &OwnerReference,
+        now: Timestamp,
+    ) -> Option<NodeProxyConfig> {
+        let Write::Assign {
+            node,
+            node_uid,
+            revision,
+            config,
+        } = self
+        else {
+            return None;
+        };
+        let mut owners = vec![OwnerReference {
+            controller: Some(true),
+            ..owner.clone()
+        }];
+        if let Some(uid) = node_uid {
+            owners.push(OwnerReference {
+                api_version: "v1".to_owned(),
+                kind: "Node".to_owned(),
+                name: node.clone(),
+                uid: uid.clone(),
+                controller: None,
+                block_owner_deletion: None,
+            });
+        }
+        let mut npc = NodeProxyConfig::new(
+            node,
+            NodeProxyConfigSpec {
+                revision: revision.to_string(),
+                assigned_at: Time(now),
+                config: (**config).clone(),
+            },
+        );
+        npc.metadata.owner_references = Some(owners);
+        Some(npc)
     }
 }
 
@@ -255,6 +312,14 @@ fn health(npc: &NpcView<'_>, timeout: Duration, now: Timestamp) -> Health {
     } else {
         Health::InFlight
     }
+}
+
+/// Whether the proxier reports the revision its NodeProxyConfig carries as Applied (healthy or
+/// not).
+fn applied(npc: &NpcView<'_>) -> bool {
+    npc.status.is_some_and(|s| {
+        s.observed_revision.as_deref() == Some(npc.revision) && s.phase == Some(NodePhase::Applied)
+    })
 }
 
 fn deadline(npc: &NpcView<'_>, timeout: Duration) -> Timestamp {
@@ -379,7 +444,9 @@ impl<'a> Decider<'a> {
                 }
                 continue;
             }
-            let foreign = npc.is_some_and(|n| n.owner != Some(input.name));
+            // An orphan (owner None: its ProxyConfig is gone) is adopted by the one that selects
+            // its node, through the staged rollout.
+            let foreign = npc.is_some_and(|n| n.owner.is_some_and(|o| o != input.name));
             if foreign || input.others.iter().any(|o| o.matches(view.labels)) {
                 conflicts.push(view.name);
                 continue;
@@ -416,12 +483,109 @@ impl<'a> Decider<'a> {
             (true, false) => Mode::Halted,
             (true, true) => Mode::Rollback,
         };
+        let drifted: Vec<&str> = members
+            .iter()
+            .filter(|m| m.view.skip.is_none() && m.npc.is_some_and(|n| self.drifted(n)))
+            .map(|m| m.view.name)
+            .collect();
         match mode {
-            Mode::Rollout => self.rollout(&mut members, spec_revision),
-            Mode::Halted => self.halted(&members, spec_revision),
+            Mode::Rollout if members.is_empty() => self.no_nodes(spec_revision.clone()),
+            Mode::Rollout => self.rollout(&mut members, spec_revision.clone()),
+            Mode::Halted => self.halted(&members, spec_revision.clone()),
             Mode::Rollback => self.rollback(&members, &spec_revision),
         }
+        self.restore_drifted(&members, &drifted, &spec_revision);
         self.report_availability(&members);
+    }
+
+    /// No node to configure: the rollout does not start (a revision is never "good" on no
+    /// node, or nodes joining later would get it without a canary); the status says so and
+    /// one Event tells when it starts selecting nothing.
+    fn no_nodes(&mut self, target: String) {
+        if self.prev.target_revision.as_deref() == Some(target.as_str()) {
+            self.status.stages = self.prev.stages.clone();
+            self.status.stage = self.prev.stage.clone();
+        }
+        self.status.target_revision = Some(target);
+        let message = match self.status.conflicting_node_count {
+            0 => "spec.nodeSelector selects no node: nothing to roll out".to_owned(),
+            n => format!(
+                "every node spec.nodeSelector selects ({n}) is also selected by another \
+                 ProxyConfig: nothing to roll out"
+            ),
+        };
+        let was = self
+            .prev
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Progressing" && c.reason == "NoNodes");
+        if !was {
+            self.note(true, "NoNodes", message.clone());
+        }
+        self.conditions.no_nodes(&message);
+    }
+
+    /// The configuration this ProxyConfig wrote for `revision`, if it still knows it.
+    fn config_of(&self, revision: &str, spec_revision: &str) -> Option<&'a ProxierConfiguration> {
+        if revision == spec_revision {
+            Some(&self.input.spec.config)
+        } else if self
+            .input
+            .status
+            .and_then(|s| s.last_good_revision.as_deref())
+            == Some(revision)
+        {
+            self.input.status.and_then(|s| s.last_good_config.as_ref())
+        } else {
+            None
+        }
+    }
+
+    /// Whether a NodeProxyConfig's `spec.config` was edited by hand: it is not what this
+    /// ProxyConfig wrote for its revision, and its content hashes to another revision.
+    fn drifted(&self, npc: &NpcView<'_>) -> bool {
+        let Some(config) = npc.config else {
+            return false;
+        };
+        let spec_revision = self.status.revision.as_deref().unwrap_or_default();
+        if self.config_of(npc.revision, spec_revision) == Some(config) {
+            return false;
+        }
+        config_revision(config) != npc.revision
+    }
+
+    /// Drift is corrected: the operator owns NodeProxyConfig specs, so a node whose spec was
+    /// edited by hand gets the configuration of its revision back (unless this decision writes
+    /// it anyway), with a warning Event naming it.
+    fn restore_drifted(&mut self, members: &[Member<'a>], drifted: &[&str], spec_revision: &str) {
+        if drifted.is_empty() {
+            return;
+        }
+        let written: HashSet<String> = self.writes.iter().map(|w| w.node().to_owned()).collect();
+        let mut restored = Vec::new();
+        for m in members.iter().filter(|m| drifted.contains(&m.view.name)) {
+            let Some(npc) = m.npc else { continue };
+            if written.contains(m.view.name) {
+                continue;
+            }
+            if let Some(config) = self.config_of(npc.revision, spec_revision) {
+                let revision: Arc<str> = npc.revision.into();
+                self.assign(m.view, &revision, &Arc::new(config.clone()));
+                restored.push(m.view.name);
+            }
+        }
+        if !restored.is_empty() {
+            self.note(
+                true,
+                "DriftRestored",
+                format!(
+                    "{} NodeProxyConfig spec(s) edited by hand were restored to the \
+                     configuration of their revision: {}",
+                    restored.len(),
+                    list(&restored)
+                ),
+            );
+        }
     }
 
     fn report_conflicts(&mut self, conflicts: &[&str]) {
@@ -460,6 +624,31 @@ impl<'a> Decider<'a> {
             }
             eligible += 1;
         }
+        let was_available = self
+            .prev
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Available")
+            .is_none_or(|c| c.status == "True");
+        // Nodes failing the rollout have their NodeFailed Events; the others (a node unhealthy
+        // after its stage completed, on a latched or good revision) get this one.
+        let unhealthy: Vec<&str> = failed
+            .iter()
+            .copied()
+            .filter(|n| self.status.failures.iter().all(|f| f.node != *n))
+            .collect();
+        if was_available && !unhealthy.is_empty() {
+            self.note(
+                true,
+                "NodesUnhealthy",
+                format!(
+                    "{} node(s) are unhealthy on the revision they carry (not counted against \
+                     a revision whose stage completed): {}",
+                    unhealthy.len(),
+                    list(&unhealthy)
+                ),
+            );
+        }
         self.conditions.available(&failed, healthy, eligible);
     }
 
@@ -470,9 +659,15 @@ impl<'a> Decider<'a> {
         }
     }
 
-    fn assign(&mut self, node: &str, revision: &Arc<str>, config: &Arc<ProxierConfiguration>) {
+    fn assign(
+        &mut self,
+        node: &NodeView<'_>,
+        revision: &Arc<str>,
+        config: &Arc<ProxierConfiguration>,
+    ) {
         self.write(Write::Assign {
-            node: node.to_owned(),
+            node: node.name.to_owned(),
+            node_uid: node.uid.map(str::to_owned),
             revision: revision.clone(),
             config: config.clone(),
         });
@@ -517,7 +712,7 @@ impl<'a> Decider<'a> {
                         }
                     } else {
                         returning += 1;
-                        self.assign(m.view.name, &revision, &config);
+                        self.assign(m.view, &revision, &config);
                     }
                 }
             }
@@ -572,7 +767,7 @@ impl<'a> Decider<'a> {
                 .iter()
                 .filter(|m| m.view.skip.is_none() && m.npc.is_none())
             {
-                self.assign(m.view.name, &revision, &config);
+                self.assign(m.view, &revision, &config);
             }
         }
         self.conditions.halted(&bad);
@@ -595,121 +790,18 @@ impl<'a> Decider<'a> {
             .zip(self.status.last_good_config.clone())
             .map(|(r, c)| (r.into(), Arc::new(c)));
 
-        // Stage statuses: carried over by name while the same revision rolls out.
-        let carried: HashMap<&str, &StageStatus> = if continuing {
-            self.prev
-                .stages
-                .iter()
-                .map(|s| (s.name.as_str(), s))
-                .collect()
-        } else {
-            HashMap::new()
-        };
-        let mut stage_status: Vec<StageStatus> = stages
-            .iter()
-            .map(|stage| match carried.get(stage.name.as_str()) {
-                Some(s) => StageStatus {
-                    name: stage.name.clone(),
-                    phase: s.phase,
-                    size_bound: s.size_bound.clone(),
-                    started_at: s.started_at.clone(),
-                    healthy_at: s.healthy_at.clone(),
-                    promoted_at: s.promoted_at.clone(),
-                    ..StageStatus::default()
-                },
-                None => StageStatus {
-                    name: stage.name.clone(),
-                    phase: if done {
-                        StagePhase::Complete
-                    } else {
-                        StagePhase::Waiting
-                    },
-                    ..StageStatus::default()
-                },
-            })
-            .collect();
-
-        // Membership (members are sorted by hash, which is the order sized stages take them in).
-        let selectors: Vec<Selector> = stages
-            .iter()
-            .map(|s| {
-                s.node_selector
-                    .as_ref()
-                    .map(|sel| parse_selector(sel, "").expect("validated"))
-                    .unwrap_or_default()
-            })
-            .collect();
-        let pool = members.len();
-        let mut taken = vec![0usize; stages.len()];
-        let mut bounds: Vec<Option<u64>> = stage_status
-            .iter()
-            .map(|s| {
-                s.size_bound
-                    .as_deref()
-                    .and_then(|b| u64::from_str_radix(b, 16).ok())
-            })
-            .collect();
-        let fresh_bound: Vec<bool> = stages
-            .iter()
-            .zip(&bounds)
-            .map(|(s, b)| s.size.is_some() && b.is_none())
-            .collect();
-        for m in members.iter_mut() {
-            let mut stage = stages.len() - 1;
-            for (i, s) in stages.iter().enumerate() {
-                if !selectors[i].matches(m.view.labels) {
-                    continue;
-                }
-                let fits = match s.size {
-                    None => true,
-                    Some(size) if fresh_bound[i] => taken[i] < size.of(pool),
-                    Some(_) => bounds[i].is_some_and(|b| m.hash <= b),
-                };
-                if fits {
-                    stage = i;
-                    break;
-                }
-            }
-            m.stage = stage;
-            taken[stage] += 1;
-            if fresh_bound[stage] {
-                bounds[stage] = Some(m.hash);
-            }
-        }
-        for (i, status) in stage_status.iter_mut().enumerate() {
-            if stages[i].size.is_some() {
-                status.size_bound = bounds[i].map(|b| format!("{b:016x}"));
-            }
-        }
+        let mut stage_status = carried_stage_statuses(&stages, &self.prev.stages, continuing, done);
+        assign_stages(&stages, &mut stage_status, members);
 
         // Per-stage state.
         let timeout = rollout.apply_timeout;
-        let mut failed_total = Vec::new();
-        let mut in_flight = vec![0usize; stages.len()];
-        for m in members.iter() {
-            let st = &mut stage_status[m.stage];
-            st.total += 1;
-            if m.view.skip.is_some() {
-                st.skipped += 1;
-                continue;
-            }
-            if m.revision() != Some(target.as_str()) {
-                continue;
-            }
-            st.updated += 1;
-            match m.health(timeout, now) {
-                Some(Health::Healthy) => st.healthy += 1,
-                Some(Health::Failed) => {
-                    st.failed += 1;
-                    failed_total.push(m);
-                }
-                Some(Health::InFlight) | None => {
-                    in_flight[m.stage] += 1;
-                    if let Some(npc) = m.npc {
-                        self.requeue_at(deadline(npc, timeout));
-                    }
-                }
-            }
+        let StageHealth {
+            failed: failed_total,
+            in_flight,
+            deadlines,
+        } = stage_health(members, &target, &mut stage_status, timeout, now);
+        for at in deadlines {
+            self.requeue_at(at);
         }
         self.status.updated_nodes = count(stage_status.iter().map(|s| s.updated as usize).sum());
         self.status.healthy_nodes = count(stage_status.iter().map(|s| s.healthy as usize).sum());
@@ -746,12 +838,18 @@ impl<'a> Decider<'a> {
             }
             return;
         }
-        self.conditions.failures_within_budget(&failed_names);
+        self.conditions.failures_within_budget(
+            &target,
+            &failed_names,
+            rollout.failure_budget,
+            done,
+        );
 
         // Walk the stages: complete ones advance the cursor; writes up to the cursor.
         let paused = input.spec.paused;
         let promote = input.annotations.and_then(|a| a.get(PROMOTE_ANNOTATION));
         let mut cursor = stages.len();
+        let mut too_small = None;
         for (i, stage) in stages.iter().enumerate() {
             let st = &mut stage_status[i];
             if st.phase == StagePhase::Complete {
@@ -759,6 +857,13 @@ impl<'a> Decider<'a> {
             }
             if paused {
                 cursor = i;
+                break;
+            }
+            if st.total - st.skipped < stage.min_nodes {
+                st.phase = StagePhase::Waiting;
+                st.healthy_at = None;
+                cursor = i;
+                too_small = Some(st.total - st.skipped);
                 break;
             }
             if st.started_at.is_none() {
@@ -808,6 +913,15 @@ impl<'a> Decider<'a> {
                 }
             }
             st.phase = StagePhase::Complete;
+            if empty {
+                let message = format!(
+                    "stage {} of revision {target} has no node to wait for ({} node(s), {} \
+                     skipped): it completes without running; set minNodes on the stage to \
+                     make the rollout wait instead",
+                    stage.name, st.total, st.skipped
+                );
+                self.note(true, "StageEmpty", message);
+            }
             let message = format!(
                 "stage {} complete for revision {target}: {} healthy, {} failed, {} skipped",
                 stage.name, st.healthy, st.failed, st.skipped
@@ -837,10 +951,10 @@ impl<'a> Decider<'a> {
             if m.view.skip.is_some() || m.revision() == Some(target.as_str()) {
                 continue;
             }
-            if m.stage <= cursor {
+            if m.stage < cursor || (m.stage == cursor && too_small.is_none()) {
                 if slots[m.stage] > 0 {
                     slots[m.stage] -= 1;
-                    self.assign(m.view.name, &revision, &config);
+                    self.assign(m.view, &revision, &config);
                     stage_status[m.stage].updated += 1;
                     self.status.updated_nodes += 1;
                     self.requeue_at(now.checked_add(timeout).unwrap_or(Timestamp::MAX));
@@ -848,7 +962,7 @@ impl<'a> Decider<'a> {
             } else if m.npc.is_none()
                 && let Some((good_revision, good_config)) = &good
             {
-                self.assign(m.view.name, good_revision, good_config);
+                self.assign(m.view, good_revision, good_config);
             }
         }
 
@@ -857,16 +971,30 @@ impl<'a> Decider<'a> {
             if self.status.last_good_revision.as_deref() != Some(target.as_str()) {
                 self.status.last_good_revision = Some(target.clone());
                 self.status.last_good_config = Some(input.spec.config.clone());
-                self.note(
-                    false,
-                    "RolloutComplete",
-                    format!("revision {target} is on every node"),
-                );
+                let message = match self.status.conflicting_node_count {
+                    0 => format!("revision {target} is on every node"),
+                    n => format!(
+                        "revision {target} is on every node this ProxyConfig controls ({n} \
+                         conflicting node(s) are left alone and may run another revision)"
+                    ),
+                };
+                self.note(false, "RolloutComplete", message);
             }
             self.status.stage = None;
         } else {
             let stage = &stages[cursor];
             self.status.stage = Some(stage.name.clone());
+            if let Some(waiting) = too_small {
+                let message = format!(
+                    "stage {} of revision {target} needs at least {} node(s) (minNodes) and has \
+                     {waiting} that are neither skipped nor conflicting: the rollout waits",
+                    stage.name, stage.min_nodes
+                );
+                if self.prev.conditions.iter().all(|c| c.message != message) {
+                    self.note(true, "StageTooSmall", message.clone());
+                }
+                self.conditions.stage_too_small(&message);
+            }
             if stage_status[cursor].phase == StagePhase::AwaitingPromotion {
                 let command = format!(
                     "kubectl annotate proxyconfig {} {PROMOTE_ANNOTATION}={}@{target} --overwrite",
@@ -938,6 +1066,161 @@ impl<'a> Decider<'a> {
                 );
             }
             self.status.failures.push(failure);
+        }
+    }
+}
+
+/// What [`stage_health`] finds.
+struct StageHealth<'m, 'a> {
+    /// Members failed on the target revision (counted against the failure budget).
+    failed: Vec<&'m Member<'a>>,
+    /// Per stage: members given the target that are neither healthy nor failed yet.
+    in_flight: Vec<usize>,
+    /// Apply deadlines of the members in flight (when to look again).
+    deadlines: Vec<Timestamp>,
+}
+
+/// Counts each stage's members against the target revision into `stage_status` (total,
+/// skipped, updated, healthy, failed) and returns the failed ones and those in flight.
+///
+/// Health is latched per revision: a member that applied the target and whose stage is already
+/// Complete (soak included) is done; a later `/livez` blip is not a failure of the revision (the
+/// Available condition reports it).
+fn stage_health<'m, 'a>(
+    members: &'m [Member<'a>],
+    target: &str,
+    stage_status: &mut [StageStatus],
+    timeout: Duration,
+    now: Timestamp,
+) -> StageHealth<'m, 'a> {
+    let mut found = StageHealth {
+        failed: Vec::new(),
+        in_flight: vec![0; stage_status.len()],
+        deadlines: Vec::new(),
+    };
+    for m in members {
+        let st = &mut stage_status[m.stage];
+        st.total += 1;
+        if m.view.skip.is_some() {
+            st.skipped += 1;
+            continue;
+        }
+        if m.revision() != Some(target) {
+            continue;
+        }
+        st.updated += 1;
+        let latched = st.phase == StagePhase::Complete && m.npc.is_some_and(applied);
+        match m.health(timeout, now) {
+            Some(Health::Healthy) => st.healthy += 1,
+            Some(Health::Failed) if latched => {}
+            Some(Health::Failed) => {
+                st.failed += 1;
+                found.failed.push(m);
+            }
+            Some(Health::InFlight) | None => {
+                found.in_flight[m.stage] += 1;
+                if let Some(npc) = m.npc {
+                    found.deadlines.push(deadline(npc, timeout));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The stage statuses a decision starts from: carried over by name while the same revision
+/// rolls out (`continuing`), else fresh (Waiting, or Complete when the revision is already the
+/// last good one).
+fn carried_stage_statuses(
+    stages: &[Stage],
+    previous: &[StageStatus],
+    continuing: bool,
+    done: bool,
+) -> Vec<StageStatus> {
+    let carried: HashMap<&str, &StageStatus> = if continuing {
+        previous.iter().map(|s| (s.name.as_str(), s)).collect()
+    } else {
+        HashMap::new()
+    };
+    stages
+        .iter()
+        .map(|stage| match carried.get(stage.name.as_str()) {
+            Some(s) => StageStatus {
+                name: stage.name.clone(),
+                phase: s.phase,
+                size_bound: s.size_bound.clone(),
+                started_at: s.started_at.clone(),
+                healthy_at: s.healthy_at.clone(),
+                promoted_at: s.promoted_at.clone(),
+                ..StageStatus::default()
+            },
+            None => StageStatus {
+                name: stage.name.clone(),
+                phase: if done {
+                    StagePhase::Complete
+                } else {
+                    StagePhase::Waiting
+                },
+                ..StageStatus::default()
+            },
+        })
+        .collect()
+}
+
+/// Stage membership: each member goes to the first stage whose selector matches it and, for a
+/// sized stage, whose size bound its hash does not exceed (a bound is fixed, in
+/// `stage_status[].sizeBound`, by the first decision of the revision: the hash of the last
+/// member the stage took). `members` must be sorted by hash, the order sized stages take them in.
+fn assign_stages(stages: &[Stage], stage_status: &mut [StageStatus], members: &mut [Member<'_>]) {
+    let selectors: Vec<Selector> = stages
+        .iter()
+        .map(|s| {
+            s.node_selector
+                .as_ref()
+                .map(|sel| parse_selector(sel, "").expect("validated"))
+                .unwrap_or_default()
+        })
+        .collect();
+    let pool = members.len();
+    let mut taken = vec![0usize; stages.len()];
+    let mut bounds: Vec<Option<u64>> = stage_status
+        .iter()
+        .map(|s| {
+            s.size_bound
+                .as_deref()
+                .and_then(|b| u64::from_str_radix(b, 16).ok())
+        })
+        .collect();
+    let fresh_bound: Vec<bool> = stages
+        .iter()
+        .zip(&bounds)
+        .map(|(s, b)| s.size.is_some() && b.is_none())
+        .collect();
+    for m in members.iter_mut() {
+        let mut stage = stages.len() - 1;
+        for (i, s) in stages.iter().enumerate() {
+            if !selectors[i].matches(m.view.labels) {
+                continue;
+            }
+            let fits = match s.size {
+                None => true,
+                Some(size) if fresh_bound[i] => taken[i] < size.of(pool),
+                Some(_) => bounds[i].is_some_and(|b| m.hash <= b),
+            };
+            if fits {
+                stage = i;
+                break;
+            }
+        }
+        m.stage = stage;
+        taken[stage] += 1;
+        if fresh_bound[stage] {
+            bounds[stage] = Some(m.hash);
+        }
+    }
+    for (i, status) in stage_status.iter_mut().enumerate() {
+        if stages[i].size.is_some() {
+            status.size_bound = bounds[i].map(|b| format!("{b:016x}"));
         }
     }
 }

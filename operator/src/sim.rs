@@ -7,10 +7,7 @@ use crate::rollout::{Decision, Input, NodeView, NpcView, Write, decide};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kipvs_crds::{
-    NodePhase, NodeProxyConfig, NodeProxyConfigSpec, NodeProxyConfigStatus, ProxyConfig,
-    ProxyConfigSpec,
-};
+use kipvs_crds::{NodePhase, NodeProxyConfig, NodeProxyConfigStatus, ProxyConfig, ProxyConfigSpec};
 use kube::Resource;
 use kube::core::Selector;
 use std::collections::{BTreeMap, HashMap};
@@ -21,6 +18,7 @@ pub fn node(name: &str, labels: &[(&str, &str)]) -> Node {
     Node {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
+            uid: Some(format!("uid-node-{name}")),
             labels: Some(
                 labels
                     .iter()
@@ -124,23 +122,14 @@ impl Fleet {
     pub fn apply(&mut self, decision: &Decision) {
         for write in &decision.writes {
             match write {
-                Write::Assign {
-                    node,
-                    revision,
-                    config,
-                } => {
-                    let spec = NodeProxyConfigSpec {
-                        revision: revision.to_string(),
-                        assigned_at: Time(self.now),
-                        config: (**config).clone(),
-                    };
-                    let owner = self.owner_reference();
-                    let npc = self.npcs.entry(node.clone()).or_insert_with(|| {
-                        let mut npc = NodeProxyConfig::new(node, spec.clone());
-                        npc.metadata.owner_references = Some(vec![owner]);
-                        npc
-                    });
-                    npc.spec = spec;
+                Write::Assign { node, .. } => {
+                    let npc = write
+                        .node_proxy_config(&self.owner_reference(), self.now)
+                        .expect("an Assign is a NodeProxyConfig");
+                    // Server-side apply of the spec and the ownerReferences: the status stays.
+                    let stored = self.npcs.entry(node.clone()).or_insert_with(|| npc.clone());
+                    stored.spec = npc.spec;
+                    stored.metadata.owner_references = npc.metadata.owner_references;
                 }
                 Write::Delete { node } => {
                     self.npcs.remove(node);

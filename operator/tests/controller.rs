@@ -8,9 +8,10 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::{NodeProxyConfig, ProxyConfig, ProxyConfigSpec, RolloutSpec, Stage};
-use kipvs_operator::controller::{Context, reconcile};
+use kipvs_operator::controller::{Context, reconcile, reconcile_stored};
 use kipvs_operator::lease::{Elector, LeaseConfig};
-use kipvs_operator::sim::{node, proxy_config};
+use kipvs_operator::sim::{Fleet, node, proxy_config};
+use kipvs_operator::stored::StoredProxyConfig;
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, Store};
@@ -109,7 +110,7 @@ fn context(
     Arc::new(Context::new(
         client,
         "operator-0",
-        ready_store(vec![pc.clone()]),
+        ready_store(vec![StoredProxyConfig::from(pc.clone())]),
         ready_store(nodes),
         ready_store(npcs),
     ))
@@ -145,6 +146,29 @@ async fn first_reconcile_writes_the_canary_then_an_event_then_the_status() {
     );
     let revision = body["spec"]["revision"].as_str().unwrap().to_owned();
     assert_eq!(body["spec"]["config"]["ipvs"]["syncPeriod"], "30s");
+    // Also owned by its Node (the garbage collector removes it with the Node).
+    assert_eq!(body["metadata"]["ownerReferences"][1]["kind"], "Node");
+    assert_eq!(body["metadata"]["ownerReferences"][1]["uid"], "uid-node-a");
+    // The controller and the simulation write one object: Write::node_proxy_config.
+    let mut fleet = Fleet::new(
+        pc.clone(),
+        [node("a", &[("canary", "yes")]), node("b", &[])],
+    );
+    let decision = fleet.step();
+    let simulated = serde_json::to_value(&fleet.npcs["a"]).unwrap();
+    let shared = serde_json::to_value(
+        decision.writes[0]
+            .node_proxy_config(&fleet.owner_reference(), fleet.now)
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(simulated, shared);
+    let mut sent = body.clone();
+    sent["spec"]["assignedAt"] = shared["spec"]["assignedAt"].clone();
+    assert_eq!(
+        sent, shared,
+        "the controller applies Write::node_proxy_config"
+    );
     respond(send, 200, &body);
 
     let (event, send) = expect(
@@ -228,8 +252,9 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
     )
     .await;
     respond(send, 404, &status(404, "NotFound"));
-    // No node left to wait for: the (empty) rollout is complete at once.
-    for reason in ["StageStarted", "StageComplete", "RolloutComplete"] {
+    // No node left: the rollout does not start (a revision is never good on no node), and
+    // the ProxyConfig says so.
+    for reason in ["NoNodes"] {
         let (event, send) = expect(
             &mut server,
             "POST",
@@ -248,6 +273,14 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
     )
     .await;
     assert_eq!(body["status"]["totalNodes"], 0);
+    let progressing = body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Progressing")
+        .unwrap();
+    assert_eq!(progressing["reason"], "NoNodes");
+    assert!(body["status"].get("lastGoodRevision").is_none());
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
     task.await.unwrap().unwrap();
 }
@@ -399,4 +432,61 @@ async fn an_expired_lease_of_another_is_taken_over() {
     assert_eq!(body["spec"]["leaseTransitions"], 2);
     respond(send, 200, &body);
     assert_eq!(task.await.unwrap(), (false, true));
+}
+
+/// Issue 15: an object the API server stores but the operator cannot decode is reported on
+/// itself (an InvalidSpec Event, Degraded InvalidSpec keeping the previous status) and nothing
+/// else is written.
+#[tokio::test]
+async fn an_undecodable_proxyconfig_is_reported_on_itself() {
+    let (client, mut server) = mock();
+    let stored: StoredProxyConfig = serde_json::from_value(json!({
+        "apiVersion": "kipvs.io/v1alpha1", "kind": "ProxyConfig",
+        "metadata": {"name": "huge", "uid": "uid-huge", "generation": 2, "resourceVersion": "9"},
+        "spec": {"rollout": {"stages": [{"name": "canary", "size": 1, "soakDuration": "100000000h"}]}},
+        "status": {"lastGoodRevision": "0123456789"}
+    }))
+    .unwrap();
+    let good = proxy_config("fleet", canary_spec());
+    let ctx = Arc::new(Context::new(
+        client,
+        "operator-0",
+        ready_store(vec![stored.clone(), StoredProxyConfig::from(good)]),
+        ready_store(vec![node("a", &[("canary", "yes")])]),
+        ready_store(vec![]),
+    ));
+    let task = tokio::spawn(reconcile_stored(Arc::new(stored), ctx));
+    let (event, send) = expect(
+        &mut server,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        &[],
+    )
+    .await;
+    assert_eq!(event["reason"], "InvalidSpec");
+    assert_eq!(event["involvedObject"]["name"], "huge");
+    assert!(
+        event["message"].as_str().unwrap().contains("out of range"),
+        "{event}"
+    );
+    respond(send, 201, &event);
+    let (body, send) = expect(
+        &mut server,
+        "PATCH",
+        "/apis/kipvs.io/v1alpha1/proxyconfigs/huge/status",
+        &["fieldManager=kipvs-operator"],
+    )
+    .await;
+    let degraded = body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .unwrap()
+        .clone();
+    assert_eq!(degraded["reason"], "InvalidSpec");
+    assert_eq!(body["status"]["lastGoodRevision"], "0123456789");
+    assert_eq!(body["status"]["observedGeneration"], 2);
+    respond(send, 200, &body);
+    task.await.unwrap().unwrap();
 }

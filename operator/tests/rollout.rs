@@ -477,3 +477,214 @@ fn stage_membership_is_fixed_when_the_rollout_starts() {
     let d = f.step();
     assert_eq!(d.status.stages[1].total, 10);
 }
+
+// ---- Hostile input (issue 15) ----
+
+fn degraded_message(d: &Decision) -> String {
+    d.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded")
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn an_invalid_stage_label_key_is_an_invalid_spec_not_an_empty_canary() {
+    let mut spec = staged_spec();
+    spec.rollout.stages[0].node_selector = Some(selector("kipvs.io/ca nary", "true"));
+    let mut f = fleet(10, spec);
+    let d = f.step();
+    assert!(d.writes.is_empty(), "{:?}", d.writes);
+    assert_eq!(condition(&d, "Degraded"), ("True", "InvalidSpec"));
+    assert!(
+        degraded_message(&d).contains("spec.rollout.stages[0].nodeSelector"),
+        "{}",
+        degraded_message(&d)
+    );
+    assert_eq!(reasons(&d), ["InvalidSpec"]);
+}
+
+#[test]
+fn an_empty_stage_is_reported_and_min_nodes_makes_the_rollout_wait() {
+    // No node is labelled canary: without minNodes the stage completes with a StageEmpty Event.
+    let mut spec = staged_spec();
+    spec.rollout.stages[0].node_selector = Some(selector("kipvs.io/canary", "nobody"));
+    let mut f = fleet(10, spec.clone());
+    let d = f.step();
+    assert!(reasons(&d).contains(&"StageEmpty"), "{:?}", reasons(&d));
+    assert_eq!(d.status.stage.as_deref(), Some("early"));
+
+    // With minNodes 1 the rollout waits at the canary, writes nothing and says why.
+    spec.rollout.stages[0].min_nodes = 1;
+    let mut f = fleet(10, spec);
+    let d = f.step();
+    assert!(d.writes.is_empty(), "{:?}", d.writes);
+    assert_eq!(d.status.stage.as_deref(), Some("canary"));
+    assert_eq!(condition(&d, "Progressing"), ("True", "StageTooSmall"));
+    assert_eq!(condition(&d, "Degraded"), ("True", "StageTooSmall"));
+    assert_eq!(reasons(&d), ["StageTooSmall"]);
+    assert!(f.step().events.is_empty(), "the Event is not repeated");
+    // A canary node appears: the rollout starts with it.
+    f.nodes.insert(
+        "node-99".into(),
+        node("node-99", &[("kipvs.io/canary", "nobody")]),
+    );
+    let d = f.step();
+    assert_eq!(assigned(&d), ["node-99"]);
+    assert_eq!(reasons(&d), ["StageStarted"]);
+}
+
+#[test]
+fn a_canary_taken_by_another_proxyconfig_with_min_nodes_stops_the_rollout() {
+    let mut spec = staged_spec();
+    spec.rollout.stages[0].min_nodes = 1;
+    let mut f = fleet(10, spec);
+    // Another ProxyConfig selects the canary node: it is a conflict, not a member.
+    f.others = vec![kube::core::Selector::try_from(selector("kipvs.io/canary", "true")).unwrap()];
+    let d = f.step();
+    assert!(d.writes.is_empty(), "{:?}", d.writes);
+    assert_eq!(condition(&d, "Progressing"), ("True", "StageTooSmall"));
+    assert!(reasons(&d).contains(&"NodeConflict"));
+}
+
+#[test]
+fn rollout_complete_names_the_conflicting_nodes_it_left_alone() {
+    let mut f = fleet(4, staged_spec());
+    f.others = vec![kube::core::Selector::try_from(selector("kipvs.io/canary", "true")).unwrap()];
+    let decisions = run_to_completion(&mut f);
+    let complete = decisions
+        .iter()
+        .flat_map(|d| &d.events)
+        .find(|e| e.reason == "RolloutComplete")
+        .unwrap();
+    assert!(
+        complete
+            .message
+            .contains("1 conflicting node(s) are left alone"),
+        "{}",
+        complete.message
+    );
+}
+
+#[test]
+fn a_proxyconfig_selecting_no_node_says_so_and_marks_nothing_good() {
+    let mut spec = staged_spec();
+    spec.node_selector = Some(selector("pool", "none"));
+    let mut f = fleet(3, spec);
+    let d = f.step();
+    assert_eq!(condition(&d, "Progressing"), ("False", "NoNodes"));
+    assert_eq!(reasons(&d), ["NoNodes"]);
+    assert_eq!(d.status.last_good_revision, None);
+    assert!(f.step().events.is_empty(), "the Event is not repeated");
+    // Nodes join: the rollout starts at the canary, not directly everywhere.
+    for name in ["node-00", "node-01", "node-02"] {
+        let n = f.nodes.get_mut(name).unwrap();
+        n.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("pool".into(), "none".into());
+    }
+    let d = f.step();
+    assert_eq!(assigned(&d), ["node-00"]);
+}
+
+#[test]
+fn a_hand_edited_node_proxy_config_is_restored() {
+    let mut f = fleet(3, staged_spec());
+    run_to_completion(&mut f);
+    let revision = f.revision_of("node-01").unwrap().to_owned();
+    // A person edits node-01's configuration, keeping spec.revision.
+    f.npcs
+        .get_mut("node-01")
+        .unwrap()
+        .spec
+        .config
+        .ipvs
+        .scheduler = "sed".into();
+    let d = f.step();
+    assert_eq!(assigned(&d), ["node-01"]);
+    assert_eq!(reasons(&d), ["DriftRestored"]);
+    let Write::Assign {
+        revision: written,
+        config,
+        ..
+    } = &d.writes[0]
+    else {
+        panic!("{:?}", d.writes)
+    };
+    assert_eq!(&**written, revision.as_str());
+    assert_eq!(**config, f.pc.spec.config);
+    assert_eq!(f.npcs["node-01"].spec.config, f.pc.spec.config);
+    assert!(f.step().writes.is_empty());
+}
+
+#[test]
+fn an_empty_scheduler_and_rr_are_one_revision() {
+    let mut f = fleet(3, staged_spec());
+    run_to_completion(&mut f);
+    f.pc.spec.config.ipvs.scheduler = "rr".into();
+    f.pc.metadata.generation = Some(2);
+    let d = f.step();
+    assert!(d.writes.is_empty(), "no re-roll: {:?}", d.writes);
+    assert_eq!(condition(&d, "Progressing"), ("False", "RolloutComplete"));
+}
+
+#[test]
+fn failures_of_a_finished_revision_do_not_claim_a_failure_budget() {
+    let mut f = fleet(3, staged_spec());
+    run_to_completion(&mut f);
+    let after = f.now.checked_add(Duration::from_secs(3600)).unwrap();
+    f.now = after;
+    f.report("node-02", NodePhase::Failed, true, "boom");
+    let d = f.step();
+    let message = degraded_message(&d);
+    assert!(
+        message.contains("after it reached every node") && !message.contains("budget"),
+        "{message}"
+    );
+}
+
+#[test]
+fn health_is_latched_once_a_stage_completed() {
+    // Canary, soak 10 min, then the rest; failure budget 0.
+    let mut spec = staged_spec();
+    spec.rollout.stages[0].soak_duration = Duration::from_secs(600);
+    spec.rollout.stages[1].soak_duration = Duration::from_secs(600);
+    let mut f = fleet(10, spec);
+    let d = f.step();
+    let revision = d.status.revision.clone().unwrap();
+    f.proxiers_report(healthy);
+    f.step();
+    f.advance(Duration::from_secs(600));
+    let d = f.step();
+    assert_eq!(d.status.stages[0].phase, StagePhase::Complete);
+    assert_eq!(d.status.stage.as_deref(), Some("early"));
+    // The canary's /livez blips after the apply timeout (5 min) while early soaks.
+    f.proxiers_report(healthy);
+    f.step();
+    f.advance(Duration::from_secs(400));
+    f.report("node-00", NodePhase::Applied, false, "");
+    let d = f.step();
+    assert!(
+        d.status.bad_revisions.is_empty(),
+        "a blip after its stage completed failed the revision"
+    );
+    assert_eq!(d.status.target_revision.as_deref(), Some(revision.as_str()));
+    assert_eq!(condition(&d, "Available"), ("False", "NodesFailed"));
+    assert!(reasons(&d).contains(&"NodesUnhealthy"), "{:?}", reasons(&d));
+    // A blip of a node whose stage is still soaking does fail it (the soak is the gate).
+    f.report("node-00", NodePhase::Applied, true, "");
+    let d = f.step();
+    assert_eq!(d.status.stages[1].phase, StagePhase::Soaking);
+    let early: Vec<String> = f
+        .npcs
+        .keys()
+        .filter(|n| *n != "node-00" && f.revision_of(n) == Some(revision.as_str()))
+        .cloned()
+        .collect();
+    assert_eq!(early.len(), 1);
+    f.report(&early[0], NodePhase::Applied, false, "");
+    let d = f.step();
+    assert_eq!(d.status.bad_revisions, [revision]);
+}

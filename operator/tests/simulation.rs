@@ -61,6 +61,7 @@ fn stage(
         max_unavailable: max,
         soak_duration: Duration::from_secs(soak),
         pause: false,
+        min_nodes: 0,
     }
 }
 

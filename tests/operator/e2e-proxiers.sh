@@ -68,7 +68,10 @@ all_applied() {
     [ "$(in_force "$n")" = "$1" ] || return 1
   done
 }
-follow_stages() { # as in e2e.sh: the stage sequence of the current rollout, once it completes or fails
+# The stage sequence of the current rollout, once it completes or fails: from the operator's own
+# "stage X started for revision R" lines (race-free: a fast stage can start and finish between
+# two polls of status.stage).
+follow_stages() {
   local deadline=$(( $(date +%s) + $1 )) seen="" stage progressing
   while [ "$(date +%s)" -lt "$deadline" ]; do
     stage=$(pc '{.status.stage}')
@@ -76,7 +79,9 @@ follow_stages() { # as in e2e.sh: the stage sequence of the current rollout, onc
     progressing=$(reason Progressing)
     if [ "$(pc '{.status.observedGeneration}')" = "$(pc '{.metadata.generation}')" ] &&
        [ -z "$stage" ] && [[ "$progressing" =~ ^(RolloutComplete|RolledBack|Halted)$ ]]; then
-      echo "${seen# }"; return 0
+      grep -o "stage [a-z0-9-]* started for revision $(pc '{.status.revision}')" "$OUT/operator-p.log" |
+        awk '{print $2}' | paste -sd' '
+      return 0
     fi
     sleep 0.3
   done
@@ -113,7 +118,7 @@ done
 ok "${#NODES[@]} Ready nodes: pnode-0 canary"
 
 section "operator and one real proxier per node"
-POD_NAMESPACE=kipvs-system POD_NAME=operator-p RUST_LOG=info,kube=warn "$KIPVS_OPERATOR" > "$OUT/operator-p.log" 2>&1 &
+POD_NAMESPACE=kipvs-system POD_NAME=operator-p RUST_LOG=info,kube=warn "$KIPVS_OPERATOR" --metrics-bind-address 127.0.0.1:18082 > "$OUT/operator-p.log" 2>&1 &
 PIDS+=($!)
 for n in "${NODES[@]}"; do
   ip=$(ip_of "$n")

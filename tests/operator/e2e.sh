@@ -102,8 +102,11 @@ for f in tests/operator/invalid/*.yaml; do
 done
 
 section "operator: two replicas, one leader"
+port=18080
 for id in operator-a operator-b; do
-  POD_NAMESPACE=kipvs-system POD_NAME=$id RUST_LOG=info,kube=warn "$KIPVS_OPERATOR" > "$OUT/$id.log" 2>&1 &
+  port=$((port + 1))
+  POD_NAMESPACE=kipvs-system POD_NAME=$id RUST_LOG=info,kube=warn "$KIPVS_OPERATOR" --metrics-bind-address "127.0.0.1:$port" \
+    > "$OUT/$id.log" 2>&1 &
   PIDS+=($!)
   eval "PID_${id//-/_}=$!"
 done
@@ -208,6 +211,17 @@ stages=$(follow_stages 120) || fail "after failover: $stages"
 reason_is Progressing RolloutComplete || fail "after failover: Progressing $(reason Progressing)"
 reason_is Degraded AsExpected || fail "after failover: Degraded $(reason Degraded)"
 ok "$OTHER rolled revision $(pc '{.status.lastGoodRevision}') out: $stages"
+
+section "operator metrics and probes"
+METRICS_PORT=$([ "$OTHER" = operator-a ] && echo 18081 || echo 18082)
+curl -fsS "http://127.0.0.1:$METRICS_PORT/healthz" >/dev/null || fail "/healthz"
+curl -fsS "http://127.0.0.1:$METRICS_PORT/readyz" >/dev/null || fail "/readyz"
+curl -fsS "http://127.0.0.1:$METRICS_PORT/metrics" > "$OUT/metrics.txt" || fail "/metrics"
+grep -q '^kipvs_operator_reconciles_total{result="ok"}' "$OUT/metrics.txt" || fail "no reconcile counter"
+grep -q '^kipvs_operator_rollout_nodes{proxyconfig="fleet",state="healthy"} 9' "$OUT/metrics.txt" ||
+  fail "rollout_nodes: $(grep rollout_nodes "$OUT/metrics.txt")"
+grep -q '^kipvs_operator_writes_total{kind="apply"}' "$OUT/metrics.txt" || fail "no write counter"
+ok "$OTHER serves /healthz, /readyz and /metrics: $(grep -E '^kipvs_operator_(reconciles_total|writes_total)' "$OUT/metrics.txt" | paste -sd' ')"
 
 section "result"
 show "final"

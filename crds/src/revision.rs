@@ -6,7 +6,7 @@
 //! are part of the API (stored in NodeProxyConfig specs and ProxyConfig status): changing the
 //! function would re-roll every node, so it must not change.
 
-use kipvs_crds::ProxierConfiguration;
+use crate::ProxierConfiguration;
 use serde_json::Value;
 
 /// Number of hex digits of a revision (40 bits: collisions are irrelevant at fleet scale; the
@@ -32,8 +32,13 @@ fn hash64(bytes: &[u8]) -> u64 {
 /// defaults have the same revision, and upgrading kipvs to a version with a new setting (at
 /// its default) does not re-roll the fleet; a changed default reaches the nodes with the next
 /// revision.
+///
+/// Settings with two spellings of one meaning are normalised first, so that they do not re-roll
+/// the fleet for nothing: an empty `ipvs.scheduler` is `rr` (kube-proxy's rule).
 pub fn config_revision(config: &ProxierConfiguration) -> String {
     let value = |c: &ProxierConfiguration| {
+        let mut c = c.clone();
+        c.ipvs.scheduler = c.ipvs.effective_scheduler().to_owned();
         serde_json::to_value(c).expect("ProxierConfiguration serializes to JSON")
     };
     let mut settings = value(config);
@@ -66,7 +71,7 @@ pub fn node_hash(name: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kipvs_crds::Gate;
+    use crate::Gate;
 
     #[test]
     fn new_settings_at_their_defaults_do_not_change_a_revision() {
@@ -98,6 +103,19 @@ mod tests {
             .insert(Gate::LoadBalancerIPMode.name().to_owned(), false);
         assert_ne!(config_revision(&default), config_revision(&changed));
         assert_eq!(config_revision(&default).len(), REVISION_HEX_DIGITS);
+    }
+
+    #[test]
+    fn an_empty_scheduler_is_rr() {
+        let mut rr = ProxierConfiguration::default();
+        rr.ipvs.scheduler = "rr".to_owned();
+        assert_eq!(
+            config_revision(&rr),
+            config_revision(&ProxierConfiguration::default())
+        );
+        let mut wlc = rr.clone();
+        wlc.ipvs.scheduler = "wlc".to_owned();
+        assert_ne!(config_revision(&wlc), config_revision(&rr));
     }
 
     /// Pinned values: the functions are part of the stored state (see the module docs).

@@ -1,0 +1,271 @@
+//! The operator's Prometheus metrics and its `/metrics`, `/healthz` and `/readyz` endpoints
+//! (one HTTP server, `--metrics-bind-address`, default `:8080`).
+//!
+//! | metric | type | meaning |
+//! |---|---|---|
+//! | `kipvs_operator_reconciles_total{result}` | counter | reconciles of a ProxyConfig, `ok` or `error` |
+//! | `kipvs_operator_reconcile_failures_total{kind}` | counter | failed reconciles by cause: `write` (a NodeProxyConfig write), `status`, `decode` (a spec that cannot be read) |
+//! | `kipvs_operator_reconcile_duration_seconds` | histogram | wall time of one reconcile (decide and write) |
+//! | `kipvs_operator_decision_writes` | histogram | NodeProxyConfig writes one decision asks for |
+//! | `kipvs_operator_writes_total{kind}` | counter | API writes: `apply` / `delete` (NodeProxyConfig), `status` (ProxyConfig), `event` |
+//! | `kipvs_operator_rollout_nodes{proxyconfig,state}` | gauge | nodes of a ProxyConfig by state: `total`, `updated`, `healthy`, `failed`, `skipped`, `conflicting` |
+//! | `kipvs_operator_rollout_stage{proxyconfig,stage,phase}` | gauge | 1 for the stage being rolled out and its phase; absent when the rollout is complete |
+//!
+//! `/healthz` answers 200 while the process serves; `/readyz` 200 once this replica has reached
+//! the API server and found the CRDs (a standby waiting for the Lease is ready: it is what it
+//! should be).
+
+use kipvs_crds::ProxyConfigStatus;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use warp::Filter;
+use warp::http::StatusCode;
+use warp::reply::Reply;
+
+/// The operator's metrics (cheap to clone: handles to one registry).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Reconciles by result.
+    pub reconciles: IntCounterVec,
+    /// Failed reconciles by cause.
+    pub failures: IntCounterVec,
+    /// Reconcile wall time.
+    pub reconcile_duration: Histogram,
+    /// Writes per decision.
+    pub decision_writes: Histogram,
+    /// API writes by kind.
+    pub writes: IntCounterVec,
+    rollout_nodes: IntGaugeVec,
+    rollout_stage: IntGaugeVec,
+    ready: Arc<AtomicBool>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
+}
+
+impl Metrics {
+    /// A fresh registry with every metric at zero.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let counters = |name: &str, help: &str, labels: &[&str]| {
+            register(
+                &r,
+                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
+        };
+        let gauges = |name: &str, help: &str, labels: &[&str]| {
+            register(
+                &r,
+                IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
+        };
+        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
+            let opts = HistogramOpts::new(name, help).buckets(buckets);
+            register(&r, Histogram::with_opts(opts).expect("valid metric"))
+        };
+        Metrics {
+            reconciles: counters(
+                "kipvs_operator_reconciles_total",
+                "Reconciles of a ProxyConfig, by result (ok, error)",
+                &["result"],
+            ),
+            failures: counters(
+                "kipvs_operator_reconcile_failures_total",
+                "Failed reconciles by cause (write, status, decode)",
+                &["kind"],
+            ),
+            reconcile_duration: histogram(
+                "kipvs_operator_reconcile_duration_seconds",
+                "Wall time of one reconcile (decide and write)",
+                prometheus::exponential_buckets(0.001, 2.0, 15).expect("valid buckets"),
+            ),
+            decision_writes: histogram(
+                "kipvs_operator_decision_writes",
+                "NodeProxyConfig writes one decision asks for",
+                prometheus::exponential_buckets(1.0, 2.0, 14).expect("valid buckets"),
+            ),
+            writes: counters(
+                "kipvs_operator_writes_total",
+                "API writes by kind (apply, delete, status, event)",
+                &["kind"],
+            ),
+            rollout_nodes: gauges(
+                "kipvs_operator_rollout_nodes",
+                "Nodes of a ProxyConfig by state (total, updated, healthy, failed, skipped, conflicting)",
+                &["proxyconfig", "state"],
+            ),
+            rollout_stage: gauges(
+                "kipvs_operator_rollout_stage",
+                "1 for the stage being rolled out, with its phase; absent when complete",
+                &["proxyconfig", "stage", "phase"],
+            ),
+            registry: r,
+            ready: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Records a ProxyConfig's rollout progress from the status just decided.
+    pub fn rollout(&self, name: &str, status: &ProxyConfigStatus) {
+        for (state, value) in [
+            ("total", status.total_nodes),
+            ("updated", status.updated_nodes),
+            ("healthy", status.healthy_nodes),
+            ("failed", status.failed_nodes),
+            ("skipped", status.skipped_nodes),
+            ("conflicting", status.conflicting_node_count),
+        ] {
+            self.rollout_nodes
+                .with_label_values(&[name, state])
+                .set(i64::from(value));
+        }
+        self.forget_stage(name);
+        if let Some(stage) = &status.stage {
+            let phase = status
+                .stages
+                .iter()
+                .find(|s| &s.name == stage)
+                .map(|s| format!("{:?}", s.phase))
+                .unwrap_or_default();
+            self.rollout_stage
+                .with_label_values(&[name, stage, &phase])
+                .set(1);
+        }
+    }
+
+    /// Drops the stage series of a ProxyConfig (its rollout completed or it was deleted).
+    fn forget_stage(&self, name: &str) {
+        let families = self.rollout_stage.clone();
+        for family in prometheus::core::Collector::collect(&families) {
+            for metric in family.get_metric() {
+                // Collected labels come sorted by name: phase, proxyconfig, stage.
+                let value = |key: &str| {
+                    metric
+                        .get_label()
+                        .iter()
+                        .find(|l| l.name() == key)
+                        .map_or("", |l| l.value())
+                };
+                if value("proxyconfig") == name {
+                    let labels = [name, value("stage"), value("phase")];
+                    let _ = self.rollout_stage.remove_label_values(&labels);
+                }
+            }
+        }
+    }
+
+    /// Marks this replica ready (see the module docs).
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut buffer = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .expect("text encoding of gathered metrics");
+        String::from_utf8(buffer).expect("the text format is UTF-8")
+    }
+
+    /// `/metrics`, `/healthz` and `/readyz`.
+    pub fn routes(
+        &self,
+    ) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone + use<>
+    {
+        let metrics = self.clone();
+        let exposition = warp::path!("metrics").and(warp::get()).map(move || {
+            let content_type = TextEncoder::new().format_type().to_owned();
+            warp::reply::with_header(metrics.encode(), "Content-Type", content_type).into_response()
+        });
+        let healthz = warp::path!("healthz")
+            .and(warp::get())
+            .map(|| "ok".into_response());
+        let ready = self.ready.clone();
+        let readyz = warp::path!("readyz").and(warp::get()).map(move || {
+            if ready.load(Ordering::Relaxed) {
+                "ok".into_response()
+            } else {
+                warp::reply::with_status("not ready", StatusCode::SERVICE_UNAVAILABLE)
+                    .into_response()
+            }
+        });
+        exposition.or(healthz).unify().or(readyz).unify()
+    }
+}
+
+/// Serves [`Metrics::routes`] on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics) {
+    warp::serve(metrics.routes()).incoming(listener).run().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kipvs_crds::{StagePhase, StageStatus};
+
+    #[test]
+    fn rollout_progress_is_exported_per_proxyconfig() {
+        let metrics = Metrics::new();
+        let status = ProxyConfigStatus {
+            stage: Some("canary".into()),
+            stages: vec![StageStatus {
+                name: "canary".into(),
+                phase: StagePhase::Soaking,
+                ..StageStatus::default()
+            }],
+            total_nodes: 10,
+            healthy_nodes: 1,
+            ..ProxyConfigStatus::default()
+        };
+        metrics.rollout("fleet", &status);
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"kipvs_operator_rollout_nodes{proxyconfig="fleet",state="total"} 10"#),
+            "{text}"
+        );
+        assert!(text.contains(
+            r#"kipvs_operator_rollout_stage{phase="Soaking",proxyconfig="fleet",stage="canary"} 1"#
+        ));
+        // Complete: the stage series goes.
+        metrics.rollout("fleet", &ProxyConfigStatus::default());
+        assert!(!metrics.encode().contains("kipvs_operator_rollout_stage{"));
+    }
+
+    /// GET `path` over a real socket; the status code.
+    async fn get(addr: std::net::SocketAddr, path: &str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response[9..12].parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn readyz_answers_503_until_ready() {
+        let metrics = Metrics::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, metrics.clone()));
+        assert_eq!(get(addr, "/healthz").await, 200);
+        assert_eq!(get(addr, "/readyz").await, 503);
+        metrics.set_ready();
+        assert_eq!(get(addr, "/readyz").await, 200);
+        assert_eq!(get(addr, "/metrics").await, 200);
+    }
+}
