@@ -1,6 +1,6 @@
 //! The operator's fleet harness (issue 15): N Nodes on a real kube-apiserver and N simulated
 //! proxiers, each reporting through the proxier's own status writer
-//! ([`kipvs_proxier::source::node_config::report_status`], with a [`ProxyHealth`] for
+//! ([`kipvs_proxier::serve::status::report_status`], with a [`ProxyHealth`] for
 //! `healthy`) at the proxier's own cadence ([`LAST_SYNC_REFRESH`] for `lastSyncTime`), while a
 //! real `kipvs-operator` process rolls ProxyConfig revisions out. Prints the issue's target
 //! table; with `--check`, fails unless the rollouts complete, the canary's first write comes
@@ -24,9 +24,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::revision::node_hash;
 use kipvs_crds::{NodePhase, NodeProxyConfig, NodeProxyConfigStatus, ProxyConfig};
-use kipvs_proxier::engine::LAST_SYNC_REFRESH;
+use kipvs_proxier::engine::status::LAST_SYNC_REFRESH;
 use kipvs_proxier::serve::health::ProxyHealth;
-use kipvs_proxier::source::node_config::report_status;
+use kipvs_proxier::serve::status::report_status;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
