@@ -70,12 +70,12 @@ all_applied() {
 }
 follow_stages() { # as in e2e.sh: the stage sequence of the current rollout, once it completes or fails
   local deadline=$(( $(date +%s) + $1 )) seen="" stage progressing
+  local generation observed
   while [ "$(date +%s)" -lt "$deadline" ]; do
-    stage=$(pc '{.status.stage}')
+    # one read: fields read one by one can mix the previous rollout's end with the new generation
+    IFS='|' read -r generation observed stage progressing <<<"$(pc '{.metadata.generation}|{.status.observedGeneration}|{.status.stage}|{.status.conditions[?(@.type=="Progressing")].reason}')"
     [ -n "$stage" ] && [ "${seen##* }" != "$stage" ] && seen="$seen $stage"
-    progressing=$(reason Progressing)
-    if [ "$(pc '{.status.observedGeneration}')" = "$(pc '{.metadata.generation}')" ] &&
-       [ -z "$stage" ] && [[ "$progressing" =~ ^(RolloutComplete|RolledBack|Halted)$ ]]; then
+    if [ "$observed" = "$generation" ] && [ -z "$stage" ] && [[ "$progressing" =~ ^(RolloutComplete|RolledBack|Halted)$ ]]; then
       echo "${seen# }"; return 0
     fi
     sleep 0.3
