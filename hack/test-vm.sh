@@ -4,14 +4,15 @@
 # cluster into an initrd, and boot once (QEMU software emulation) to run every guest test.
 # Prints each guest test's result and the wall times; exits non-zero on any FAIL or missing result.
 #
-# usage: hack/test-vm.sh [--demo|--bench]   (--demo: what hack/demo.sh shows; --bench: hack/bench-vm.sh)
+# usage: hack/test-vm.sh [--demo|--bench|--e2e]   (--demo: what hack/demo.sh shows; --bench: hack/bench-vm.sh;
+#        --e2e: the guest half of hack/test-e2e.sh, which sets KIPVS_E2E_KUBECONFIG, KIPVS_TRAFFIC and VMNET)
 # env:   VMCACHE (~/.cache/kipvs-vm), VMTIMEOUT (s, 600), CARGO_TARGET_DIR; output in $target/vm/
 #        KIPVS_PROXIER, KIPVS_KERNEL_TEST: use these executables instead of building them
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VM=$ROOT/hack/vm
 MODE=test
-case "${1:-}" in --demo) MODE=demo ;; --bench) MODE=bench ;; esac
+case "${1:-}" in --demo) MODE=demo ;; --bench) MODE=bench ;; --e2e) MODE=e2e ;; esac
 export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 T0=$(date +%s%N)
@@ -50,6 +51,9 @@ printf '#!/bin/sh\nexec sh /payload/tests/run.sh %s\n' "$MODE" > "$P/run.sh"
 cp "$PROXIER" "$P/bin/kipvs-proxier"
 [ -z "$KTEST" ] || cp "$KTEST" "$P/bin/ipvs-rs-kernel"
 cp -r "$ROOT"/tests/vm/. "$P/tests/"; cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
+if [ "$MODE" = e2e ]; then
+  cp "${KIPVS_TRAFFIC:?}" "$P/bin/e2e_traffic"; cp "${KIPVS_E2E_KUBECONFIG:?}" "$P/tests/e2e/kubeconfig"
+fi
 if [ "$MODE" = bench ]; then
   mkdir -p "$P/manifests/bench"
   python3 "$ROOT/hack/gen-manifests.py" "${BENCH_SERVICES:-10000}" "${BENCH_ENDPOINTS:-2}" "$P/manifests/bench/cluster.json"
@@ -77,7 +81,8 @@ awk '$1 == "TIME" { t[$2] = $3; next } /^(PASS|FAIL|SKIP) / { n = $2; sub(":$", 
   END { for (i = 1; i <= k; i++) printf "  %s%s\n", r[i], (name[i] in t) ? "  [" t[name[i]] " s]" : "" }' "$OUT/console.log"
 if [ "$MODE" = test ]; then expected="topology"; for f in tests/vm/[0-9][0-9]-*.sh; do
     n=$(basename "$f" .sh); expected="$expected ${n#[0-9][0-9]-}"; done
-elif [ "$MODE" = demo ]; then expected="topology demo"; else expected="bench"; fi
+elif [ "$MODE" = demo ]; then expected="topology demo"; elif [ "$MODE" = e2e ]; then expected="topology e2e"
+else expected="bench"; fi
 for n in $expected; do
   grep -qE "^(PASS|SKIP) $n\$|^(PASS|SKIP) $n:" "$OUT/console.log" && continue
   grep -qE "^FAIL $n:" "$OUT/console.log" || echo "  MISSING $n (no result line)"

@@ -5,7 +5,9 @@
 //! - [`Syncer::sync_touched`] (a Service or its endpoints changed): diff only the virtual
 //!   servers and addresses the change touched, against a cache of the kernel's state that is
 //!   kept up to date with every applied op. One endpoint change costs a handful of netlink
-//!   messages whatever the size of the table.
+//!   messages whatever the size of the table. A touched virtual server that loses a real
+//!   server is re-read first: whether that real server drains or goes depends on its
+//!   connections, which the cache only knows as of its last observation.
 //! - [`Syncer::check_drains`] (while real servers drain): re-read only the virtual servers
 //!   holding draining real servers, and delete those whose connections ended or whose
 //!   maximum drain time passed.
@@ -100,9 +102,40 @@ impl<D: Dataplane> Syncer<D> {
             return self.sync(desired).await;
         };
         let start = Instant::now();
+        let losing: Vec<VirtualServerKey> = touched
+            .virtual_servers
+            .iter()
+            .filter(|key| {
+                let wanted = desired.virtual_servers.get(key).map(|vs| &vs.real_servers);
+                cache.virtual_servers.get(key).is_some_and(|vs| {
+                    vs.real_servers
+                        .keys()
+                        .any(|rs| !wanted.is_some_and(|w| w.contains_key(rs)))
+                })
+            })
+            .copied()
+            .collect();
+        self.refresh(&losing).await?;
+        let cache = self.cache.as_ref().expect("checked");
         let expired = self.expired(start);
         let ops = diff_scoped(desired, cache, &self.ownership, touched, &expired);
         self.apply(desired, ops, start, "incremental").await
+    }
+
+    /// Re-read `keys` from the dataplane into the cache (which must exist).
+    async fn refresh(&mut self, keys: &[VirtualServerKey]) -> Result<(), DataplaneError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let fresh = self.dataplane.observe_virtual_servers(keys).await?;
+        let cache = self.cache.as_mut().expect("refresh needs the cache");
+        for key in keys {
+            match fresh.get(key) {
+                Some(vs) => cache.virtual_servers.insert(*key, vs.clone()),
+                None => cache.virtual_servers.remove(key),
+            };
+        }
+        Ok(())
     }
 
     /// Re-read the virtual servers holding draining real servers and delete those whose
@@ -122,14 +155,7 @@ impl<D: Dataplane> Syncer<D> {
             });
         }
         let list: Vec<VirtualServerKey> = keys.iter().copied().collect();
-        let fresh = self.dataplane.observe_virtual_servers(&list).await?;
-        let cache = self.cache.as_mut().expect("checked");
-        for key in &list {
-            match fresh.get(key) {
-                Some(vs) => cache.virtual_servers.insert(*key, vs.clone()),
-                None => cache.virtual_servers.remove(key),
-            };
-        }
+        self.refresh(&list).await?;
         let expired = self.expired(start);
         let cache = self.cache.as_ref().expect("checked");
         let scope = Scope {
@@ -323,6 +349,31 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         let report = syncer.check_drains(&one).await.unwrap();
         assert!(matches!(report.ops[..], [Op::DeleteRealServer { .. }]));
+    }
+
+    /// Found by the end to end (hack/test-e2e.sh): a connection opened after the cache was
+    /// taken must still make the incremental sync drain the real server, not delete it.
+    #[tokio::test]
+    async fn incremental_removal_drains_a_real_server_whose_connections_came_after_the_cache() {
+        let both = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
+        let one = state(&["10.244.1.3:8080"]);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        syncer.sync(&both).await.unwrap();
+        set_connections(&mut syncer, "10.244.1.2:8080", 1);
+        let touched = Scope {
+            virtual_servers: [key(80)].into(),
+            ..Default::default()
+        };
+        let report = syncer.sync_touched(&one, &touched).await.unwrap();
+        assert_eq!(
+            report.ops,
+            [Op::UpdateRealServer {
+                vs: key(80),
+                rs: "10.244.1.2:8080".parse().unwrap(),
+                weight: 0
+            }]
+        );
+        assert_eq!(syncer.drains().len(), 1);
     }
 
     #[tokio::test]
