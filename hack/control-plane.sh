@@ -42,6 +42,7 @@
 # - 1.20 rejects `--insecure-port` other than 0, so tests use the secure port with a static token.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/hack/lib/host-tools.sh" && host_tools # curl, openssl (a fresh machine may lack them)
 CPCACHE=${CPCACHE:-$HOME/.cache/kipvs-cp}
 CP_PORT=${CP_PORT:-16443}
 CP_ETCD_PORT=${CP_ETCD_PORT:-23790}

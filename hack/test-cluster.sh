@@ -28,6 +28,7 @@
 #      health; default 20256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. hack/lib/host-tools.sh && host_tools # kubectl, curl, ... (a fresh machine lacks them)
 export RUST_BACKTRACE=0
 STATE=${CLUSTER_STATE:-$(mktemp -d /tmp/kipvs-cluster.XXXXXX)}
 mkdir -p "$STATE"

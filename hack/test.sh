@@ -9,6 +9,11 @@
 # KIPVS_SKIP_VM=1 skips the VM suite and the end to end, KIPVS_SKIP_CP=1 the control-plane suites and the end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Everything the layers below need on the host (nft, umoci, kubectl, base tools), fetched into
+# ~/.cache/kipvs-tools or installed when missing: a fresh machine needs no manual step.
+. hack/lib/host-tools.sh
+host_tools
+rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
 export RUST_BACKTRACE=0
 step() { printf '\n==> %s\n' "$*"; }
 t0=$(date +%s)

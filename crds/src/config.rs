@@ -1,13 +1,17 @@
 //! [`ProxierConfiguration`]: the proxier's one configuration type.
 //!
-//! The same type is read from a local file (`kipvs-proxier --config`), and will sit inside
-//! `NodeProxyConfig.spec` and `ProxyConfig.spec`. Field names and defaults follow kube-proxy's
+//! The same type is read from a local file (`kipvs-proxier --config`, with the header
+//! `apiVersion: kipvs.io/v1alpha1` + `kind: ProxierConfiguration` like every Kubernetes
+//! component configuration, or without both; see [`crate::kubeproxy`]), and sits, without the
+//! header, in `NodeProxyConfig.spec.config` and `ProxyConfig.spec.config`. Field names and defaults follow kube-proxy's
 //! `KubeProxyConfiguration` (`kubeproxy.config.k8s.io/v1alpha1`, see
 //! `staging/src/k8s.io/kube-proxy/config/v1alpha1/types.go` and
 //! `pkg/proxy/apis/config/v1alpha1/defaults.go`), restricted to what an IPVS proxier uses, so
 //! that the relevant part of a kube-proxy configuration file moves over unchanged:
 //!
 //! ```yaml
+//! apiVersion: kipvs.io/v1alpha1
+//! kind: ProxierConfiguration
 //! featureGates:
 //!   ProxyTerminatingEndpoints: true
 //! ipvs:
@@ -39,8 +43,15 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// `apiVersion` of a kipvs configuration file (`--config`); the embedded form
+/// (`ProxyConfig.spec.config`, `NodeProxyConfig.spec.config`) has no header.
+pub const API_VERSION: &str = "kipvs.io/v1alpha1";
+
+/// `kind` of a kipvs configuration file (`--config`).
+pub const KIND: &str = "ProxierConfiguration";
 
 /// Configuration of a kipvs proxier (a subset of kube-proxy's `KubeProxyConfiguration`).
 ///
@@ -252,23 +263,6 @@ impl ProxierConfiguration {
         let config = config.unwrap_or_default();
         config.validate()?;
         Ok(config)
-    }
-
-    /// Reads, parses and validates a configuration file.
-    ///
-    /// # Errors
-    /// [`ConfigError::Read`] if the file cannot be read; otherwise the errors of
-    /// [`from_yaml_str`](Self::from_yaml_str) wrapped in [`ConfigError::File`] with the path.
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
-            path: path.to_owned(),
-            error,
-        })?;
-        Self::from_yaml_str(&text).map_err(|e| ConfigError::File {
-            path: path.to_owned(),
-            error: Box::new(e),
-        })
     }
 
     /// Checks what the types alone cannot: gate names are known, `ipvs.syncPeriod > 0`,
@@ -598,14 +592,15 @@ metricsBindAddress: 0.0.0.0:9100
     }
 
     #[test]
-    fn from_file_names_the_file() {
+    fn load_any_names_the_file() {
         let dir = std::env::temp_dir().join(format!("kipvs-crds-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let good = dir.join("good.yaml");
         std::fs::write(&good, "ipvs:\n  scheduler: lc\n").unwrap();
         assert_eq!(
-            ProxierConfiguration::from_file(&good)
+            ProxierConfiguration::load_any(&good)
                 .unwrap()
+                .0
                 .ipvs
                 .scheduler,
             "lc"
@@ -613,7 +608,7 @@ metricsBindAddress: 0.0.0.0:9100
 
         let bad = dir.join("bad.yaml");
         std::fs::write(&bad, "ipvs:\n  bogus: 1\n").unwrap();
-        let err = ProxierConfiguration::from_file(&bad).unwrap_err();
+        let err = ProxierConfiguration::load_any(&bad).unwrap_err();
         let message = err.to_string();
         assert!(
             message.starts_with(&format!("{}: ", bad.display())),
@@ -622,7 +617,7 @@ metricsBindAddress: 0.0.0.0:9100
         assert!(message.contains("bogus"), "{message}");
 
         let missing = dir.join("missing.yaml");
-        let err = ProxierConfiguration::from_file(&missing).unwrap_err();
+        let err = ProxierConfiguration::load_any(&missing).unwrap_err();
         assert!(matches!(err, ConfigError::Read { .. }), "{err:?}");
         assert!(err.to_string().contains("missing.yaml"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -2,12 +2,16 @@
 //! cluster can move from kube-proxy's IPVS mode to kipvs with its `kube-proxy` ConfigMap
 //! unchanged (issue 3, "Migration").
 //!
-//! [`ProxierConfiguration::load_any`] reads either form:
-//! - a document with `kind` or `apiVersion` is a kube-proxy `KubeProxyConfiguration`
-//!   (`kubeproxy.config.k8s.io/v1alpha1`, the `config.conf` key of the ConfigMap kubeadm
-//!   writes; `staging/src/k8s.io/kube-proxy/config/v1alpha1/types.go`);
-//! - anything else is a kipvs [`ProxierConfiguration`] ([`ProxierConfiguration::from_yaml_str`],
-//!   strict: unknown fields are errors).
+//! [`ProxierConfiguration::load_any`] reads, by the document's `apiVersion` and `kind` (the way
+//! every Kubernetes component configuration file is told apart):
+//! - `apiVersion: kipvs.io/v1alpha1`, `kind: ProxierConfiguration` (the documented form), or
+//!   neither field: a kipvs [`ProxierConfiguration`] ([`ProxierConfiguration::from_yaml_str`],
+//!   strict: unknown fields are errors); one of the two without the other, or another version
+//!   of it, is an error naming the expected pair;
+//! - `kind: KubeProxyConfiguration` (`apiVersion: kubeproxy.config.k8s.io/v1alpha1`, the
+//!   `config.conf` key of the ConfigMap kubeadm writes;
+//!   `staging/src/k8s.io/kube-proxy/config/v1alpha1/types.go`): converted as below;
+//! - any other `kind` is an error naming both supported kinds.
 //!
 //! What a `KubeProxyConfiguration` gives kipvs:
 //!
@@ -29,7 +33,7 @@
 //! returned warnings, so that the caller can log what kipvs does not do. kubeadm writes every
 //! field, mostly with zero values, so its default file gives only a few warnings.
 
-use crate::config::{ConfigError, IpvsConfiguration, ProxierConfiguration};
+use crate::config::{self, ConfigError, IpvsConfiguration, ProxierConfiguration};
 use crate::duration;
 use crate::gates::Gate;
 use serde::Deserialize;
@@ -83,7 +87,6 @@ const IGNORED_FIELDS: [&str; 18] = [
 #[serde(rename_all = "camelCase", default)]
 struct KubeProxyConfiguration {
     api_version: Option<String>,
-    kind: Option<String>,
     mode: Option<String>,
     bind_address: Option<String>,
     feature_gates: Option<BTreeMap<String, bool>>,
@@ -137,24 +140,66 @@ impl ProxierConfiguration {
         })
     }
 
-    /// Parses a kipvs `ProxierConfiguration` or a kube-proxy `KubeProxyConfiguration` (a
-    /// document with `kind` or `apiVersion`), and validates the result.
+    /// Parses a kipvs `ProxierConfiguration` (with the header `apiVersion: kipvs.io/v1alpha1`,
+    /// `kind: ProxierConfiguration`, or without both) or a kube-proxy `KubeProxyConfiguration`,
+    /// told apart by `kind` (see the [module](self) docs), and validates the result.
     ///
     /// # Errors
     /// [`ConfigError::Yaml`] for malformed YAML or a field of the wrong type;
-    /// [`ConfigError::Invalid`] for another `kind`/`apiVersion`, a `mode` other than `ipvs`
-    /// or `""`, or a bad duration; the errors of [`validate`](Self::validate) otherwise (a
-    /// kipvs file is read by [`from_yaml_str`](Self::from_yaml_str)).
+    /// [`ConfigError::Invalid`] for an unsupported `kind`/`apiVersion` (naming the expected
+    /// ones), a `mode` other than `ipvs` or `""`, or a bad duration; the errors of
+    /// [`validate`](Self::validate) otherwise.
     pub fn from_any_yaml_str(text: &str) -> Result<(Self, Vec<String>), ConfigError> {
         let document: Option<Value> =
             serde_saphyr::from_str(text).map_err(|e| ConfigError::Yaml(e.to_string()))?;
-        match document {
-            Some(Value::Object(object))
-                if object.contains_key("kind") || object.contains_key("apiVersion") =>
-            {
+        let Some(Value::Object(mut object)) = document else {
+            return Ok((Self::from_yaml_str(text)?, Vec::new()));
+        };
+        let field = |object: &Map<String, Value>, name: &str| match object.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(invalid(name, format!("{other} is not a string"))),
+        };
+        let kind = field(&object, "kind")?;
+        let api_version = field(&object, "apiVersion")?;
+        match kind.as_deref() {
+            Some(KIND) => {
+                object.remove("kind"); // checked here; not an ignored field
                 from_kube_proxy(Value::Object(object))
             }
-            _ => Ok((Self::from_yaml_str(text)?, Vec::new())),
+            None | Some(config::KIND) => {
+                if (kind.is_some() || api_version.is_some())
+                    && (kind.as_deref(), api_version.as_deref())
+                        != (Some(config::KIND), Some(config::API_VERSION))
+                {
+                    return Err(invalid(
+                        "kind",
+                        format!(
+                            "{:?} with apiVersion {:?} is not supported: expected kind {} with \
+                             apiVersion {} (or neither, for a kipvs file), or kind {KIND} \
+                             ({API_VERSION})",
+                            kind.unwrap_or_default(),
+                            api_version.unwrap_or_default(),
+                            config::KIND,
+                            config::API_VERSION,
+                        ),
+                    ));
+                }
+                object.remove("kind");
+                object.remove("apiVersion");
+                let config: ProxierConfiguration = serde_json::from_value(Value::Object(object))
+                    .map_err(|e| ConfigError::Yaml(e.to_string()))?;
+                config.validate()?;
+                Ok((config, Vec::new()))
+            }
+            Some(other) => Err(invalid(
+                "kind",
+                format!(
+                    "{other:?} is not supported: expected {} ({}) or {KIND} ({API_VERSION})",
+                    config::KIND,
+                    config::API_VERSION
+                ),
+            )),
         }
     }
 }
@@ -163,17 +208,7 @@ impl ProxierConfiguration {
 fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>), ConfigError> {
     let mut file: KubeProxyConfiguration =
         serde_json::from_value(document).map_err(|e| ConfigError::Yaml(format!("{KIND}: {e}")))?;
-    let kind = file.kind.as_deref().unwrap_or_default();
     let api_version = file.api_version.as_deref().unwrap_or_default();
-    if kind != KIND {
-        return Err(invalid(
-            "kind",
-            format!(
-                "{kind:?} is not supported: expected {KIND} ({API_VERSION}), or a kipvs \
-                 ProxierConfiguration without kind and apiVersion"
-            ),
-        ));
-    }
     if api_version != API_VERSION {
         return Err(invalid(
             "apiVersion",
@@ -566,14 +601,46 @@ winkernel:
             ),
             (
                 "apiVersion: v1\nkind: ConfigMap\ndata: {}\n",
-                "kind: \"ConfigMap\" is not supported: expected KubeProxyConfiguration \
-                 (kubeproxy.config.k8s.io/v1alpha1), or a kipvs ProxierConfiguration without \
-                 kind and apiVersion",
+                "kind: \"ConfigMap\" is not supported: expected ProxierConfiguration \
+                 (kipvs.io/v1alpha1) or KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1)",
             ),
+            (
+                "apiVersion: kipvs.io/v1beta1\nkind: ProxierConfiguration\n",
+                "kind: \"ProxierConfiguration\" with apiVersion \"kipvs.io/v1beta1\" is not \
+                 supported: expected kind ProxierConfiguration with apiVersion kipvs.io/v1alpha1 \
+                 (or neither, for a kipvs file), or kind KubeProxyConfiguration \
+                 (kubeproxy.config.k8s.io/v1alpha1)",
+            ),
+            (
+                "apiVersion: kipvs.io/v1alpha1\n",
+                "kind: \"\" with apiVersion \"kipvs.io/v1alpha1\" is not supported: expected \
+                 kind ProxierConfiguration with apiVersion kipvs.io/v1alpha1 (or neither, for a \
+                 kipvs file), or kind KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1)",
+            ),
+            ("kind: 7\n", "kind: 7 is not a string"),
         ] {
             let err = ProxierConfiguration::from_any_yaml_str(text).unwrap_err();
             assert_eq!(err.to_string(), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn kipvs_file_with_and_without_header() {
+        let body = "ipvs:\n  scheduler: wrr\n";
+        let (headerless, warnings) = ProxierConfiguration::from_any_yaml_str(body).unwrap();
+        assert!(warnings.is_empty());
+        assert_eq!(headerless.ipvs.scheduler, "wrr");
+        let versioned =
+            format!("apiVersion: kipvs.io/v1alpha1\nkind: ProxierConfiguration\n{body}");
+        let (config, warnings) = ProxierConfiguration::from_any_yaml_str(&versioned).unwrap();
+        assert!(warnings.is_empty());
+        assert_eq!(config, headerless);
+        // the header does not relax the strict field check
+        let err =
+            ProxierConfiguration::from_any_yaml_str(&format!("{versioned}bogus: 1\n")).unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+        // and is not part of the embedded form (NodeProxyConfig / ProxyConfig spec.config)
+        assert!(ProxierConfiguration::from_yaml_str(&versioned).is_err());
     }
 
     #[test]

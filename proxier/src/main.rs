@@ -40,7 +40,8 @@ struct SourceArgs {
     /// Nodes. Without it, `run` watches the Kubernetes API.
     #[arg(long)]
     manifests: Option<PathBuf>,
-    /// ProxierConfiguration file (kube-proxy field names), or kube-proxy's own
+    /// Configuration file: `apiVersion: kipvs.io/v1alpha1`, `kind: ProxierConfiguration`
+    /// (kube-proxy field names; the header may be left out), or kube-proxy's own
     /// KubeProxyConfiguration (its ConfigMap's config.conf). Defaults apply without it.
     #[arg(long)]
     config: Option<PathBuf>,

@@ -105,7 +105,7 @@ fn run_case(dir: &Path) -> Outcome {
     let (snapshot, manifest_errors) = manifests::load(&input_path).unwrap();
     let config_path = dir.join("config.yaml");
     let config = if config_path.exists() {
-        ProxierConfiguration::from_file(&config_path).unwrap()
+        ProxierConfiguration::load_any(&config_path).unwrap().0
     } else {
         ProxierConfiguration::default()
     };

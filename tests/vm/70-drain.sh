@@ -7,7 +7,7 @@
 . /payload/tests/lib.sh
 . /payload/tests/topology.sh
 proxier_stop
-printf 'ipvs:\n  tcpFinTimeout: 5s\n  udpTimeout: 5s\n' > "$W/drain-config.yaml"
+printf 'apiVersion: kipvs.io/v1alpha1\nkind: ProxierConfiguration\nipvs:\n  tcpFinTimeout: 5s\n  udpTimeout: 5s\n' > "$W/drain-config.yaml"
 KIPVS_CONFIG=$W/drain-config.yaml proxier_start
 wait_converged 30 >/dev/null || bad "not converged at start"
 cp "$M/web.yaml" "$W/web.yaml.orig"; cp "$M/kube-dns.yaml" "$W/kube-dns.yaml.orig"
