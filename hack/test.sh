@@ -37,6 +37,8 @@ if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
   if [ "${KIPVS_SKIP_VM:-0}" != 1 ] && [ "${KIPVS_E2E:-0}" = 1 ]; then
     step "end to end: the proxier in the VM against the real kube-apiserver (hack/test-e2e.sh)"
     hack/test-e2e.sh
+  else
+    step "end to end (hack/test-e2e.sh) not run: KIPVS_E2E=1 runs it"
   fi
 fi
 echo "all tests passed in $(( $(date +%s) - t0 ))s"
