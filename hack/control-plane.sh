@@ -1,19 +1,35 @@
 #!/bin/bash
-# A real Kubernetes control plane for tests: kube-apiserver v1.20.2, built once from Debian bookworm's
-# `kubernetes` source package (the full tree with vendor/), and Debian's etcd 3.4, both on loopback only.
+# A real Kubernetes control plane for tests, on loopback only: kube-apiserver + Debian's etcd 3.4.
+#   - kube-apiserver v1.24.0-alpha.1 when the Kubernetes source tarball is there ($KIPVS_K8S_SRC, default
+#     ../shared/k8s next to the repository, or next to the main worktree of a `git worktree`; see its README):
+#     built once from it (cache keyed by the tarball's sha256), run with the feature gates
+#     CustomResourceValidationExpressions (CRD x-kubernetes-validations, CEL), TopologyAwareHints
+#     (EndpointSlice hints) and MixedProtocolLBService (TCP and UDP on one LoadBalancer, for the end to end);
+#     it serves discovery.k8s.io/v1 EndpointSlices and dual-stack Services (fd00:10:96::/112);
+#   - otherwise kube-apiserver v1.20.2, built once from Debian bookworm's `kubernetes` source package: no v1
+#     EndpointSlices and no CEL, so the suites skip (and name) the checks that need 1.24.
 #
-# usage: hack/control-plane.sh build            build (or find cached) $CPCACHE/bin/{kube-apiserver,etcd}
+# usage: hack/control-plane.sh build            build (or find cached) kube-apiserver and etcd
+#        hack/control-plane.sh version          print the minor version `start` runs: 1.24 or 1.20
 #        hack/control-plane.sh start STATE_DIR  build if needed, start etcd + apiserver, wait for /readyz,
 #                                               write STATE_DIR/kubeconfig (token user in system:masters)
+#                                               and STATE_DIR/version (as `version` prints)
 #        hack/control-plane.sh stop STATE_DIR   stop what `start` started (by the pids it recorded)
-# env:   CPCACHE (~/.cache/kipvs-cp), CP_PORT (apiserver, 16443), CP_ETCD_PORT (client, 23790; peer = +10)
+#        hack/control-plane.sh stop-apiserver|start-apiserver STATE_DIR
+#                                               only the apiserver (an outage; etcd and its data stay)
+# env:   CPCACHE (~/.cache/kipvs-cp), CP_PORT (apiserver, 16443), CP_ETCD_PORT (client, 23790; peer = +10),
+#        KIPVS_K8S_SRC (directory holding kubernetes-*.tar.xz), KIPVS_K8S_VERSION=1.20 (use the Debian 1.20
+#        build even when the 1.24 source is there)
 #
-# Everything comes from Debian's archive through apt, without changing the machine: the Go 1.19 toolchain and
-# rsync (which kubernetes' Makefile needs) are `apt-get download`ed and unpacked with `dpkg -x` into the cache;
-# `apt-get source` runs against a private sources list + package lists in the cache (no deb-src line is added
-# to /etc/apt). The cold build takes ~6 min of CPU and leaves only the two binaries (~120 MB) plus a stamp.
+# Everything else comes from Debian's archive through apt, without changing the machine: the Go 1.19 toolchain
+# and rsync (which kubernetes' Makefile needs) are `apt-get download`ed and unpacked with `dpkg -x` into the
+# cache. A cold build takes ~6.5 min of CPU on 2 cores and leaves only the two binaries plus a stamp.
 #
-# Why these steps (found by ../shared/reference/test-infrastructure.md, "Task 2"):
+# 1.24 (../shared/k8s/README.md): `make WHAT=cmd/kube-apiserver GOFLAGS=-tags=providerless` (the tarball leaves
+# out the legacy cloud providers' generated clients), KUBE_GIT_COMMIT set (not a git work tree), no patch.
+#
+# 1.20: `apt-get source` runs against a private sources list + package lists in the cache (no deb-src line is
+# added to /etc/apt). Why these steps (found by ../shared/reference/test-infrastructure.md, "Task 2"):
 # - the vendored github.com/modern-go/reflect2 v1.0.1 built with Go >= 1.18 crashes the apiserver on the first
 #   custom resource create (`fatal error: fault ... mapiternext`): it is replaced by Debian's reflect2 1.0.2;
 # - json-iterator 1.1.10 is replaced by Debian's 1.1.12 too, the release made for reflect2 1.0.2;
@@ -25,23 +41,117 @@
 # - `go build -mod=vendor` fails on this tree (`updates to go.mod needed`): the Makefile is the way in;
 # - 1.20 rejects `--insecure-port` other than 0, so tests use the secure port with a static token.
 set -euo pipefail
-. "$(dirname "$0")/lib/host-tools.sh" && host_tools # curl, openssl (a fresh machine may lack them)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/hack/lib/host-tools.sh" && host_tools # curl, openssl (a fresh machine may lack them)
 CPCACHE=${CPCACHE:-$HOME/.cache/kipvs-cp}
 CP_PORT=${CP_PORT:-16443}
 CP_ETCD_PORT=${CP_ETCD_PORT:-23790}
-FORMAT=3 # bump when the build steps below change what ends up in $CPCACHE/bin
-STAMP=$CPCACHE/stamp
-BIN=$CPCACHE/bin
+FORMAT=3 # bump when the 1.20 build steps below change what ends up in $CPCACHE/bin
+FORMAT_124=1 # the same for the 1.24 build
 export DEBIAN_FRONTEND=noninteractive
 
 log() { printf 'control-plane: %s\n' "$*" >&2; }
 quiet_apt() { grep -v -e unsandboxed -e 'pkgAcquire::Run' >&2 || true; }
 
-build() {
-  if [ -f "$STAMP" ] && head -n1 "$STAMP" | grep -qx "format=$FORMAT" &&
-     [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ]; then
-    return 0
+# The Kubernetes 1.24 source tarball, if any: $KIPVS_K8S_SRC, or shared/k8s next to this checkout, or next to
+# the main checkout when this is a `git worktree` (prints nothing when there is none).
+k8s_tarball() {
+  local d dirs=()
+  if [ -n "${KIPVS_K8S_SRC:-}" ]; then
+    dirs=("$KIPVS_K8S_SRC")
+  else
+    dirs=("$ROOT/../shared/k8s")
+    local common
+    common=$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
+    [ -n "$common" ] && dirs+=("$(dirname "$common")/../shared/k8s")
   fi
+  for d in "${dirs[@]}"; do
+    compgen -G "$d/kubernetes-*.tar.xz" > /dev/null && { ls "$d"/kubernetes-*.tar.xz | head -n1; return; }
+  done
+  return 0
+}
+
+# Which apiserver `start` runs (1.24 or 1.20), and where its binaries and stamp are: sets VERSION, TARBALL,
+# BIN, STAMP.
+select_version() {
+  TARBALL=""
+  if [ "${KIPVS_K8S_VERSION:-}" != 1.20 ]; then TARBALL=$(k8s_tarball); fi
+  if [ -n "$TARBALL" ]; then
+    VERSION=1.24
+    local sum
+    sum=$(sha256sum "$TARBALL" | cut -c1-16)
+    BIN=$CPCACHE/k8s-$sum/bin
+    STAMP=$CPCACHE/k8s-$sum/stamp
+  else
+    VERSION=1.20
+    BIN=$CPCACHE/bin
+    STAMP=$CPCACHE/stamp
+  fi
+}
+
+# fetch_tools W: Go 1.19, rsync (through a wrapper, so nothing else sees its LD_LIBRARY_PATH) and etcd from
+# Debian's archive, unpacked under W/tools; etcd copied to W/bin.
+fetch_tools() {
+  local W=$1 d
+  (cd "$W" && apt-get download -qq etcd-server golang-1.19-go golang-1.19-src rsync libpopt0 2>&1 | quiet_apt)
+  for d in golang-1.19-go golang-1.19-src rsync libpopt0; do dpkg -x "$W/$d"_*.deb "$W/tools"; done
+  mkdir -p "$W/tools/bin" "$W/etcdx"
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$W/tools/usr/lib/x86_64-linux-gnu:$W/tools/lib/x86_64-linux-gnu" \
+    "$W/tools/usr/bin/rsync" > "$W/tools/bin/rsync"
+  chmod +x "$W/tools/bin/rsync"
+  dpkg -x "$W"/etcd-server_*.deb "$W/etcdx" && cp "$W/etcdx/usr/bin/etcd" "$W/bin/"
+}
+
+# make_apiserver W K ENV...: kubernetes' Makefile in K with the fetched Go, output in W/bin/kube-apiserver.
+make_apiserver() {
+  local W=$1 K=$2; shift 2
+  log "building kube-apiserver (several minutes; log: $W/build.log)"
+  (cd "$K" && env PATH="$W/tools/bin:$W/tools/usr/lib/go-1.19/bin:$PATH" GOROOT="$W/tools/usr/lib/go-1.19" \
+    GOPROXY=off CGO_ENABLED=0 GOTOOLCHAIN=local GOCACHE="$W/gocache" KUBE_GIT_TREE_STATE=clean \
+    KUBE_BUILD_PLATFORMS=linux/amd64 "$@" >"$W/build.log" 2>&1) ||
+    { tail -n 40 "$W/build.log" >&2; log "build failed (log: $W/build.log)"; exit 1; }
+  cp "$K/_output/bin/kube-apiserver" "$W/bin/"
+}
+
+# install_bins W T0 FORMAT: W/bin becomes $BIN, with its stamp; the work directory goes.
+install_bins() {
+  local W=$1 t0=$2
+  rm -rf "$BIN" && mkdir -p "$(dirname "$BIN")" && mv "$W/bin" "$BIN"
+  { echo "format=$3"; "$BIN/kube-apiserver" --version; "$BIN/etcd" --version | head -n1; } > "$STAMP"
+  cd "$CPCACHE" && rm -rf "$W"
+  log "built in $(( $(date +%s) - t0 ))s: $(sed -n 2p "$STAMP")"
+}
+
+built() { # built FORMAT: the cached binaries are there and were built by these steps
+  [ -f "$STAMP" ] && head -n1 "$STAMP" | grep -qx "format=$1" && [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ]
+}
+
+build() {
+  select_version
+  if [ "$VERSION" = 1.24 ]; then build_124; else build_120; fi
+}
+
+build_124() {
+  built "$FORMAT_124" && return 0
+  local t0 W K
+  t0=$(date +%s)
+  W=$(dirname "$BIN")/work
+  log "kube-apiserver 1.24 from $TARBALL (cached in $(dirname "$BIN"))"
+  rm -rf "$W" && mkdir -p "$W/tools" "$W/bin" "$W/src"
+  chmod 777 "$W" # apt's download sandbox user (_apt) writes here
+  fetch_tools "$W"
+  log "unpacking the kubernetes source"
+  tar -xJf "$TARBALL" -C "$W/src"
+  K=$W/src
+  [ -f "$K/Makefile" ] || K=$(dirname "$(find "$W/src" -maxdepth 2 -name Makefile | head -n1)")
+  make_apiserver "$W" "$K" KUBE_GIT_COMMIT=ab451280a0ea817bd9d6b4f3c06204e3f9a37e75 \
+    KUBE_GIT_VERSION=v1.24.0-alpha.1+ab451280a0ea81 KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=24 \
+    make WHAT=cmd/kube-apiserver GOFLAGS=-tags=providerless
+  install_bins "$W" "$t0" "$FORMAT_124"
+}
+
+build_120() {
+  built "$FORMAT" && return 0
   local t0 W src
   t0=$(date +%s)
   W=$CPCACHE/work
@@ -64,15 +174,8 @@ build() {
   # (apt warns that root downloads unsandboxed into the cache; that warning is filtered, failures are not)
   apt-get "${APTSRC[@]}" update -qq 2>&1 | quiet_apt
   apt-get "${APTSRC[@]}" source -qq --download-only kubernetes 2>&1 | quiet_apt
-  apt-get download -qq etcd-server golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev \
-    golang-1.19-go golang-1.19-src rsync libpopt0 2>&1 | quiet_apt
-  for d in golang-1.19-go golang-1.19-src rsync libpopt0; do dpkg -x "$d"_*.deb "$W/tools"; done
-  # rsync and its libpopt from the cache, through a wrapper so nothing else sees LD_LIBRARY_PATH
-  mkdir -p "$W/tools/bin"
-  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$W/tools/usr/lib/x86_64-linux-gnu:$W/tools/lib/x86_64-linux-gnu" \
-    "$W/tools/usr/bin/rsync" > "$W/tools/bin/rsync"
-  chmod +x "$W/tools/bin/rsync"
-  mkdir -p etcdx && dpkg -x etcd-server_*.deb etcdx && cp etcdx/usr/bin/etcd "$W/bin/"
+  apt-get download -qq golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev 2>&1 | quiet_apt
+  fetch_tools "$W"
   log "unpacking kubernetes source"
   tar xzf kubernetes_*.orig.tar.gz
   local K
@@ -92,17 +195,9 @@ build() {
   [ -n "$patched" ] || { log "build: go-openapi's zero-value check not found; the patch needs updating"; exit 1; }
   for f in $patched; do sed -i "s/data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data))/data == nil/" "$f"; done
   log "patched the null check in: ${patched//$K\//}"
-  log "building kube-apiserver (several minutes)"
-  (cd "$K" && env PATH="$W/tools/bin:$W/tools/usr/lib/go-1.19/bin:$PATH" GOROOT="$W/tools/usr/lib/go-1.19" \
-    GOPROXY=off GOFLAGS= CGO_ENABLED=0 GOCACHE="$W/gocache" \
-    KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20 \
-    KUBE_BUILD_PLATFORMS=linux/amd64 make WHAT=cmd/kube-apiserver >"$W/build.log" 2>&1) ||
-    { tail -n 40 "$W/build.log" >&2; log "build failed (log: $W/build.log)"; exit 1; }
-  cp "$K/_output/bin/kube-apiserver" "$W/bin/"
-  rm -rf "$BIN" && mv "$W/bin" "$BIN"
-  { echo "format=$FORMAT"; "$BIN/kube-apiserver" --version; "$BIN/etcd" --version | head -n1; } > "$STAMP"
-  cd "$CPCACHE" && rm -rf "$W"
-  log "built in $(( $(date +%s) - t0 ))s: $(sed -n 2p "$STAMP")"
+  make_apiserver "$W" "$K" GOFLAGS= KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20 \
+    make WHAT=cmd/kube-apiserver
+  install_bins "$W" "$t0" "$FORMAT"
 }
 
 start() {
@@ -127,12 +222,32 @@ start() {
     fi
     sleep 0.5
   done
+  apiserver "$S"
+  cat > "$S/kubeconfig" <<EOT
+apiVersion: v1
+kind: Config
+clusters: [{name: kipvs-cp, cluster: {server: "https://127.0.0.1:$CP_PORT", insecure-skip-tls-verify: true}}]
+users: [{name: admin, user: {token: kipvs-test-token}}]
+contexts: [{name: kipvs-cp, context: {cluster: kipvs-cp, user: admin, namespace: default}}]
+current-context: kipvs-cp
+EOT
+  echo "$VERSION" > "$S/version"
+}
+
+# apiserver STATE_DIR: start kube-apiserver on the etcd `start` started, wait for /readyz.
+apiserver() {
+  local S=$1 gates=() range=10.96.0.0/16
+  if [ "$VERSION" = 1.24 ]; then # dual-stack Services (GA in 1.23), CEL, EndpointSlice hints, TCP+UDP LoadBalancers
+    range=$range,fd00:10:96::/112
+    gates=(--feature-gates=CustomResourceValidationExpressions=true,TopologyAwareHints=true,MixedProtocolLBService=true)
+  fi
   "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$CP_ETCD_PORT" --bind-address=127.0.0.1 \
-    --secure-port="$CP_PORT" --cert-dir="$S/certs" --service-cluster-ip-range=10.96.0.0/16 \
+    --secure-port="$CP_PORT" --cert-dir="$S/certs" --service-cluster-ip-range=$range \
     --token-auth-file="$S/tokens.csv" --authorization-mode=RBAC \
     --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$S/sa.key" \
     --service-account-signing-key-file="$S/sa.key" --api-audiences=https://kubernetes.default.svc \
-    --enable-priority-and-fairness=false --disable-admission-plugins=ServiceAccount > "$S/apiserver.log" 2>&1 &
+    --enable-priority-and-fairness=false --disable-admission-plugins=ServiceAccount "${gates[@]}" \
+    >> "$S/apiserver.log" 2>&1 &
   echo $! > "$S/apiserver.pid"
   local i ok=""
   for i in $(seq 1 240); do
@@ -146,33 +261,34 @@ start() {
     tail -n 20 "$S/apiserver.log" >&2; tail -n 5 "$S/etcd.log" >&2
     stop "$S"; log "apiserver did not become ready"; exit 1
   fi
-  cat > "$S/kubeconfig" <<EOT
-apiVersion: v1
-kind: Config
-clusters: [{name: kipvs-cp, cluster: {server: "https://127.0.0.1:$CP_PORT", insecure-skip-tls-verify: true}}]
-users: [{name: admin, user: {token: kipvs-test-token}}]
-contexts: [{name: kipvs-cp, context: {cluster: kipvs-cp, user: admin, namespace: default}}]
-current-context: kipvs-cp
-EOT
-  log "ready after ~$((i / 2))s at https://127.0.0.1:$CP_PORT (kubeconfig: $S/kubeconfig)"
+  log "kube-apiserver $VERSION ready after ~$((i / 2))s at https://127.0.0.1:$CP_PORT (state: $S)"
+}
+
+# stop_pid FILE: stop the process FILE names (SIGTERM, SIGKILL after 5 s)
+stop_pid() {
+  local pid
+  [ -f "$1" ] || return 0
+  pid=$(cat "$1")
+  if kill "$pid" 2>/dev/null; then
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$1"
 }
 
 stop() {
-  local S=$1 f pid
-  for f in "$S/apiserver.pid" "$S/etcd.pid"; do
-    [ -f "$f" ] || continue
-    pid=$(cat "$f")
-    if kill "$pid" 2>/dev/null; then
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -9 "$pid" 2>/dev/null || true
-    fi
-    rm -f "$f"
-  done
+  stop_pid "$1/apiserver.pid"
+  stop_pid "$1/etcd.pid"
 }
 
 case "${1:-}" in
   build) build ;;
+  version) select_version; echo "$VERSION" ;;
   start) [ -n "${2:-}" ] || { echo "usage: $0 start STATE_DIR" >&2; exit 2; }; start "$2" ;;
   stop) [ -n "${2:-}" ] || { echo "usage: $0 stop STATE_DIR" >&2; exit 2; }; stop "$2" ;;
-  *) sed -n '2,11p' "$0" >&2; exit 2 ;;
+  stop-apiserver) [ -n "${2:-}" ] || { echo "usage: $0 stop-apiserver STATE_DIR" >&2; exit 2; }
+    stop_pid "$2/apiserver.pid" ;;
+  start-apiserver) [ -d "${2:-}" ] || { echo "usage: $0 start-apiserver STATE_DIR" >&2; exit 2; }
+    select_version; apiserver "$(realpath "$2")" ;;
+  *) sed -n '2,21p' "$0" >&2; exit 2 ;;
 esac

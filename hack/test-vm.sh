@@ -6,7 +6,8 @@
 # proxier and nft of the image.
 # Prints each guest test's result and the wall times; exits non-zero on any FAIL or missing result.
 #
-# usage: hack/test-vm.sh [--demo|--bench]   (--demo: what hack/demo.sh shows; --bench: hack/bench-vm.sh)
+# usage: hack/test-vm.sh [--demo|--bench|--e2e]   (--demo: what hack/demo.sh shows; --bench: hack/bench-vm.sh;
+#        --e2e: the guest half of hack/test-e2e.sh, which sets KIPVS_E2E_KUBECONFIG, KIPVS_TRAFFIC and VMNET)
 # env:   VMCACHE (~/.cache/kipvs-vm), VMTIMEOUT (s, 600), CARGO_TARGET_DIR; output in $target/vm/
 #        KIPVS_PROXIER: run this kipvs-proxier instead of the image's (nft still comes from the image)
 #        KIPVS_KERNEL_TEST: use this ipvs-rs kernel test executable instead of building it
@@ -15,7 +16,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VM=$ROOT/hack/vm
 MODE=test
-case "${1:-}" in --demo) MODE=demo ;; --bench) MODE=bench ;; esac
+case "${1:-}" in --demo) MODE=demo ;; --bench) MODE=bench ;; --e2e) MODE=e2e ;; esac
 export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 T0=$(date +%s%N)
@@ -73,6 +74,9 @@ else img_exec kipvs-proxier /usr/local/bin/kipvs-proxier; fi
 cp -r "$ROOT"/tests/vm/. "$P/tests/"
 for f in "$P"/tests/[0-9][0-9]-*.sh; do case $(basename "$f") in ${VM_TESTS:-*}) ;; *) rm "$f" ;; esac; done
 cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
+if [ "$MODE" = e2e ]; then
+  cp "${KIPVS_TRAFFIC:?}" "$P/bin/e2e_traffic"; cp "${KIPVS_E2E_KUBECONFIG:?}" "$P/tests/e2e/kubeconfig"
+fi
 if [ "$MODE" = bench ]; then
   mkdir -p "$P/manifests/bench"
   python3 "$ROOT/hack/gen-manifests.py" "${BENCH_SERVICES:-10000}" "${BENCH_ENDPOINTS:-2}" "$P/manifests/bench/cluster.json"
@@ -100,7 +104,8 @@ awk '$1 == "TIME" { t[$2] = $3; next } /^(PASS|FAIL|SKIP) / { n = $2; sub(":$", 
   END { for (i = 1; i <= k; i++) printf "  %s%s\n", r[i], (name[i] in t) ? "  [" t[name[i]] " s]" : "" }' "$OUT/console.log"
 if [ "$MODE" = test ]; then expected="topology"; for f in tests/vm/[0-9][0-9]-*.sh; do
     case $(basename "$f") in ${VM_TESTS:-*}) ;; *) continue ;; esac; n=$(basename "$f" .sh); expected="$expected ${n#[0-9][0-9]-}"; done
-elif [ "$MODE" = demo ]; then expected="topology demo"; else expected="bench"; fi
+elif [ "$MODE" = demo ]; then expected="topology demo"; elif [ "$MODE" = e2e ]; then expected="topology e2e"
+else expected="bench"; fi
 for n in $expected; do
   grep -qE "^(PASS|SKIP) $n\$|^(PASS|SKIP) $n:" "$OUT/console.log" && continue
   grep -qE "^FAIL $n:" "$OUT/console.log" || echo "  MISSING $n (no result line)"

@@ -2,9 +2,11 @@
 # The project's test command (README "Tests"; .ci/run calls it).
 # Layers, fastest first: formatting and lints, unit tests + golden vectors + plan vectors,
 # then the real-kernel VM suite (hack/test-vm.sh), then the real control plane
-# (kube-apiserver 1.20.2, built once from Debian's source and cached: hack/test-cluster.sh for the
-# proxier, hack/test-operator.sh for the CRDs and the rollout controller).
-# KIPVS_SKIP_VM=1 skips the VM suite, KIPVS_SKIP_CP=1 the control-plane suites.
+# (kube-apiserver 1.24 built once from ../shared/k8s, else 1.20.2 from Debian's source; cached:
+# hack/test-cluster.sh for the proxier, hack/test-operator.sh for the CRDs and the rollout controller),
+# then, with KIPVS_E2E=1, the end to end with the proxier in the VM against that apiserver
+# (hack/test-e2e.sh; 1.24 only; ~10 min).
+# KIPVS_SKIP_VM=1 skips the VM suite and the end to end, KIPVS_SKIP_CP=1 the control-plane suites and the end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Everything the layers below need on the host (nft, umoci, kubectl, base tools), fetched into
@@ -28,11 +30,17 @@ if [ "${KIPVS_SKIP_VM:-0}" != 1 ]; then
   hack/test-vm.sh
 fi
 if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
-  step "control plane: build or reuse kube-apiserver 1.20.2 (hack/control-plane.sh build)"
+  step "control plane: build or reuse kube-apiserver $(hack/control-plane.sh version) (hack/control-plane.sh build)"
   hack/control-plane.sh build
   step "proxier against the real kube-apiserver (hack/test-cluster.sh)"
   hack/test-cluster.sh
   step "operator against the real kube-apiserver (hack/test-operator.sh)"
   hack/test-operator.sh
+  if [ "${KIPVS_SKIP_VM:-0}" != 1 ] && [ "${KIPVS_E2E:-0}" = 1 ]; then
+    step "end to end: the proxier in the VM against the real kube-apiserver (hack/test-e2e.sh)"
+    hack/test-e2e.sh
+  else
+    step "end to end (hack/test-e2e.sh) not run: KIPVS_E2E=1 runs it"
+  fi
 fi
 echo "all tests passed in $(( $(date +%s) - t0 ))s"

@@ -73,12 +73,12 @@ all_applied() {
 # two polls of status.stage).
 follow_stages() {
   local deadline=$(( $(date +%s) + $1 )) seen="" stage progressing
+  local generation observed
   while [ "$(date +%s)" -lt "$deadline" ]; do
-    stage=$(pc '{.status.stage}')
+    # one read: fields read one by one can mix the previous rollout's end with the new generation
+    IFS='|' read -r generation observed stage progressing <<<"$(pc '{.metadata.generation}|{.status.observedGeneration}|{.status.stage}|{.status.conditions[?(@.type=="Progressing")].reason}')"
     [ -n "$stage" ] && [ "${seen##* }" != "$stage" ] && seen="$seen $stage"
-    progressing=$(reason Progressing)
-    if [ "$(pc '{.status.observedGeneration}')" = "$(pc '{.metadata.generation}')" ] &&
-       [ -z "$stage" ] && [[ "$progressing" =~ ^(RolloutComplete|RolledBack|Halted)$ ]]; then
+    if [ "$observed" = "$generation" ] && [ -z "$stage" ] && [[ "$progressing" =~ ^(RolloutComplete|RolledBack|Halted)$ ]]; then
       grep -o "stage [a-z0-9-]* started for revision $(pc '{.status.revision}')" "$OUT/operator-p.log" |
         awk '{print $2}' | paste -sd' '
       return 0

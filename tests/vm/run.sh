@@ -4,6 +4,7 @@
 #   test: build the example cluster's pods as netns, run every NN-*.sh in order (each prints one
 #         PASS/FAIL/SKIP line), exit 1 if any failed.
 #   demo: same set-up, then demo.sh prints the table, the addresses and the traffic results.
+#   e2e:  same set-up, then e2e/guest.sh: the proxier against the host's apiserver, driven by hack/test-e2e.sh.
 MODE=${1:-test}
 . /payload/tests/lib.sh
 # The proxier image's root filesystem (hack/test-vm.sh): kipvs-proxier and nft run chrooted in it
@@ -20,6 +21,7 @@ failed=0
 if topology_check; then echo "PASS topology"; else echo "FAIL topology: a backend does not answer directly"; failed=1; fi
 
 [ "$MODE" = demo ] && exec sh "$T/demo.sh"
+[ "$MODE" = e2e ] && exec sh "$T/e2e/guest.sh"
 
 for t in "$T"/[0-9][0-9]-*.sh; do
   echo "=== $(basename "$t") (uptime $(now))"; t0=$(now)

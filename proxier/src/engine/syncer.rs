@@ -201,7 +201,23 @@ impl<D: Dataplane> Syncer<D> {
         }
         let start = Instant::now();
         let mut scope = touched.clone();
-        let mut refresh = Vec::new();
+        // A touched virtual server that loses a real server is re-read first: whether that real
+        // server drains or goes depends on its connections, which the cache only knows as of its
+        // last observation (found by the end to end, hack/test-e2e.sh).
+        let cache = self.cache.as_ref().expect("checked");
+        let mut refresh: Vec<VirtualServerKey> = touched
+            .virtual_servers
+            .iter()
+            .filter(|key| {
+                let wanted = desired.virtual_servers.get(key).map(|vs| &vs.real_servers);
+                cache.virtual_servers.get(key).is_some_and(|vs| {
+                    vs.real_servers
+                        .keys()
+                        .any(|rs| !wanted.is_some_and(|w| w.contains_key(rs)))
+                })
+            })
+            .copied()
+            .collect();
         for (entry, backoff) in &self.in_doubt {
             let due = backoff.due <= start;
             entry.set_in(&mut scope, due);
@@ -209,6 +225,8 @@ impl<D: Dataplane> Syncer<D> {
                 refresh.push(*key);
             }
         }
+        refresh.sort_unstable();
+        refresh.dedup();
         if !refresh.is_empty() {
             self.refresh(&refresh).await?;
         }
@@ -578,6 +596,31 @@ mod tests {
         let report = syncer.sync_touched(&state(&[]), &touched).await.unwrap();
         assert_eq!(report.conntrack.deleted, 1);
         assert_eq!(syncer.dataplane.conntrack, [foreign].into());
+    }
+
+    /// Found by the end to end (hack/test-e2e.sh): a connection opened after the cache was
+    /// taken must still make the incremental sync drain the real server, not delete it.
+    #[tokio::test]
+    async fn incremental_removal_drains_a_real_server_whose_connections_came_after_the_cache() {
+        let both = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
+        let one = state(&["10.244.1.3:8080"]);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        syncer.sync(&both).await.unwrap();
+        set_connections(&mut syncer, "10.244.1.2:8080", 1);
+        let touched = Scope {
+            virtual_servers: [key(80)].into(),
+            ..Default::default()
+        };
+        let report = syncer.sync_touched(&one, &touched).await.unwrap();
+        assert_eq!(
+            report.ops,
+            [Op::UpdateRealServer {
+                vs: key(80),
+                rs: "10.244.1.2:8080".parse().unwrap(),
+                weight: 0
+            }]
+        );
+        assert_eq!(syncer.drains().len(), 1);
     }
 
     #[tokio::test]

@@ -1,0 +1,346 @@
+#!/usr/bin/env bash
+# The true end to end: kube-apiserver 1.24 + etcd on this machine's loopback (hack/control-plane.sh), the
+# proxier in the VM (hack/test-vm.sh --e2e: real kernel IPVS + nftables) running `kipvs-proxier run
+# --kubeconfig` against that apiserver through QEMU's user-mode network (the guest routes only 10.0.2.2/32,
+# which QEMU maps to this machine's loopback), and kipvs-operator here. This script drives it with kubectl
+# (and curl for the timed EndpointSlice writes) and asks the guest's agent (tests/vm/e2e/agent.sh, through a
+# forwarded loopback port) to start pods, the proxier and the load, and to report the kernel's table.
+#
+#   1. a LoadBalancer Service (ClusterIP, NodePort, load-balancer VIP; TCP and UDP) whose v1 EndpointSlice
+#      lists three backend pods (network namespaces in the VM): real requests through each address;
+#   2. under load from the VM's client netns (25 new TCP connections/s, 5 UDP queries/s, 4 long-lived TCP
+#      connections sending a line every 200 ms; tests/vm/e2e + proxier/examples/e2e_traffic.rs), phases:
+#      - rolling update, twice: every backend replaced the Deployment way (new endpoint ready -> old one
+#        serving+terminating -> old one removed, one pod at a time); old pods keep running, as in their
+#        termination grace period, so a broken connection is the proxier's doing;
+#      - proxier restart (SIGTERM, start again);
+#      - a gate flip through the operator (ProxyConfig -> the VM node's NodeProxyConfig -> the proxier):
+#        ProxyTerminatingEndpoints off (a terminating real server of another Service leaves the kernel),
+#        then on again (it comes back at weight 0);
+#      - apiserver outage: stopped 30 s (the table must not change), started again (the proxier resumes:
+#        a new endpoint reaches the kernel);
+#      each phase prints requests sent / failed and long-lived connections broken (target 0: any failure
+#      fails the test);
+#   3. latency from an EndpointSlice write (the apiserver's answer) to the kernel table in the VM changing,
+#      p50/p99 over E2E_SAMPLES (40) changes, with the guest's clock mapped to this one (offset from the
+#      fastest of 10 round trips; the guest polls ipvsadm, so each figure is rounded up to one poll).
+# Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
+#
+# usage: hack/test-e2e.sh
+# env:   CP_PORT/CP_ETCD_PORT (46443/53790), E2E_AGENT_PORT (host loopback port forwarded to the agent, 47000),
+#        E2E_SAMPLES (40), KEEP=1 (keep the state dir), VMCACHE, CPCACHE
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+. hack/lib/host-tools.sh && host_tools # kubectl, curl, nft (for the VM image), ...
+export RUST_BACKTRACE=0
+export CP_PORT=${CP_PORT:-46443} CP_ETCD_PORT=${CP_ETCD_PORT:-53790}
+AGENT_PORT=${E2E_AGENT_PORT:-47000}
+SAMPLES=${E2E_SAMPLES:-40}
+say() { printf 'e2e: %s\n' "$*"; }
+K8S=$(hack/control-plane.sh version)
+if [ "$K8S" != 1.24 ]; then
+  say "SKIPPED on kube-apiserver $K8S (needs 1.24: discovery.k8s.io/v1 EndpointSlices): the in-VM end to end" \
+    "(proxier in the VM against the apiserver, rolling updates under load, proxier restart, gate flip," \
+    "apiserver outage, EndpointSlice-to-kernel latency)"
+  exit 0
+fi
+T0=$(date +%s)
+pass=0 fail=0
+ok() { pass=$((pass + 1)); say "ok   $*"; }
+bad() { fail=$((fail + 1)); say "FAIL $*"; }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+now() { date +%s.%N; }
+
+. hack/lib/executables.sh
+built=$(executables kipvs-proxier kipvs-operator e2e_traffic)
+bin() { awk -v n="$1" '$1 == n {p = $2} END {print p}' <<<"$built"; }
+PROXIER=$(bin kipvs-proxier) OPERATOR=$(bin kipvs-operator) TRAFFIC=$(bin e2e_traffic)
+[ -x "$PROXIER" ] && [ -x "$OPERATOR" ] && [ -x "$TRAFFIC" ] || { say "build produced no executables"; exit 1; }
+
+STATE=$(mktemp -d /tmp/kipvs-e2e.XXXXXX)
+vm_pid="" operator_pid=""
+cleanup() {
+  [ -z "$operator_pid" ] || kill "$operator_pid" 2>/dev/null || true
+  if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then
+    agent finish 1 > /dev/null 2>&1 || true
+    sleep 5; kill "$vm_pid" 2>/dev/null || true
+  fi
+  hack/control-plane.sh stop "$STATE" || true
+  if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
+}
+trap cleanup EXIT
+hack/control-plane.sh start "$STATE"
+KC=$STATE/kubeconfig
+k() { kubectl --kubeconfig "$KC" "$@"; }
+# The guest's kubeconfig: the host's loopback as QEMU shows it, and the apiserver's self-signed certificate as
+# the CA (the guest has no CA bundle, and kube's rustls client loads one unless the kubeconfig names a CA; the
+# certificate does not name 10.0.2.2, so verification stays off as on the host).
+sed -e "s#https://127.0.0.1:$CP_PORT#https://10.0.2.2:$CP_PORT#" \
+  -e "s#insecure-skip-tls-verify: true#insecure-skip-tls-verify: true, certificate-authority-data: $(base64 -w0 "$STATE/certs/apiserver.crt")#" \
+  "$KC" > "$STATE/guest-kubeconfig"
+
+# ---- the guest agent ------------------------------------------------------------------------------------
+# agent CMD ARGS...: prints the answer without its AGENT-RC line; fails when the command did
+agent() {
+  local out
+  out=$(curl -s -m "${AGENT_TIMEOUT:-60}" "http://127.0.0.1:$AGENT_PORT/cgi-bin/agent?$(tr ' ' '+' <<<"$*")") || return 1
+  sed '$d' <<<"$out"
+  [ "$(tail -n1 <<<"$out")" = AGENT-RC=0 ]
+}
+must() { # must CMD ARGS...: an agent command the run cannot go on without
+  local out
+  out=$(agent "$@") || { say "agent $*: failed: $out"; exit 1; }
+}
+
+# ---- API writes: server-side apply through curl, so that the write's own time is known ----------------
+api_apply() { # PATH < JSON: prints nothing; fails unless 200/201
+  local code
+  code=$(curl -sk -m 10 -o "$STATE/api.out" -w '%{http_code}' -X PATCH -H 'Authorization: Bearer kipvs-test-token' \
+    -H 'Content-Type: application/apply-patch+yaml' --data-binary @- \
+    "https://127.0.0.1:$CP_PORT$1?fieldManager=kipvs-e2e&force=true")
+  [ "$code" = 200 ] || [ "$code" = 201 ] || { say "apply $1: HTTP $code $(head -c 300 "$STATE/api.out")"; return 1; }
+}
+# slice NAME SERVICE ENDPOINT...: the EndpointSlice NAME of SERVICE with these endpoints (IP:ready or
+# IP:terminating, i.e. serving+terminating), ports http/TCP and udp/UDP 8080
+slice() {
+  local eps="" e c
+  for e in "${@:3}"; do
+    case ${e#*:} in
+      ready) c='"ready":true,"serving":true,"terminating":false' ;;
+      terminating) c='"ready":false,"serving":true,"terminating":true' ;;
+    esac
+    eps="$eps${eps:+,}{\"addresses\":[\"${e%%:*}\"],\"conditions\":{$c},\"nodeName\":\"test-node\"}"
+  done
+  printf '{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"%s","namespace":"default",
+"labels":{"kubernetes.io/service-name":"%s"}},"addressType":"IPv4","ports":[{"name":"http","port":8080,"protocol":"TCP"},
+{"name":"udp","port":8080,"protocol":"UDP"}],"endpoints":[%s]}' "$1" "$2" "$eps" |
+    api_apply "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/$1"
+}
+
+# ---- objects: the VM's Node, the Services ---------------------------------------------------------------
+k apply --validate=false -k config/crd > /dev/null
+k apply -f config/operator/namespace.yaml > /dev/null
+k apply -f - > /dev/null <<'EOF'
+apiVersion: v1
+kind: Node
+metadata:
+  name: test-node
+  labels: {kubernetes.io/hostname: test-node, kubernetes.io/os: linux, topology.kubernetes.io/zone: zone-a}
+status:
+  addresses: [{type: InternalIP, address: 192.168.100.1}, {type: Hostname, address: test-node}]
+  conditions: [{type: Ready, status: "True", reason: KubeletReady, message: the VM}]
+---
+# web: what the load goes through (ClusterIP, NodePort, load-balancer VIP; TCP and UDP)
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.80
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}
+  - {name: udp, port: 80, protocol: UDP, targetPort: 8080, nodePort: 30081}
+---
+# lat: the latency samples add and remove one endpoint here
+apiVersion: v1
+kind: Service
+metadata: {name: lat, namespace: default}
+spec:
+  clusterIP: 10.96.0.81
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}, {name: udp, port: 80, protocol: UDP, targetPort: 8080}]
+---
+# term: one ready and one serving+terminating endpoint, for the ProxyTerminatingEndpoints gate flip
+apiVersion: v1
+kind: Service
+metadata: {name: term, namespace: default}
+spec:
+  clusterIP: 10.96.0.82
+  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}, {name: udp, port: 80, protocol: UDP, targetPort: 8080}]
+EOF
+[ "$(k get node test-node -o jsonpath='{.status.addresses[0].address}')" = 192.168.100.1 ] ||
+  k patch node test-node --subresource=status --type=merge \
+    -p '{"status":{"addresses":[{"type":"InternalIP","address":"192.168.100.1"}],"conditions":[{"type":"Ready","status":"True"}]}}' > /dev/null
+VIP=203.0.113.80
+k patch service web --subresource=status --type=merge -p "{\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"$VIP\"}]}}}" > /dev/null
+gen() { echo "10.244.1.$((100 + 10 * $1 + $2))"; } # gen GENERATION INDEX: the pod IP
+for i in 1 2 3; do CUR+=("$(gen 1 "$i"):ready"); done
+slice web-e2e web "${CUR[@]}"
+slice lat-e2e lat "10.244.1.99:ready"
+slice term-e2e term "10.244.1.97:ready" "10.244.1.98:terminating"
+
+# ---- the VM ----------------------------------------------------------------------------------------------
+say "starting the VM (hack/test-vm.sh --e2e; console log in target/vm/console.log)"
+KIPVS_PROXIER=$PROXIER KIPVS_TRAFFIC=$TRAFFIC KIPVS_E2E_KUBECONFIG=$STATE/guest-kubeconfig VMTIMEOUT=${VMTIMEOUT:-1800} \
+  VMNET="net=10.0.2.0/24,hostfwd=tcp:127.0.0.1:$AGENT_PORT-10.0.2.15:7000" \
+  hack/test-vm.sh --e2e > "$STATE/vm.log" 2>&1 &
+vm_pid=$!
+t=$(date +%s)
+until [ "$(AGENT_TIMEOUT=5 agent ping 2>/dev/null)" = pong ]; do
+  kill -0 "$vm_pid" 2>/dev/null || { tail -n 40 "$STATE/vm.log"; say "the VM exited before its agent answered"; exit 1; }
+  [ $(( $(date +%s) - t )) -lt 900 ] || { tail -n 40 "$STATE/vm.log"; say "no agent after 900 s"; exit 1; }
+  sleep 2
+done
+say "guest agent up after $(( $(date +%s) - t )) s"
+for i in 1 2 3; do must pod "gen1-$i" "$(gen 1 "$i")"; done
+must pod lat-0 10.244.1.99; must pod lat-1 10.244.1.96; must pod term-0 10.244.1.97; must pod term-1 10.244.1.98
+must proxier-start
+CIP=10.96.0.80:80
+quiet() { "$@" > /dev/null; }
+check "the proxier programs the Service from the API: every endpoint in the kernel" \
+  quiet agent wait tcp $CIP "$(gen 1 3):8080" 1 120
+agent table > "$STATE/table.0"
+sed 's/^/    /' "$STATE/table.0"
+for target in "tcp $CIP" "udp $CIP" "tcp 192.168.100.1:30080" "udp 192.168.100.1:30081" "tcp $VIP:80" "udp $VIP:80"; do
+  a=$(agent probe $target 2>&1) || true
+  check "real traffic through ${target/ /: } answered by a backend (${a})" grep -qx 'gen1-[123]' <<<"$a"
+done
+
+# The table without the real servers at weight 0: those of removed endpoints leave by themselves once their
+# connections are gone (drained), whatever else happens.
+active() { grep -v -- ' -w 0$' || true; }
+
+# ---- load and its phases ---------------------------------------------------------------------------------
+stats() { agent load-stats | tail -n1; }
+field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
+begin() { PHASE=$1; LAST=$(stats); say "== $PHASE"; }
+zeros() { local v; for v in "$@"; do [ "$v" = 0 ] || return 1; done; }
+end_phase() { # prints the phase's figures; any failure fails the check
+  local s d=()
+  s=$(stats)
+  for f in tcp_sent tcp_failed udp_sent udp_failed long_broken long_connect_failed; do
+    d+=("$(( $(field "$s" "$f") - $(field "$LAST" "$f") ))")
+  done
+  FIG+=("$(printf '%-22s TCP sent %5d failed %d | UDP sent %4d failed %d | long-lived broken %d (reconnects failed %d)' \
+    "$PHASE" "${d[@]}")")
+  say "${FIG[-1]}"
+  check "$PHASE: no failed request, no broken long-lived connection" zeros "${d[1]}" "${d[3]}" "${d[4]}" "${d[5]}"
+}
+FIG=()
+must load-start $CIP $CIP
+sleep 3
+s=$(stats)
+check "load running: $(field "$s" long_opened) long-lived connections on $(field "$s" long)" [ "$(field "$s" long_opened)" = 4 ]
+
+rollout() { # rollout FROM TO: replace every pod of generation FROM by one of TO, the Deployment way
+  local i
+  for i in 1 2 3; do
+    must pod "gen$2-$i" "$(gen "$2" "$i")"
+    CUR+=("$(gen "$2" "$i"):ready")
+    slice web-e2e web "${CUR[@]}"
+    agent wait tcp $CIP "$(gen "$2" "$i"):8080" 1 30 > /dev/null || bad "gen$2-$i not programmed"
+    sleep 1
+    CUR=("${CUR[@]/$(gen "$1" "$i"):ready/$(gen "$1" "$i"):terminating}")
+    slice web-e2e web "${CUR[@]}"
+    agent wait tcp $CIP "$(gen "$1" "$i"):8080" 0 30 > /dev/null || bad "gen$1-$i not at weight 0"
+    sleep 1
+    local keep=()
+    for e in "${CUR[@]}"; do [ "$e" = "$(gen "$1" "$i"):terminating" ] || keep+=("$e"); done
+    CUR=("${keep[@]}")
+    slice web-e2e web "${CUR[@]}"
+    sleep 1
+  done
+}
+begin "rolling update 1"; rollout 1 2; end_phase
+a=$(agent probe tcp $CIP) || true
+check "after rolling update 1 new connections reach generation 2 ($a)" grep -qx 'gen2-[123]' <<<"$a"
+begin "rolling update 2"; rollout 2 3; end_phase
+a=$(agent probe tcp $CIP) || true
+check "after rolling update 2 new connections reach generation 3 ($a)" grep -qx 'gen3-[123]' <<<"$a"
+
+begin "proxier restart"
+agent table > "$STATE/table.before-restart"
+must proxier-restart
+sleep 8
+agent table > "$STATE/table.after-restart"
+check "proxier restart: the same virtual servers and weighted real servers" \
+  cmp -s <(active < "$STATE/table.before-restart") <(active < "$STATE/table.after-restart")
+end_phase
+
+begin "gate flip (operator)"
+KUBECONFIG=$KC POD_NAMESPACE=kipvs-system POD_NAME=e2e-operator RUST_LOG=info,kube=warn "$OPERATOR" \
+  > "$STATE/operator.log" 2>&1 &
+operator_pid=$!
+proxyconfig() { # TERMINATING: ProxyTerminatingEndpoints on (true) or off (false), one stage: the VM's node
+  k apply -f - > /dev/null <<EOF
+apiVersion: kipvs.io/v1alpha1
+kind: ProxyConfig
+metadata: {name: e2e}
+spec:
+  nodeSelector: {matchLabels: {kubernetes.io/os: linux}}
+  config: {featureGates: {ProxyTerminatingEndpoints: $1}}
+  rollout: {applyTimeout: 60s, failureBudget: 0, autoRollback: true, stages: [{name: all, soakDuration: 1s}]}
+EOF
+}
+npc_state() { k get nodeproxyconfig test-node -o jsonpath='{.spec.revision} {.status.observedRevision} {.status.phase}' 2>/dev/null; }
+applied() { local s; s=$(npc_state); read -r a b c <<<"$s"; [ -n "$a" ] && [ "$a" = "$b" ] && [ "$c" = Applied ]; }
+until_() { local end=$(( $(date +%s) + $1 )); shift; until "$@"; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 0.5; done; }
+proxyconfig false
+check "gate ProxyTerminatingEndpoints off: the operator wrote test-node's NodeProxyConfig, the proxier reports it Applied" \
+  until_ 90 applied
+check "  ... and the terminating real server of term left the kernel" quiet agent wait tcp 10.96.0.82:80 10.244.1.98:8080 absent 30
+proxyconfig true
+check "gate ProxyTerminatingEndpoints on again: Applied" until_ 90 applied
+check "  ... the terminating real server is back at weight 0" quiet agent wait tcp 10.96.0.82:80 10.244.1.98:8080 0 30
+k get nodeproxyconfig test-node -o wide | sed 's/^/    /' || true
+end_phase
+
+begin "apiserver outage (30 s)"
+agent table > "$STATE/table.before-outage"
+hack/control-plane.sh stop-apiserver "$STATE"
+sleep 30
+agent table > "$STATE/table.during-outage"
+check "apiserver down 30 s: the same virtual servers and weighted real servers (nothing deleted)" \
+  cmp -s <(active < "$STATE/table.before-outage") <(active < "$STATE/table.during-outage")
+hack/control-plane.sh start-apiserver "$STATE" 2> "$STATE/apiserver-restart.log"
+slice lat-e2e lat "10.244.1.99:ready" "10.244.1.96:ready"
+t=$(date +%s)
+# (its watches re-list after "too old resource version" with the watcher's backoff: ~50 s measured)
+check "apiserver back: the proxier resumed (a new endpoint reached the kernel)" \
+  quiet agent wait tcp 10.96.0.81:80 10.244.1.96:8080 1 120
+say "  resumed: the first write after the outage reached the kernel after $(( $(date +%s) - t )) s"
+end_phase
+
+# ---- EndpointSlice write -> kernel latency ------------------------------------------------------------------
+say "== latency: $SAMPLES EndpointSlice writes, each to the kernel table in the VM"
+slice lat-e2e lat "10.244.1.99:ready"
+agent wait tcp 10.96.0.81:80 10.244.1.96:8080 absent 30 > /dev/null
+best=""
+for _ in $(seq 10); do # the guest clock minus this one's, from the fastest round trip
+  t1=$(now); g=$(agent clock); t2=$(now)
+  r=$(awk "BEGIN{print $t2 - $t1}")
+  if [ -z "$best" ] || awk "BEGIN{exit !($r < $best)}"; then best=$r; OFFSET=$(awk "BEGIN{printf \"%.4f\", $g - ($t1 + $t2) / 2}"); fi
+done
+say "guest clock offset $OFFSET s (round trip $best s)"
+: > "$STATE/latency"
+for n in $(seq "$SAMPLES"); do
+  if [ $((n % 2)) = 1 ]; then want=1; eps=("10.244.1.99:ready" "10.244.1.96:ready"); else want=absent; eps=("10.244.1.99:ready"); fi
+  agent wait tcp 10.96.0.81:80 10.244.1.96:8080 "$want" 30 > "$STATE/wait.out" &
+  w=$!
+  sleep 1 # the guest is polling before the write
+  slice lat-e2e lat "${eps[@]}"
+  t0=$(now)
+  if wait "$w"; then
+    awk -v g="$(cat "$STATE/wait.out")" -v o="$OFFSET" -v t="$t0" 'BEGIN{printf "%.3f\n", g - o - t}' >> "$STATE/latency"
+  else bad "latency sample $n: the change did not reach the kernel"; fi
+done
+read -r P50 P99 MIN MAX N < <(sort -n "$STATE/latency" | awk '{v[NR] = $1} END {
+  i50 = int(0.5 * NR + 0.999); i99 = int(0.99 * NR + 0.999); printf "%.3f %.3f %.3f %.3f %d\n", v[i50], v[i99], v[1], v[NR], NR }')
+LAT="EndpointSlice write -> kernel in the VM: p50 ${P50} s, p99 ${P99} s (min $MIN, max $MAX, n=$N)"
+say "$LAT"
+check "every latency sample measured ($N of $SAMPLES)" [ "$N" = "$SAMPLES" ]
+
+final=$(agent load-stop)
+say "load, whole run: $(head -n1 <<<"$final")"
+sed -n '2,$p' <<<"$final" | sed 's/^/    /'
+
+echo
+echo "=== end to end (kube-apiserver $K8S, proxier in the VM): requests sent / failed, long-lived connections broken"
+printf '  %s\n' "${FIG[@]}"
+echo "  $LAT"
+agent finish "$([ "$fail" = 0 ] && echo 0 || echo 1)" > /dev/null || true
+wait "$vm_pid" || bad "the VM run failed (its log: $STATE/vm.log)"
+vm_pid=""
+grep -E '^(PASS|FAIL|SKIP|  (PASS|FAIL))|^=== wall' "$STATE/vm.log" | sed 's/^/  /' || true
+echo "$pass passed, $fail failed ($(( $(date +%s) - T0 )) s)"
+[ "$fail" = 0 ]

@@ -1,0 +1,386 @@
+//! Traffic for the end-to-end test in the VM (tests/vm/e2e): backends that answer with their pod
+//! name, and a client that keeps sending requests through a Service while the test rolls its
+//! backends, restarts the proxier, flips gates and stops the apiserver.
+//!
+//! - `serve --name NAME --port P`: TCP and UDP on port P. Over TCP every line received is answered
+//!   with `NAME\n` on the same connection (one line for a short request, many for a long-lived
+//!   connection); every UDP datagram is answered with `NAME\n`.
+//! - `probe tcp|udp IP:PORT`: one request; prints the answer, exit status 1 without one.
+//! - `load --tcp IP:PORT [--udp IP:PORT] --rate R --udp-rate U --long N --stats FILE --stop FILE`:
+//!   opens R new TCP connections per second (one request each), sends U UDP datagrams per second
+//!   (one query each, a fresh source port each time), and holds N long-lived TCP connections that
+//!   send a line every 200 ms, until the stop file exists. FILE is rewritten every 200 ms with the
+//!   counters (one `key=value` line, see [`Counters::line`]); every failure is logged on stderr
+//!   with its time and cause. A long-lived connection that fails is counted as broken and opened
+//!   again (a failed attempt to open one counts as `long_connect_failed`).
+//!
+//! A request fails when it gets no answer line within [`TIMEOUT`] (connect refused or timed out,
+//! reset, closed, silent). The test's figure is the number of failures; the target is zero.
+use clap::{Parser, Subcommand, ValueEnum};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How long a request may take, from connect to answer.
+const TIMEOUT: Duration = Duration::from_secs(3);
+/// Interval between two lines on a long-lived connection, and between two writes of the stats file.
+const TICK: Duration = Duration::from_millis(200);
+
+#[derive(Parser)]
+#[command(about = "Backends and load for the kipvs end-to-end test")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Answer every TCP line and UDP datagram on PORT with NAME.
+    Serve {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        port: u16,
+    },
+    /// One request; prints the answer.
+    Probe { protocol: Proto, target: SocketAddr },
+    /// Continuous requests until the stop file exists.
+    Load {
+        #[arg(long)]
+        tcp: SocketAddr,
+        #[arg(long)]
+        udp: Option<SocketAddr>,
+        /// New TCP connections per second.
+        #[arg(long, default_value_t = 25)]
+        rate: u32,
+        /// UDP queries per second (with --udp).
+        #[arg(long, default_value_t = 5)]
+        udp_rate: u32,
+        /// Long-lived TCP connections held open.
+        #[arg(long, default_value_t = 4)]
+        long: usize,
+        #[arg(long)]
+        stats: PathBuf,
+        #[arg(long)]
+        stop: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Proto {
+    Tcp,
+    Udp,
+}
+
+fn main() {
+    match Cli::parse().command {
+        Command::Serve { name, port } => serve(&name, port),
+        Command::Probe { protocol, target } => {
+            let answer = match protocol {
+                Proto::Tcp => tcp_request(target),
+                Proto::Udp => udp_request(target),
+            };
+            match answer {
+                Ok(name) => println!("{name}"),
+                Err(e) => {
+                    eprintln!("probe {target}: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        Command::Load {
+            tcp,
+            udp,
+            rate,
+            udp_rate,
+            long,
+            stats,
+            stop,
+        } => load(tcp, udp.map(|u| (u, udp_rate)), rate, long, &stats, &stop),
+    }
+}
+
+fn serve(name: &str, port: u16) {
+    let udp = UdpSocket::bind(("0.0.0.0", port)).expect("bind UDP");
+    let reply = format!("{name}\n");
+    let udp_reply = reply.clone();
+    thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        loop {
+            if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                let _ = udp.send_to(udp_reply.as_bytes(), peer);
+            }
+        }
+    });
+    let listener = TcpListener::bind(("0.0.0.0", port)).expect("bind TCP");
+    for stream in listener.incoming().flatten() {
+        let reply = reply.clone();
+        thread::spawn(move || {
+            let Ok(read) = stream.try_clone() else { return };
+            let mut write = stream;
+            for line in BufReader::new(read).lines() {
+                if line.is_err() || write.write_all(reply.as_bytes()).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+/// Reads one answer line (the backend's name) from `reader`.
+fn answer(reader: &mut impl BufRead) -> Result<String, String> {
+    let mut line = String::new();
+    match reader.read_line(&mut line) {
+        Ok(0) => Err("closed without an answer".into()),
+        Ok(_) => Ok(line.trim().to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn connect(target: SocketAddr) -> Result<TcpStream, String> {
+    let stream =
+        TcpStream::connect_timeout(&target, TIMEOUT).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    Ok(stream)
+}
+
+/// One short TCP request: connect, send a line, read the answer, close.
+fn tcp_request(target: SocketAddr) -> Result<String, String> {
+    let mut stream = connect(target)?;
+    stream
+        .write_all(b"GET\n")
+        .map_err(|e| format!("write: {e}"))?;
+    answer(&mut BufReader::new(stream))
+}
+
+/// One UDP query from a fresh socket (so a fresh source port and IPVS connection).
+fn udp_request(target: SocketAddr) -> Result<String, String> {
+    let bind: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    let socket = UdpSocket::bind(bind).map_err(|e| e.to_string())?;
+    socket
+        .set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    socket
+        .send_to(b"q\n", target)
+        .map_err(|e| format!("send: {e}"))?;
+    let mut buf = [0u8; 512];
+    let (n, _) = socket
+        .recv_from(&mut buf)
+        .map_err(|e| format!("recv: {e}"))?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+}
+
+/// What the load has seen so far.
+#[derive(Default)]
+struct Counters {
+    tcp_sent: AtomicU64,
+    tcp_failed: AtomicU64,
+    udp_sent: AtomicU64,
+    udp_failed: AtomicU64,
+    /// Long-lived connections opened (reopened ones included).
+    long_opened: AtomicU64,
+    /// Lines answered on long-lived connections.
+    long_lines: AtomicU64,
+    /// Established long-lived connections that failed.
+    long_broken: AtomicU64,
+    /// Failed attempts to open a long-lived connection.
+    long_connect_failed: AtomicU64,
+    /// Answers by backend name (short TCP requests).
+    backends: Mutex<BTreeMap<String, u64>>,
+    /// The backend each long-lived connection talks to.
+    long_backends: Mutex<BTreeMap<usize, String>>,
+}
+
+impl Counters {
+    /// `tcp_sent=.. tcp_failed=.. udp_sent=.. udp_failed=.. long_opened=.. long_lines=..
+    /// long_broken=.. long_connect_failed=.. backends=name:count,.. long=name,..`
+    fn line(&self) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let backends = self.backends.lock().expect("not poisoned");
+        let long = self.long_backends.lock().expect("not poisoned");
+        format!(
+            "tcp_sent={} tcp_failed={} udp_sent={} udp_failed={} long_opened={} long_lines={} long_broken={} long_connect_failed={} backends={} long={}",
+            get(&self.tcp_sent),
+            get(&self.tcp_failed),
+            get(&self.udp_sent),
+            get(&self.udp_failed),
+            get(&self.long_opened),
+            get(&self.long_lines),
+            get(&self.long_broken),
+            get(&self.long_connect_failed),
+            backends
+                .iter()
+                .map(|(k, v)| format!("{k}:{v}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            long.values().cloned().collect::<Vec<_>>().join(","),
+        )
+    }
+
+    fn record(
+        &self,
+        sent: &AtomicU64,
+        failed: &AtomicU64,
+        what: &str,
+        result: Result<String, String>,
+    ) {
+        sent.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok(name) if !name.is_empty() => {
+                *self
+                    .backends
+                    .lock()
+                    .expect("not poisoned")
+                    .entry(name)
+                    .or_default() += 1;
+            }
+            Ok(_) => {
+                failed.fetch_add(1, Ordering::Relaxed);
+                log(&format!("{what}: empty answer"));
+            }
+            Err(e) => {
+                failed.fetch_add(1, Ordering::Relaxed);
+                log(&format!("{what}: {e}"));
+            }
+        }
+    }
+}
+
+fn log(message: &str) {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    eprintln!("{}.{:03} {message}", t.as_secs(), t.subsec_millis());
+}
+
+/// Calls `f` `per_second` times a second, each in its own thread, until `stop` exists.
+fn paced(per_second: u32, stop: &std::path::Path, f: impl Fn() + Send + Sync + 'static) {
+    let f = Arc::new(f);
+    let interval = Duration::from_secs(1) / per_second.max(1);
+    let start = Instant::now();
+    let mut n = 0u32;
+    while !stop.exists() {
+        let f = f.clone();
+        thread::spawn(move || f());
+        n += 1;
+        let next = start + interval * n;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            thread::sleep(wait);
+        }
+    }
+}
+
+/// One long-lived connection: a line every [`TICK`], reopened when it breaks, until `stop` exists.
+fn long_lived(id: usize, target: SocketAddr, counters: &Counters, stop: &std::path::Path) {
+    while !stop.exists() {
+        let stream = match connect(target) {
+            Ok(s) => s,
+            Err(e) => {
+                counters.long_connect_failed.fetch_add(1, Ordering::Relaxed);
+                log(&format!("long-lived {id}: {e}"));
+                thread::sleep(TICK);
+                continue;
+            }
+        };
+        counters.long_opened.fetch_add(1, Ordering::Relaxed);
+        let Ok(mut write) = stream.try_clone() else {
+            continue;
+        };
+        let mut read = BufReader::new(stream);
+        while !stop.exists() {
+            let result = write
+                .write_all(b"ping\n")
+                .map_err(|e| format!("write: {e}"))
+                .and_then(|()| answer(&mut read));
+            match result {
+                Ok(name) => {
+                    counters.long_lines.fetch_add(1, Ordering::Relaxed);
+                    let mut long = counters.long_backends.lock().expect("not poisoned");
+                    if long.get(&id) != Some(&name) {
+                        log(&format!("long-lived {id}: talking to {name}"));
+                        long.insert(id, name);
+                    }
+                }
+                Err(e) => {
+                    counters.long_broken.fetch_add(1, Ordering::Relaxed);
+                    log(&format!("long-lived {id}: broken: {e}"));
+                    break;
+                }
+            }
+            thread::sleep(TICK);
+        }
+    }
+}
+
+fn load(
+    tcp: SocketAddr,
+    udp: Option<(SocketAddr, u32)>,
+    rate: u32,
+    long: usize,
+    stats: &std::path::Path,
+    stop: &std::path::Path,
+) {
+    let counters = Arc::new(Counters::default());
+    let stop = stop.to_path_buf();
+    let mut threads = Vec::new();
+    for id in 0..long {
+        let (counters, stop) = (counters.clone(), stop.clone());
+        threads.push(thread::spawn(move || long_lived(id, tcp, &counters, &stop)));
+    }
+    {
+        let (counters, stop) = (counters.clone(), stop.clone());
+        threads.push(thread::spawn(move || {
+            paced(rate, &stop.clone(), move || {
+                let c = &counters;
+                c.record(
+                    &c.tcp_sent,
+                    &c.tcp_failed,
+                    &format!("tcp {tcp}"),
+                    tcp_request(tcp),
+                );
+            })
+        }));
+    }
+    if let Some((target, udp_rate)) = udp {
+        let (counters, stop) = (counters.clone(), stop.clone());
+        threads.push(thread::spawn(move || {
+            paced(udp_rate, &stop.clone(), move || {
+                let c = &counters;
+                c.record(
+                    &c.udp_sent,
+                    &c.udp_failed,
+                    &format!("udp {target}"),
+                    udp_request(target),
+                );
+            })
+        }));
+    }
+    let write_stats = || {
+        let tmp = stats.with_extension("tmp");
+        if std::fs::write(&tmp, counters.line() + "\n").is_ok() {
+            let _ = std::fs::rename(&tmp, stats);
+        }
+    };
+    while !stop.exists() {
+        write_stats();
+        thread::sleep(TICK);
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    // Requests still in flight finish within TIMEOUT; the final figures include them.
+    thread::sleep(TIMEOUT + TICK);
+    write_stats();
+}

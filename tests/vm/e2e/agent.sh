@@ -1,0 +1,67 @@
+#!/bin/sh
+# The guest agent of the end to end: one command per call (hack/test-e2e.sh's `agent CMD ARGS`, through
+# busybox httpd's CGI, www/cgi-bin/agent). Commands:
+#   ping                          answers pong
+#   clock                         the guest's clock (seconds since boot, /proc/uptime, 10 ms steps)
+#   pod NAME IP                   a backend pod: netns NAME with IP, e2e_traffic serve --name NAME on 8080
+#   proxier-start|proxier-restart `kipvs-proxier run --kubeconfig` (SIGTERM first for restart); the real
+#                                 kernel dataplane (IPVS + nftables)
+#   table                         ipvsadm -Sn, sorted
+#   wait PROTO VS RS WANT SECONDS until the real server RS of virtual server VS has weight WANT, or WANT is
+#                                 "absent" and it is gone (polling ipvsadm); prints the clock then; exit 1
+#                                 on timeout
+#   probe tcp|udp IP:PORT         one request from the client netns; prints the answering pod
+#   load-start TCP UDP            e2e_traffic load from the client netns (25 connections/s, 5 datagrams/s,
+#                                 4 long-lived connections)
+#   load-stats                    its counters so far; load-stop stops it and prints the final ones
+#   log [N]                       the proxier log's last N lines
+#   finish RC                     ends the run (guest.sh prints PASS/FAIL e2e)
+. /payload/tests/lib.sh
+E=/payload/tests/e2e
+TRAFFIC=/payload/bin/e2e_traffic
+KIPVS_KUBECONFIG=$E/kubeconfig
+cmd=$1; shift
+case $cmd in
+  ping) echo pong ;;
+  clock) now ;;
+  pod)
+    n=$1; addr=$2; i=$(( $(cat "$W/vpod.n" 2>/dev/null || echo 100) + 1 )); echo "$i" > "$W/vpod.n"
+    printf 'netns add %s\nlink add vpod%s type veth peer name eth0 netns %s\naddr add 10.244.0.1/32 dev vpod%s\nlink set vpod%s up\nroute add %s/32 dev vpod%s\n' \
+      "$n" "$i" "$n" "$i" "$i" "$addr" "$i" | /sbin/ip -batch - &&
+    printf 'link set lo up\naddr add %s/32 dev eth0\nlink set eth0 up\nroute add 10.244.0.1 dev eth0\nroute add default via 10.244.0.1 dev eth0\n' \
+      "$addr" | /sbin/ip -n "$n" -batch - || exit 1
+    nsenter --net="/run/netns/$n" setsid "$TRAFFIC" serve --name "$n" --port 8080 < /dev/null > "$W/$n.log" 2>&1 &
+    # answering directly from the root netns (no IPVS) before it is listed anywhere
+    i=0; until [ "$("$TRAFFIC" probe tcp "$addr:8080" 2>/dev/null)" = "$n" ]; do
+      i=$((i + 1)); [ $i -lt 50 ] || { echo "pod $n does not answer"; exit 1; }; sleep 0.2
+    done
+    echo "pod $n $addr up" ;;
+  proxier-start) proxier_start < /dev/null ;;
+  proxier-restart) proxier_stop && proxier_start < /dev/null ;;
+  table) kernel_table ;;
+  wait)
+    proto=-$(echo "$1" | cut -c1); vs=$2; rs=$3; want=$4
+    read -r up _ < /proc/uptime; end=$(( ${up%.*} + ${5:-30} ))
+    while [ "${up%.*}" -lt "$end" ]; do
+      w=$(ipvsadm -Sn | awk -v p="$proto" -v vs="$vs" -v rs="$rs" '$1 == "-a" && $2 == p && $3 == vs && $5 == rs { print $NF }')
+      read -r up _ < /proc/uptime
+      if [ "${w:-absent}" = "$want" ]; then echo "$up"; exit 0; fi
+    done
+    echo "timed out: $proto $vs $rs is '${w:-absent}', want $want"; exit 1 ;;
+  probe) in_client "$TRAFFIC" probe "$1" "$2" ;;
+  load-start)
+    rm -f "$W/load.stop" "$W/load.stats"
+    nsenter --net=/run/netns/client setsid "$TRAFFIC" load --tcp "$1" --udp "$2" --rate 25 --udp-rate 5 --long 4 \
+      --stats "$W/load.stats" --stop "$W/load.stop" < /dev/null > /dev/null 2> "$W/load.log" &
+    echo $! > "$W/load.pid"
+    i=0; until [ -s "$W/load.stats" ]; do i=$((i + 1)); [ $i -lt 50 ] || exit 1; sleep 0.2; done
+    cat "$W/load.stats" ;;
+  load-stats) cat "$W/load.stats" ;;
+  load-stop)
+    touch "$W/load.stop"; p=$(cat "$W/load.pid"); i=0
+    while alive "$p" && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
+    cat "$W/load.stats"; echo "--- load failures (first 20)"; grep -v 'talking to' "$W/load.log" | head -n 20 ;;
+  log) tail -n "${1:-50}" "$(proxier_log)" ;;
+  finish) echo "$1" > "$W/e2e.done" ;;
+  *) echo "unknown command $cmd"; exit 2 ;;
+esac
