@@ -247,6 +247,7 @@ apiserver() {
     --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$S/sa.key" \
     --service-account-signing-key-file="$S/sa.key" --api-audiences=https://kubernetes.default.svc \
     --enable-priority-and-fairness=false --disable-admission-plugins=ServiceAccount "${gates[@]}" \
+    --allow-privileged=true \
     >> "$S/apiserver.log" 2>&1 &
   echo $! > "$S/apiserver.pid"
   local i ok=""

@@ -40,7 +40,7 @@ step "generated CRDs are committed (crdgen --check)"
 "$CRDGEN" --check config/crd
 T_BUILD=$(date +%s)
 
-step "control plane (kube-apiserver v1.20.2, etcd)"
+step "control plane (kube-apiserver 1.24, or 1.20.2 without ../shared/k8s; etcd)"
 STATE=$(mktemp -d /tmp/kipvs-cp.XXXXXX)
 trap 'hack/control-plane.sh stop "$STATE"; rm -rf "$STATE"' EXIT
 hack/control-plane.sh start "$STATE"
