@@ -50,10 +50,13 @@ step "the deployment: kubectl apply -k config/ --dry-run=server (images, RBAC, D
 # The namespace for real (a server-side dry run of namespaced objects needs it), everything else dry.
 kubectl --kubeconfig "$STATE/kubeconfig" apply -f config/operator/namespace.yaml >/dev/null
 minor=$(kubectl --kubeconfig "$STATE/kubeconfig" version -o json | python3 -c 'import json,sys; print(int("".join(c for c in json.load(sys.stdin)["serverVersion"]["minor"] if c.isdigit())))')
-validate=(); [ "$minor" -ge 24 ] || validate=(--validate=false) # < 1.24 knows no CEL rules (README)
-kubectl --kubeconfig "$STATE/kubeconfig" apply -k config/ --dry-run=server "${validate[@]}" > "$STATE/dry-run.log" 2>&1 ||
-  { cat "$STATE/dry-run.log"; echo "test-operator: kubectl apply -k config/ --dry-run=server failed" >&2; exit 1; }
-sed 's/^/  /' "$STATE/dry-run.log"
+if [ "$minor" -ge 24 ]; then
+  kubectl --kubeconfig "$STATE/kubeconfig" apply -k config/ --dry-run=server > "$STATE/dry-run.log" 2>&1 ||
+    { cat "$STATE/dry-run.log"; echo "test-operator: kubectl apply -k config/ --dry-run=server failed" >&2; exit 1; }
+  sed 's/^/  /' "$STATE/dry-run.log"
+else # the DaemonSet's gRPC probes (beta in 1.24) and the CRDs' CEL rules are unknown before 1.24
+  echo "  SKIPPED on kube-apiserver 1.$minor (needs 1.24): kubectl apply -k config/ --dry-run=server"
+fi
 
 step "operator end to end (tests/operator/e2e.sh)"
 KUBECONFIG=$STATE/kubeconfig KIPVS_OPERATOR=$KIPVS_OPERATOR KIPVS_FAKE_PROXIER=$KIPVS_FAKE_PROXIER \
