@@ -1,7 +1,11 @@
-//! Planning and diffing cost at cluster scale (issue 3, "Benchmarks"): a full plan + diff of
-//! N Services from scratch, and one endpoint change applied incrementally, for N = 1k, 10k and
-//! 50k Services (10 endpoints each, 2 ports, mixed ClusterIP / NodePort / LoadBalancer).
-//! The kernel side (netlink round trips) is measured in the VM (`hack/bench-vm.sh`).
+//! Planning and syncing cost at cluster scale (issue 3, "Benchmarks"), through the code the
+//! binary runs: the Store, the engine's Planner and its Syncer ([`Syncer::sync`] and
+//! [`Syncer::sync_touched`]: observe, diff, apply, cache and drain bookkeeping) on the in-memory
+//! [`FakeDataplane`] instead of the kernel. A full plan + sync of N Services into an empty
+//! table, and one endpoint change (store → re-plan → incremental sync), for N = 1k, 10k and 50k
+//! Services (10 endpoints each, 2 ports, mixed ClusterIP / NodePort / LoadBalancer). Not
+//! included: the engine's metrics and status steps. The kernel side (netlink round trips) is
+//! measured in the VM (`hack/bench-vm.sh`).
 //!
 //! Run: `cargo bench -p kipvs-proxier --bench sync`. Peak memory (VmHWM) after building each
 //! size is printed before the timings.
@@ -19,13 +23,31 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kipvs_crds::config::ProxierConfiguration;
+use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::nft::{self, Nft, transaction};
 use kipvs_proxier::dataplane::{Ownership, diff, diff_scoped, nft_transaction};
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner, Replanned};
+use kipvs_proxier::engine::syncer::Syncer;
 use kipvs_proxier::model::ObservedState;
 use kipvs_proxier::source::store::Store;
 use std::collections::BTreeSet;
 use std::hint::black_box;
+use std::time::Duration;
+
+/// `ipvs.drainTimeout`'s default; no real server drains in these benchmarks.
+const MAX_DRAIN: Duration = Duration::from_secs(900);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The binary's syncer over an empty in-memory dataplane.
+fn syncer() -> Syncer<FakeDataplane> {
+    Syncer::new(FakeDataplane::default(), Ownership::default(), MAX_DRAIN)
+}
 
 /// The allocator the `kipvs-proxier` binary uses (planning allocates many small maps).
 #[global_allocator]
@@ -140,7 +162,8 @@ fn peak_rss_kib() -> u64 {
 }
 
 fn full(c: &mut Criterion) {
-    let mut group = c.benchmark_group("full plan+diff");
+    let rt = runtime();
+    let mut group = c.benchmark_group("full plan+sync");
     group.sample_size(10);
     for n in SIZES {
         let base = peak_rss_kib();
@@ -155,15 +178,13 @@ fn full(c: &mut Criterion) {
         );
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter_batched(
-                planner,
-                |mut p| {
+                || (planner(), syncer()),
+                |(mut p, mut syncer)| {
                     s.mark_all_dirty();
                     p.replan(&mut s);
-                    black_box(diff(
-                        p.desired(),
-                        &ObservedState::default(),
-                        &Ownership::default(),
-                    ))
+                    let report = rt.block_on(syncer.sync(p.desired())).unwrap();
+                    assert!(report.failures.is_empty());
+                    black_box(report.ops.len())
                 },
                 BatchSize::LargeInput,
             )
@@ -173,13 +194,14 @@ fn full(c: &mut Criterion) {
 }
 
 fn incremental(c: &mut Criterion) {
+    let rt = runtime();
     let mut group = c.benchmark_group("one endpoint change");
     for n in SIZES {
         let mut s = store(n);
         let mut p = planner();
         p.replan(&mut s);
-        let mut kernel = ObservedState::from(p.desired());
-        let ownership = Ownership::default();
+        let mut syncer = syncer();
+        rt.block_on(syncer.sync(p.desired())).unwrap();
         let mut ready = true;
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| {
@@ -188,12 +210,9 @@ fn incremental(c: &mut Criterion) {
                 let Replanned::Touched(t) = p.replan(&mut s) else {
                     panic!("an endpoint change must not re-plan everything")
                 };
-                let ops = diff_scoped(p.desired(), &kernel, &ownership, &t, &BTreeSet::new());
-                assert!(!ops.is_empty());
-                for op in &ops {
-                    kernel.apply(op).unwrap();
-                }
-                black_box(ops.len())
+                let report = rt.block_on(syncer.sync_touched(p.desired(), &t)).unwrap();
+                assert!(!report.ops.is_empty() && report.failures.is_empty());
+                black_box(report.ops.len())
             })
         });
     }
@@ -211,10 +230,7 @@ fn nftables(c: &mut Criterion) {
         eprintln!("nftables: skipped (needs root for a private netns and the nft executable)");
         return;
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let nft = Nft::default();
     let mut group = c.benchmark_group("nftables transaction");
     group.sample_size(10);
