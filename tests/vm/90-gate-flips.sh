@@ -43,11 +43,7 @@ a=$(ask web 4); case "$a" in web-*) ok "held connection to the ClusterIP still w
 
 say "step 2: a held connection's web backend turns terminating (serving), then r3 turns ProxyTerminatingEndpoints off"
 hold term 10.96.0.20 80; exec 3> "$W/term.fifo"
-i=0; ep=""
-while [ -z "$ep" ] && [ $i -lt 40 ]; do
-  ep=$(ipvsadm -Lnc | awk '$3 == "ESTABLISHED" && $5 == "10.96.0.20:80" { sub(/:.*/, "", $6); print $6; exit }')
-  [ -n "$ep" ] || { sleep 0.25; i=$((i + 1)); }
-done
+ep=$(held_backend 10.96.0.20:80)
 pod=$(for p in $PODS; do [ "$(field "$p" 2)" = "$ep" ] && field "$p" 1; done)
 [ -n "$ep" ] || bad "no ESTABLISHED connection for the held client"
 set_conditions web.yaml "$ep" false true true

@@ -26,11 +26,7 @@ echo "    (- = no answer: a Proxy-mode ingress IP gets no virtual server and is 
 
 echo; echo "### 2. rollout step: the backend of a held connection turns serving+terminating"
 hold held 10.96.0.20 80; exec 3> "$W/held.fifo"
-i=0; ep=""
-while [ -z "$ep" ] && [ $i -lt 40 ]; do
-  ep=$(ipvsadm -Lnc | awk '$3 == "ESTABLISHED" && $5 == "10.96.0.20:80" { sub(/:.*/, "", $6); print $6; exit }')
-  [ -n "$ep" ] || { sleep 0.25; i=$((i + 1)); }
-done
+ep=$(held_backend 10.96.0.20:80)
 pod=$(for p in $PODS; do [ "$(field "$p" 2)" = "$ep" ] && field "$p" 1; done)
 [ -n "$ep" ] || bad "no ESTABLISHED connection for the held client"
 say "a client holds a connection to $pod ($ep); its EndpointSlice entry becomes ready=false serving=true terminating=true"

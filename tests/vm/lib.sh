@@ -146,6 +146,14 @@ hold() { # NAME IP PORT: open a connection that stays open (no request yet) on f
   in_client nc -w 120 "$2" "$3" < "$W/$1.fifo" > "$W/$1.out" 2>/dev/null &
   echo $! > "$W/$1.pid"
 }
+held_backend() { # VIP:PORT: the real server IP of the ESTABLISHED connection to it (waits up to 10 s)
+  i=0; ep=""
+  while [ -z "$ep" ] && [ $i -lt 40 ]; do
+    ep=$(ipvsadm -Lnc | awk -v vs="$1" '$3 == "ESTABLISHED" && $5 == vs { sub(/:.*/, "", $6); print $6; exit }')
+    [ -n "$ep" ] || { sleep 0.25; i=$((i + 1)); }
+  done
+  echo "$ep"
+}
 ask() { # NAME FD: send the request on the held connection, close it, print the answer
   eval "printf 'GET / HTTP/1.0\r\n\r\n' >&$2; exec $2>&-"
   wait "$(cat "$W/$1.pid")" 2>/dev/null; tail -n1 "$W/$1.out"
