@@ -4,10 +4,15 @@
 # real kipvs-operator, two 3-stage rollouts (canary -> 10% -> rest, zero soak) while every
 # proxier refreshes its status at the proxier's cadence; prints the issue's target table.
 #
-# usage: hack/fleet.sh [NODES] [--check]     NODES: default 500 (the CI size; hack/test-operator.sh
-#                                              runs it with --check); the bench is `hack/fleet.sh 5000`
+# With --faults, two more revisions roll out under a fault: the operator killed mid-rollout, and
+# the apiserver stopped for 30 s (see proxier/examples/fleet.rs for what --check then asserts).
+#
+# usage: hack/fleet.sh [NODES] [--check] [--faults]   NODES: default 500 (the CI size;
+#                    hack/test-operator.sh runs it with --check --faults); the bench is hack/bench-fleet.sh
 # env:   KUBECONFIG  an existing control plane with nothing else on it (else one is started with
-#                    hack/control-plane.sh and stopped on exit)
+#                    hack/control-plane.sh and stopped on exit); KIPVS_CP_STATE its state directory
+#                    (needed by --faults and for the apiserver's and etcd's CPU/RSS figures)
+#        PORT_BASE   the operator's /metrics port is PORT_BASE + 89 (default 18089)
 #        OUT         logs (default: a temp dir)
 #        FLEET_RELEASE=1  release builds (default: the debug builds CI already has)
 #        FLEET_ARGS  extra flags for the harness (--fail-share 0.02, --silent-share 0.01, --heartbeat 60s)
@@ -15,7 +20,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 NODES=${1:-500}
-CHECK=${2:-}
+shift || true
 OUT=${OUT:-$(mktemp -d /tmp/kipvs-fleet.XXXXXX)}
 mkdir -p "$OUT"
 executables() {
@@ -32,30 +37,30 @@ OPERATOR=$(awk '$1 == "kipvs-operator" {print $2}' <<<"$built")
 FLEET=$(awk '$1 == "fleet" {print $2}' <<<"$built")
 [ -x "$OPERATOR" ] && [ -x "$FLEET" ] || { echo "fleet: build produced no executables" >&2; exit 1; }
 
-PIDS=()
 STATE=""
 cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  # The harness stops the operator it runs; if it died first, its pid file names the operator.
+  if [ -f "$OUT/operator.pid" ]; then kill "$(cat "$OUT/operator.pid")" 2>/dev/null || true; fi
   if [ -n "$STATE" ]; then hack/control-plane.sh stop "$STATE"; rm -rf "$STATE"; fi
 }
 trap cleanup EXIT
+CP_STATE=${KIPVS_CP_STATE:-}
 if [ -z "${KUBECONFIG:-}" ]; then
   STATE=$(mktemp -d /tmp/kipvs-cp.XXXXXX)
   hack/control-plane.sh start "$STATE"
   export KUBECONFIG=$STATE/kubeconfig
+  CP_STATE=$STATE
 fi
 kubectl apply --validate=false -k config/crd >/dev/null
 kubectl wait --for condition=established --timeout=30s crd/proxyconfigs.kipvs.io crd/nodeproxyconfigs.kipvs.io >/dev/null
 kubectl apply -f config/operator/namespace.yaml >/dev/null
-POD_NAMESPACE=kipvs-system POD_NAME=fleet-operator RUST_LOG=info,kipvs_operator=debug,kube=warn \
-  "$OPERATOR" --metrics-bind-address 127.0.0.1:18089 > "$OUT/operator.log" 2>&1 &
-OPERATOR_PID=$!
-PIDS+=("$OPERATOR_PID")
-echo "fleet: $NODES nodes, operator pid $OPERATOR_PID, logs in $OUT"
+echo "fleet: $NODES nodes, logs in $OUT"
 set +e
-"$FLEET" --nodes "$NODES" --operator-pid "$OPERATOR_PID" --operator-log "$OUT/operator.log" \
-  ${CHECK:+--check} ${FLEET_ARGS:-} 2> >(tee "$OUT/fleet.log" >&2)
+# The harness runs the operator (and restarts it when it exits, as the kubelet would).
+POD_NAMESPACE=kipvs-system POD_NAME=fleet-operator RUST_LOG=info,kipvs_operator=debug,kube=warn \
+  "$FLEET" --nodes "$NODES" --operator "$OPERATOR" --operator-log "$OUT/operator.log" \
+  --operator-metrics "127.0.0.1:$((${PORT_BASE:-18000} + 89))" --pid-file "$OUT/operator.pid" \
+  ${CP_STATE:+--cp-state "$CP_STATE"} "$@" ${FLEET_ARGS:-} 2> >(tee "$OUT/fleet.log" >&2)
 rc=$?
 set -e
 kubectl get proxyconfig scale -o wide 2>&1 | sed 's/^/  /'

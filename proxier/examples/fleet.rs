@@ -14,35 +14,59 @@
 //! then Applied (or Failed for the `--fail-share` of nodes on the second revision; `--silent-share`
 //! never answer the second revision).
 //!
-//! usage: `fleet --nodes N --operator-pid PID --operator-log FILE [--check] [--max-first-write 5s]
+//! With `--faults` (needs `--cp-state`), two more revisions roll out under a fault, each once
+//! the `fleet` stage has started: the operator is killed (SIGKILL) and restarted 2 s later, as
+//! the kubelet restarts a container; then the apiserver is stopped for 30 s and started again
+//! (`hack/control-plane.sh stop-apiserver|start-apiserver`). `--check` then also fails unless
+//! the restarted operator resumed the rollout where it was (every stage that had started keeps
+//! its `startedAt`, every complete one its `healthyAt`), no revision was marked bad, every
+//! answering node ends with the new revision Applied on the apiserver, and every node still got
+//! exactly one NodeProxyConfig spec write (no re-write of finished nodes, no burst).
+//!
+//! The harness runs the operator itself (restarting it whenever it exits, as the kubelet does:
+//! an operator that cannot renew its Lease exits) and samples CPU time and peak RSS of the
+//! operator, kube-apiserver and etcd (`/proc`, the control plane's pid files) per round.
+//!
+//! usage: `fleet --nodes N --operator BIN --operator-log FILE --operator-metrics ADDR
+//!         [--pid-file FILE] [--cp-state DIR] [--check] [--faults] [--max-first-write 5s]
 //!         [--heartbeat 20s] [--fail-share 0.0] [--silent-share 0.0]` (KUBECONFIG selects the
-//!         cluster; the CRDs must be installed and the operator running)
+//!         cluster; the CRDs must be installed; the operator inherits the environment)
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::revision::node_hash;
-use kipvs_crds::{NodePhase, NodeProxyConfig, NodeProxyConfigStatus, ProxyConfig};
+use kipvs_crds::{
+    NodePhase, NodeProxyConfig, NodeProxyConfigStatus, ProxyConfig, ProxyConfigStatus, StagePhase,
+    StageStatus,
+};
 use kipvs_proxier::engine::status::LAST_SYNC_REFRESH;
 use kipvs_proxier::serve::health::ProxyHealth;
 use kipvs_proxier::serve::status::report_status;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
 
 const PC: &str = "scale";
 
 struct Args {
     nodes: usize,
-    operator_pid: u32,
+    operator: String,
     operator_log: String,
+    operator_metrics: String,
+    pid_file: Option<PathBuf>,
+    cp_state: Option<PathBuf>,
     check: bool,
+    faults: bool,
     max_first_write: Duration,
     heartbeat: Duration,
     fail_share: f64,
@@ -52,9 +76,13 @@ struct Args {
 fn args() -> anyhow::Result<Args> {
     let mut a = Args {
         nodes: 500,
-        operator_pid: 0,
+        operator: String::new(),
         operator_log: String::new(),
+        operator_metrics: "127.0.0.1:18089".to_owned(),
+        pid_file: None,
+        cp_state: None,
         check: false,
+        faults: false,
         max_first_write: Duration::from_secs(5),
         heartbeat: Duration::from_secs(20),
         fail_share: 0.0,
@@ -62,25 +90,44 @@ fn args() -> anyhow::Result<Args> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        if flag == "--check" {
-            a.check = true;
-            continue;
-        }
-        let value = it
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
         match flag.as_str() {
+            "--check" => a.check = true,
+            "--faults" => a.faults = true,
+            _ => {
+                let value = it
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+                a.set(&flag, value)?;
+            }
+        }
+    }
+    if a.operator.is_empty() || a.operator_log.is_empty() {
+        anyhow::bail!("--operator and --operator-log are required");
+    }
+    if a.faults && a.cp_state.is_none() {
+        anyhow::bail!("--faults needs --cp-state (the control plane's state directory)");
+    }
+    Ok(a)
+}
+
+impl Args {
+    fn set(&mut self, flag: &str, value: String) -> anyhow::Result<()> {
+        let a = self;
+        match flag {
             "--nodes" => a.nodes = value.parse()?,
-            "--operator-pid" => a.operator_pid = value.parse()?,
+            "--operator" => a.operator = value,
             "--operator-log" => a.operator_log = value,
+            "--operator-metrics" => a.operator_metrics = value,
+            "--pid-file" => a.pid_file = Some(value.into()),
+            "--cp-state" => a.cp_state = Some(value.into()),
             "--max-first-write" => a.max_first_write = kipvs_crds::duration::parse(&value)?,
             "--heartbeat" => a.heartbeat = kipvs_crds::duration::parse(&value)?,
             "--fail-share" => a.fail_share = value.parse()?,
             "--silent-share" => a.silent_share = value.parse()?,
             _ => anyhow::bail!("unknown flag {flag}"),
         }
+        Ok(())
     }
-    Ok(a)
 }
 
 fn name(i: usize) -> String {
@@ -110,6 +157,10 @@ struct Seen {
     writes: HashMap<(String, String), u32>,
     /// Last generation seen per node.
     generation: HashMap<String, i64>,
+    /// Last resourceVersion seen per node (a relist after an outage repeats objects).
+    resource_version: HashMap<String, String>,
+    /// Status-only changes seen (the proxiers' status writes, heartbeats included).
+    status_writes: usize,
     /// When a revision first reached the canary.
     canary: HashMap<String, Instant>,
     /// Per revision: nodes that reported it Applied.
@@ -120,6 +171,34 @@ struct Seen {
 async fn main() -> anyhow::Result<()> {
     let args = args()?;
     let client = Client::try_default().await?;
+    let operator = Operator::supervise(
+        args.operator.clone(),
+        vec![
+            "--metrics-bind-address".to_owned(),
+            args.operator_metrics.clone(),
+        ],
+        args.operator_log.clone(),
+        args.pid_file.clone(),
+    );
+    let usage = Usage::default();
+    {
+        let usage = usage.clone();
+        let pid = operator.pid.clone();
+        let state = args.cp_state.clone();
+        tokio::spawn(async move {
+            loop {
+                usage.sample(&[
+                    ("operator", pid.load(Ordering::Relaxed)),
+                    (
+                        "kube-apiserver",
+                        pid_from(state.as_ref().map(|s| s.join("apiserver.pid"))),
+                    ),
+                    ("etcd", pid_from(state.as_ref().map(|s| s.join("etcd.pid")))),
+                ]);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+    }
     let n = args.nodes;
     let nodes: Api<Node> = Api::all(client.clone());
 
@@ -201,7 +280,9 @@ async fn main() -> anyhow::Result<()> {
             .boxed();
         let mut revision_index: HashMap<String, usize> = HashMap::new();
         tokio::spawn(async move {
-            while let Some(Ok(npc)) = events.next().await {
+            // A watch error (the apiserver is down) is retried by the watcher's backoff.
+            while let Some(event) = events.next().await {
+                let Ok(npc) = event else { continue };
                 let node = npc.name_any();
                 let revision = npc.spec.revision.clone();
                 let generation = npc.metadata.generation.unwrap_or_default();
@@ -209,7 +290,13 @@ async fn main() -> anyhow::Result<()> {
                 let index = *revision_index.entry(revision.clone()).or_insert(next);
                 {
                     let mut seen = seen.lock().expect("seen");
+                    let version = npc.resource_version().unwrap_or_default();
+                    if seen.resource_version.get(&node) == Some(&version) {
+                        continue; // seen already (a relist)
+                    }
+                    seen.resource_version.insert(node.clone(), version);
                     if seen.generation.get(&node) == Some(&generation) {
+                        seen.status_writes += 1;
                         continue; // a status write
                     }
                     seen.generation.insert(node.clone(), generation);
@@ -290,8 +377,15 @@ async fn main() -> anyhow::Result<()> {
     let pcs: Api<ProxyConfig> = Api::all(client.clone());
     let mut rows = Vec::new();
     let mut failures = Vec::new();
-    let mut revisions = Vec::new();
-    for (round, scheduler) in ["wrr", "lc"].iter().enumerate() {
+    let mut rounds = vec![("wrr", None), ("lc", None)];
+    if args.faults {
+        rounds.push(("rr", Some(Fault::KillOperator)));
+        rounds.push(("wlc", Some(Fault::StopApiserver)));
+    }
+    for (round, (scheduler, fault)) in rounds.into_iter().enumerate() {
+        let label = format!("revision {}", round + 1);
+        // Under a fault the last stage goes in smaller steps, so that the fault lands inside it.
+        let fleet_step = if fault.is_some() { "10%" } else { "25%" };
         let body = json!({
             "apiVersion": "kipvs.io/v1alpha1", "kind": "ProxyConfig",
             "metadata": {"name": PC},
@@ -301,13 +395,16 @@ async fn main() -> anyhow::Result<()> {
                 "rollout": {"failureBudget": n, "stages": [
                     {"name": "canary", "nodeSelector": {"matchLabels": {"kipvs.io/canary": "true"}}, "minNodes": 1},
                     {"name": "early", "size": "10%", "maxUnavailable": "100%"},
-                    {"name": "fleet", "maxUnavailable": "25%"}
+                    {"name": "fleet", "maxUnavailable": fleet_step}
                 ]}
             }
         });
         let revision = kipvs_crds::revision::config_revision(&serde_json::from_value(
             body["spec"]["config"].clone(),
         )?);
+        let label = format!("{label} ({revision})");
+        let usage_before = usage.snapshot();
+        let status_writes_before = seen.lock().expect("seen").status_writes;
         let start = Instant::now();
         pcs.patch(
             PC,
@@ -316,13 +413,16 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
         let reconciles_before = reconciles(&args.operator_log);
-        // Wait for the canary's write, then for every eligible, answering node to apply.
-        let expected_applied = (0..n)
-            .filter(|i| !skipped(*i))
-            .filter(|i| round == 0 || share(&name(*i)) >= args.silent_share + args.fail_share)
-            .count();
+        // Wait for the canary's write, then for every eligible, answering node to apply; a
+        // fault lands once the last stage has started.
+        let answering = |i: usize| {
+            !skipped(i) && (round == 0 || share(&name(i)) >= args.silent_share + args.fail_share)
+        };
+        let expected_applied = (0..n).filter(|i| answering(*i)).count();
         let deadline = start + Duration::from_secs(600);
         let mut first_write = None;
+        let mut pending_fault = fault;
+        let mut landed: Option<(Fault, Vec<StageStatus>, String)> = None;
         let all_applied = loop {
             let (canary, applied) = {
                 let seen = seen.lock().expect("seen");
@@ -336,32 +436,64 @@ async fn main() -> anyhow::Result<()> {
             {
                 first_write = Some(at.saturating_duration_since(start));
             }
-            if applied >= expected_applied {
+            if let Some(f) = pending_fault
+                && let Ok(pc) = pcs.get(PC).await
+                && let Some(status) = pc.status
+                && let Some(stages) = last_stage_started(&status, &revision)
+            {
+                let at = format!(
+                    "stage {}, {} of {} nodes updated",
+                    status.stage.as_deref().unwrap_or("-"),
+                    status.updated_nodes,
+                    status.total_nodes
+                );
+                eprintln!("fleet: {label}: {} at {at}", f.describe());
+                match f {
+                    Fault::KillOperator => operator.kill(),
+                    Fault::StopApiserver => {
+                        let state = args.cp_state.as_ref().expect("checked in args()");
+                        let outage = Instant::now();
+                        control_plane("stop-apiserver", state).await?;
+                        tokio::time::sleep(APISERVER_OUTAGE).await;
+                        control_plane("start-apiserver", state).await?;
+                        eprintln!(
+                            "fleet: {label}: apiserver back after {:.1} s",
+                            outage.elapsed().as_secs_f64()
+                        );
+                    }
+                }
+                landed = Some((f, stages, at));
+                pending_fault = None;
+            }
+            if applied >= expected_applied && pending_fault.is_none() {
                 break Some(start.elapsed());
             }
-            if Instant::now() > deadline {
+            if applied >= expected_applied || Instant::now() > deadline {
                 break None;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        // Then the operator's verdict.
+        // Then the operator's verdict (the apiserver may still be coming back).
         let verdict = loop {
-            let pc = pcs.get(PC).await?;
-            let status = pc.status.unwrap_or_default();
-            let reason = status
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "Progressing")
-                .map(|c| c.reason.clone())
-                .unwrap_or_default();
-            if status.last_good_revision.as_deref() == Some(revision.as_str())
-                || Instant::now() > deadline
-            {
-                break (reason, status.healthy_nodes, status.total_nodes);
+            if let Ok(pc) = pcs.get(PC).await {
+                let status = pc.status.unwrap_or_default();
+                if status.last_good_revision.as_deref() == Some(revision.as_str())
+                    || Instant::now() > deadline
+                {
+                    break status;
+                }
+            } else if Instant::now() > deadline {
+                break ProxyConfigStatus::default();
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
         let complete = start.elapsed();
+        let reason = verdict
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")
+            .map(|c| c.reason.clone())
+            .unwrap_or_default();
         let writes: Vec<u32> = {
             let seen = seen.lock().expect("seen");
             (0..n)
@@ -377,56 +509,102 @@ async fn main() -> anyhow::Result<()> {
         let exactly_one = writes.iter().filter(|w| **w == 1).count();
         let max_writes = writes.iter().copied().max().unwrap_or(0);
         let reconciles_during = reconciles(&args.operator_log) - reconciles_before;
+        let status_writes = seen.lock().expect("seen").status_writes - status_writes_before;
+        // What the apiserver holds: every answering node on the revision, Applied.
+        let on_apiserver = npcs
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|npc| {
+                let status = npc.status.as_ref();
+                npc.spec.revision == revision
+                    && status.and_then(|s| s.observed_revision.as_deref())
+                        == Some(revision.as_str())
+                    && status.and_then(|s| s.phase) == Some(NodePhase::Applied)
+            })
+            .count();
         let fmt = |d: Option<Duration>| {
             d.map_or("never".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
         };
         rows.push(format!(
-            "| revision {} ({}) | apply -> canary's NodeProxyConfig written | {} |",
-            round + 1,
-            revision,
+            "| {label} | apply -> canary's NodeProxyConfig written | {} |",
             fmt(first_write)
         ));
         rows.push(format!(
-            "| revision {} | 3-stage rollout, zero soak: apply -> all {} answering nodes Applied | {} |",
-            round + 1,
-            expected_applied,
+            "| {label} | 3-stage rollout, zero soak: apply -> all {expected_applied} answering \
+             nodes Applied | {} |",
             fmt(all_applied)
         ));
         rows.push(format!(
-            "| revision {} | operator's verdict: Progressing {} with {}/{} healthy | {:.2} s |",
-            round + 1,
-            verdict.0,
-            verdict.1,
-            verdict.2,
+            "| {label} | operator's verdict: Progressing {reason} with {}/{} healthy, \
+             {on_apiserver} NodeProxyConfigs Applied on the apiserver | {:.2} s |",
+            verdict.healthy_nodes,
+            verdict.total_nodes,
             complete.as_secs_f64()
         ));
         rows.push(format!(
-            "| revision {} | NodeProxyConfig spec writes per eligible node | exactly 1 on {exactly_one}/{eligible}, max {max_writes} |",
-            round + 1
+            "| {label} | NodeProxyConfig spec writes per eligible node | exactly 1 on \
+             {exactly_one}/{eligible}, max {max_writes} |"
         ));
         rows.push(format!(
-            "| revision {} | reconciles during the rollout | {reconciles_during} |",
-            round + 1
+            "| {label} | reconciles; proxier status writes (heartbeats included) | \
+             {reconciles_during}; {status_writes} |"
+        ));
+        rows.push(format!(
+            "| {label} | CPU seconds: {} | |",
+            usage.snapshot().since(&usage_before)
         ));
         if first_write.is_none_or(|d| d > args.max_first_write) {
             failures.push(format!(
-                "revision {}: first write {} > {:?}",
-                round + 1,
+                "{label}: first write {} > {:?}",
                 fmt(first_write),
                 args.max_first_write
             ));
         }
         if all_applied.is_none() {
-            failures.push(format!("revision {}: rollout did not complete", round + 1));
+            failures.push(format!("{label}: rollout did not complete"));
         }
         if exactly_one != eligible {
             failures.push(format!(
-                "revision {}: {} of {eligible} nodes got exactly one write (max {max_writes})",
-                round + 1,
-                exactly_one
+                "{label}: {exactly_one} of {eligible} nodes got exactly one write (max {max_writes})"
             ));
         }
-        revisions.push(revision);
+        if verdict.last_good_revision.as_deref() != Some(revision.as_str())
+            || verdict.bad_revisions.contains(&revision)
+        {
+            failures.push(format!(
+                "{label}: the operator did not finish the revision (lastGoodRevision {:?}, \
+                 badRevisions {:?})",
+                verdict.last_good_revision, verdict.bad_revisions
+            ));
+        }
+        if on_apiserver < expected_applied {
+            failures.push(format!(
+                "{label}: {on_apiserver} of {expected_applied} NodeProxyConfigs show the \
+                 revision Applied on the apiserver (lost revisions)"
+            ));
+        }
+        match (fault, landed) {
+            (None, _) => {}
+            (Some(f), None) => failures.push(format!(
+                "{label}: {} never landed inside the last stage",
+                f.describe()
+            )),
+            (Some(f), Some((_, before, at))) => {
+                let resumed = resumed(&before, &verdict.stages);
+                rows.push(format!(
+                    "| {label} | {} at {at}: resumed (started stages keep startedAt, complete \
+                     ones healthyAt); operator restarts so far | {}; {} |",
+                    f.describe(),
+                    if resumed.is_empty() { "yes" } else { "NO" },
+                    operator.restarts()
+                ));
+                for r in resumed {
+                    failures.push(format!("{label}: after {}: {r}", f.describe()));
+                }
+            }
+        }
     }
 
     // Quiet: nothing changes but heartbeats.
@@ -442,10 +620,10 @@ async fn main() -> anyhow::Result<()> {
     if quiet > 1 {
         failures.push(format!("{quiet} reconciles while only heartbeats arrived"));
     }
-    let rss = peak_rss_kib(args.operator_pid);
+    let total = usage.snapshot();
     rows.push(format!(
-        "| operator peak RSS (VmHWM) at {n} nodes | | {:.1} MiB |",
-        rss as f64 / 1024.0
+        "| peak RSS (VmHWM) at {n} nodes: {} | |",
+        total.peaks()
     ));
 
     println!("| figure | measured |");
@@ -454,6 +632,19 @@ async fn main() -> anyhow::Result<()> {
         let row = row.replacen(" | ", ": ", 1);
         println!("{row}");
     }
+    println!("operator metrics (kipvs_operator_*, histogram buckets left out):");
+    match operator_metrics(&args.operator_metrics).await {
+        Ok(text) => {
+            for line in text
+                .lines()
+                .filter(|l| l.starts_with("kipvs_operator_") && !l.contains("_bucket{"))
+            {
+                println!("  {line}");
+            }
+        }
+        Err(e) => println!("  cannot read {}: {e}", args.operator_metrics),
+    }
+    operator.stop().await;
     if args.check && !failures.is_empty() {
         for f in &failures {
             eprintln!("fleet: FAIL {f}");
@@ -463,21 +654,284 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long the apiserver is down in the outage fault (issue 15).
+const APISERVER_OUTAGE: Duration = Duration::from_secs(30);
+/// How long the supervisor waits before restarting an exited operator.
+const OPERATOR_RESTART: Duration = Duration::from_secs(2);
+
+/// A fault injected in the middle of a rollout.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// SIGKILL the operator (the supervisor restarts it).
+    KillOperator,
+    /// Stop the apiserver for [`APISERVER_OUTAGE`], then start it again.
+    StopApiserver,
+}
+
+impl Fault {
+    fn describe(self) -> String {
+        match self {
+            Fault::KillOperator => format!(
+                "operator killed (SIGKILL), restarted {} s later",
+                OPERATOR_RESTART.as_secs()
+            ),
+            Fault::StopApiserver => format!(
+                "apiserver stopped for {} s, then started",
+                APISERVER_OUTAGE.as_secs()
+            ),
+        }
+    }
+}
+
+/// The stage statuses once the rollout of `revision` is inside its last stage (that stage
+/// started, earlier ones complete).
+fn last_stage_started(status: &ProxyConfigStatus, revision: &str) -> Option<Vec<StageStatus>> {
+    let last = status.stages.last()?;
+    (status.target_revision.as_deref() == Some(revision)
+        && status.stage.as_deref() == Some(last.name.as_str())
+        && last.started_at.is_some()
+        && last.updated > 0
+        && last.phase == StagePhase::Progressing)
+        .then(|| status.stages.clone())
+}
+
+/// What a restarted operator forgot: stages that had started must keep `startedAt`, complete
+/// ones `healthyAt` and stay complete.
+fn resumed(before: &[StageStatus], after: &[StageStatus]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for b in before {
+        let Some(a) = after.iter().find(|a| a.name == b.name) else {
+            problems.push(format!("stage {} is gone from status", b.name));
+            continue;
+        };
+        if b.started_at.is_some() && a.started_at != b.started_at {
+            problems.push(format!(
+                "stage {} restarted: startedAt {:?} -> {:?}",
+                b.name, b.started_at, a.started_at
+            ));
+        }
+        if b.phase == StagePhase::Complete
+            && (a.phase != StagePhase::Complete || a.healthy_at != b.healthy_at)
+        {
+            problems.push(format!(
+                "complete stage {} re-ran: {:?} healthyAt {:?} -> {:?} {:?}",
+                b.name, b.phase, b.healthy_at, a.phase, a.healthy_at
+            ));
+        }
+    }
+    problems
+}
+
+/// `hack/control-plane.sh ACTION STATE` (the harness runs from the repository root).
+async fn control_plane(action: &str, state: &std::path::Path) -> anyhow::Result<()> {
+    let status = tokio::process::Command::new("hack/control-plane.sh")
+        .arg(action)
+        .arg(state)
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "hack/control-plane.sh {action}: {status}");
+    Ok(())
+}
+
+/// The operator process, run and restarted like the kubelet runs a container.
+struct Operator {
+    pid: Arc<AtomicU32>,
+    restarts: Arc<AtomicUsize>,
+    kill: mpsc::UnboundedSender<bool>,
+    done: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Operator {
+    /// Starts `bin` with `args`, output appended to `log`, its pid written to `pid_file`;
+    /// restarts it [`OPERATOR_RESTART`] after it exits.
+    fn supervise(
+        bin: String,
+        args: Vec<String>,
+        log: String,
+        pid_file: Option<PathBuf>,
+    ) -> Operator {
+        let pid = Arc::new(AtomicU32::new(0));
+        let restarts = Arc::new(AtomicUsize::new(0));
+        let (kill, mut killed) = mpsc::unbounded_channel::<bool>();
+        let task = {
+            let (pid, restarts) = (pid.clone(), restarts.clone());
+            tokio::spawn(async move {
+                loop {
+                    let child = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&log)
+                        .and_then(|out| {
+                            tokio::process::Command::new(&bin)
+                                .args(&args)
+                                .stdout(out.try_clone()?)
+                                .stderr(out)
+                                .kill_on_drop(true)
+                                .spawn()
+                        });
+                    let mut child = match child {
+                        Ok(child) => child,
+                        Err(e) => {
+                            eprintln!("fleet: cannot start {bin}: {e}");
+                            return;
+                        }
+                    };
+                    let id = child.id().unwrap_or_default();
+                    pid.store(id, Ordering::Relaxed);
+                    if let Some(file) = &pid_file {
+                        let _ = std::fs::write(file, id.to_string());
+                    }
+                    let (status, last) = tokio::select! {
+                        status = child.wait() => (status, false),
+                        Some(last) = killed.recv() => {
+                            let _ = child.start_kill();
+                            (child.wait().await, last)
+                        }
+                    };
+                    if last {
+                        return;
+                    }
+                    let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                    eprintln!(
+                        "fleet: operator (pid {id}) exited: {status}; restarting in {} s",
+                        OPERATOR_RESTART.as_secs()
+                    );
+                    restarts.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(OPERATOR_RESTART).await;
+                }
+            })
+        };
+        Operator {
+            pid,
+            restarts,
+            kill,
+            done: Mutex::new(Some(task)),
+        }
+    }
+
+    fn restarts(&self) -> usize {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// SIGKILL (the supervisor restarts it).
+    fn kill(&self) {
+        let _ = self.kill.send(false);
+    }
+
+    /// Stops it for good.
+    async fn stop(&self) {
+        let _ = self.kill.send(true);
+        let task = self.done.lock().expect("operator task").take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+/// CPU time and peak RSS per process role, sampled from `/proc` every 0.5 s (processes that
+/// restart are summed over their pids).
+#[derive(Clone, Default)]
+struct Usage {
+    roles: Arc<Mutex<Vec<RoleUsage>>>,
+}
+
+/// One role's samples: its name, CPU milliseconds per pid, peak VmHWM (KiB) over its pids.
+type RoleUsage = (&'static str, HashMap<u32, u64>, u64);
+
+/// A copy of [`Usage`] at one moment.
+struct UsageSnapshot(Vec<(&'static str, f64, u64)>);
+
+impl Usage {
+    fn sample(&self, pids: &[(&'static str, u32)]) {
+        let ticks_per_second = 100; // USER_HZ on Linux
+        let mut roles = self.roles.lock().expect("usage");
+        for (role, pid) in pids {
+            if *pid == 0 {
+                continue;
+            }
+            let Some((cpu, hwm)) = proc_usage(*pid) else {
+                continue;
+            };
+            let i = match roles.iter().position(|r| r.0 == *role) {
+                Some(i) => i,
+                None => {
+                    roles.push((role, HashMap::new(), 0));
+                    roles.len() - 1
+                }
+            };
+            roles[i].1.insert(*pid, cpu * 1000 / ticks_per_second);
+            roles[i].2 = roles[i].2.max(hwm);
+        }
+    }
+
+    fn snapshot(&self) -> UsageSnapshot {
+        let roles = self.roles.lock().expect("usage");
+        UsageSnapshot(
+            roles
+                .iter()
+                .map(|(role, cpu, hwm)| (*role, cpu.values().sum::<u64>() as f64 / 1000.0, *hwm))
+                .collect(),
+        )
+    }
+}
+
+impl UsageSnapshot {
+    /// CPU seconds per role since `before`.
+    fn since(&self, before: &UsageSnapshot) -> String {
+        self.0
+            .iter()
+            .map(|(role, cpu, _)| {
+                let was = before.0.iter().find(|b| b.0 == *role).map_or(0.0, |b| b.1);
+                format!("{role} {:.1}", cpu - was)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Peak RSS per role.
+    fn peaks(&self) -> String {
+        self.0
+            .iter()
+            .map(|(role, _, hwm)| format!("{role} {:.1} MiB", *hwm as f64 / 1024.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// A process's CPU time (utime + stime, in ticks) and peak RSS (VmHWM, KiB), from `/proc`.
+fn proc_usage(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let cpu = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())?;
+    Some((cpu, hwm))
+}
+
+/// A pid from a control plane pid file (0 when it is not there).
+fn pid_from(file: Option<PathBuf>) -> u32 {
+    file.and_then(|f| std::fs::read_to_string(f).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The operator's /metrics text (plain HTTP/1.0 GET).
+async fn operator_metrics(address: &str) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    Ok(text)
+}
+
 /// Reconciles the operator logged so far (its debug line "reconciled" per reconcile).
 fn reconciles(log: &str) -> usize {
     std::fs::read_to_string(log)
         .map(|text| text.lines().filter(|l| l.contains("reconciled")).count())
-        .unwrap_or(0)
-}
-
-/// The operator's peak resident set (KiB), from /proc.
-fn peak_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
         .unwrap_or(0)
 }
