@@ -1,9 +1,9 @@
 //! The controller: the I/O around [`rollout::decide`].
 //!
 //! Reflectors keep ProxyConfigs, Nodes and NodeProxyConfigs in memory. A kube-runtime
-//! [`Controller`] reconciles a ProxyConfig when it changes, and every ProxyConfig when a Node
-//! changes in a way the decision can see (labels, taints, readiness, deletion) or a
-//! NodeProxyConfig changes (a proxier's report), debounced. A reconcile builds the decision's
+//! [`Controller`] reconciles a ProxyConfig when it changes, and when a Node or NodeProxyConfig
+//! changes in a way its decision can see ([`crate::triggers`]: relevance, then the ProxyConfigs
+//! the change concerns). A reconcile builds the decision's
 //! input from the stores, then writes: NodeProxyConfigs by server-side apply (controlling
 //! ownerReference to the ProxyConfig), Events, and the status (server-side apply on the status
 //! subresource, only when it changed).
@@ -18,6 +18,7 @@ use crate::events::Publisher;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Decision, Input, NodeView, NpcView, Write};
 use crate::stored::StoredProxyConfig;
+use crate::triggers::{Concerned, node_relevance, npc_relevance};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -29,7 +30,6 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::collections::{HashMap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -128,40 +128,6 @@ impl Context {
     }
 }
 
-/// What a Node change must look like to matter: labels, the autoscaler taint, readiness and
-/// deletion (not heartbeats or images).
-fn node_relevance(node: &Node) -> Option<u64> {
-    let view = NodeView::from_node(node);
-    let mut hasher = DefaultHasher::new();
-    view.labels.hash(&mut hasher);
-    view.skip.map(|s| s as u8).hash(&mut hasher);
-    Some(hasher.finish())
-}
-
-/// What a NodeProxyConfig change must look like to matter: its spec (`metadata.generation`),
-/// its controller, deletion, and the proxier's verdict (observed revision, phase, health). Not
-/// `status.lastSyncTime`, `message` or `syncErrors`: a proxier refreshing its status must not
-/// trigger reconciles (issue 15: with N nodes such refreshes arrived every 60/N s and, behind a
-/// resetting debounce, starved the controller).
-fn npc_relevance(npc: &NodeProxyConfig) -> Option<u64> {
-    let view = NpcView::from_npc(npc);
-    let status = npc.status.as_ref();
-    let mut hasher = DefaultHasher::new();
-    npc.metadata.generation.hash(&mut hasher);
-    npc.metadata.deletion_timestamp.is_some().hash(&mut hasher);
-    view.owner.hash(&mut hasher);
-    view.revision.hash(&mut hasher);
-    status
-        .and_then(|s| s.observed_revision.as_deref())
-        .hash(&mut hasher);
-    status
-        .and_then(|s| s.phase)
-        .map(|p| p as u8)
-        .hash(&mut hasher);
-    status.and_then(|s| s.healthy).hash(&mut hasher);
-    Some(hasher.finish())
-}
-
 /// Runs the controller until a shutdown signal: starts the reflectors, waits until they have
 /// listed everything (a decision over a partial list could delete NodeProxyConfigs), then
 /// reconciles.
@@ -173,27 +139,38 @@ pub async fn run(client: Client, identity: &str, metrics: Metrics) -> anyhow::Re
     let node_api: Api<Node> = Api::all(client.clone());
     let npc_api: Api<NodeProxyConfig> = Api::all(client.clone());
 
-    let (nodes, node_writer) = reflector::store();
-    let node_events =
-        reflector::reflector(node_writer, watcher(node_api, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects()
-            .predicate_filter(node_relevance, Default::default())
-            .map(|_| ());
-    let (npcs, npc_writer) = reflector::store();
-    let npc_events = reflector::reflector(npc_writer, watcher(npc_api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects()
-        .predicate_filter(npc_relevance, Default::default())
-        .map(|_| ());
-    let triggers = stream::select(node_events, npc_events).boxed();
-
     // No debounce: kube-runtime's debounce restarts with every trigger, so a steady stream of
     // triggers postpones the reconcile indefinitely. Without it, triggers that arrive while a
     // reconcile of the same ProxyConfig runs are merged into one reconcile right after it, so
     // the controller runs at most back to back and never waits for a quiet moment.
     let controller = Controller::new(pc_api, watcher::Config::default())
         .with_config(ControllerConfig::default().debounce(Duration::ZERO));
+    let (nodes, node_writer) = reflector::store();
+    let (npcs, npc_writer) = reflector::store();
+    let concerned = Arc::new(Concerned::new(
+        controller.store(),
+        nodes.clone(),
+        npcs.clone(),
+    ));
+
+    // Each relevant change reconciles the ProxyConfigs it concerns (crate::triggers).
+    let node_events = {
+        let concerned = concerned.clone();
+        reflector::reflector(node_writer, watcher(node_api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+            .predicate_filter(node_relevance, Default::default())
+            .filter_map(|node| std::future::ready(node.ok()))
+            .flat_map(move |node| stream::iter(concerned.node(&node)))
+    };
+    let npc_events = reflector::reflector(npc_writer, watcher(npc_api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(npc_relevance, Default::default())
+        .filter_map(|npc| std::future::ready(npc.ok()))
+        .flat_map(move |npc| stream::iter(concerned.npc(&npc)));
+    let triggers = stream::select(node_events, npc_events).boxed();
+
     let ctx = Arc::new(
         Context::new(client, identity, controller.store(), nodes, npcs).with_metrics(metrics),
     );
@@ -201,7 +178,7 @@ pub async fn run(client: Client, identity: &str, metrics: Metrics) -> anyhow::Re
     // The trigger stream also drives the Node and NodeProxyConfig reflectors; readiness is
     // awaited inside the first reconciles (see `reconcile`).
     controller
-        .reconcile_all_on(triggers)
+        .reconcile_on(triggers)
         .shutdown_on_signal()
         .run(reconcile_stored, error_policy, ctx)
         .for_each(|result| async move {
@@ -269,6 +246,16 @@ async fn report_undecodable(
         .conditions
         .iter()
         .any(|c| c.reason == "InvalidSpec" && c.message == message);
+    // The status first, then the Event (as in `reconcile`).
+    if stored.status.as_ref() != Some(&status) {
+        write_status(
+            ctx,
+            &name,
+            stored.metadata.resource_version.clone(),
+            &status,
+        )
+        .await?;
+    }
     if !said {
         let note = rollout::Note {
             warning: true,
@@ -278,15 +265,6 @@ async fn report_undecodable(
         if let Err(e) = ctx.events.publish(stored, &note).await {
             tracing::warn!(proxyconfig = %name, error = %e, "cannot publish Event");
         }
-    }
-    if stored.status.as_ref() != Some(&status) {
-        write_status(
-            ctx,
-            &name,
-            stored.metadata.resource_version.clone(),
-            &status,
-        )
-        .await?;
     }
     Ok(Action::requeue(RESYNC))
 }
@@ -351,16 +329,10 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
         }
     }
 
-    for note in &decision.events {
-        match ctx.events.publish(&*pc, note).await {
-            Ok(()) => ctx.metrics.writes.with_label_values(&["event"]).inc(),
-            Err(e) => {
-                tracing::warn!(proxyconfig = %name, error = %e, reason = note.reason, "cannot publish Event")
-            }
-        }
-        tracing::info!(proxyconfig = %name, reason = note.reason, "{}", note.message);
-    }
-
+    // The status first, then the Events: the Events of a decision are its transitions from the
+    // previous status (a stage started, a node failed), so if the status write fails, the next
+    // reconcile decides from the same previous status and publishes them then, once. Published
+    // before a lost status write they would be published again.
     if previous.as_ref() != Some(&decision.status) {
         write_status(
             &ctx,
@@ -369,6 +341,15 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
             &decision.status,
         )
         .await?;
+    }
+    for note in &decision.events {
+        match ctx.events.publish(&*pc, note).await {
+            Ok(()) => ctx.metrics.writes.with_label_values(&["event"]).inc(),
+            Err(e) => {
+                tracing::warn!(proxyconfig = %name, error = %e, reason = note.reason, "cannot publish Event")
+            }
+        }
+        tracing::info!(proxyconfig = %name, reason = note.reason, "{}", note.message);
     }
     match failure {
         Some(e) => Err(e),
@@ -543,48 +524,4 @@ async fn write_status(
 pub fn error_policy(pc: Arc<StoredProxyConfig>, error: &Error, _: Arc<Context>) -> Action {
     tracing::warn!(proxyconfig = %pc.name_any(), %error, "reconcile failed; retrying");
     Action::requeue(RETRY)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use kipvs_crds::{NodePhase, NodeProxyConfigSpec, NodeProxyConfigStatus};
-
-    #[test]
-    fn status_refreshes_do_not_trigger_but_verdicts_and_specs_do() {
-        let mut npc = NodeProxyConfig::new(
-            "a",
-            NodeProxyConfigSpec {
-                revision: "r1".into(),
-                assigned_at: Time(Timestamp::UNIX_EPOCH),
-                config: Default::default(),
-            },
-        );
-        npc.metadata.generation = Some(1);
-        npc.status = Some(NodeProxyConfigStatus {
-            observed_revision: Some("r1".into()),
-            phase: Some(NodePhase::Applied),
-            healthy: Some(true),
-            last_sync_time: Some(Time(Timestamp::UNIX_EPOCH)),
-            message: None,
-            sync_errors: Some(0),
-        });
-        let before = npc_relevance(&npc);
-        let mut refreshed = npc.clone();
-        let status = refreshed.status.as_mut().unwrap();
-        status.last_sync_time = Some(Time(Timestamp::now()));
-        status.sync_errors = Some(3);
-        status.message = Some("sync error".into());
-        assert_eq!(npc_relevance(&refreshed), before, "a heartbeat");
-        let mut unhealthy = npc.clone();
-        unhealthy.status.as_mut().unwrap().healthy = Some(false);
-        assert_ne!(npc_relevance(&unhealthy), before);
-        let mut failed = npc.clone();
-        failed.status.as_mut().unwrap().phase = Some(NodePhase::Failed);
-        assert_ne!(npc_relevance(&failed), before);
-        let mut edited = npc.clone();
-        edited.metadata.generation = Some(2);
-        assert_ne!(npc_relevance(&edited), before, "a spec edit (drift)");
-    }
 }

@@ -8,6 +8,7 @@
 //! - [`lease`]: leader election through a Lease.
 //! - [`conditions`]: the status conditions and their transition times.
 //! - [`stored`]: ProxyConfigs read without failing (an undecodable one is reported, not fatal).
+//! - [`triggers`]: which Node and NodeProxyConfig changes reconcile which ProxyConfigs.
 //! - [`sim`]: an in-memory fleet to drive the decision (tests, benchmarks, what-if runs).
 
 pub mod conditions;
@@ -18,3 +19,4 @@ pub mod metrics;
 pub mod rollout;
 pub mod sim;
 pub mod stored;
+pub mod triggers;

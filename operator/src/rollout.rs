@@ -773,6 +773,9 @@ impl<'a> Decider<'a> {
         self.conditions.halted(&bad);
     }
 
+    /// A revision rolling out, in the order of its decisions: stage membership, health
+    /// (latched per revision), the failure budget, the stage cursor, the writes, then the
+    /// status of where the rollout stands.
     fn rollout(&mut self, members: &mut [Member<'a>], target: String) {
         let input = self.input;
         let rollout: &RolloutSpec = &input.spec.rollout;
@@ -781,61 +784,26 @@ impl<'a> Decider<'a> {
         let continuing = self.prev.target_revision.as_deref() == Some(target.as_str());
         let done = continuing && self.prev.last_good_revision.as_deref() == Some(target.as_str());
         self.status.target_revision = Some(target.clone());
-        let revision: Arc<str> = target.as_str().into();
-        let config = Arc::new(input.spec.config.clone());
-        let good: Option<(Arc<str>, Arc<ProxierConfiguration>)> = self
-            .status
-            .last_good_revision
-            .clone()
-            .zip(self.status.last_good_config.clone())
-            .map(|(r, c)| (r.into(), Arc::new(c)));
 
         let mut stage_status = carried_stage_statuses(&stages, &self.prev.stages, continuing, done);
         assign_stages(&stages, &mut stage_status, members);
 
-        // Per-stage state.
         let timeout = rollout.apply_timeout;
-        let StageHealth {
-            failed: failed_total,
-            in_flight,
-            deadlines,
-        } = stage_health(members, &target, &mut stage_status, timeout, now);
-        for at in deadlines {
-            self.requeue_at(at);
+        let health = stage_health(members, &target, &mut stage_status, timeout, now);
+        for at in &health.deadlines {
+            self.requeue_at(*at);
         }
         self.status.updated_nodes = count(stage_status.iter().map(|s| s.updated as usize).sum());
         self.status.healthy_nodes = count(stage_status.iter().map(|s| s.healthy as usize).sum());
-        self.status.failed_nodes = count(failed_total.len());
-        let failed_names: Vec<&str> = failed_total.iter().map(|m| m.view.name).collect();
-        self.report_failures(&target, &failed_total);
+        self.status.failed_nodes = count(health.failed.len());
+        let failed_names: Vec<&str> = health.failed.iter().map(|m| m.view.name).collect();
+        self.report_failures(&target, &health.failed);
 
-        // Over budget: the revision is bad (a revision that already reached every node is the
-        // last good one; its failures only make the ProxyConfig unavailable).
-        if !done && failed_total.len() > rollout.failure_budget as usize {
-            self.status.bad_revisions.push(target.clone());
-            let excess = self
-                .status
-                .bad_revisions
-                .len()
-                .saturating_sub(MAX_BAD_REVISIONS);
-            self.status.bad_revisions.drain(..excess);
-            self.note(
-                true,
-                "RevisionFailed",
-                format!(
-                    "revision {target} failed on {} node(s) (failure budget {}): {}",
-                    failed_names.len(),
-                    rollout.failure_budget,
-                    list(&failed_names)
-                ),
-            );
+        // A revision that already reached every node is the last good one: its failures only
+        // make the ProxyConfig unavailable.
+        if !done && over_budget(health.failed.len(), rollout.failure_budget) {
             self.status.stages = stage_status;
-            self.conditions.revision_failed(&target, &failed_names);
-            if rollout.auto_rollback {
-                self.rollback(members, &target);
-            } else {
-                self.halted(members, target);
-            }
+            self.fail_revision(members, target, &failed_names);
             return;
         }
         self.conditions.failures_within_budget(
@@ -845,132 +813,128 @@ impl<'a> Decider<'a> {
             done,
         );
 
-        // Walk the stages: complete ones advance the cursor; writes up to the cursor.
-        let paused = input.spec.paused;
         let promote = input.annotations.and_then(|a| a.get(PROMOTE_ANNOTATION));
-        let mut cursor = stages.len();
-        let mut too_small = None;
-        for (i, stage) in stages.iter().enumerate() {
-            let st = &mut stage_status[i];
-            if st.phase == StagePhase::Complete {
-                continue;
-            }
-            if paused {
-                cursor = i;
-                break;
-            }
-            if st.total - st.skipped < stage.min_nodes {
-                st.phase = StagePhase::Waiting;
-                st.healthy_at = None;
-                cursor = i;
-                too_small = Some(st.total - st.skipped);
-                break;
-            }
-            if st.started_at.is_none() {
-                st.started_at = Some(Time(now));
-                let message = format!(
-                    "stage {} started for revision {target}: {} node(s), maxUnavailable {}",
-                    stage.name, st.total, stage.max_unavailable
-                );
-                self.events.push(Note {
-                    warning: false,
-                    reason: "StageStarted",
-                    message,
-                });
-            }
-            let waiting = st.total - st.skipped;
-            let settled = st.healthy + st.failed;
-            if settled < waiting {
-                st.phase = StagePhase::Progressing;
-                st.healthy_at = None;
-                cursor = i;
-                break;
-            }
-            let empty = waiting == 0;
-            let healthy_at = st.healthy_at.get_or_insert(Time(now)).0;
-            let soak_end = healthy_at
-                .checked_add(stage.soak_duration)
-                .unwrap_or(Timestamp::MAX);
-            if !empty && now < soak_end {
-                st.phase = StagePhase::Soaking;
-                self.requeue_at(soak_end);
-                cursor = i;
-                break;
-            }
-            if !empty && stage.pause && st.promoted_at.is_none() {
-                if promote.map(String::as_str) == Some(&format!("{}@{target}", stage.name)) {
-                    st.promoted_at = Some(Time(now));
-                    let message = format!("stage {} of revision {target} promoted", stage.name);
-                    self.events.push(Note {
-                        warning: false,
-                        reason: "StagePromoted",
-                        message,
-                    });
-                } else {
-                    st.phase = StagePhase::AwaitingPromotion;
-                    cursor = i;
-                    break;
-                }
-            }
-            st.phase = StagePhase::Complete;
-            if empty {
-                let message = format!(
-                    "stage {} of revision {target} has no node to wait for ({} node(s), {} \
-                     skipped): it completes without running; set minNodes on the stage to \
-                     make the rollout wait instead",
-                    stage.name, st.total, st.skipped
-                );
-                self.note(true, "StageEmpty", message);
-            }
-            let message = format!(
-                "stage {} complete for revision {target}: {} healthy, {} failed, {} skipped",
-                stage.name, st.healthy, st.failed, st.skipped
-            );
-            self.events.push(Note {
-                warning: false,
-                reason: "StageComplete",
-                message,
-            });
+        let cursor = advance_stages(
+            &stages,
+            &mut stage_status,
+            &target,
+            now,
+            input.spec.paused,
+            promote.map(String::as_str),
+        );
+        if let Some(at) = cursor.soak_end {
+            self.requeue_at(at);
         }
+        self.events.extend(cursor.notes.iter().cloned());
 
-        // Writes: the target up to the cursor (within maxUnavailable), the last good revision
-        // to unconfigured nodes beyond it.
-        let mut slots: Vec<usize> = stages
-            .iter()
-            .zip(&stage_status)
-            .zip(&in_flight)
-            .map(|((stage, st), &busy)| {
-                stage
-                    .max_unavailable
-                    .of(st.total as usize)
-                    .max(1)
-                    .saturating_sub(busy)
-            })
-            .collect();
-        for m in members.iter() {
-            if m.view.skip.is_some() || m.revision() == Some(target.as_str()) {
-                continue;
-            }
-            if m.stage < cursor || (m.stage == cursor && too_small.is_none()) {
-                if slots[m.stage] > 0 {
-                    slots[m.stage] -= 1;
+        self.write_rollout(
+            members,
+            &target,
+            &stages,
+            &mut stage_status,
+            &health,
+            &cursor,
+        );
+        self.report_cursor(&stages, &stage_status, &cursor, &target);
+        self.conditions.progress(
+            &target,
+            &stages,
+            &stage_status,
+            cursor.at,
+            self.status.updated_nodes,
+            self.status.healthy_nodes,
+        );
+        self.status.stages = stage_status;
+    }
+
+    /// More failures than the budget: the revision is bad; with autoRollback the nodes return
+    /// to the last good revision, else the rollout halts.
+    fn fail_revision(&mut self, members: &[Member<'_>], target: String, failed: &[&str]) {
+        let rollout = &self.input.spec.rollout;
+        self.status.bad_revisions.push(target.clone());
+        let excess = self
+            .status
+            .bad_revisions
+            .len()
+            .saturating_sub(MAX_BAD_REVISIONS);
+        self.status.bad_revisions.drain(..excess);
+        self.note(
+            true,
+            "RevisionFailed",
+            format!(
+                "revision {target} failed on {} node(s) (failure budget {}): {}",
+                failed.len(),
+                rollout.failure_budget,
+                list(failed)
+            ),
+        );
+        self.conditions.revision_failed(&target, failed);
+        if rollout.auto_rollback {
+            self.rollback(members, &target);
+        } else {
+            self.halted(members, target);
+        }
+    }
+
+    /// The writes of a rollout ([`rollout_writes`]): the target revision to the chosen nodes
+    /// (counted as updated; their apply deadline is the next look), the last good revision to
+    /// unconfigured nodes beyond the cursor.
+    fn write_rollout(
+        &mut self,
+        members: &[Member<'_>],
+        target: &str,
+        stages: &[Stage],
+        stage_status: &mut [StageStatus],
+        health: &StageHealth<'_, '_>,
+        cursor: &Cursor,
+    ) {
+        let revision: Arc<str> = target.into();
+        let config = Arc::new(self.input.spec.config.clone());
+        let good: Option<(Arc<str>, Arc<ProxierConfiguration>)> = self
+            .status
+            .last_good_revision
+            .clone()
+            .zip(self.status.last_good_config.clone())
+            .map(|(r, c)| (r.into(), Arc::new(c)));
+        let timeout = self.input.spec.rollout.apply_timeout;
+        let now = self.input.now;
+        for (m, assignment) in rollout_writes(
+            members,
+            target,
+            stages,
+            stage_status,
+            &health.in_flight,
+            cursor,
+        ) {
+            match assignment {
+                Assignment::Target => {
                     self.assign(m.view, &revision, &config);
                     stage_status[m.stage].updated += 1;
                     self.status.updated_nodes += 1;
                     self.requeue_at(now.checked_add(timeout).unwrap_or(Timestamp::MAX));
                 }
-            } else if m.npc.is_none()
-                && let Some((good_revision, good_config)) = &good
-            {
-                self.assign(m.view, good_revision, good_config);
+                Assignment::LastGood => {
+                    if let Some((good_revision, good_config)) = &good {
+                        self.assign(m.view, good_revision, good_config);
+                    }
+                }
             }
         }
+    }
 
-        // The rollout is complete once every stage is.
-        if cursor == stages.len() {
-            if self.status.last_good_revision.as_deref() != Some(target.as_str()) {
-                self.status.last_good_revision = Some(target.clone());
-                self.status.last_good_config = Some(input.spec.config.clone());
+    /// Where the rollout stands: complete (the target becomes the last good revision), or the
+    /// stage it waits in and why (too few nodes, a promotion).
+    fn report_cursor(
+        &mut self,
+        stages: &[Stage],
+        stage_status: &[StageStatus],
+        cursor: &Cursor,
+        target: &str,
+    ) {
+        if cursor.at == stages.len() {
+            if self.status.last_good_revision.as_deref() != Some(target) {
+                self.status.last_good_revision = Some(target.to_owned());
+                self.status.last_good_config = Some(self.input.spec.config.clone());
                 let message = match self.status.conflicting_node_count {
                     0 => format!("revision {target} is on every node"),
                     n => format!(
@@ -981,47 +945,38 @@ impl<'a> Decider<'a> {
                 self.note(false, "RolloutComplete", message);
             }
             self.status.stage = None;
-        } else {
-            let stage = &stages[cursor];
-            self.status.stage = Some(stage.name.clone());
-            if let Some(waiting) = too_small {
-                let message = format!(
-                    "stage {} of revision {target} needs at least {} node(s) (minNodes) and has \
-                     {waiting} that are neither skipped nor conflicting: the rollout waits",
-                    stage.name, stage.min_nodes
-                );
-                if self.prev.conditions.iter().all(|c| c.message != message) {
-                    self.note(true, "StageTooSmall", message.clone());
-                }
-                self.conditions.stage_too_small(&message);
-            }
-            if stage_status[cursor].phase == StagePhase::AwaitingPromotion {
-                let command = format!(
-                    "kubectl annotate proxyconfig {} {PROMOTE_ANNOTATION}={}@{target} --overwrite",
-                    input.name, stage.name
-                );
-                if self.prev.stage.as_deref() != Some(stage.name.as_str())
-                    || self.prev.stages.get(cursor).map(|s| s.phase)
-                        != Some(StagePhase::AwaitingPromotion)
-                {
-                    self.note(
-                        false,
-                        "StageAwaitingPromotion",
-                        format!("stage {} waits for promotion: {command}", stage.name),
-                    );
-                }
-                self.conditions.awaiting_promotion(&stage.name, &command);
-            }
+            return;
         }
-        self.conditions.progress(
-            &target,
-            &stages,
-            &stage_status,
-            cursor,
-            self.status.updated_nodes,
-            self.status.healthy_nodes,
-        );
-        self.status.stages = stage_status;
+        let stage = &stages[cursor.at];
+        self.status.stage = Some(stage.name.clone());
+        if let Some(waiting) = cursor.too_small {
+            let message = format!(
+                "stage {} of revision {target} needs at least {} node(s) (minNodes) and has \
+                 {waiting} that are neither skipped nor conflicting: the rollout waits",
+                stage.name, stage.min_nodes
+            );
+            if self.prev.conditions.iter().all(|c| c.message != message) {
+                self.note(true, "StageTooSmall", message.clone());
+            }
+            self.conditions.stage_too_small(&message);
+        }
+        if stage_status[cursor.at].phase == StagePhase::AwaitingPromotion {
+            let command = format!(
+                "kubectl annotate proxyconfig {} {PROMOTE_ANNOTATION}={}@{target} --overwrite",
+                self.input.name, stage.name
+            );
+            if self.prev.stage.as_deref() != Some(stage.name.as_str())
+                || self.prev.stages.get(cursor.at).map(|s| s.phase)
+                    != Some(StagePhase::AwaitingPromotion)
+            {
+                self.note(
+                    false,
+                    "StageAwaitingPromotion",
+                    format!("stage {} waits for promotion: {command}", stage.name),
+                );
+            }
+            self.conditions.awaiting_promotion(&stage.name, &command);
+        }
     }
 
     /// Failed nodes in status, and an Event for each node that newly failed.
@@ -1068,6 +1023,167 @@ impl<'a> Decider<'a> {
             self.status.failures.push(failure);
         }
     }
+}
+
+/// Whether `failed` nodes exceed the failure budget (the budget is how many may fail).
+fn over_budget(failed: usize, budget: u32) -> bool {
+    failed > budget as usize
+}
+
+/// Where [`advance_stages`] stopped.
+struct Cursor {
+    /// The first stage not complete (`stages.len()`: every stage is).
+    at: usize,
+    /// The cursor's stage has fewer than `minNodes` nodes to wait for (how many it has).
+    too_small: Option<u32>,
+    /// When the cursor's stage ends its soak (the decision's next look).
+    soak_end: Option<Timestamp>,
+    /// StageStarted, StageEmpty, StagePromoted and StageComplete Events, in order.
+    notes: Vec<Note>,
+}
+
+/// The stage cursor: walks the stages in order, completing each one that is done (every node
+/// that is not skipped settled, soak passed, promoted if it pauses) and stopping at the first
+/// that is not. Sets each stage's phase and timestamps (`startedAt`, `healthyAt`, `promotedAt`)
+/// in `stage_status`. With `paused`, no stage advances.
+fn advance_stages(
+    stages: &[Stage],
+    stage_status: &mut [StageStatus],
+    target: &str,
+    now: Timestamp,
+    paused: bool,
+    promote: Option<&str>,
+) -> Cursor {
+    let mut cursor = Cursor {
+        at: stages.len(),
+        too_small: None,
+        soak_end: None,
+        notes: Vec::new(),
+    };
+    let mut note = |warning: bool, reason: &'static str, message: String| {
+        cursor.notes.push(Note {
+            warning,
+            reason,
+            message,
+        });
+    };
+    for (i, stage) in stages.iter().enumerate() {
+        let st = &mut stage_status[i];
+        if st.phase == StagePhase::Complete {
+            continue;
+        }
+        cursor.at = i;
+        if paused {
+            return cursor;
+        }
+        let waiting = st.total - st.skipped;
+        if waiting < stage.min_nodes {
+            st.phase = StagePhase::Waiting;
+            st.healthy_at = None;
+            cursor.too_small = Some(waiting);
+            return cursor;
+        }
+        if st.started_at.is_none() {
+            st.started_at = Some(Time(now));
+            let message = format!(
+                "stage {} started for revision {target}: {} node(s), maxUnavailable {}",
+                stage.name, st.total, stage.max_unavailable
+            );
+            note(false, "StageStarted", message);
+        }
+        if st.healthy + st.failed < waiting {
+            st.phase = StagePhase::Progressing;
+            st.healthy_at = None;
+            return cursor;
+        }
+        let empty = waiting == 0;
+        let healthy_at = st.healthy_at.get_or_insert(Time(now)).0;
+        let soak_end = healthy_at
+            .checked_add(stage.soak_duration)
+            .unwrap_or(Timestamp::MAX);
+        if !empty && now < soak_end {
+            st.phase = StagePhase::Soaking;
+            cursor.soak_end = Some(soak_end);
+            return cursor;
+        }
+        if !empty && stage.pause && st.promoted_at.is_none() {
+            if promote == Some(format!("{}@{target}", stage.name).as_str()) {
+                st.promoted_at = Some(Time(now));
+                let message = format!("stage {} of revision {target} promoted", stage.name);
+                note(false, "StagePromoted", message);
+            } else {
+                st.phase = StagePhase::AwaitingPromotion;
+                return cursor;
+            }
+        }
+        st.phase = StagePhase::Complete;
+        if empty {
+            let message = format!(
+                "stage {} of revision {target} has no node to wait for ({} node(s), {} \
+                 skipped): it completes without running; set minNodes on the stage to make \
+                 the rollout wait instead",
+                stage.name, st.total, st.skipped
+            );
+            note(true, "StageEmpty", message);
+        }
+        let message = format!(
+            "stage {} complete for revision {target}: {} healthy, {} failed, {} skipped",
+            stage.name, st.healthy, st.failed, st.skipped
+        );
+        note(false, "StageComplete", message);
+    }
+    cursor.at = stages.len();
+    cursor
+}
+
+/// Which revision a rollout writes to a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Assignment {
+    /// The revision rolling out.
+    Target,
+    /// The last good revision (a node beyond the cursor without a NodeProxyConfig).
+    LastGood,
+}
+
+/// The rollout's writes: members of stages up to the cursor that are not skipped and not on
+/// the target get it, at most `maxUnavailable` of a stage in flight at once (at least one;
+/// the cursor's stage gets none while it is too small); members beyond the cursor without a
+/// NodeProxyConfig get the last good revision.
+fn rollout_writes<'m, 'a>(
+    members: &'m [Member<'a>],
+    target: &str,
+    stages: &[Stage],
+    stage_status: &[StageStatus],
+    in_flight: &[usize],
+    cursor: &Cursor,
+) -> Vec<(&'m Member<'a>, Assignment)> {
+    let mut slots: Vec<usize> = stages
+        .iter()
+        .zip(stage_status)
+        .zip(in_flight)
+        .map(|((stage, st), &busy)| {
+            stage
+                .max_unavailable
+                .of(st.total as usize)
+                .max(1)
+                .saturating_sub(busy)
+        })
+        .collect();
+    let mut writes = Vec::new();
+    for m in members {
+        if m.view.skip.is_some() || m.revision() == Some(target) {
+            continue;
+        }
+        if m.stage < cursor.at || (m.stage == cursor.at && cursor.too_small.is_none()) {
+            if slots[m.stage] > 0 {
+                slots[m.stage] -= 1;
+                writes.push((m, Assignment::Target));
+            }
+        } else if m.npc.is_none() {
+            writes.push((m, Assignment::LastGood));
+        }
+    }
+    writes
 }
 
 /// What [`stage_health`] finds.

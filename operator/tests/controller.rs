@@ -117,7 +117,7 @@ fn context(
 }
 
 #[tokio::test]
-async fn first_reconcile_writes_the_canary_then_an_event_then_the_status() {
+async fn first_reconcile_writes_the_canary_then_the_status_then_an_event() {
     let (client, mut server) = mock();
     let mut pc = proxy_config("fleet", canary_spec());
     pc.metadata.resource_version = Some("7".into());
@@ -171,19 +171,6 @@ async fn first_reconcile_writes_the_canary_then_an_event_then_the_status() {
     );
     respond(send, 200, &body);
 
-    let (event, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
-    assert_eq!(event["reason"], "StageStarted");
-    assert_eq!(event["type"], "Normal");
-    assert_eq!(event["involvedObject"]["kind"], "ProxyConfig");
-    assert_eq!(event["involvedObject"]["name"], "fleet");
-    respond(send, 201, &event);
-
     let (body, send) = expect(
         &mut server,
         "PATCH",
@@ -197,6 +184,19 @@ async fn first_reconcile_writes_the_canary_then_an_event_then_the_status() {
     assert_eq!(written["updatedNodes"], 1);
     assert_eq!(written["totalNodes"], 2);
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
+
+    let (event, send) = expect(
+        &mut server,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        &[],
+    )
+    .await;
+    assert_eq!(event["reason"], "StageStarted");
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(event["involvedObject"]["kind"], "ProxyConfig");
+    assert_eq!(event["involvedObject"]["name"], "fleet");
+    respond(send, 201, &event);
 
     let action = task.await.unwrap().unwrap();
     assert_eq!(
@@ -254,17 +254,6 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
     respond(send, 404, &status(404, "NotFound"));
     // No node left: the rollout does not start (a revision is never good on no node), and
     // the ProxyConfig says so.
-    for reason in ["NoNodes"] {
-        let (event, send) = expect(
-            &mut server,
-            "POST",
-            "/api/v1/namespaces/default/events",
-            &[],
-        )
-        .await;
-        assert_eq!(event["reason"], reason);
-        respond(send, 201, &event);
-    }
     let (body, send) = expect(
         &mut server,
         "PATCH",
@@ -282,6 +271,17 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
     assert_eq!(progressing["reason"], "NoNodes");
     assert!(body["status"].get("lastGoodRevision").is_none());
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
+    for reason in ["NoNodes"] {
+        let (event, send) = expect(
+            &mut server,
+            "POST",
+            "/api/v1/namespaces/default/events",
+            &[],
+        )
+        .await;
+        assert_eq!(event["reason"], reason);
+        respond(send, 201, &event);
+    }
     task.await.unwrap().unwrap();
 }
 
@@ -301,12 +301,65 @@ async fn a_failed_write_fails_the_reconcile_after_reporting_status() {
     respond(send, 403, &status(403, "Forbidden"));
     let (_, send) = expect(
         &mut server,
+        "PATCH",
+        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
+        &[],
+    )
+    .await;
+    respond(send, 200, &serde_json::to_value(&pc).unwrap());
+    let (_, send) = expect(
+        &mut server,
         "POST",
         "/api/v1/namespaces/default/events",
         &[],
     )
     .await;
     respond(send, 201, &json!({}));
+    let error = task.await.unwrap().unwrap_err();
+    assert!(
+        error.to_string().starts_with("apply NodeProxyConfig a: "),
+        "{error}"
+    );
+}
+
+/// Events are the transitions from the previous status: they are published only once the
+/// status recording them is written, so a lost status write does not repeat them.
+#[tokio::test]
+async fn a_lost_status_write_publishes_no_event_and_the_retry_publishes_it_once() {
+    let (client, mut server) = mock();
+    let pc = proxy_config("fleet", canary_spec());
+    let ctx = context(client, &pc, vec![node("a", &[("canary", "yes")])], vec![]);
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
+    let (body, send) = expect(
+        &mut server,
+        "PATCH",
+        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
+        &[],
+    )
+    .await;
+    respond(send, 200, &body);
+    let (_, send) = expect(
+        &mut server,
+        "PATCH",
+        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
+        &[],
+    )
+    .await;
+    respond(send, 500, &status(500, "InternalError"));
+    let error = task.await.unwrap().unwrap_err();
+    assert!(error.to_string().contains("status"), "{error}");
+    if let Ok(Some((request, _))) =
+        tokio::time::timeout(Duration::from_millis(500), server.next_request()).await
+    {
+        panic!(
+            "after a lost status write: {} {}",
+            request.method(),
+            request.uri()
+        );
+    }
+
+    // The retry: the node is not written again, the status is, then the Event, once.
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx));
     let (_, send) = expect(
         &mut server,
         "PATCH",
@@ -315,11 +368,21 @@ async fn a_failed_write_fails_the_reconcile_after_reporting_status() {
     )
     .await;
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
-    let error = task.await.unwrap().unwrap_err();
-    assert!(
-        error.to_string().starts_with("apply NodeProxyConfig a: "),
-        "{error}"
-    );
+    let (event, send) = expect(
+        &mut server,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        &[],
+    )
+    .await;
+    assert_eq!(event["reason"], "StageStarted");
+    respond(send, 201, &event);
+    task.await.unwrap().unwrap();
+    if let Ok(Some((request, _))) =
+        tokio::time::timeout(Duration::from_millis(500), server.next_request()).await
+    {
+        panic!("a second Event: {} {}", request.method(), request.uri());
+    }
 }
 
 fn lease(holder: &str, renewed: Timestamp, transitions: i32) -> Value {
@@ -456,20 +519,6 @@ async fn an_undecodable_proxyconfig_is_reported_on_itself() {
         ready_store(vec![]),
     ));
     let task = tokio::spawn(reconcile_stored(Arc::new(stored), ctx));
-    let (event, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
-    assert_eq!(event["reason"], "InvalidSpec");
-    assert_eq!(event["involvedObject"]["name"], "huge");
-    assert!(
-        event["message"].as_str().unwrap().contains("out of range"),
-        "{event}"
-    );
-    respond(send, 201, &event);
     let (body, send) = expect(
         &mut server,
         "PATCH",
@@ -488,5 +537,19 @@ async fn an_undecodable_proxyconfig_is_reported_on_itself() {
     assert_eq!(body["status"]["lastGoodRevision"], "0123456789");
     assert_eq!(body["status"]["observedGeneration"], 2);
     respond(send, 200, &body);
+    let (event, send) = expect(
+        &mut server,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        &[],
+    )
+    .await;
+    assert_eq!(event["reason"], "InvalidSpec");
+    assert_eq!(event["involvedObject"]["name"], "huge");
+    assert!(
+        event["message"].as_str().unwrap().contains("out of range"),
+        "{event}"
+    );
+    respond(send, 201, &event);
     task.await.unwrap().unwrap();
 }
