@@ -431,40 +431,11 @@ impl<'a> Decider<'a> {
         let spec_revision = config_revision(&spec.config);
         self.status.revision = Some(spec_revision.clone());
 
-        // Selection and conflicts.
-        let mut members: Vec<Member<'a>> = Vec::with_capacity(input.nodes.len());
-        let mut conflicts: Vec<&str> = Vec::new();
-        let mut unselected_owned: Vec<&str> = Vec::new();
-        for view in input.nodes {
-            let npc = input.npcs.get(view.name);
-            let ours = npc.is_some_and(|n| n.owner == Some(input.name));
-            if !own.matches(view.labels) {
-                if ours {
-                    unselected_owned.push(view.name);
-                }
-                continue;
-            }
-            // An orphan (owner None: its ProxyConfig is gone) is adopted by the one that selects
-            // its node, through the staged rollout.
-            let foreign = npc.is_some_and(|n| n.owner.is_some_and(|o| o != input.name));
-            if foreign || input.others.iter().any(|o| o.matches(view.labels)) {
-                conflicts.push(view.name);
-                continue;
-            }
-            members.push(Member {
-                view,
-                hash: node_hash(view.name),
-                npc: npc.filter(|_| ours),
-                stage: 0,
-            });
-        }
-        // NodeProxyConfigs of ours whose Node is gone also go.
-        let node_names: HashSet<&str> = input.nodes.iter().map(|n| n.name).collect();
-        for (name, npc) in input.npcs {
-            if npc.owner == Some(input.name) && !node_names.contains(name) {
-                unselected_owned.push(name);
-            }
-        }
+        let Selection {
+            mut members,
+            mut conflicts,
+            unselected_owned,
+        } = select(input, &own);
         for node in unselected_owned {
             self.write(Write::Delete {
                 node: node.to_owned(),
@@ -476,13 +447,10 @@ impl<'a> Decider<'a> {
         self.status.skipped_nodes = count(members.iter().filter(|m| m.view.skip.is_some()).count());
         members.sort_unstable_by(|a, b| (a.hash, a.view.name).cmp(&(b.hash, b.view.name)));
 
-        // The target revision.
-        let bad = self.status.bad_revisions.contains(&spec_revision);
-        let mode = match (bad, spec.rollout.auto_rollback) {
-            (false, _) => Mode::Rollout,
-            (true, false) => Mode::Halted,
-            (true, true) => Mode::Rollback,
-        };
+        let mode = target_mode(
+            self.status.bad_revisions.contains(&spec_revision),
+            spec.rollout.auto_rollback,
+        );
         let drifted: Vec<&str> = members
             .iter()
             .filter(|m| m.view.skip.is_none() && m.npc.is_some_and(|n| self.drifted(n)))
@@ -1025,6 +993,67 @@ impl<'a> Decider<'a> {
     }
 }
 
+/// The nodes a ProxyConfig decides about, as [`select`] sorts them.
+struct Selection<'a> {
+    /// Selected, not conflicting; with the NodeProxyConfig if this ProxyConfig controls it.
+    members: Vec<Member<'a>>,
+    /// Selected, but also selected by another ProxyConfig or controlled by one: left alone.
+    conflicts: Vec<&'a str>,
+    /// Nodes with a NodeProxyConfig of this ProxyConfig that it no longer selects, or whose
+    /// Node is gone: their NodeProxyConfig is deleted.
+    unselected_owned: Vec<&'a str>,
+}
+
+/// Selection (membership before stages): which nodes `own` selects, which of them conflict
+/// with another ProxyConfig, and which NodeProxyConfigs of this one have no selected node.
+/// An orphan (its controlling ProxyConfig is gone) is adopted by the one that selects its node,
+/// through the staged rollout.
+fn select<'a>(input: &Input<'a>, own: &Selector) -> Selection<'a> {
+    let mut selection = Selection {
+        members: Vec::with_capacity(input.nodes.len()),
+        conflicts: Vec::new(),
+        unselected_owned: Vec::new(),
+    };
+    for view in input.nodes {
+        let npc = input.npcs.get(view.name);
+        let ours = npc.is_some_and(|n| n.owner == Some(input.name));
+        if !own.matches(view.labels) {
+            if ours {
+                selection.unselected_owned.push(view.name);
+            }
+            continue;
+        }
+        let foreign = npc.is_some_and(|n| n.owner.is_some_and(|o| o != input.name));
+        if foreign || input.others.iter().any(|o| o.matches(view.labels)) {
+            selection.conflicts.push(view.name);
+            continue;
+        }
+        selection.members.push(Member {
+            view,
+            hash: node_hash(view.name),
+            npc: npc.filter(|_| ours),
+            stage: 0,
+        });
+    }
+    let node_names: HashSet<&str> = input.nodes.iter().map(|n| n.name).collect();
+    for (name, npc) in input.npcs {
+        if npc.owner == Some(input.name) && !node_names.contains(name) {
+            selection.unselected_owned.push(name);
+        }
+    }
+    selection
+}
+
+/// The target revision's mode: spec's revision rolls out unless it is bad; a bad one is
+/// rolled back (autoRollback) or halts the rollout.
+fn target_mode(bad: bool, auto_rollback: bool) -> Mode {
+    match (bad, auto_rollback) {
+        (false, _) => Mode::Rollout,
+        (true, false) => Mode::Halted,
+        (true, true) => Mode::Rollback,
+    }
+}
+
 /// Whether `failed` nodes exceed the failure budget (the budget is how many may fail).
 fn over_budget(failed: usize, budget: u32) -> bool {
     failed > budget as usize
@@ -1352,4 +1381,90 @@ pub(crate) fn list(names: &[&str]) -> String {
         text.push_str(&format!(" and {} more", names.len() - 5));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(name: &str, soak: u64, min_nodes: u32) -> Stage {
+        Stage {
+            name: name.to_owned(),
+            soak_duration: Duration::from_secs(soak),
+            min_nodes,
+            ..Stage::rest()
+        }
+    }
+
+    fn status(name: &str, total: u32, skipped: u32, healthy: u32) -> StageStatus {
+        StageStatus {
+            name: name.to_owned(),
+            total,
+            skipped,
+            healthy,
+            ..StageStatus::default()
+        }
+    }
+
+    fn reasons(cursor: &Cursor) -> Vec<&'static str> {
+        cursor.notes.iter().map(|n| n.reason).collect()
+    }
+
+    #[test]
+    fn the_cursor_stops_at_a_soaking_stage_until_its_soak_ends() {
+        let stages = [stage("canary", 10, 1), stage("rest", 0, 0)];
+        let mut st = vec![status("canary", 1, 0, 1), status("rest", 3, 0, 0)];
+        let t0 = Timestamp::UNIX_EPOCH;
+        let cursor = advance_stages(&stages, &mut st, "r1", t0, false, None);
+        assert_eq!(cursor.at, 0);
+        assert_eq!(st[0].phase, StagePhase::Soaking);
+        assert_eq!(
+            cursor.soak_end,
+            Some(t0.checked_add(Duration::from_secs(10)).unwrap())
+        );
+        assert_eq!(reasons(&cursor), ["StageStarted"]);
+
+        let t1 = t0.checked_add(Duration::from_secs(10)).unwrap();
+        let cursor = advance_stages(&stages, &mut st, "r1", t1, false, None);
+        assert_eq!(cursor.at, 1, "soaked: the next stage");
+        assert_eq!(st[0].phase, StagePhase::Complete);
+        assert_eq!(st[1].phase, StagePhase::Progressing);
+        assert_eq!(reasons(&cursor), ["StageComplete", "StageStarted"]);
+        assert_eq!(st[0].started_at, Some(Time(t0)), "kept from the first look");
+    }
+
+    #[test]
+    fn an_empty_stage_completes_with_a_warning_unless_min_nodes_makes_it_wait() {
+        let t0 = Timestamp::UNIX_EPOCH;
+        let stages = [stage("canary", 0, 0), stage("rest", 0, 0)];
+        let mut st = vec![status("canary", 1, 1, 0), status("rest", 2, 0, 0)];
+        let cursor = advance_stages(&stages, &mut st, "r1", t0, false, None);
+        assert_eq!(cursor.at, 1);
+        assert_eq!(
+            reasons(&cursor),
+            [
+                "StageStarted",
+                "StageEmpty",
+                "StageComplete",
+                "StageStarted"
+            ]
+        );
+
+        let stages = [stage("canary", 0, 1), stage("rest", 0, 0)];
+        let mut st = vec![status("canary", 1, 1, 0), status("rest", 2, 0, 0)];
+        let cursor = advance_stages(&stages, &mut st, "r1", t0, false, None);
+        assert_eq!((cursor.at, cursor.too_small), (0, Some(0)));
+        assert_eq!(st[0].phase, StagePhase::Waiting);
+        assert!(cursor.notes.is_empty());
+    }
+
+    #[test]
+    fn paused_advances_nothing() {
+        let stages = [stage("canary", 0, 0)];
+        let mut st = vec![status("canary", 1, 0, 1)];
+        let cursor = advance_stages(&stages, &mut st, "r1", Timestamp::UNIX_EPOCH, true, None);
+        assert_eq!(cursor.at, 0);
+        assert!(cursor.notes.is_empty());
+        assert_eq!(st[0].started_at, None);
+    }
 }

@@ -564,6 +564,7 @@ async fn main() -> anyhow::Result<()> {
         }
         if all_applied.is_none() {
             failures.push(format!("{label}: rollout did not complete"));
+            break; // the cluster could not hold this size: later revisions would not either
         }
         if exactly_one != eligible {
             failures.push(format!(

@@ -1,0 +1,62 @@
+#!/bin/bash
+# The operator's fleet benchmark (issue 15): hack/fleet.sh at several sizes, each on a fresh control
+# plane, then one table: per size the issue's figures (first write, time to all Applied, spec writes
+# per node, reconciles while only heartbeats arrive) and the CPU seconds and peak RSS of the operator,
+# kube-apiserver and etcd, with the operator's CPU per node (flat when its cost grows linearly).
+# A size the control plane cannot hold shows as failed, with the fleet's own failure lines.
+#
+# usage: hack/bench-fleet.sh [N...]      default: 500 1000 2000 5000
+# env:   OUT (logs; default a temp dir), FLEET_RELEASE=1 (release builds), the ports of
+#        hack/control-plane.sh (CP_PORT, CP_ETCD_PORT) and PORT_BASE (the operator's /metrics)
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$(mktemp -d /tmp/kipvs-bench-fleet.XXXXXX)}
+mkdir -p "$OUT"
+SIZES=("$@")
+[ ${#SIZES[@]} -gt 0 ] || SIZES=(500 1000 2000 5000)
+for n in "${SIZES[@]}"; do
+  echo "==> $n nodes (logs in $OUT/$n)"
+  mkdir -p "$OUT/$n"
+  (unset KUBECONFIG KIPVS_CP_STATE; OUT=$OUT/$n hack/fleet.sh "$n" --check) > "$OUT/$n/result.txt" 2>&1
+  echo "rc=$?" >> "$OUT/$n/result.txt"
+  grep -E '^\| |^fleet: FAIL|^rc=' "$OUT/$n/result.txt" | sed 's/^/  /'
+done
+python3 - "$OUT" "${SIZES[@]}" <<'PY'
+import re, sys
+out, sizes = sys.argv[1], sys.argv[2:]
+print("\n| nodes | first write (rev 1 / 2) | all Applied (rev 1 / 2) | spec writes per node | reconciles in quiet | "
+      "operator CPU s (ms per node) | operator peak RSS | kube-apiserver CPU s / peak RSS | etcd CPU s / peak RSS | result |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for n in sizes:
+    text = open(f"{out}/{n}/result.txt").read()
+    rows = [l for l in text.splitlines() if l.startswith("| ")]
+    def cells(pattern):
+        return [l.rsplit("|", 2)[-2].strip() for l in rows if re.search(pattern, l)]
+    first = " / ".join(cells(r"canary's NodeProxyConfig written")) or "-"
+    applied = " / ".join(cells(r"answering nodes Applied")) or "-"
+    writes = " / ".join(cells(r"spec writes per eligible node")) or "-"
+    quiet = " ".join(cells(r"^\| quiet")) or "-"
+    cpu = {}
+    for l in rows:
+        m = re.search(r"CPU seconds: (.*?) \|", l)
+        if m:
+            for part in m.group(1).split(", "):
+                role, value = part.rsplit(" ", 1)
+                cpu[role] = cpu.get(role, 0.0) + float(value)
+    rss = {}
+    for l in rows:
+        m = re.search(r"peak RSS \(VmHWM\) at \d+ nodes: (.*?):? \|", l)
+        if m:
+            for part in m.group(1).split(", "):
+                role, value = part.split(" ", 1)
+                rss[role] = value
+    rc = re.search(r"^rc=(\d+)", text, re.M)
+    result = "ok" if rc and rc.group(1) == "0" else "FAILED (see result.txt)"
+    op = cpu.get("operator")
+    per_node = f" ({1000 * op / int(n):.2f})" if op is not None else ""
+    print(f"| {n} | {first} | {applied} | {writes} | {quiet} | "
+          f"{op if op is not None else '-'}{per_node} | {rss.get('operator', '-')} | "
+          f"{cpu.get('kube-apiserver', '-')} / {rss.get('kube-apiserver', '-')} | "
+          f"{cpu.get('etcd', '-')} / {rss.get('etcd', '-')} | {result} |")
+PY
