@@ -19,7 +19,9 @@
 //! the kubelet restarts a container; then the apiserver is stopped for 30 s and started again
 //! (`hack/control-plane.sh stop-apiserver|start-apiserver`). `--check` then also fails unless
 //! the restarted operator resumed the rollout where it was (every stage that had started keeps
-//! its `startedAt`, every complete one its `healthyAt`), no revision was marked bad, every
+//! its `startedAt`, every complete one its `healthyAt`), no revision was marked bad (the fault
+//! rounds have no failure budget beyond the nodes told to fail: one node counted failed because
+//! of the fault would roll the revision back), every
 //! answering node ends with the new revision Applied on the apiserver, and every node still got
 //! exactly one NodeProxyConfig spec write (no re-write of finished nodes, no burst).
 //!
@@ -384,15 +386,23 @@ async fn main() -> anyhow::Result<()> {
     }
     for (round, (scheduler, fault)) in rounds.into_iter().enumerate() {
         let label = format!("revision {}", round + 1);
-        // Under a fault the last stage goes in smaller steps, so that the fault lands inside it.
+        // Under a fault the last stage goes in smaller steps, so that the fault lands inside it,
+        // and the failure budget is exactly the nodes told to fail or stay silent: one node
+        // counted failed because of the fault marks the revision bad (a rollback).
         let fleet_step = if fault.is_some() { "10%" } else { "25%" };
+        let budget = match fault {
+            None => n,
+            Some(_) => (0..n)
+                .filter(|i| !skipped(*i) && share(&name(*i)) < args.silent_share + args.fail_share)
+                .count(),
+        };
         let body = json!({
             "apiVersion": "kipvs.io/v1alpha1", "kind": "ProxyConfig",
             "metadata": {"name": PC},
             "spec": {
                 "nodeSelector": {"matchLabels": {"kipvs.io/fleet": "yes"}},
                 "config": {"ipvs": {"scheduler": scheduler}},
-                "rollout": {"failureBudget": n, "stages": [
+                "rollout": {"failureBudget": budget, "stages": [
                     {"name": "canary", "nodeSelector": {"matchLabels": {"kipvs.io/canary": "true"}}, "minNodes": 1},
                     {"name": "early", "size": "10%", "maxUnavailable": "100%"},
                     {"name": "fleet", "maxUnavailable": fleet_step}
