@@ -433,6 +433,7 @@ async fn main() -> anyhow::Result<()> {
         let mut first_write = None;
         let mut pending_fault = fault;
         let mut landed: Option<(Fault, Vec<StageStatus>, String)> = None;
+        let mut polls = 0u32;
         let all_applied = loop {
             let (canary, applied) = {
                 let seen = seen.lock().expect("seen");
@@ -475,6 +476,16 @@ async fn main() -> anyhow::Result<()> {
                 landed = Some((f, stages, at));
                 pending_fault = None;
             }
+            // A revision the operator marked bad never completes: stop waiting (once a second).
+            polls += 1;
+            if polls % 10 == 0
+                && let Ok(pc) = pcs.get(PC).await
+                && pc
+                    .status
+                    .is_some_and(|s| s.bad_revisions.contains(&revision))
+            {
+                break None;
+            }
             if applied >= expected_applied && pending_fault.is_none() {
                 break Some(start.elapsed());
             }
@@ -488,6 +499,7 @@ async fn main() -> anyhow::Result<()> {
             if let Ok(pc) = pcs.get(PC).await {
                 let status = pc.status.unwrap_or_default();
                 if status.last_good_revision.as_deref() == Some(revision.as_str())
+                    || status.bad_revisions.contains(&revision)
                     || Instant::now() > deadline
                 {
                     break status;
@@ -574,7 +586,6 @@ async fn main() -> anyhow::Result<()> {
         }
         if all_applied.is_none() {
             failures.push(format!("{label}: rollout did not complete"));
-            break; // the cluster could not hold this size: later revisions would not either
         }
         if exactly_one != eligible {
             failures.push(format!(
@@ -615,6 +626,9 @@ async fn main() -> anyhow::Result<()> {
                     failures.push(format!("{label}: after {}: {r}", f.describe()));
                 }
             }
+        }
+        if all_applied.is_none() {
+            break; // later revisions would not complete either (the size, or a rollback)
         }
     }
 
