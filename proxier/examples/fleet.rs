@@ -478,7 +478,7 @@ async fn main() -> anyhow::Result<()> {
             }
             // A revision the operator marked bad never completes: stop waiting (once a second).
             polls += 1;
-            if polls % 10 == 0
+            if polls.is_multiple_of(10)
                 && let Ok(pc) = pcs.get(PC).await
                 && pc
                     .status
