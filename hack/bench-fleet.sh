@@ -37,20 +37,16 @@ for n in sizes:
     applied = " / ".join(cells(r"answering nodes Applied")) or "-"
     writes = " / ".join(cells(r"spec writes per eligible node")) or "-"
     quiet = " ".join(cells(r"^\| quiet")) or "-"
-    cpu = {}
-    for l in rows:
-        m = re.search(r"CPU seconds: (.*?) \|", l)
-        if m:
-            for part in m.group(1).split(", "):
-                role, value = part.rsplit(" ", 1)
-                cpu[role] = cpu.get(role, 0.0) + float(value)
-    rss = {}
-    for l in rows:
-        m = re.search(r"peak RSS \(VmHWM\) at \d+ nodes: (.*?):? \|", l)
-        if m:
-            for part in m.group(1).split(", "):
+    def per_role(pattern, fold):  # "role value, role value" in the rows matching pattern
+        found = {}
+        for l in rows:
+            m = re.search(pattern, l)
+            for part in (m.group(1).split(", ") if m else []):
                 role, value = part.split(" ", 1)
-                rss[role] = value
+                found[role] = fold(found.get(role), value)
+        return found
+    cpu = per_role(r"CPU seconds: (.*?) \|", lambda was, v: (was or 0.0) + float(v))
+    rss = per_role(r"peak RSS \(VmHWM\) at \d+ nodes: (.*?):? \|", lambda was, v: v)
     rc = re.search(r"^rc=(\d+)", text, re.M)
     result = "ok" if rc and rc.group(1) == "0" else "FAILED (see result.txt)"
     op = cpu.get("operator")
