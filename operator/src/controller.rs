@@ -99,6 +99,8 @@ pub struct Context {
     events: Publisher,
     expectations: Mutex<Expectations>,
     metrics: Metrics,
+    /// Set once the Node and NodeProxyConfig stores have listed everything ([`Context::stores_ready`]).
+    ready: tokio::sync::OnceCell<()>,
 }
 
 impl Context {
@@ -118,7 +120,26 @@ impl Context {
             npcs,
             expectations: Mutex::new(Expectations::default()),
             metrics: Metrics::new(),
+            ready: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Waits until the Node and NodeProxyConfig stores have listed everything (a decision over
+    /// a partial list could delete NodeProxyConfigs); false if a reflector stopped.
+    ///
+    /// One task waits on the stores for all reconciles, the others on this context's cell:
+    /// kube-runtime's `Store::wait_until_ready` keeps a single waker (a oneshot receiver), so of
+    /// several reconciles waiting at once only the last one was woken, and a ProxyConfig's
+    /// reconcile stayed pending for good (found by the fleet harness: after an apiserver outage
+    /// the restarted operator never reconciled one of two ProxyConfigs again).
+    pub async fn stores_ready(&self) -> bool {
+        self.ready
+            .get_or_try_init(|| async {
+                self.nodes.wait_until_ready().await?;
+                self.npcs.wait_until_ready().await
+            })
+            .await
+            .is_ok()
     }
 
     /// Records into `metrics` (by default, a registry of its own).
@@ -275,7 +296,7 @@ async fn report_undecodable(
 /// The first failed write (the others are still attempted; status and Events are written).
 pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
     // Until the Node and NodeProxyConfig reflectors have listed everything, do nothing.
-    if ctx.nodes.wait_until_ready().await.is_err() || ctx.npcs.wait_until_ready().await.is_err() {
+    if !ctx.stores_ready().await {
         return Ok(Action::requeue(RETRY));
     }
     let now = Timestamp::now();

@@ -553,3 +553,39 @@ async fn an_undecodable_proxyconfig_is_reported_on_itself() {
     respond(send, 201, &event);
     task.await.unwrap().unwrap();
 }
+
+/// Several reconciles waiting for the stores at once all go on once the stores are ready
+/// (kube-runtime's `wait_until_ready` wakes only its last waiter: one ProxyConfig stayed
+/// unreconciled after an apiserver outage).
+#[tokio::test]
+async fn every_reconcile_waiting_for_the_stores_goes_on_when_they_are_ready() {
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+    let (client, _server) = mock();
+    let (nodes, mut node_writer) = reflector::store::<Node>();
+    let (npcs, mut npc_writer) = reflector::store::<NodeProxyConfig>();
+    let ctx = Arc::new(Context::new(
+        client,
+        "operator-0",
+        ready_store(vec![]),
+        nodes,
+        npcs,
+    ));
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let ctx = ctx.clone();
+            tokio::spawn(async move { ctx.stores_ready().await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await; // every waiter is waiting
+    node_writer.apply_watcher_event(&Event::Init);
+    node_writer.apply_watcher_event(&Event::InitDone);
+    npc_writer.apply_watcher_event(&Event::Init);
+    npc_writer.apply_watcher_event(&Event::InitDone);
+    for waiter in waiters {
+        let ready = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("a waiter was never woken");
+        assert!(ready.unwrap());
+    }
+}
