@@ -49,10 +49,10 @@ for n in sizes:
     rss = per_role(r"peak RSS \(VmHWM\) at \d+ nodes: (.*?):? \|", lambda was, v: v)
     rc = re.search(r"^rc=(\d+)", text, re.M)
     result = "ok" if rc and rc.group(1) == "0" else "FAILED (see result.txt)"
-    op = cpu.get("operator")
-    per_node = f" ({1000 * op / int(n):.2f})" if op is not None else ""
+    seconds = lambda role: f"{cpu[role]:.1f}" if role in cpu else "-"
+    per_node = f" ({1000 * cpu['operator'] / int(n):.2f})" if "operator" in cpu else ""
     print(f"| {n} | {first} | {applied} | {writes} | {quiet} | "
-          f"{op if op is not None else '-'}{per_node} | {rss.get('operator', '-')} | "
-          f"{cpu.get('kube-apiserver', '-')} / {rss.get('kube-apiserver', '-')} | "
-          f"{cpu.get('etcd', '-')} / {rss.get('etcd', '-')} | {result} |")
+          f"{seconds('operator')}{per_node} | {rss.get('operator', '-')} | "
+          f"{seconds('kube-apiserver')} / {rss.get('kube-apiserver', '-')} | "
+          f"{seconds('etcd')} / {rss.get('etcd', '-')} | {result} |")
 PY
