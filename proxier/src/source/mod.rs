@@ -191,7 +191,8 @@ impl Retry {
     pub async fn failed(&mut self, error: &watcher::Error, keeping: &str) {
         match &self.failing {
             None => tracing::warn!(
-                "{} failed, keeping {keeping} and retrying with backoff (until it recovers,                  further failures are logged at debug level): {error}",
+                "{} failed, keeping {keeping} and retrying with backoff (further failures \
+                 are logged at debug level until it recovers): {error}",
                 self.what
             ),
             Some(_) => tracing::debug!("{} failed again: {error}", self.what),
