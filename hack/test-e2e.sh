@@ -400,6 +400,17 @@ print(f"  load events (failures, slow requests > 1 s, pauses > 0.5 s): {len(even
 for t, what in events[:60]:
     s = shares(t - 4, t)
     print(f"    {t:.1f} [{phase(t)}] {what}" + (f"  | vCPU run {s[0]:.0%} host-wait {s[1]:.0%}" if s else ""))
+kinds = {}
+for t, what in events:
+    s = shares(t - 4, t)
+    if s:
+        kind = "slow" if ": slow: " in what else "pause" if what.startswith("pause") else "failed"
+        kinds.setdefault(kind, []).append(s)
+for kind, v in sorted(kinds.items()):
+    wait = sorted(w for _, w in v)
+    busy = min(r + w for r, w in v)
+    print(f"  {kind}: {len(v)}; in the 4 s before each, the vCPU waited for a host CPU {wait[len(wait) // 2]:.0%} "
+          f"(median, least {wait[0]:.0%}) and was busy (running or waiting) at least {busy:.0%}")
 if samples:
     whole = shares(samples[0][0], samples[-1][0])
     worst = max((shares(s[0], s[0] + 3) or (0, 0))[1] for s in samples)

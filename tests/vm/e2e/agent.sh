@@ -3,7 +3,7 @@
 # busybox httpd's CGI, www/cgi-bin/agent). Commands:
 #   ping                          answers pong
 #   clock                         the guest's clock (seconds since boot, /proc/uptime, 10 ms steps)
-#   wallclock                     the guest's wall clock (date +%s.%N: the load log's times)
+#   wallclock                     the guest's wall clock (date +%s, busybox has no %N: the load log's times)
 #   pod NAME IP                   a backend pod: netns NAME with IP, e2e_traffic serve --name NAME on 8080
 #   proxier-start|proxier-restart `kipvs-proxier run --kubeconfig` (SIGTERM first for restart); the real
 #                                 kernel dataplane (IPVS + nftables)
@@ -28,7 +28,7 @@ cmd=$1; shift
 case $cmd in
   ping) echo pong ;;
   clock) now ;;
-  wallclock) date +%s.%N ;;
+  wallclock) date +%s ;;
   pod)
     n=$1; addr=$2; i=$(( $(cat "$W/vpod.n" 2>/dev/null || echo 100) + 1 )); echo "$i" > "$W/vpod.n"
     printf 'netns add %s\nlink add vpod%s type veth peer name eth0 netns %s\naddr add 10.244.0.1/32 dev vpod%s\nlink set vpod%s up\nroute add %s/32 dev vpod%s\n' \
