@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The true end to end: kube-apiserver 1.24 + etcd on this machine's loopback (hack/control-plane.sh), the
-# proxier in the VM (hack/test-vm.sh --e2e: real kernel IPVS + nftables) running `kipvs-proxier run
+# proxier image's kipvs-proxier (release build, as on a node) in the VM (hack/test-vm.sh --e2e: real kernel
+# IPVS + nftables) running `kipvs-proxier run
 # --kubeconfig` against that apiserver through QEMU's user-mode network (the guest routes only 10.0.2.2/32,
 # which QEMU maps to this machine's loopback), and kipvs-operator here. This script drives it with kubectl
 # (and curl for the timed EndpointSlice writes) and asks the guest's agent (tests/vm/e2e/agent.sh, through a
@@ -20,10 +21,14 @@
 #      - apiserver outage: stopped 30 s (the table must not change), started again (the proxier resumes:
 #        a new endpoint reaches the kernel);
 #      each phase prints requests sent / failed and long-lived connections broken (target 0: any failure
-#      fails the test);
+#      fails the test), and requests answered but slower than 1 s;
 #   3. latency from an EndpointSlice write (the apiserver's answer) to the kernel table in the VM changing,
 #      p50/p99 over E2E_SAMPLES (40) changes, with the guest's clock mapped to this one (offset from the
-#      fastest of 10 round trips; the guest polls ipvsadm, so each figure is rounded up to one poll).
+#      fastest of 10 round trips; the guest polls ipvsadm, so each figure is rounded up to one poll), under the
+#      same load, counted as a phase too;
+#   4. every failure, slow request and pause of the load, with the share of the 4 s before it that the VM's
+#      emulated CPU was waiting for a CPU of this machine (QEMU's vCPU thread, /proc/PID/task/TID/schedstat):
+#      this machine's load, told apart from the proxier's doing.
 # Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
 #
 # usage: hack/test-e2e.sh
@@ -46,6 +51,7 @@ if [ "$K8S" != 1.24 ]; then
   exit 0
 fi
 T0=$(date +%s)
+LOAD0=$(uptime | sed 's/.*load average/load average/')
 pass=0 fail=0
 ok() { pass=$((pass + 1)); say "ok   $*"; }
 bad() { fail=$((fail + 1)); say "FAIL $*"; }
@@ -53,15 +59,17 @@ check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; 
 now() { date +%s.%N; }
 
 . hack/lib/executables.sh
-built=$(executables kipvs-proxier kipvs-operator e2e_traffic)
+# The proxier in the VM is the one of the proxier image (release build, hack/test-vm.sh builds it), as on a node.
+built=$(executables kipvs-operator e2e_traffic)
 bin() { awk -v n="$1" '$1 == n {p = $2} END {print p}' <<<"$built"; }
-PROXIER=$(bin kipvs-proxier) OPERATOR=$(bin kipvs-operator) TRAFFIC=$(bin e2e_traffic)
-[ -x "$PROXIER" ] && [ -x "$OPERATOR" ] && [ -x "$TRAFFIC" ] || { say "build produced no executables"; exit 1; }
+OPERATOR=$(bin kipvs-operator) TRAFFIC=$(bin e2e_traffic)
+[ -x "$OPERATOR" ] && [ -x "$TRAFFIC" ] || { say "build produced no executables"; exit 1; }
 
 STATE=$(mktemp -d /tmp/kipvs-e2e.XXXXXX)
-vm_pid="" operator_pid=""
+vm_pid="" operator_pid="" sampler_pid=""
 cleanup() {
   [ -z "$operator_pid" ] || kill "$operator_pid" 2>/dev/null || true
+  [ -z "$sampler_pid" ] || kill "$sampler_pid" 2>/dev/null || true
   if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then
     agent finish 1 > /dev/null 2>&1 || true
     sleep 5; kill "$vm_pid" 2>/dev/null || true
@@ -81,10 +89,12 @@ sed -e "s#https://127.0.0.1:$CP_PORT#https://10.0.2.2:$CP_PORT#" \
   "$KC" > "$STATE/guest-kubeconfig"
 
 # ---- the guest agent ------------------------------------------------------------------------------------
-# agent CMD ARGS...: prints the answer without its AGENT-RC line; fails when the command did
+# agent CMD ARGS...: prints the answer without its AGENT-RC line; fails when the command did (`wait` may take
+# its SECONDS argument: the request's timeout follows it)
 agent() {
-  local out
-  out=$(curl -s -m "${AGENT_TIMEOUT:-60}" "http://127.0.0.1:$AGENT_PORT/cgi-bin/agent?$(tr ' ' '+' <<<"$*")") || return 1
+  local out limit=${AGENT_TIMEOUT:-60}
+  [ "$1" != wait ] || limit=$(( ${6:-30} + 30 ))
+  out=$(curl -s -m "$limit" "http://127.0.0.1:$AGENT_PORT/cgi-bin/agent?$(tr ' ' '+' <<<"$*")") || return 1
   sed '$d' <<<"$out"
   [ "$(tail -n1 <<<"$out")" = AGENT-RC=0 ]
 }
@@ -171,10 +181,27 @@ slice term-e2e term "10.244.1.97:ready" "10.244.1.98:terminating"
 
 # ---- the VM ----------------------------------------------------------------------------------------------
 say "starting the VM (hack/test-vm.sh --e2e; console log in target/vm/console.log)"
-KIPVS_PROXIER=$PROXIER KIPVS_TRAFFIC=$TRAFFIC KIPVS_E2E_KUBECONFIG=$STATE/guest-kubeconfig VMTIMEOUT=${VMTIMEOUT:-1800} \
+KIPVS_TRAFFIC=$TRAFFIC KIPVS_E2E_KUBECONFIG=$STATE/guest-kubeconfig VMTIMEOUT=${VMTIMEOUT:-1800} \
   VMNET="net=10.0.2.0/24,hostfwd=tcp:127.0.0.1:$AGENT_PORT-10.0.2.15:7000" \
   hack/test-vm.sh --e2e > "$STATE/vm.log" 2>&1 &
 vm_pid=$!
+# The emulated CPU's share of this machine, sampled every 0.5 s: host time, then the QEMU vCPU thread's time
+# running and time runnable but waiting for a host CPU (ns, /proc/.../schedstat). Read with the load's log at
+# the end: a failure while the vCPU waited for the host is the machine's doing, not the proxier's.
+descendant() { # descendant PID NAME: the first process named NAME* below PID
+  local c
+  for c in $(pgrep -P "$1"); do
+    case $(cat "/proc/$c/comm" 2>/dev/null) in "$2"*) echo "$c"; return 0 ;; esac
+    descendant "$c" "$2" && return 0
+  done
+  return 1
+}
+sample_vcpu() {
+  local q="" t=""
+  until q=$(descendant "$vm_pid" qemu-system); do kill -0 "$vm_pid" 2>/dev/null || return 0; sleep 1; done
+  for t in /proc/"$q"/task/*; do case $(cat "$t/comm") in CPU*) break ;; esac; done
+  while [ -r "$t/schedstat" ]; do echo "$(date +%s.%N) $(cat "$t/schedstat" 2>/dev/null)"; sleep 0.5; done > "$STATE/vcpu"
+}
 t=$(date +%s)
 until [ "$(AGENT_TIMEOUT=5 agent ping 2>/dev/null)" = pong ]; do
   kill -0 "$vm_pid" 2>/dev/null || { tail -n 40 "$STATE/vm.log"; say "the VM exited before its agent answered"; exit 1; }
@@ -182,6 +209,8 @@ until [ "$(AGENT_TIMEOUT=5 agent ping 2>/dev/null)" = pong ]; do
   sleep 2
 done
 say "guest agent up after $(( $(date +%s) - t )) s"
+sample_vcpu &
+sampler_pid=$!
 for i in 1 2 3; do must pod "gen1-$i" "$(gen 1 "$i")"; done
 must pod lat-0 10.244.1.99; must pod lat-1 10.244.1.96; must pod term-0 10.244.1.97; must pod term-1 10.244.1.98
 must proxier-start
@@ -203,17 +232,18 @@ active() { grep -v -- ' -w 0$' || true; }
 # ---- load and its phases ---------------------------------------------------------------------------------
 stats() { agent load-stats | tail -n1; }
 field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
-begin() { PHASE=$1; LAST=$(stats); say "== $PHASE"; }
+begin() { PHASE=$1; LAST=$(stats); say "== $PHASE"; echo "$(now) begin $PHASE" >> "$STATE/phases"; }
 zeros() { local v; for v in "$@"; do [ "$v" = 0 ] || return 1; done; }
 end_phase() { # prints the phase's figures; any failure fails the check
   local s d=()
   s=$(stats)
-  for f in tcp_sent tcp_failed udp_sent udp_failed long_broken long_connect_failed; do
+  for f in tcp_sent tcp_failed udp_sent udp_failed long_broken long_connect_failed slow pauses; do
     d+=("$(( $(field "$s" "$f") - $(field "$LAST" "$f") ))")
   done
-  FIG+=("$(printf '%-22s TCP sent %5d failed %d | UDP sent %4d failed %d | long-lived broken %d (reconnects failed %d)' \
+  FIG+=("$(printf '%-24s TCP sent %5d failed %d | UDP sent %4d failed %d | long-lived broken %d (reconnects failed %d) | slower than 1 s %d | load paused %d' \
     "$PHASE" "${d[@]}")")
   say "${FIG[-1]}"
+  echo "$(now) end $PHASE" >> "$STATE/phases"
   check "$PHASE: no failed request, no broken long-lived connection" zeros "${d[1]}" "${d[3]}" "${d[4]}" "${d[5]}"
 }
 FIG=()
@@ -294,15 +324,17 @@ check "apiserver down 30 s: the same virtual servers and weighted real servers (
   cmp -s <(active < "$STATE/table.before-outage") <(active < "$STATE/table.during-outage")
 hack/control-plane.sh start-apiserver "$STATE" 2> "$STATE/apiserver-restart.log"
 slice lat-e2e lat "10.244.1.99:ready" "10.244.1.96:ready"
-t=$(date +%s)
-# (its watches re-list after "too old resource version" with the watcher's backoff: ~50 s measured)
+t=$(now)
+# Its watches were retrying every 0.8-6 s (source::Retry), get 410 Gone from the restarted apiserver and relist
+# after 0.8-1.6 s: resumed within seconds (unit test: kube_source watches_back_off_..._resume_within_seconds).
 check "apiserver back: the proxier resumed (a new endpoint reached the kernel)" \
-  quiet agent wait tcp 10.96.0.81:80 10.244.1.96:8080 1 120
-say "  resumed: the first write after the outage reached the kernel after $(( $(date +%s) - t )) s"
+  quiet agent wait tcp 10.96.0.81:80 10.244.1.96:8080 1 60
+RESUMED=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
+say "  resumed: the first write after the apiserver's return reached the kernel after $RESUMED s"
 end_phase
 
 # ---- EndpointSlice write -> kernel latency ------------------------------------------------------------------
-say "== latency: $SAMPLES EndpointSlice writes, each to the kernel table in the VM"
+begin "latency ($SAMPLES writes)"
 slice lat-e2e lat "10.244.1.99:ready"
 agent wait tcp 10.96.0.81:80 10.244.1.96:8080 absent 30 > /dev/null
 best=""
@@ -329,15 +361,68 @@ read -r P50 P99 MIN MAX N < <(sort -n "$STATE/latency" | awk '{v[NR] = $1} END {
 LAT="EndpointSlice write -> kernel in the VM: p50 ${P50} s, p99 ${P99} s (min $MIN, max $MAX, n=$N)"
 say "$LAT"
 check "every latency sample measured ($N of $SAMPLES)" [ "$N" = "$SAMPLES" ]
+end_phase
 
 final=$(agent load-stop)
 say "load, whole run: $(head -n1 <<<"$final")"
-sed -n '2,$p' <<<"$final" | sed 's/^/    /'
+agent load-log > "$STATE/load.log" || true
+agent log 100000 > "$STATE/proxier.log" || true
+G=$(agent wallclock) H=$(now)
+# Every failure, slow request (> 1 s) and pause of the load, with what the host did to the VM meanwhile: the share
+# of the preceding 4 s the vCPU was runnable but waiting for a host CPU ("host-wait"), or running ("run").
+python3 - "$STATE" "$(awk "BEGIN{print $G - $H}")" <<'PY'
+import re, sys
+state, offset = sys.argv[1], float(sys.argv[2])
+samples = []
+for line in open(f"{state}/vcpu"):
+    f = line.split()
+    if len(f) >= 3:
+        samples.append((float(f[0]), int(f[1]), int(f[2])))
+def shares(t0, t1):
+    inside = [s for s in samples if t0 - 0.5 <= s[0] <= t1 + 0.5]
+    if len(inside) < 2:
+        return None
+    (a, ra, wa), (b, rb, wb) = inside[0], inside[-1]
+    return (rb - ra) / 1e9 / (b - a), (wb - wa) / 1e9 / (b - a)
+events = []
+for line in open(f"{state}/load.log"):
+    m = re.match(r"(\d+\.\d+) (.*)", line.strip())
+    if m:
+        events.append((float(m.group(1)) - offset, m.group(2)))
+phases = [l.split(None, 2) for l in open(f"{state}/phases")]
+def phase(t):
+    name = "-"
+    for p in phases:
+        if float(p[0]) <= t and p[1] == "begin":
+            name = p[2].strip()
+    return name
+print(f"  load events (failures, slow requests > 1 s, pauses > 0.5 s): {len(events)}; host time = guest time - {offset:.2f} s")
+for t, what in events[:60]:
+    s = shares(t - 4, t)
+    print(f"    {t:.1f} [{phase(t)}] {what}" + (f"  | vCPU run {s[0]:.0%} host-wait {s[1]:.0%}" if s else ""))
+kinds = {}
+for t, what in events:
+    s = shares(t - 4, t)
+    if s:
+        kind = "slow" if ": slow: " in what else "pause" if what.startswith("pause") else "failed"
+        kinds.setdefault(kind, []).append(s)
+for kind, v in sorted(kinds.items()):
+    wait = sorted(w for _, w in v)
+    busy = min(r + w for r, w in v)
+    print(f"  {kind}: {len(v)}; in the 4 s before each, the vCPU waited for a host CPU {wait[len(wait) // 2]:.0%} "
+          f"(median, least {wait[0]:.0%}) and was busy (running or waiting) at least {busy:.0%}")
+if samples:
+    whole = shares(samples[0][0], samples[-1][0])
+    worst = max((shares(s[0], s[0] + 3) or (0, 0))[1] for s in samples)
+    print(f"  vCPU over the run: running {whole[0]:.0%}, waiting for a host CPU {whole[1]:.0%} (worst 3 s: {worst:.0%})")
+PY
 
 echo
 echo "=== end to end (kube-apiserver $K8S, proxier in the VM): requests sent / failed, long-lived connections broken"
 printf '  %s\n' "${FIG[@]}"
 echo "  $LAT"
+echo "  after the 30 s apiserver outage the first write reached the kernel after ${RESUMED:-?} s"
+echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"
 agent finish "$([ "$fail" = 0 ] && echo 0 || echo 1)" > /dev/null || true
 wait "$vm_pid" || bad "the VM run failed (its log: $STATE/vm.log)"
 vm_pid=""

@@ -16,6 +16,10 @@
 //!
 //! A request fails when it gets no answer line within [`TIMEOUT`] (connect refused or timed out,
 //! reset, closed, silent). The test's figure is the number of failures; the target is zero.
+//! To tell the product's failures from the machine's, the load also logs requests slower than
+//! [`SLOW`] (a TCP SYN sent again takes at least 1 s: a dropped packet) and its own pauses: a
+//! thread that sleeps [`PAUSE_TICK`] logs every wake-up later than [`PAUSE`] (the VM or the
+//! process did not run then), counted in `pauses` and `pause_max_ms`.
 use clap::{Parser, Subcommand, ValueEnum};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -30,6 +34,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const TIMEOUT: Duration = Duration::from_secs(3);
 /// Interval between two lines on a long-lived connection, and between two writes of the stats file.
 const TICK: Duration = Duration::from_millis(200);
+/// A request that takes longer than this is logged as slow.
+const SLOW: Duration = Duration::from_secs(1);
+/// The pause detector's sleep.
+const PAUSE_TICK: Duration = Duration::from_millis(50);
+/// A wake-up of the pause detector later than this is a pause.
+const PAUSE: Duration = Duration::from_millis(500);
 
 #[derive(Parser)]
 #[command(about = "Backends and load for the kipvs end-to-end test")]
@@ -197,6 +207,11 @@ struct Counters {
     long_broken: AtomicU64,
     /// Failed attempts to open a long-lived connection.
     long_connect_failed: AtomicU64,
+    /// Requests (TCP and UDP) answered, but slower than [`SLOW`].
+    slow: AtomicU64,
+    /// Pauses of the load process longer than [`PAUSE`], and the longest (ms).
+    pauses: AtomicU64,
+    pause_max_ms: AtomicU64,
     /// Answers by backend name (short TCP requests).
     backends: Mutex<BTreeMap<String, u64>>,
     /// The backend each long-lived connection talks to.
@@ -205,13 +220,14 @@ struct Counters {
 
 impl Counters {
     /// `tcp_sent=.. tcp_failed=.. udp_sent=.. udp_failed=.. long_opened=.. long_lines=..
-    /// long_broken=.. long_connect_failed=.. backends=name:count,.. long=name,..`
+    /// long_broken=.. long_connect_failed=.. slow=.. pauses=.. pause_max_ms=..
+    /// backends=name:count,.. long=name,..`
     fn line(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let backends = self.backends.lock().expect("not poisoned");
         let long = self.long_backends.lock().expect("not poisoned");
         format!(
-            "tcp_sent={} tcp_failed={} udp_sent={} udp_failed={} long_opened={} long_lines={} long_broken={} long_connect_failed={} backends={} long={}",
+            "tcp_sent={} tcp_failed={} udp_sent={} udp_failed={} long_opened={} long_lines={} long_broken={} long_connect_failed={} slow={} pauses={} pause_max_ms={} backends={} long={}",
             get(&self.tcp_sent),
             get(&self.tcp_failed),
             get(&self.udp_sent),
@@ -220,6 +236,9 @@ impl Counters {
             get(&self.long_lines),
             get(&self.long_broken),
             get(&self.long_connect_failed),
+            get(&self.slow),
+            get(&self.pauses),
+            get(&self.pause_max_ms),
             backends
                 .iter()
                 .map(|(k, v)| format!("{k}:{v}"))
@@ -229,14 +248,23 @@ impl Counters {
         )
     }
 
+    /// Send one request (`request`) and count its outcome.
     fn record(
         &self,
         sent: &AtomicU64,
         failed: &AtomicU64,
         what: &str,
-        result: Result<String, String>,
+        request: impl FnOnce() -> Result<String, String>,
     ) {
         sent.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        let result =
+            request().map_err(|e| format!("{e} (after {} ms)", start.elapsed().as_millis()));
+        let took = start.elapsed();
+        if result.is_ok() && took > SLOW {
+            self.slow.fetch_add(1, Ordering::Relaxed);
+            log(&format!("{what}: slow: {} ms", took.as_millis()));
+        }
         match result {
             Ok(name) if !name.is_empty() => {
                 *self
@@ -278,6 +306,22 @@ fn paced(per_second: u32, stop: &std::path::Path, f: impl Fn() + Send + Sync + '
         let next = start + interval * n;
         if let Some(wait) = next.checked_duration_since(Instant::now()) {
             thread::sleep(wait);
+        }
+    }
+}
+
+/// The pause detector: sleeps [`PAUSE_TICK`] at a time and logs each wake-up later than
+/// [`PAUSE`], until `stop` exists.
+fn pauses(counters: &Counters, stop: &std::path::Path) {
+    while !stop.exists() {
+        let start = Instant::now();
+        thread::sleep(PAUSE_TICK);
+        let late = start.elapsed().saturating_sub(PAUSE_TICK);
+        if late > PAUSE {
+            let ms = late.as_millis() as u64;
+            counters.pauses.fetch_add(1, Ordering::Relaxed);
+            counters.pause_max_ms.fetch_max(ms, Ordering::Relaxed);
+            log(&format!("pause: the load did not run for {ms} ms"));
         }
     }
 }
@@ -344,12 +388,9 @@ fn load(
         threads.push(thread::spawn(move || {
             paced(rate, &stop.clone(), move || {
                 let c = &counters;
-                c.record(
-                    &c.tcp_sent,
-                    &c.tcp_failed,
-                    &format!("tcp {tcp}"),
-                    tcp_request(tcp),
-                );
+                c.record(&c.tcp_sent, &c.tcp_failed, &format!("tcp {tcp}"), || {
+                    tcp_request(tcp)
+                });
             })
         }));
     }
@@ -358,14 +399,15 @@ fn load(
         threads.push(thread::spawn(move || {
             paced(udp_rate, &stop.clone(), move || {
                 let c = &counters;
-                c.record(
-                    &c.udp_sent,
-                    &c.udp_failed,
-                    &format!("udp {target}"),
-                    udp_request(target),
-                );
+                c.record(&c.udp_sent, &c.udp_failed, &format!("udp {target}"), || {
+                    udp_request(target)
+                });
             })
         }));
+    }
+    {
+        let (counters, stop) = (counters.clone(), stop.clone());
+        threads.push(thread::spawn(move || pauses(&counters, &stop)));
     }
     let write_stats = || {
         let tmp = stats.with_extension("tmp");

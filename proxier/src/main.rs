@@ -591,7 +591,11 @@ async fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            // kube-client's HTTP trace layer logs every failed request at ERROR; the watchers
+            // (source::Retry) and the status writer log their failures themselves, once per
+            // outage rather than once per attempt.
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,kube_client::client::builder=off")),
         )
         .init();
     match main_inner(Cli::parse()).await {

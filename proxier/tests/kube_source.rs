@@ -1,6 +1,7 @@
 //! The Kubernetes API source against a scripted API server (tower-test): recorded list and
 //! watch answers, including a relist after `410 Gone`, an outage during which nothing is
-//! deleted, and a server without `discovery.k8s.io/v1` EndpointSlices.
+//! deleted, the backoff while the API server is away and the resumption once it is back, and a
+//! server without `discovery.k8s.io/v1` EndpointSlices.
 
 use http::{Request, Response, StatusCode};
 use kipvs_crds::config::ProxierConfiguration;
@@ -18,6 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 const NODE: &str = "test-node";
 
@@ -30,6 +32,18 @@ enum Reply {
     /// An error status.
     Status(u16, &'static str),
 }
+
+/// A connection that fails (the API server is not there), as the HTTP stack reports it.
+#[derive(Debug)]
+struct Unreachable;
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("client error (Connect): connection refused")
+    }
+}
+
+impl std::error::Error for Unreachable {}
 
 /// The resources the source watches, by URL path.
 const RESOURCES: [(&str, &str); 3] = [
@@ -44,6 +58,10 @@ struct ApiServer {
     scripts: BTreeMap<&'static str, mpsc::UnboundedSender<Reply>>,
     /// Every request as `resource list|watch query`, in arrival order.
     log: Arc<Mutex<Vec<String>>>,
+    /// When each request of `log` arrived.
+    times: Arc<Mutex<Vec<Instant>>>,
+    /// Until then every request fails to connect (nothing queued is consumed).
+    down_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl ApiServer {
@@ -58,6 +76,9 @@ impl ApiServer {
             queues.insert(path, Arc::new(tokio::sync::Mutex::new(rx)));
         }
         let requests = log.clone();
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let down_until: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let (arrivals, down) = (times.clone(), down_until.clone());
         tokio::spawn(async move {
             while let Some((request, send)) = handle.next_request().await {
                 let path = request.uri().path().to_owned();
@@ -75,6 +96,15 @@ impl ApiServer {
                     .lock()
                     .unwrap()
                     .push(format!("{name} {verb} {query}"));
+                arrivals.lock().unwrap().push(Instant::now());
+                if down
+                    .lock()
+                    .unwrap()
+                    .is_some_and(|until| Instant::now() < until)
+                {
+                    send.send_error(Unreachable);
+                    continue;
+                }
                 let queue = queues[path.as_str()].clone();
                 tokio::spawn(async move {
                     let Some(reply) = queue.lock().await.recv().await else {
@@ -85,7 +115,13 @@ impl ApiServer {
             }
         });
         let client = kube::Client::new(service, "default");
-        (ApiServer { scripts, log }, client)
+        let api = ApiServer {
+            scripts,
+            log,
+            times,
+            down_until,
+        };
+        (api, client)
     }
 
     fn push(&self, resource: &str, reply: Reply) {
@@ -93,11 +129,27 @@ impl ApiServer {
     }
 
     fn requests(&self, resource: &str) -> Vec<String> {
-        let log = self.log.lock().unwrap();
-        log.iter()
-            .filter(|r| r.split(' ').next() == Some(resource))
-            .cloned()
+        self.timed_requests(resource)
+            .into_iter()
+            .map(|(_, r)| r)
             .collect()
+    }
+
+    /// The requests for `resource` with their arrival times.
+    fn timed_requests(&self, resource: &str) -> Vec<(Instant, String)> {
+        let log = self.log.lock().unwrap();
+        let times = self.times.lock().unwrap();
+        times
+            .iter()
+            .zip(log.iter())
+            .filter(|(_, r)| r.split(' ').next() == Some(resource))
+            .map(|(t, r)| (*t, r.clone()))
+            .collect()
+    }
+
+    /// Every request fails to connect for `outage`.
+    fn go_away(&self, outage: Duration) {
+        *self.down_until.lock().unwrap() = Some(Instant::now() + outage);
     }
 }
 
@@ -188,9 +240,9 @@ impl Fixture {
             .collect()
     }
 
-    /// Wait (in virtual time) until `check` holds for the store.
+    /// Wait (in virtual time, up to two minutes) until `check` holds for the store.
     async fn until(&self, what: &str, check: impl Fn(&Store) -> bool) {
-        for _ in 0..1000 {
+        for _ in 0..12_000 {
             if check(&self.handle.store.lock().unwrap()) {
                 return;
             }
@@ -203,7 +255,7 @@ impl Fixture {
     }
 
     /// Wait until `resource` has received `n` requests (up to two minutes of virtual time:
-    /// the watcher backs off up to 30 s between retries).
+    /// the watcher backs off up to 60 s between retries after errors the server answers).
     async fn requests(&self, resource: &str, n: usize) {
         for _ in 0..12_000 {
             if self.api.requests(resource).len() >= n {
@@ -403,4 +455,86 @@ async fn missing_endpoint_slices_v1_is_reported_and_services_still_program() {
         vs.values().map(|vs| vs.real_servers.len()).sum::<usize>(),
         1
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn watches_back_off_while_the_api_server_is_away_and_resume_within_seconds() {
+    let mut f = fixture();
+    f.api.push(
+        "services",
+        Reply::List("ServiceList", vec![service("web", "10.96.0.10", "1")], "1"),
+    );
+    f.api.push(
+        "endpointslices",
+        Reply::List(
+            "EndpointSliceList",
+            vec![slice("web", "10.244.1.2", "1")],
+            "1",
+        ),
+    );
+    f.api
+        .push("nodes", Reply::List("NodeList", vec![node("1")], "1"));
+    tokio::time::timeout(Duration::from_secs(5), f.handle.wait_ready())
+        .await
+        .expect("ready");
+    f.engine.sync().await.unwrap();
+    f.requests("services", 2).await; // listed, now watching
+
+    // The API server goes away for 40 s: the Service watch ends, and every attempt to watch
+    // again fails to connect.
+    let outage = Duration::from_secs(40);
+    f.api.go_away(outage);
+    let down = Instant::now();
+    f.api.push("services", Reply::Watch(vec![]));
+    // Once back, it answers the watch from the old resource version with 410 Gone (as a
+    // restarted API server does), then the relist with a changed Service.
+    f.api.push(
+        "services",
+        Reply::Watch(vec![
+            json!({"type": "ERROR", "object": status(410, "Expired")}),
+        ]),
+    );
+    f.api.push(
+        "services",
+        Reply::List("ServiceList", vec![service("api", "10.96.0.12", "7")], "7"),
+    );
+    f.until("the relist after the outage", |s| {
+        s.service(&("default".into(), "api".into())).is_some()
+    })
+    .await;
+    let back = down + outage;
+
+    let services = f.api.timed_requests("services");
+    // Resumed within a few seconds of the API server's return: the first attempt after it
+    // (at most 6 s later) gets the 410, and the relist follows at once (at most 1.6 s).
+    let relist = services
+        .iter()
+        .rev()
+        .find(|(_, r)| r.contains(" list "))
+        .unwrap()
+        .0;
+    assert!(
+        relist > back && relist - back <= Duration::from_secs(8),
+        "relisted {:?} after the API server came back: {services:?}",
+        relist - back
+    );
+    let during: Vec<Instant> = services
+        .iter()
+        .filter(|(t, _)| *t > down && *t < back)
+        .map(|(t, _)| *t)
+        .collect();
+    // Backoff: not an attempt a second (nor a busy loop), but still trying every few seconds.
+    assert!(
+        (6..=20).contains(&during.len()),
+        "{} attempts in a 40 s outage: {services:?}",
+        during.len()
+    );
+    let longest = during.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(longest <= Duration::from_secs(6), "a wait of {longest:?}");
+    // Nothing was deleted meanwhile; the relist replaced the Services.
+    let report = f.engine.sync().await.unwrap();
+    assert!(report.ops.iter().any(
+        |op| matches!(op, Op::AddVirtualServer(k, _) if k.address.to_string() == "10.96.0.12")
+    ));
+    assert_eq!(f.services(), ["api"]);
 }

@@ -301,11 +301,13 @@ impl<D: Dataplane> Syncer<D> {
         for op in &ops {
             tracing::info!("{op}");
         }
+        let applying = Instant::now();
         let failures = if ops.is_empty() {
             Vec::new()
         } else {
             self.dataplane.apply(&ops).await
         };
+        let apply_us = applying.elapsed().as_micros() as u64;
         for f in &failures {
             tracing::warn!(error = %f.error, "failed {}", f.op);
         }
@@ -343,9 +345,11 @@ impl<D: Dataplane> Syncer<D> {
                 self.drains.entry(k).or_insert(start);
             }
         }
+        let cleaning = Instant::now();
         let conntrack = self
             .clean_conntrack(desired, &ops, &failures, kind == "full")
             .await;
+        let conntrack_us = cleaning.elapsed().as_micros() as u64;
         let duration = start.elapsed();
         tracing::info!(
             kind,
@@ -354,6 +358,8 @@ impl<D: Dataplane> Syncer<D> {
             draining = self.drains.len(),
             in_doubt = self.in_doubt.len(),
             duration_us = duration.as_micros() as u64,
+            apply_us,
+            conntrack_us,
             "sync complete ops={} failed={}",
             ops.len(),
             failures.len()

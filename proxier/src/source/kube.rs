@@ -7,8 +7,9 @@
 //!   ([`Store::replace_services`], [`Store::replace_slices`]), so objects deleted while the
 //!   watch was down go away then, and unchanged ones cost nothing.
 //! - Errors never clear the store: while the API server is unreachable the last known
-//!   objects stay, so nothing is deleted from the kernel. Each watcher retries with
-//!   kube-runtime's default backoff (0.8 s doubling to 30 s).
+//!   objects stay, so nothing is deleted from the kernel. Each watcher retries with the
+//!   backoff of [`Retry`] (a few seconds while the API server is away, client-go's 0.8 s to
+//!   30 s when it answers with errors, a relist at once after `410 Gone`).
 //! - The handle is marked ready (the engine may program) once every kind has been listed
 //!   once.
 //! - An API server that does not serve `discovery.k8s.io/v1` EndpointSlices (Kubernetes
@@ -21,11 +22,10 @@
 //! ([`PROXY_LABEL_SELECTOR`]); the Node by the field selector `metadata.name=<node>`.
 
 use super::store::{Store, object_key};
-use super::{SourceHandle, is_not_found};
+use super::{Retry, SourceHandle, is_not_found};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -47,6 +47,8 @@ trait Kind:
 {
     /// Name in logs.
     const NAME: &'static str;
+    /// Its watch, in logs.
+    const WATCH: &'static str;
     /// Whether the proxier can run without it when the API server does not serve it.
     const OPTIONAL: bool;
     fn apply(store: &mut Store, object: Self);
@@ -56,6 +58,7 @@ trait Kind:
 
 impl Kind for Service {
     const NAME: &'static str = "Service";
+    const WATCH: &'static str = "Service watch";
     const OPTIONAL: bool = false;
     fn apply(store: &mut Store, object: Self) {
         store.upsert_service(object);
@@ -70,6 +73,7 @@ impl Kind for Service {
 
 impl Kind for EndpointSlice {
     const NAME: &'static str = "EndpointSlice";
+    const WATCH: &'static str = "EndpointSlice watch";
     const OPTIONAL: bool = true;
     fn apply(store: &mut Store, object: Self) {
         store.upsert_slice(object);
@@ -84,6 +88,7 @@ impl Kind for EndpointSlice {
 
 impl Kind for Node {
     const NAME: &'static str = "Node";
+    const WATCH: &'static str = "Node watch";
     const OPTIONAL: bool = false;
     fn apply(store: &mut Store, object: Self) {
         store.set_node(Some(object));
@@ -145,10 +150,14 @@ impl KubeSource {
         synced: &Synced,
     ) {
         let api = Api::<K>::all(self.client.clone());
-        let mut events = watcher::watcher(api, config).default_backoff().boxed();
+        let mut events = watcher::watcher(api, config).boxed();
+        let mut retry = Retry::new(K::WATCH);
         let mut listing: Vec<K> = Vec::new();
         let mut unavailable = false;
         while let Some(event) = events.next().await {
+            if event.is_ok() {
+                retry.succeeded();
+            }
             match event {
                 Ok(Event::Init) => listing.clear(),
                 Ok(Event::InitApply(object)) => listing.push(object),
@@ -180,11 +189,9 @@ impl KubeSource {
                         unavailable = true;
                     }
                     synced.mark(K::NAME);
+                    retry.wait(&e).await;
                 }
-                Err(e) => tracing::warn!(
-                    kind = K::NAME,
-                    "watch failed, keeping the last known objects and retrying: {e}"
-                ),
+                Err(e) => retry.failed(&e, "the last known objects").await,
             }
         }
     }

@@ -29,11 +29,10 @@
 //!   starts, then `Applied` after the first sync with it (at start, directly `Applied`), or
 //!   `Failed`.
 
-use super::is_not_found;
+use super::{Retry, is_not_found};
 use futures::StreamExt;
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::NodeProxyConfig;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
@@ -63,14 +62,15 @@ pub enum Assigned {
 
 /// Watch the NodeProxyConfig named `node` forever, publishing what it assigns on `assigned`
 /// (only when that changes). A 404 (the CRD is not installed) is logged once and counts as
-/// [`Assigned::Local`]; the watch keeps retrying with kube-runtime's default backoff and
-/// picks the CRD up when it appears. Other errors (403 from RBAC, 5xx, an object this version
+/// [`Assigned::Local`]; the watch keeps retrying with the backoff of
+/// [`Retry`](super::Retry) and picks the CRD up when it appears. Other errors (403 from RBAC, 5xx, an object this version
 /// cannot decode) are logged and keep the last assignment; while none is known yet, the engine
 /// runs on the local configuration after [`ASSIGNMENT_WAIT`](crate::engine::ASSIGNMENT_WAIT).
 pub async fn watch_assigned(client: Client, node: String, assigned: watch::Sender<Assigned>) {
     let api = Api::<NodeProxyConfig>::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut events = watcher::watcher(api, config).boxed();
+    let mut retry = Retry::new("NodeProxyConfig watch");
     let mut listing = None;
     let mut missing = false;
     let publish = |next: Assigned| {
@@ -81,6 +81,9 @@ pub async fn watch_assigned(client: Client, node: String, assigned: watch::Sende
         });
     };
     while let Some(event) = events.next().await {
+        if event.is_ok() {
+            retry.succeeded();
+        }
         match event {
             Ok(Event::Init) => listing = None,
             Ok(Event::InitApply(object)) => listing = Some(object),
@@ -102,11 +105,9 @@ pub async fn watch_assigned(client: Client, node: String, assigned: watch::Sende
                     missing = true;
                 }
                 publish(Assigned::Local);
+                retry.wait(&e).await;
             }
-            Err(e) => tracing::warn!(
-                "NodeProxyConfig watch failed, keeping the configuration in force and \
-                 retrying: {e}"
-            ),
+            Err(e) => retry.failed(&e, "the configuration in force").await,
         }
     }
 }

@@ -3,6 +3,7 @@
 # busybox httpd's CGI, www/cgi-bin/agent). Commands:
 #   ping                          answers pong
 #   clock                         the guest's clock (seconds since boot, /proc/uptime, 10 ms steps)
+#   wallclock                     the guest's wall clock (date +%s, busybox has no %N: the load log's times)
 #   pod NAME IP                   a backend pod: netns NAME with IP, e2e_traffic serve --name NAME on 8080
 #   proxier-start|proxier-restart `kipvs-proxier run --kubeconfig` (SIGTERM first for restart); the real
 #                                 kernel dataplane (IPVS + nftables)
@@ -14,16 +15,20 @@
 #   load-start TCP UDP            e2e_traffic load from the client netns (25 connections/s, 5 datagrams/s,
 #                                 4 long-lived connections)
 #   load-stats                    its counters so far; load-stop stops it and prints the final ones
+#   load-log                      the load's log: failures, slow requests, pauses (with wall-clock times)
 #   log [N]                       the proxier log's last N lines
 #   finish RC                     ends the run (guest.sh prints PASS/FAIL e2e)
 . /payload/tests/lib.sh
 E=/payload/tests/e2e
 TRAFFIC=/payload/bin/e2e_traffic
 KIPVS_KUBECONFIG=$E/kubeconfig
+# each dataplane stage's duration (nftables transaction, IPVS stages), to see where a slow sync spends it
+export RUST_LOG=info,kipvs_proxier::dataplane::kernel=debug,kube_client::client::builder=off
 cmd=$1; shift
 case $cmd in
   ping) echo pong ;;
   clock) now ;;
+  wallclock) date +%s ;;
   pod)
     n=$1; addr=$2; i=$(( $(cat "$W/vpod.n" 2>/dev/null || echo 100) + 1 )); echo "$i" > "$W/vpod.n"
     printf 'netns add %s\nlink add vpod%s type veth peer name eth0 netns %s\naddr add 10.244.0.1/32 dev vpod%s\nlink set vpod%s up\nroute add %s/32 dev vpod%s\n' \
@@ -57,6 +62,7 @@ case $cmd in
     i=0; until [ -s "$W/load.stats" ]; do i=$((i + 1)); [ $i -lt 50 ] || exit 1; sleep 0.2; done
     cat "$W/load.stats" ;;
   load-stats) cat "$W/load.stats" ;;
+  load-log) grep -v 'talking to' "$W/load.log" ;;
   load-stop)
     touch "$W/load.stop"; p=$(cat "$W/load.pid"); i=0
     while alive "$p" && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
