@@ -354,9 +354,7 @@ impl<D: Dataplane> Syncer<D> {
             draining = self.drains.len(),
             in_doubt = self.in_doubt.len(),
             duration_us = duration.as_micros() as u64,
-            "sync complete ops={} failed={}",
-            ops.len(),
-            failures.len()
+            "sync complete"
         );
         Ok(SyncReport {
             ops,

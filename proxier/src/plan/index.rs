@@ -14,7 +14,7 @@
 //! health-check ports) are reference-counted across Services.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
-use crate::model::{DesiredState, NftRules, Scope, SetElement, VirtualServerKey};
+use crate::model::{DesiredState, NftRules, Scope, SetElement, VirtualServer, VirtualServerKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -57,6 +57,8 @@ pub struct DesiredIndex {
     desired: DesiredState,
     no_local_endpoints: NoLocalEndpoints,
     terminating_fallback_services: usize,
+    /// Real servers of `desired`'s virtual servers, kept with every change to them.
+    real_servers: usize,
 }
 
 impl DesiredIndex {
@@ -103,7 +105,7 @@ impl DesiredIndex {
             let winner = claims.first().cloned();
             if winner.is_none() {
                 self.vs_claims.remove(vs);
-                self.desired.virtual_servers.remove(vs);
+                self.set_virtual_server(*vs, None);
             }
             if !was_winner {
                 continue;
@@ -113,10 +115,9 @@ impl DesiredIndex {
                 touched.set_elements.insert(element);
             }
             if let Some(winner) = winner {
+                let entry = self.plans[&winner].virtual_servers[vs].clone();
+                self.set_virtual_server(*vs, Some(entry));
                 let plan = &self.plans[&winner];
-                self.desired
-                    .virtual_servers
-                    .insert(*vs, plan.virtual_servers[vs].clone());
                 for element in vs_elements(plan, vs) {
                     self.desired.set_elements.insert(element);
                     touched.set_elements.insert(element);
@@ -142,6 +143,7 @@ impl DesiredIndex {
             }
         }
         if let Some((port, _)) = &old.health_check_node_port {
+            touched.health_check_node_ports.insert(*port);
             let claims = self.health_check_claims.get_mut(port).expect("claimed");
             claims.remove(key);
             match claims.first() {
@@ -170,7 +172,7 @@ impl DesiredIndex {
             if claims.first() != Some(key) {
                 continue;
             }
-            self.desired.virtual_servers.insert(*vs, entry.clone());
+            self.set_virtual_server(*vs, Some(entry.clone()));
             if let Some(previous) = previous {
                 for element in vs_elements(&self.plans[&previous], vs) {
                     self.desired.set_elements.remove(&element);
@@ -199,6 +201,7 @@ impl DesiredIndex {
             }
         }
         if let Some((port, health_check)) = &new.health_check_node_port {
+            touched.health_check_node_ports.insert(*port);
             let claims = self.health_check_claims.entry(*port).or_default();
             claims.insert(key.clone());
             if claims.first() == Some(key) {
@@ -208,6 +211,21 @@ impl DesiredIndex {
             }
         }
         self.count(new, true);
+    }
+
+    /// Set (`Some`) or remove (`None`) the desired entry of virtual server `vs`, keeping the
+    /// real server count.
+    fn set_virtual_server(&mut self, vs: VirtualServerKey, entry: Option<VirtualServer>) {
+        let old = match entry {
+            Some(entry) => {
+                self.real_servers += entry.real_servers.len();
+                self.desired.virtual_servers.insert(vs, entry)
+            }
+            None => self.desired.virtual_servers.remove(&vs),
+        };
+        if let Some(old) = old {
+            self.real_servers -= old.real_servers.len();
+        }
     }
 
     fn count(&mut self, plan: &ServicePlan, add: bool) {
@@ -282,6 +300,11 @@ impl DesiredIndex {
     /// The counts behind the no-local-endpoints and terminating-fallback metrics.
     pub fn counts(&self) -> (NoLocalEndpoints, usize) {
         (self.no_local_endpoints, self.terminating_fallback_services)
+    }
+
+    /// The number of real servers in the desired state (kept by every update, not counted).
+    pub fn real_servers(&self) -> usize {
+        self.real_servers
     }
 }
 
