@@ -468,8 +468,9 @@ mod tests {
     }
 
     proptest! {
-        /// After any sequence of updates the index equals `merge` of the final plans, and
-        /// every change to the desired state was reported as touched.
+        /// After any sequence of updates the index equals `merge` of the final plans, every
+        /// change to the desired state was reported as touched, and the real server count
+        /// kept by the index is the one counted.
         #[test]
         fn incremental_updates_match_a_full_merge(updates in prop::collection::vec(arb_update(), 1..20)) {
             let names = ["a", "b", "c", "d"];
@@ -494,6 +495,12 @@ mod tests {
                 for e in before.set_elements.symmetric_difference(&after.set_elements) {
                     prop_assert!(touched.set_elements.contains(e));
                 }
+                let hc = (&before.health_check_node_ports, &after.health_check_node_ports);
+                for port in hc.0.keys().chain(hc.1.keys()).filter(|p| hc.0.get(*p) != hc.1.get(*p)) {
+                    prop_assert!(touched.health_check_node_ports.contains(port));
+                }
+                let counted: usize = after.virtual_servers.values().map(|vs| vs.real_servers.len()).sum();
+                prop_assert_eq!(index.real_servers(), counted);
                 prop_assert_eq!(index.to_plan(), merge(current.values()));
             }
         }

@@ -10,6 +10,13 @@
 //!   `tokio::sync::watch` channel; the [`Engine`](crate::engine::Engine) selects on it (no
 //!   shared mutable configuration). Status writes of the proxier itself come back as watch
 //!   events with the same spec and are not republished.
+//! - **Version skew** (the operator and the proxiers are upgraded at different times): the
+//!   object is read as JSON and `spec.config` decoded by
+//!   [`ProxierConfiguration::from_value_ignoring_unknown`] ([`assigned_by`]): settings this
+//!   version does not know are left out and reported (log, `kipvs_config_ignored_settings`,
+//!   the status message); a spec this version cannot use is reported `Failed`
+//!   ([`Assigned::Unusable`]). The reported revision is derived from the content where the
+//!   operator named it by content ([`reported_revision`]), so hand edits show.
 //! - The engine checks a new revision first ([`ProxierConfiguration::validate`], then
 //!   [`KernelSettings::check`](crate::dataplane::settings::KernelSettings::check): the
 //!   scheduler must be available). A revision that fails is reported `Failed` with the reason
@@ -191,4 +198,63 @@ pub fn reported_revision(
         );
     }
     content
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn settings_of_a_newer_version_are_ignored_and_named() {
+        let object = json!({"spec": {"revision": "r7", "config": {
+            "ipvs": {"scheduler": "wlc", "newSetting": true},
+            "featureGates": {"FutureGate": true}
+        }}});
+        let Assigned::Revision {
+            revision,
+            config,
+            ignored,
+        } = assigned_by(&object)
+        else {
+            panic!("not applied: {:?}", assigned_by(&object))
+        };
+        assert_eq!(revision, "r7");
+        assert_eq!(config.ipvs.scheduler, "wlc");
+        assert_eq!(ignored, ["featureGates.FutureGate", "ipvs.newSetting"]);
+    }
+
+    #[test]
+    fn a_spec_config_this_version_cannot_use_is_unusable_not_unknown() {
+        let object = json!({"spec": {"revision": "r1", "config": {"ipvs": {"syncPeriod": 0}}}});
+        assert!(matches!(
+            assigned_by(&object),
+            Assigned::Unusable { revision, .. } if revision == "r1"
+        ));
+    }
+
+    /// Issue 15 item 3: a hand edit of spec.config that keeps the operator's spec.revision is
+    /// reported under the revision of its content; hand-named revisions and configurations
+    /// read only in part (version skew) keep their name.
+    #[test]
+    fn the_reported_revision_is_derived_from_the_content_when_it_can_be() {
+        let mut config = ProxierConfiguration::default();
+        config.ipvs.scheduler = "wlc".into();
+        let named = config_revision(&config);
+        let revision = |spec: &str, config: &serde_json::Value| match assigned_by(
+            &json!({"spec": {"revision": spec, "config": config}}),
+        ) {
+            Assigned::Revision { revision, .. } => revision,
+            other => panic!("{other:?}"),
+        };
+        let wlc = json!({"ipvs": {"scheduler": "wlc"}});
+        let edited = json!({"ipvs": {"scheduler": "lc"}});
+        assert_eq!(revision(&named, &wlc), named);
+        let mut lc = ProxierConfiguration::default();
+        lc.ipvs.scheduler = "lc".into();
+        assert_eq!(revision(&named, &edited), config_revision(&lc));
+        assert_eq!(revision("r1", &edited), "r1");
+        let newer = json!({"ipvs": {"scheduler": "lc", "newSetting": 1}});
+        assert_eq!(revision(&named, &newer), named);
+    }
 }
