@@ -14,7 +14,7 @@
 //! health-check ports) are reference-counted across Services.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
-use crate::model::{DesiredState, NftRules, Scope, SetElement, VirtualServer, VirtualServerKey};
+use crate::model::{DesiredState, NftRules, Scope, SetElement, VirtualServerKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -86,6 +86,17 @@ impl DesiredIndex {
     /// Replace (`Some`) or remove (`None`) the plan of Service `key`.
     pub fn update(&mut self, key: ServiceKey, plan: Option<ServicePlan>) -> Touched {
         let mut touched = Touched::default();
+        // What this update can change: the virtual servers and health-check node ports of the
+        // old and the new plan. Their real servers are counted before and after, so the total
+        // is kept in time proportional to the Service.
+        let plans = || self.plans.get(&key).into_iter().chain(&plan);
+        touched.virtual_servers = plans()
+            .flat_map(|p| p.virtual_servers.keys().copied())
+            .collect();
+        touched.health_check_node_ports = plans()
+            .filter_map(|p| p.health_check_node_port.as_ref().map(|(port, _)| *port))
+            .collect();
+        let before = self.real_servers_of(&touched.virtual_servers);
         if let Some(old) = self.plans.remove(&key) {
             self.retract(&key, &old, &mut touched);
         }
@@ -93,7 +104,17 @@ impl DesiredIndex {
             self.assert_plan(&key, &new, &mut touched);
             self.plans.insert(key, new);
         }
+        self.real_servers =
+            self.real_servers - before + self.real_servers_of(&touched.virtual_servers);
         touched
+    }
+
+    /// Real servers of the desired virtual servers `keys`.
+    fn real_servers_of(&self, keys: &BTreeSet<VirtualServerKey>) -> usize {
+        keys.iter()
+            .filter_map(|k| self.desired.virtual_servers.get(k))
+            .map(|vs| vs.real_servers.len())
+            .sum()
     }
 
     fn retract(&mut self, key: &ServiceKey, old: &ServicePlan, touched: &mut Touched) {
@@ -105,7 +126,7 @@ impl DesiredIndex {
             let winner = claims.first().cloned();
             if winner.is_none() {
                 self.vs_claims.remove(vs);
-                self.set_virtual_server(*vs, None);
+                self.desired.virtual_servers.remove(vs);
             }
             if !was_winner {
                 continue;
@@ -115,9 +136,10 @@ impl DesiredIndex {
                 touched.set_elements.insert(element);
             }
             if let Some(winner) = winner {
-                let entry = self.plans[&winner].virtual_servers[vs].clone();
-                self.set_virtual_server(*vs, Some(entry));
                 let plan = &self.plans[&winner];
+                self.desired
+                    .virtual_servers
+                    .insert(*vs, plan.virtual_servers[vs].clone());
                 for element in vs_elements(plan, vs) {
                     self.desired.set_elements.insert(element);
                     touched.set_elements.insert(element);
@@ -143,7 +165,6 @@ impl DesiredIndex {
             }
         }
         if let Some((port, _)) = &old.health_check_node_port {
-            touched.health_check_node_ports.insert(*port);
             let claims = self.health_check_claims.get_mut(port).expect("claimed");
             claims.remove(key);
             match claims.first() {
@@ -172,7 +193,7 @@ impl DesiredIndex {
             if claims.first() != Some(key) {
                 continue;
             }
-            self.set_virtual_server(*vs, Some(entry.clone()));
+            self.desired.virtual_servers.insert(*vs, entry.clone());
             if let Some(previous) = previous {
                 for element in vs_elements(&self.plans[&previous], vs) {
                     self.desired.set_elements.remove(&element);
@@ -201,7 +222,6 @@ impl DesiredIndex {
             }
         }
         if let Some((port, health_check)) = &new.health_check_node_port {
-            touched.health_check_node_ports.insert(*port);
             let claims = self.health_check_claims.entry(*port).or_default();
             claims.insert(key.clone());
             if claims.first() == Some(key) {
@@ -211,21 +231,6 @@ impl DesiredIndex {
             }
         }
         self.count(new, true);
-    }
-
-    /// Set (`Some`) or remove (`None`) the desired entry of virtual server `vs`, keeping the
-    /// real server count.
-    fn set_virtual_server(&mut self, vs: VirtualServerKey, entry: Option<VirtualServer>) {
-        let old = match entry {
-            Some(entry) => {
-                self.real_servers += entry.real_servers.len();
-                self.desired.virtual_servers.insert(vs, entry)
-            }
-            None => self.desired.virtual_servers.remove(&vs),
-        };
-        if let Some(old) = old {
-            self.real_servers -= old.real_servers.len();
-        }
     }
 
     fn count(&mut self, plan: &ServicePlan, add: bool) {
