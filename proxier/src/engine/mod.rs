@@ -292,8 +292,10 @@ impl<D: Dataplane> Engine<D> {
             desired,
             real_servers: self.planner.real_servers(),
             health_check_changes: match &replanned {
-                Replanned::Touched(touched) => Some(&touched.health_check_node_ports),
-                Replanned::All => None,
+                Replanned::Touched(touched) if !period_over => {
+                    Some(&touched.health_check_node_ports)
+                }
+                _ => None,
             },
             no_local_endpoints,
             terminating_fallback_services,

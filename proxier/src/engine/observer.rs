@@ -76,7 +76,7 @@ pub struct SyncOutcome<'a> {
     /// Real servers in `desired` (kept by the planner's index, not counted per sync).
     pub real_servers: usize,
     /// The health-check node ports whose entry in `desired` may have changed since the last
-    /// sync (`None`: any of them, after a full re-plan).
+    /// sync (`None`: a full sync, after which every port is looked at again).
     pub health_check_changes: Option<&'a BTreeSet<u16>>,
     /// Services with a Local traffic policy and no local endpoint, by policy.
     pub no_local_endpoints: NoLocalEndpoints,

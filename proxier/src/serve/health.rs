@@ -337,8 +337,9 @@ pub async fn serve<F>(
 
 /// The health-check node port servers: one listener per port of the desired state's
 /// `health_check_node_ports`, opened and closed as the plan changes ([`Observer`]:
-/// after every sync, for the ports the sync's re-plan touched). A port that cannot be bound is
-/// logged once and retried at each sync.
+/// after every sync: all ports after a full sync, else the ports the sync's re-plan touched). A
+/// port that cannot be bound is logged once and retried when its Service changes and at each
+/// full sync (every `ipvs.syncPeriod`).
 #[derive(Clone)]
 pub struct ServiceHealthServers {
     health: ProxyHealth,
@@ -399,17 +400,15 @@ impl ServiceHealthServers {
         }
     }
 
-    /// As [`sync`](Self::sync), for the ports in `changed` (those a re-plan touched; the
-    /// others are as the last call left them) and those that failed to bind: O(number of
-    /// such ports).
+    /// As [`sync`](Self::sync), for the ports in `changed` only (those a re-plan touched; the
+    /// others are as the last call left them): O(number of changed ports).
     pub fn update(&self, ports: &BTreeMap<u16, HealthCheckNodePort>, changed: &BTreeSet<u16>) {
-        let mut listeners = self.listeners.lock().expect("listeners lock");
-        if changed.is_empty() && listeners.failed.is_empty() {
+        if changed.is_empty() {
             return;
         }
         let mut services = self.services.write().expect("services lock");
-        let failed: Vec<u16> = listeners.failed.keys().copied().collect();
-        for port in changed.iter().copied().chain(failed) {
+        let mut listeners = self.listeners.lock().expect("listeners lock");
+        for &port in changed {
             match ports.get(&port) {
                 Some(service) => {
                     services.insert(port, service.clone());
