@@ -10,7 +10,11 @@
 #   - without the NodeProxyConfig CRD the proxier logs it and runs on its local configuration; once the CRDs
 #     (config/crd/) are installed, a NodeProxyConfig for the node is applied live and reported on its status
 #     (observedRevision, phase Applied, healthy, syncErrors, lastSyncTime), a revision with an unknown scheduler
-#     is reported Failed while the proxier stays healthy, and a rollback is reported Applied again;
+#     is reported Failed while the proxier stays healthy, and a rollback is reported Applied again, as is a
+#     failed hand edit of the same revision once reverted; version skew and RBAC (tests/cluster/skew.sh): a
+#     proxier whose NodeProxyConfig carries a setting it does not know applies the rest at once and reports
+#     what it ignored, and one whose RBAC forbids reading NodeProxyConfigs programs from its local
+#     configuration within seconds and says why;
 #   - 1.24 only (skipped and named on 1.20): the Services and v1 EndpointSlices of tests/cluster/endpointslices.yaml
 #     flow through the proxier's watches into its plan (the fake dataplane's table, replayed from its op log by
 #     tests/cluster/table.py): ready at weight 1, serving+terminating at weight 0, the all-terminating fallback,
@@ -24,8 +28,8 @@
 # env: KIPVS_PROXIER (binary; default: cargo build, target/debug/kipvs-proxier), CLUSTER_STATE (state dir,
 #      default a temporary one, removed unless KEEP=1), CP_PORT/CP_ETCD_PORT (apiserver and etcd ports, default
 #      26443/33790: not hack/control-plane.sh's defaults, so that a control plane started by hand keeps running),
-#      CPCACHE (hack/control-plane.sh), PORT_BASE (first of three local ports for healthz, metrics and gRPC
-#      health; default 20256).
+#      CPCACHE (hack/control-plane.sh), PORT_BASE (first of nine local ports: healthz, metrics and gRPC
+#      health of the main proxier, then of the two in tests/cluster/skew.sh; default 20256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/host-tools.sh && host_tools # kubectl, curl, ... (a fresh machine lacks them)
@@ -51,12 +55,13 @@ fi
 proxier_pid=""
 cleanup() {
   [ -n "$proxier_pid" ] && kill "$proxier_pid" 2>/dev/null && wait "$proxier_pid" 2>/dev/null
+  for pid in ${skew_pids:-}; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
   hack/control-plane.sh stop "$STATE" || true
   if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
 }
 trap cleanup EXIT
 
-for port in "$CP_PORT" "$CP_ETCD_PORT" "$((CP_ETCD_PORT + 10))" "$PORT_BASE" "$((PORT_BASE + 1))" "$((PORT_BASE + 2))"; do
+for port in "$CP_PORT" "$CP_ETCD_PORT" "$((CP_ETCD_PORT + 10))" $(seq "$PORT_BASE" $((PORT_BASE + 8))); do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     say "port $port is in use; set CP_PORT, CP_ETCD_PORT or PORT_BASE"; trap - EXIT; exit 2
   fi
@@ -154,6 +159,12 @@ check "  ... with the reason" sh -c "kubectl --kubeconfig '$KC' get nodeproxycon
 check "  ... while the proxier keeps running (/livez 200)" is 200 code "$HZ/livez"
 npc r1 wrr
 check "rolled back to r1: reported r1 Applied again" until_ 30 is "r1 Applied true" npc_status
+# Issue 15 item 4: a hand edit under the same revision that fails, then reverted to the exact original.
+npc r1 nope
+check "r1 edited by hand to an unknown scheduler: reported r1 Failed" until_ 30 is "r1 Failed true" npc_status
+npc r1 wrr
+check "  ... and reverted: reported r1 Applied again without a restart" until_ 30 is "r1 Applied true" npc_status
+. tests/cluster/skew.sh
 
 if [ "$K8S" = 1.24 ]; then
   . tests/cluster/endpointslices.sh

@@ -255,6 +255,38 @@ pub const NODE_PORT_ADDRESSES_PRIMARY: &str = "primary";
 /// The default `nodePortRange`: kube-apiserver's default `--service-node-port-range`.
 pub const DEFAULT_NODE_PORT_RANGE: &str = "30000-32767";
 
+/// Removes from the object `value` (at `path`) the members `known` (the defaults, which
+/// spell out every field but `featureGates`) does not have, recursively, pushing their paths
+/// onto `ignored`.
+fn keep_known(
+    value: &mut serde_json::Value,
+    known: &serde_json::Value,
+    path: &str,
+    ignored: &mut Vec<String>,
+) {
+    let (serde_json::Value::Object(map), serde_json::Value::Object(known)) = (value, known) else {
+        return;
+    };
+    map.retain(|name, v| {
+        let member = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}.{name}")
+        };
+        match known.get(name) {
+            Some(k) => {
+                keep_known(v, k, &member, ignored);
+                true
+            }
+            None if path.is_empty() && name == "featureGates" => true,
+            None => {
+                ignored.push(member);
+                false
+            }
+        }
+    });
+}
+
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -310,6 +342,43 @@ impl ProxierConfiguration {
         let config = config.unwrap_or_default();
         config.validate()?;
         Ok(config)
+    }
+
+    /// Decodes the embedded form (`NodeProxyConfig.spec.config`, which a newer kipvs may have
+    /// written) and [validates](Self::validate) it, leaving out what this version does not
+    /// know instead of rejecting it: object members that are not fields here and
+    /// `featureGates` entries that are not gates here (version skew between the operator and
+    /// the proxiers is normal during an upgrade). Returns the configuration and the paths left
+    /// out (`ipvs.newSetting`, `featureGates.NewGate`), sorted; `null` is the
+    /// defaults.
+    ///
+    /// # Errors
+    /// [`ConfigError::Yaml`] when a known field has the wrong type or a bad duration; the
+    /// errors of [`validate`](Self::validate) otherwise.
+    pub fn from_value_ignoring_unknown(
+        value: &serde_json::Value,
+    ) -> Result<(Self, Vec<String>), ConfigError> {
+        let known = serde_json::to_value(Self::default()).expect("the defaults serialize");
+        let mut value = value.clone();
+        let mut ignored = Vec::new();
+        if let serde_json::Value::Object(map) = &mut value
+            && let Some(serde_json::Value::Object(gates)) = map.get_mut("featureGates")
+        {
+            gates.retain(|name, _| {
+                let known = name.parse::<Gate>().is_ok();
+                if !known {
+                    ignored.push(format!("featureGates.{name}"));
+                }
+                known
+            });
+        }
+        keep_known(&mut value, &known, "", &mut ignored);
+        ignored.sort();
+        let config: Option<Self> =
+            serde_json::from_value(value).map_err(|e| ConfigError::Yaml(e.to_string()))?;
+        let config = config.unwrap_or_default();
+        config.validate()?;
+        Ok((config, ignored))
     }
 
     /// Checks what the types alone cannot: gate names are known, `ipvs.syncPeriod > 0`,
@@ -620,6 +689,42 @@ metricsBindAddress: 0.0.0.0:9100
             err.to_string()
                 .starts_with("nodePortAddresses[0]: \"primary\" must be the only entry"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn embedded_form_of_a_newer_version_is_decoded_without_what_this_one_lacks() {
+        let value = serde_json::json!({
+            "ipvs": {"scheduler": "wlc", "newSetting": 3, "newBlock": {"a": 1}},
+            "featureGates": {"LoadBalancerIPMode": false, "FutureGate": true},
+            "futureTopLevel": "x",
+            "nftables": {"masqueradeAll": true, "newFlag": true}
+        });
+        let (config, ignored) = ProxierConfiguration::from_value_ignoring_unknown(&value).unwrap();
+        assert_eq!(
+            ignored,
+            [
+                "featureGates.FutureGate",
+                "futureTopLevel",
+                "ipvs.newBlock",
+                "ipvs.newSetting",
+                "nftables.newFlag"
+            ]
+        );
+        assert_eq!(config.ipvs.scheduler, "wlc");
+        assert!(config.nftables.masquerade_all);
+        assert!(!config.gate_enabled(Gate::LoadBalancerIPMode));
+        // What this version knows is still checked.
+        let bad = serde_json::json!({"ipvs": {"syncPeriod": 5, "newSetting": 1}});
+        assert!(matches!(
+            ProxierConfiguration::from_value_ignoring_unknown(&bad),
+            Err(ConfigError::Yaml(_))
+        ));
+        let (config, ignored) =
+            ProxierConfiguration::from_value_ignoring_unknown(&serde_json::Value::Null).unwrap();
+        assert_eq!(
+            (config, ignored.len()),
+            (ProxierConfiguration::default(), 0)
         );
     }
 

@@ -48,6 +48,16 @@ pub fn config_revision(config: &ProxierConfiguration) -> String {
     hex[..REVISION_HEX_DIGITS].to_owned()
 }
 
+/// Whether `revision` has the form of a [`config_revision`] (what the operator writes in
+/// `NodeProxyConfig.spec.revision`), so that the content it names can be checked; a
+/// NodeProxyConfig written by hand may name its revision freely (`r1`).
+pub fn is_config_revision(revision: &str) -> bool {
+    revision.len() == REVISION_HEX_DIGITS
+        && revision
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// Removes from `value` every object member equal to the same member of `default`.
 fn strip_defaults(value: &mut Value, default: &Value) {
     if let (Value::Object(map), Value::Object(defaults)) = (value, default) {
@@ -103,6 +113,8 @@ mod tests {
             .insert(Gate::LoadBalancerIPMode.name().to_owned(), false);
         assert_ne!(config_revision(&default), config_revision(&changed));
         assert_eq!(config_revision(&default).len(), REVISION_HEX_DIGITS);
+        assert!(is_config_revision(&config_revision(&changed)));
+        assert!(!is_config_revision("r1") && !is_config_revision("FE0C740AAE"));
     }
 
     #[test]

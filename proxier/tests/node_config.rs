@@ -67,6 +67,7 @@ fn revision(name: &str, config: ProxierConfiguration) -> Assigned {
     Assigned::Revision {
         revision: name.to_owned(),
         config: Box::new(config),
+        ignored: Vec::new(),
     }
 }
 

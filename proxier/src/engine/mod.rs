@@ -117,7 +117,10 @@ impl<D: Dataplane> Engine<D> {
 
     /// Put `assigned` in force if it differs from the configuration in force (NodeProxyConfig
     /// over the local configuration; see [`crate::source::node_config`]); the revision in force
-    /// assigned again after a Failed one is reported `Applied` again after the next sync. The new configuration is
+    /// assigned again after a Failed one is reported `Applied` again after the next sync.
+    /// Settings a newer kipvs wrote that this version does not know are left out, logged,
+    /// counted ([`Observer::config_ignored`]) and named in the status; an unusable
+    /// NodeProxyConfig ([`Assigned::Unusable`]) is reported `Failed`. The new configuration is
     /// first validated and checked against the kernel ([`KernelSettings::check`]); if that or
     /// [`KernelSettings::apply`] fails, the previous configuration stays in force and the
     /// revision is reported `Failed` with the reason. Otherwise the planner re-plans every
@@ -132,10 +135,23 @@ impl<D: Dataplane> Engine<D> {
             return;
         };
         let follower = &following.follower;
-        let (revision, config) = match assigned {
+        let (revision, config, ignored) = match assigned {
             Assigned::Unknown => return,
-            Assigned::Local => (None, follower.local.clone()),
-            Assigned::Revision { revision, config } => (Some(revision), *config),
+            Assigned::Local => (None, follower.local.clone(), Vec::new()),
+            Assigned::Revision {
+                revision,
+                config,
+                ignored,
+            } => (Some(revision), *config, ignored),
+            Assigned::Unusable { revision, message } => {
+                tracing::error!(
+                    revision,
+                    "cannot use the NodeProxyConfig, keeping the configuration in force: {message}"
+                );
+                let changed = following.report.rejected(Some(revision), message);
+                following.publish(changed);
+                return;
+            }
         };
         if revision.as_deref() == following.report.revision() && config == *self.planner.config() {
             // Back to the revision in force after a Failed one (e.g. the operator rolled
@@ -174,11 +190,20 @@ impl<D: Dataplane> Engine<D> {
             revision = name,
             "configuration in force; re-planning everything"
         );
+        if !ignored.is_empty() {
+            tracing::warn!(
+                revision = name,
+                "ignoring settings this kipvs version does not know (written by a newer \
+                 one?): {}",
+                ignored.join(", ")
+            );
+        }
         self.syncer.max_drain = config.ipvs.drain_timeout;
         self.observer.config_changed(&config);
+        self.observer.config_ignored(&ignored);
         self.planner.set_config(config);
         let restarting = self.last_full_sync.is_none();
-        let changed = following.report.in_force(revision, restarting);
+        let changed = following.report.in_force(revision, restarting, &ignored);
         following.publish(changed);
     }
 
@@ -249,9 +274,9 @@ impl<D: Dataplane> Engine<D> {
             exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
         };
         let desired = self.planner.desired();
-        let result = match replanned {
+        let result = match &replanned {
             Replanned::Touched(touched) if !period_over => {
-                self.syncer.sync_touched(desired, &touched).await
+                self.syncer.sync_touched(desired, touched).await
             }
             _ => {
                 let result = self.syncer.sync(desired).await;
@@ -265,6 +290,13 @@ impl<D: Dataplane> Engine<D> {
         observer.sync_finished(&SyncOutcome {
             result: &result,
             desired,
+            real_servers: self.planner.real_servers(),
+            health_check_changes: match &replanned {
+                Replanned::Touched(touched) if !period_over => {
+                    Some(&touched.health_check_node_ports)
+                }
+                _ => None,
+            },
             no_local_endpoints,
             terminating_fallback_services,
             drains: self.syncer.drains(),

@@ -22,6 +22,9 @@ pub trait Observer: StoreObserver {
     /// The engine put a new configuration in force (a NodeProxyConfig revision applied live,
     /// see [`crate::source::node_config`]); the next sync is the first with it.
     fn config_changed(&self, _config: &ProxierConfiguration) {}
+    /// The configuration put in force left out these settings (paths such as
+    /// `ipvs.newSetting`): a newer kipvs wrote them and this version does not know them.
+    fn config_ignored(&self, _settings: &[String]) {}
 }
 
 impl StoreObserver for Vec<Arc<dyn Observer>> {
@@ -56,6 +59,12 @@ impl Observer for Vec<Arc<dyn Observer>> {
             o.config_changed(config);
         }
     }
+
+    fn config_ignored(&self, settings: &[String]) {
+        for o in self {
+            o.config_ignored(settings);
+        }
+    }
 }
 
 /// What one [`Engine::sync`](super::Engine::sync) did, for [`Observer`]s.
@@ -64,6 +73,11 @@ pub struct SyncOutcome<'a> {
     pub result: &'a Result<SyncReport, DataplaneError>,
     /// The desired state synced towards.
     pub desired: &'a DesiredState,
+    /// Real servers in `desired` (kept by the planner's index, not counted per sync).
+    pub real_servers: usize,
+    /// The health-check node ports whose entry in `desired` may have changed since the last
+    /// sync (`None`: a full sync, after which every port is looked at again).
+    pub health_check_changes: Option<&'a BTreeSet<u16>>,
     /// Services with a Local traffic policy and no local endpoint, by policy.
     pub no_local_endpoints: NoLocalEndpoints,
     /// Services served by the KEP-1669 fallback to serving+terminating endpoints.

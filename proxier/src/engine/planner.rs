@@ -73,6 +73,11 @@ impl Planner {
         self.index.counts()
     }
 
+    /// The number of real servers in [`desired`](Self::desired) (kept, not counted).
+    pub fn real_servers(&self) -> usize {
+        self.index.real_servers()
+    }
+
     /// The configuration planned with.
     pub fn config(&self) -> &ProxierConfiguration {
         &self.config

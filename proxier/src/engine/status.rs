@@ -48,6 +48,9 @@ pub struct StatusReport {
     status: Option<NodeProxyConfigStatus>,
     /// When a sync last published the status.
     published: Option<SystemTime>,
+    /// The `message` of an `Applied` status without sync errors: the settings of the revision
+    /// this version ignored, if any.
+    note: Option<String>,
 }
 
 impl StatusReport {
@@ -62,14 +65,16 @@ impl StatusReport {
     }
 
     /// The revision in force was assigned again with the same configuration (e.g. the
-    /// operator rolled back after a Failed revision): if the status reports another revision,
-    /// report this one `Applied` again after the next successful sync. Changes no status.
+    /// operator rolled back after a Failed revision, or a hand edit of `spec.config` that
+    /// failed was reverted under the same `spec.revision`): if the status reports another
+    /// revision, or this one `Failed`, report this one `Applied` again after the next
+    /// successful sync. Changes no status.
     pub fn reassigned(&mut self) {
-        let reported = self
-            .status
-            .as_ref()
-            .and_then(|s| s.observed_revision.as_ref());
-        self.awaiting_sync |= self.revision.is_some() && reported != self.revision.as_ref();
+        let status = self.status.as_ref();
+        let reported = status.and_then(|s| s.observed_revision.as_ref());
+        let failed = status.and_then(|s| s.phase) == Some(NodePhase::Failed);
+        self.awaiting_sync |=
+            self.revision.is_some() && (failed || reported != self.revision.as_ref());
     }
 
     /// `revision` could not be put in force (`message` says why); the previous configuration
@@ -91,11 +96,23 @@ impl StatusReport {
         before != self.status
     }
 
-    /// `revision` is in force from now on; `restarting`: no sync succeeded yet in this process
-    /// (the status then stays as it is until the first sync). Returns whether the status
-    /// changed.
-    pub fn in_force(&mut self, revision: Option<String>, restarting: bool) -> bool {
+    /// `revision` is in force from now on, without the settings `ignored` (those of a newer
+    /// kipvs this version does not know: named in the `Applied` status's message);
+    /// `restarting`: no sync succeeded yet in this process (the status then stays as it is
+    /// until the first sync). Returns whether the status changed.
+    pub fn in_force(
+        &mut self,
+        revision: Option<String>,
+        restarting: bool,
+        ignored: &[String],
+    ) -> bool {
         self.awaiting_sync = true;
+        self.note = (!ignored.is_empty()).then(|| {
+            format!(
+                "ignored settings this kipvs version does not know: {}",
+                ignored.join(", ")
+            )
+        });
         let before = self.status.clone();
         match &revision {
             None => self.status = None,
@@ -133,7 +150,7 @@ impl StatusReport {
                 phase: Some(NodePhase::Applied),
                 last_sync_time: Some(time(now)),
                 sync_errors: Some(u64::from(error.is_some())),
-                message: error,
+                message: error.or_else(|| self.note.clone()),
                 healthy: None,
             });
             self.published = Some(now);
@@ -183,9 +200,9 @@ mod tests {
     #[test]
     fn pending_then_applied_after_the_first_successful_sync() {
         let mut r = StatusReport::default();
-        r.in_force(Some("r1".into()), true);
+        r.in_force(Some("r1".into()), true, &[]);
         assert!(r.synced(&SyncResult::Clean, at(0)));
-        assert!(r.in_force(Some("r2".into()), false));
+        assert!(r.in_force(Some("r2".into()), false, &[]));
         assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Pending)));
         // A sync that could not observe the dataplane is not the first sync with r2.
         assert!(!r.synced(&SyncResult::NotObserved("netlink".into()), at(1)));
@@ -200,7 +217,7 @@ mod tests {
     fn restart_on_the_same_revision_reports_applied_without_pending() {
         let mut r = StatusReport::default();
         // Restarting: the status stays unknown (None here) until the first sync.
-        assert!(!r.in_force(Some("r1".into()), true));
+        assert!(!r.in_force(Some("r1".into()), true, &[]));
         assert_eq!(r.status(), None);
         assert!(r.synced(&SyncResult::Clean, at(0)));
         assert_eq!(phase(&r), (Some("r1"), Some(NodePhase::Applied)));
@@ -209,7 +226,7 @@ mod tests {
     #[test]
     fn failed_keeps_the_old_revision_in_force_and_a_rollback_is_applied_again() {
         let mut r = StatusReport::default();
-        r.in_force(Some("r1".into()), true);
+        r.in_force(Some("r1".into()), true, &[]);
         r.synced(&SyncResult::Clean, at(0));
         assert!(r.rejected(
             Some("r2".into()),
@@ -230,10 +247,35 @@ mod tests {
         assert_eq!(phase(&r), (Some("r1"), Some(NodePhase::Applied)));
     }
 
+    /// Issue 15 item 4: a hand edit of spec.config to a scheduler the node lacks, under the
+    /// same spec.revision, then back to the exact original, left the node `Failed` until a
+    /// restart.
+    #[test]
+    fn a_failed_edit_reverted_under_the_same_revision_is_applied_again() {
+        let mut r = StatusReport::default();
+        r.in_force(Some("r1".into()), true, &[]);
+        assert!(r.synced(&SyncResult::Clean, at(0)));
+        // The edit: same revision name, a configuration that cannot be put in force.
+        assert!(r.rejected(
+            Some("r1".into()),
+            "IPVS scheduler \"nope\" is not available".into()
+        ));
+        assert_eq!(phase(&r), (Some("r1"), Some(NodePhase::Failed)));
+        assert!(!r.synced(&SyncResult::Clean, at(1)), "still Failed");
+        // Reverted: the configuration in force is assigned again.
+        r.reassigned();
+        assert!(r.synced(&SyncResult::Clean, at(2)));
+        assert_eq!(phase(&r), (Some("r1"), Some(NodePhase::Applied)));
+        assert_eq!(r.status().unwrap().message, None);
+        // Assigned again while Applied: nothing to publish.
+        r.reassigned();
+        assert!(!r.synced(&SyncResult::Clean, at(3)));
+    }
+
     #[test]
     fn counters_are_published_at_most_once_a_minute() {
         let mut r = StatusReport::default();
-        r.in_force(Some("r1".into()), true);
+        r.in_force(Some("r1".into()), true, &[]);
         assert!(r.synced(&SyncResult::Clean, at(0)));
         assert!(
             !r.synced(&SyncResult::Clean, at(30)),
@@ -249,17 +291,32 @@ mod tests {
         assert_eq!(s.message.as_deref(), Some("1 IPVS operations failed"));
         assert_eq!(s.phase, Some(NodePhase::Applied));
         // A change of phase is published at once.
-        assert!(r.in_force(Some("r2".into()), false));
+        assert!(r.in_force(Some("r2".into()), false, &[]));
         assert!(r.synced(&SyncResult::Clean, at(181)));
         assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Applied)));
     }
 
     #[test]
+    fn settings_of_a_newer_version_are_named_in_the_applied_message() {
+        let mut r = StatusReport::default();
+        r.in_force(Some("r1".into()), true, &["ipvs.newSetting".into()]);
+        assert!(r.synced(&SyncResult::Clean, at(0)));
+        assert_eq!(phase(&r), (Some("r1"), Some(NodePhase::Applied)));
+        assert_eq!(
+            r.status().unwrap().message.as_deref(),
+            Some("ignored settings this kipvs version does not know: ipvs.newSetting")
+        );
+        r.in_force(Some("r2".into()), false, &[]);
+        assert!(r.synced(&SyncResult::Clean, at(1)));
+        assert_eq!(r.status().unwrap().message, None);
+    }
+
+    #[test]
     fn the_local_configuration_reports_nothing() {
         let mut r = StatusReport::default();
-        r.in_force(Some("r1".into()), true);
+        r.in_force(Some("r1".into()), true, &[]);
         r.synced(&SyncResult::Clean, at(0));
-        assert!(r.in_force(None, false));
+        assert!(r.in_force(None, false, &[]));
         assert_eq!(r.status(), None);
         assert!(!r.synced(&SyncResult::Clean, at(1)));
         assert!(!r.rejected(None, "bad local configuration".into()));

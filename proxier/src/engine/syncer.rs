@@ -360,9 +360,7 @@ impl<D: Dataplane> Syncer<D> {
             duration_us = duration.as_micros() as u64,
             apply_us,
             conntrack_us,
-            "sync complete ops={} failed={}",
-            ops.len(),
-            failures.len()
+            "sync complete"
         );
         Ok(SyncReport {
             ops,

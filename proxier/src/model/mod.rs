@@ -186,7 +186,8 @@ pub struct ObservedState {
 }
 
 /// What a scoped diff ([`crate::dataplane::diff_scoped`]) looks at, and what a plan update
-/// touched ([`crate::plan::Touched`]): virtual servers, bind addresses and nftables set elements.
+/// touched ([`crate::plan::Touched`]): virtual servers, bind addresses and nftables set elements
+/// (and, for the health-check servers, health-check node ports).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Scope {
     /// Virtual servers.
@@ -195,6 +196,9 @@ pub struct Scope {
     pub addresses: BTreeSet<IpAddr>,
     /// nftables set elements.
     pub set_elements: BTreeSet<SetElement>,
+    /// Health-check node ports whose entry may have changed (no dataplane op: the health-check
+    /// servers follow them, [`DesiredState::health_check_node_ports`]).
+    pub health_check_node_ports: BTreeSet<u16>,
 }
 
 /// Every virtual server, address and set element of either state: the scope of a full
@@ -220,6 +224,7 @@ pub fn full_scope(desired: &DesiredState, observed: &ObservedState) -> Scope {
         virtual_servers,
         addresses,
         set_elements,
+        health_check_node_ports: desired.health_check_node_ports.keys().copied().collect(),
     }
 }
 
@@ -229,5 +234,7 @@ impl Scope {
         self.virtual_servers.extend(other.virtual_servers);
         self.addresses.extend(other.addresses);
         self.set_elements.extend(other.set_elements);
+        self.health_check_node_ports
+            .extend(other.health_check_node_ports);
     }
 }

@@ -57,6 +57,8 @@ pub struct DesiredIndex {
     desired: DesiredState,
     no_local_endpoints: NoLocalEndpoints,
     terminating_fallback_services: usize,
+    /// Real servers of `desired`'s virtual servers, kept with every change to them.
+    real_servers: usize,
 }
 
 impl DesiredIndex {
@@ -84,6 +86,17 @@ impl DesiredIndex {
     /// Replace (`Some`) or remove (`None`) the plan of Service `key`.
     pub fn update(&mut self, key: ServiceKey, plan: Option<ServicePlan>) -> Touched {
         let mut touched = Touched::default();
+        // What this update can change: the virtual servers and health-check node ports of the
+        // old and the new plan. Their real servers are counted before and after, so the total
+        // is kept in time proportional to the Service.
+        let plans = || self.plans.get(&key).into_iter().chain(&plan);
+        touched.virtual_servers = plans()
+            .flat_map(|p| p.virtual_servers.keys().copied())
+            .collect();
+        touched.health_check_node_ports = plans()
+            .filter_map(|p| p.health_check_node_port.as_ref().map(|(port, _)| *port))
+            .collect();
+        let before = self.real_servers_of(&touched.virtual_servers);
         if let Some(old) = self.plans.remove(&key) {
             self.retract(&key, &old, &mut touched);
         }
@@ -91,7 +104,17 @@ impl DesiredIndex {
             self.assert_plan(&key, &new, &mut touched);
             self.plans.insert(key, new);
         }
+        self.real_servers =
+            self.real_servers - before + self.real_servers_of(&touched.virtual_servers);
         touched
+    }
+
+    /// Real servers of the desired virtual servers `keys`.
+    fn real_servers_of(&self, keys: &BTreeSet<VirtualServerKey>) -> usize {
+        keys.iter()
+            .filter_map(|k| self.desired.virtual_servers.get(k))
+            .map(|vs| vs.real_servers.len())
+            .sum()
     }
 
     fn retract(&mut self, key: &ServiceKey, old: &ServicePlan, touched: &mut Touched) {
@@ -283,6 +306,11 @@ impl DesiredIndex {
     pub fn counts(&self) -> (NoLocalEndpoints, usize) {
         (self.no_local_endpoints, self.terminating_fallback_services)
     }
+
+    /// The number of real servers in the desired state (kept by every update, not counted).
+    pub fn real_servers(&self) -> usize {
+        self.real_servers
+    }
 }
 
 #[cfg(test)]
@@ -445,8 +473,9 @@ mod tests {
     }
 
     proptest! {
-        /// After any sequence of updates the index equals `merge` of the final plans, and
-        /// every change to the desired state was reported as touched.
+        /// After any sequence of updates the index equals `merge` of the final plans, every
+        /// change to the desired state was reported as touched, and the real server count
+        /// kept by the index is the one counted.
         #[test]
         fn incremental_updates_match_a_full_merge(updates in prop::collection::vec(arb_update(), 1..20)) {
             let names = ["a", "b", "c", "d"];
@@ -471,6 +500,12 @@ mod tests {
                 for e in before.set_elements.symmetric_difference(&after.set_elements) {
                     prop_assert!(touched.set_elements.contains(e));
                 }
+                let hc = (&before.health_check_node_ports, &after.health_check_node_ports);
+                for port in hc.0.keys().chain(hc.1.keys()).filter(|p| hc.0.get(*p) != hc.1.get(*p)) {
+                    prop_assert!(touched.health_check_node_ports.contains(port));
+                }
+                let counted: usize = after.virtual_servers.values().map(|vs| vs.real_servers.len()).sum();
+                prop_assert_eq!(index.real_servers(), counted);
                 prop_assert_eq!(index.to_plan(), merge(current.values()));
             }
         }

@@ -32,7 +32,7 @@ use k8s_openapi::api::core::v1::Node;
 use kipvs_crds::Gate;
 use kipvs_crds::config::ProxierConfiguration;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -337,7 +337,9 @@ pub async fn serve<F>(
 
 /// The health-check node port servers: one listener per port of the desired state's
 /// `health_check_node_ports`, opened and closed as the plan changes ([`Observer`]:
-/// after every sync). A port that cannot be bound is logged once and retried at each sync.
+/// after every sync: all ports after a full sync, else the ports the sync's re-plan touched). A
+/// port that cannot be bound is logged once and retried when its Service changes and at each
+/// full sync (every `ipvs.syncPeriod`).
 #[derive(Clone)]
 pub struct ServiceHealthServers {
     health: ProxyHealth,
@@ -387,27 +389,62 @@ impl ServiceHealthServers {
 
     /// Make the listeners match `ports`: close those not wanted, open the missing ones (must
     /// run inside a Tokio runtime), and answer with the new endpoint counts from now on.
+    /// O(number of ports): after a full re-plan; [`update`](Self::update) otherwise.
     pub fn sync(&self, ports: &BTreeMap<u16, HealthCheckNodePort>) {
         *self.services.write().expect("services lock") = ports.clone();
         let mut listeners = self.listeners.lock().expect("listeners lock");
         listeners.open.retain(|port, _| ports.contains_key(port));
         listeners.failed.retain(|port, _| ports.contains_key(port));
         for (&port, service) in ports {
-            if listeners.open.contains_key(&port) {
-                continue;
-            }
-            match self.listen(port) {
-                Ok(close) => {
-                    tracing::info!(port, service = %format_args!("{}/{}", service.namespace, service.name), "health-check node port open");
-                    listeners.failed.remove(&port);
-                    listeners.open.insert(port, close);
+            self.ensure_listening(&mut listeners, port, service);
+        }
+    }
+
+    /// As [`sync`](Self::sync), for the ports in `changed` only (those a re-plan touched; the
+    /// others are as the last call left them): O(number of changed ports).
+    pub fn update(&self, ports: &BTreeMap<u16, HealthCheckNodePort>, changed: &BTreeSet<u16>) {
+        if changed.is_empty() {
+            return;
+        }
+        let mut services = self.services.write().expect("services lock");
+        let mut listeners = self.listeners.lock().expect("listeners lock");
+        for &port in changed {
+            match ports.get(&port) {
+                Some(service) => {
+                    services.insert(port, service.clone());
+                    self.ensure_listening(&mut listeners, port, service);
                 }
-                Err(e) => {
-                    let message = e.to_string();
-                    if listeners.failed.get(&port) != Some(&message) {
-                        tracing::error!(port, service = %format_args!("{}/{}", service.namespace, service.name), "cannot open health-check node port: {message}");
-                        listeners.failed.insert(port, message);
-                    }
+                None => {
+                    services.remove(&port);
+                    listeners.open.remove(&port);
+                    listeners.failed.remove(&port);
+                }
+            }
+        }
+    }
+
+    /// Open the listener of `port` unless it is open (a bind error is logged once per
+    /// message and retried at the next call).
+    fn ensure_listening(
+        &self,
+        listeners: &mut Listeners,
+        port: u16,
+        service: &HealthCheckNodePort,
+    ) {
+        if listeners.open.contains_key(&port) {
+            return;
+        }
+        match self.listen(port) {
+            Ok(close) => {
+                tracing::info!(port, service = %format_args!("{}/{}", service.namespace, service.name), "health-check node port open");
+                listeners.failed.remove(&port);
+                listeners.open.insert(port, close);
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if listeners.failed.get(&port) != Some(&message) {
+                    tracing::error!(port, service = %format_args!("{}/{}", service.namespace, service.name), "cannot open health-check node port: {message}");
+                    listeners.failed.insert(port, message);
                 }
             }
         }
@@ -465,6 +502,10 @@ impl StoreObserver for ServiceHealthServers {}
 
 impl Observer for ServiceHealthServers {
     fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
-        self.sync(&outcome.desired.health_check_node_ports);
+        let ports = &outcome.desired.health_check_node_ports;
+        match outcome.health_check_changes {
+            Some(changed) => self.update(ports, changed),
+            None => self.sync(ports),
+        }
     }
 }

@@ -22,6 +22,7 @@
 //! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
 //! | `kipvs_manifests_invalid_files` | gauge | manifests files (`run --manifests`) that cannot be read or do not load as they are; each keeps its last good content |
 //! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
+//! | `kipvs_config_ignored_settings` | gauge | settings of the NodeProxyConfig in force that this version does not know and left out (a newer kipvs wrote them; named in the log and the status message) |
 //! | `kipvs_api_resource_unavailable{resource}` | gauge | 1 while the API server does not serve a resource kipvs watches (e.g. `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21) |
 
 use crate::engine::observer::{Observer, SyncOutcome};
@@ -63,6 +64,7 @@ pub struct Metrics {
     api_unavailable: IntGaugeVec,
     scheduler_unavailable: IntGaugeVec,
     invalid_manifests: IntGauge,
+    config_ignored: IntGauge,
     /// Store change totals already counted.
     counted: Arc<Mutex<ChangeCounts>>,
 }
@@ -192,6 +194,10 @@ impl Metrics {
                 "kipvs_manifests_invalid_files",
                 "manifests files that do not load as they are (their last good content is used)",
             ),
+            config_ignored: int_gauge(
+                "kipvs_config_ignored_settings",
+                "Settings of the NodeProxyConfig in force this version does not know (ignored)",
+            ),
             scheduler_unavailable: register(
                 &r,
                 IntGaugeVec::new(
@@ -288,6 +294,11 @@ impl StoreObserver for Metrics {
 }
 
 impl Observer for Metrics {
+    fn config_ignored(&self, settings: &[String]) {
+        self.config_ignored
+            .set(i64::try_from(settings.len()).unwrap_or(i64::MAX));
+    }
+
     fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
         let report = match outcome.result {
             Ok(report) => report,
@@ -320,13 +331,7 @@ impl Observer for Metrics {
         let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.virtual_servers
             .set(as_i64(desired.virtual_servers.len()));
-        self.real_servers.set(as_i64(
-            desired
-                .virtual_servers
-                .values()
-                .map(|vs| vs.real_servers.len())
-                .sum(),
-        ));
+        self.real_servers.set(as_i64(outcome.real_servers));
         self.no_local_endpoints
             .with_label_values(&["internal"])
             .set(as_i64(outcome.no_local_endpoints.internal));

@@ -16,7 +16,7 @@ use super::SourceHandle;
 use super::node_config::{Assigned, assigned_from};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kipvs_crds::nodeproxyconfig::NodeProxyConfig;
+use kube::api::DynamicObject;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -38,7 +38,7 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
     /// `kipvs.io/v1alpha1` NodeProxyConfigs (the manifests mode follows the one named after
     /// the node, as the Kubernetes mode follows the API's).
-    pub node_proxy_configs: Vec<NodeProxyConfig>,
+    pub node_proxy_configs: Vec<DynamicObject>,
 }
 
 impl Snapshot {

@@ -10,6 +10,13 @@
 //!   `tokio::sync::watch` channel; the [`Engine`](crate::engine::Engine) selects on it (no
 //!   shared mutable configuration). Status writes of the proxier itself come back as watch
 //!   events with the same spec and are not republished.
+//! - **Version skew** (the operator and the proxiers are upgraded at different times): the
+//!   object is read as JSON and `spec.config` decoded by
+//!   [`ProxierConfiguration::from_value_ignoring_unknown`] ([`assigned_by`]): settings this
+//!   version does not know are left out and reported (log, `kipvs_config_ignored_settings`,
+//!   the status message); a spec this version cannot use is reported `Failed`
+//!   ([`Assigned::Unusable`]). The reported revision is derived from the content where the
+//!   operator named it by content ([`reported_revision`]), so hand edits show.
 //! - The engine checks a new revision first ([`ProxierConfiguration::validate`], then
 //!   [`KernelSettings::check`](crate::dataplane::settings::KernelSettings::check): the
 //!   scheduler must be available). A revision that fails is reported `Failed` with the reason
@@ -33,8 +40,11 @@ use super::{Retry, is_not_found};
 use futures::StreamExt;
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::NodeProxyConfig;
+use kipvs_crds::revision::{config_revision, is_config_revision};
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
+use serde_json::Value;
 use tokio::sync::watch;
 
 /// The NodeProxyConfig resource, as named in logs and in `kipvs_api_resource_unavailable`
@@ -51,23 +61,36 @@ pub enum Assigned {
     Unknown,
     /// No NodeProxyConfig for this node (or no CRD): the local configuration.
     Local,
-    /// The NodeProxyConfig's `spec.revision` and `spec.config`.
+    /// The NodeProxyConfig's `spec.config`, as this version reads it.
     Revision {
-        /// `spec.revision`, echoed in `status.observedRevision`.
+        /// The revision reported in `status.observedRevision` ([`reported_revision`]).
         revision: String,
-        /// `spec.config`.
+        /// `spec.config` without what this version does not know.
         config: Box<ProxierConfiguration>,
+        /// What was left out of `spec.config` (paths such as `ipvs.newSetting`,
+        /// `featureGates.NewGate`): settings of a newer kipvs, reported, never fatal.
+        ignored: Vec<String>,
+    },
+    /// A NodeProxyConfig whose `spec.config` this version cannot use (a known field of the
+    /// wrong type, an invalid value): reported `Failed`, the configuration in force stays.
+    Unusable {
+        /// `spec.revision`.
+        revision: String,
+        /// Why.
+        message: String,
     },
 }
 
 /// Watch the NodeProxyConfig named `node` forever, publishing what it assigns on `assigned`
-/// (only when that changes). A 404 (the CRD is not installed) is logged once and counts as
-/// [`Assigned::Local`]; the watch keeps retrying with the backoff of
-/// [`Retry`](super::Retry) and picks the CRD up when it appears. Other errors (403 from RBAC, 5xx, an object this version
-/// cannot decode) are logged and keep the last assignment; while none is known yet, the engine
+/// (only when that changes). It is read as plain JSON and decoded by [`assigned_by`], so an
+/// object a newer operator wrote (unknown fields) is still followed. A 404 (the CRD is not
+/// installed) is logged once and counts as [`Assigned::Local`]; the watch keeps retrying with
+/// the backoff of [`Retry`](super::Retry) and picks the CRD up when it appears. Other errors
+/// (403 from RBAC, 5xx) are logged and keep the last assignment; while none is known yet, the engine
 /// runs on the local configuration after [`ASSIGNMENT_WAIT`](crate::engine::ASSIGNMENT_WAIT).
 pub async fn watch_assigned(client: Client, node: String, assigned: watch::Sender<Assigned>) {
-    let api = Api::<NodeProxyConfig>::all(client);
+    let resource = ApiResource::erase::<NodeProxyConfig>(&());
+    let api = Api::<DynamicObject>::all_with(client, &resource);
     let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
     let mut events = watcher::watcher(api, config).boxed();
     let mut retry = Retry::new("NodeProxyConfig watch");
@@ -92,9 +115,13 @@ pub async fn watch_assigned(client: Client, node: String, assigned: watch::Sende
                     tracing::info!("the NodeProxyConfig CRD is installed now");
                     missing = false;
                 }
-                publish(listing.take().map_or(Assigned::Local, spec_of));
+                publish(
+                    listing
+                        .take()
+                        .map_or(Assigned::Local, |o| assigned_by(&o.data)),
+                );
             }
-            Ok(Event::Apply(object)) => publish(spec_of(object)),
+            Ok(Event::Apply(object)) => publish(assigned_by(&object.data)),
             Ok(Event::Delete(_)) => publish(Assigned::Local),
             Err(e) if is_not_found(&e) => {
                 if !missing {
@@ -114,17 +141,120 @@ pub async fn watch_assigned(client: Client, node: String, assigned: watch::Sende
 
 /// What the NodeProxyConfigs of a manifests snapshot assign to `node`: the one named after it,
 /// else the local configuration.
-pub fn assigned_from(configs: &[NodeProxyConfig], node: &str) -> Assigned {
+pub fn assigned_from(configs: &[DynamicObject], node: &str) -> Assigned {
     configs
         .iter()
         .find(|c| c.metadata.name.as_deref() == Some(node))
-        .map_or(Assigned::Local, |c| spec_of(c.clone()))
+        .map_or(Assigned::Local, |c| assigned_by(&c.data))
 }
 
-/// What a NodeProxyConfig assigns.
-fn spec_of(object: NodeProxyConfig) -> Assigned {
-    Assigned::Revision {
-        revision: object.spec.revision,
-        config: Box::new(object.spec.config),
+/// What a NodeProxyConfig assigns, from its JSON body (`spec`, `status`, ...): `spec.config`
+/// decoded by [`ProxierConfiguration::from_value_ignoring_unknown`], reported under
+/// [`reported_revision`].
+pub fn assigned_by(object: &Value) -> Assigned {
+    let spec = object.get("spec");
+    let spec_revision = spec
+        .and_then(|s| s.get("revision"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let config = spec.and_then(|s| s.get("config")).unwrap_or(&Value::Null);
+    match ProxierConfiguration::from_value_ignoring_unknown(config) {
+        Ok((config, ignored)) => Assigned::Revision {
+            revision: reported_revision(spec_revision, &config, &ignored),
+            config: Box::new(config),
+            ignored,
+        },
+        Err(e) => Assigned::Unusable {
+            revision: spec_revision,
+            message: format!("spec.config: {e}"),
+        },
+    }
+}
+
+/// The revision to report for `config`, assigned under `spec_revision` (issue 15: a hand edit
+/// of `spec.config` that keeps `spec.revision` must show). The operator names a revision by its
+/// content ([`config_revision`]); when `spec_revision` has that form and this version read the
+/// whole of `spec.config`, the revision of the content is reported, so content that does not
+/// match its name is visible as another observed revision (and logged). Otherwise
+/// `spec_revision` is echoed: a hand-named revision (`r1`) names no content, and settings
+/// this version left out (a newer operator's) would change the hash, so a skewed proxier
+/// cannot judge and trusts the name.
+pub fn reported_revision(
+    spec_revision: String,
+    config: &ProxierConfiguration,
+    ignored: &[String],
+) -> String {
+    if !ignored.is_empty() || !is_config_revision(&spec_revision) {
+        return spec_revision;
+    }
+    let content = config_revision(config);
+    if content != spec_revision {
+        tracing::warn!(
+            spec_revision,
+            content_revision = content,
+            "spec.config is not the configuration of spec.revision (edited by hand?): \
+             reporting the revision of its content"
+        );
+    }
+    content
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn settings_of_a_newer_version_are_ignored_and_named() {
+        let object = json!({"spec": {"revision": "r7", "config": {
+            "ipvs": {"scheduler": "wlc", "newSetting": true},
+            "featureGates": {"FutureGate": true}
+        }}});
+        let Assigned::Revision {
+            revision,
+            config,
+            ignored,
+        } = assigned_by(&object)
+        else {
+            panic!("not applied: {:?}", assigned_by(&object))
+        };
+        assert_eq!(revision, "r7");
+        assert_eq!(config.ipvs.scheduler, "wlc");
+        assert_eq!(ignored, ["featureGates.FutureGate", "ipvs.newSetting"]);
+    }
+
+    #[test]
+    fn a_spec_config_this_version_cannot_use_is_unusable_not_unknown() {
+        let object = json!({"spec": {"revision": "r1", "config": {"ipvs": {"syncPeriod": 0}}}});
+        assert!(matches!(
+            assigned_by(&object),
+            Assigned::Unusable { revision, .. } if revision == "r1"
+        ));
+    }
+
+    /// Issue 15 item 3: a hand edit of spec.config that keeps the operator's spec.revision is
+    /// reported under the revision of its content; hand-named revisions and configurations
+    /// read only in part (version skew) keep their name.
+    #[test]
+    fn the_reported_revision_is_derived_from_the_content_when_it_can_be() {
+        let mut config = ProxierConfiguration::default();
+        config.ipvs.scheduler = "wlc".into();
+        let named = config_revision(&config);
+        let revision = |spec: &str, config: &serde_json::Value| match assigned_by(
+            &json!({"spec": {"revision": spec, "config": config}}),
+        ) {
+            Assigned::Revision { revision, .. } => revision,
+            other => panic!("{other:?}"),
+        };
+        let wlc = json!({"ipvs": {"scheduler": "wlc"}});
+        let edited = json!({"ipvs": {"scheduler": "lc"}});
+        assert_eq!(revision(&named, &wlc), named);
+        let mut lc = ProxierConfiguration::default();
+        lc.ipvs.scheduler = "lc".into();
+        assert_eq!(revision(&named, &edited), config_revision(&lc));
+        assert_eq!(revision("r1", &edited), "r1");
+        let newer = json!({"ipvs": {"scheduler": "lc", "newSetting": 1}});
+        assert_eq!(revision(&named, &newer), named);
     }
 }
