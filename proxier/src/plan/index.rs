@@ -12,6 +12,10 @@
 //! the winner's only, so a losing Service's traffic policy or source ranges never reach the
 //! kernel. Elements not tied to a virtual server (service IPs, hairpin endpoints,
 //! health-check ports) are reference-counted across Services.
+//!
+//! Memory: a virtual server is held once. The winner's entry is moved into the desired state
+//! (its Service plan keeps an empty [`VirtualServer::default`](crate::model::VirtualServer) in its place) and moved back
+//! when another Service takes the virtual server over; only losing claims keep their own.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
 use crate::model::{DesiredState, NftRules, Scope, SetElement, VirtualServerKey};
@@ -26,12 +30,12 @@ pub type ServiceKey = (String, String);
 /// appeared or disappeared. It is the scope of the incremental diff.
 pub type Touched = Scope;
 
-/// The set elements of `plan` derived from its virtual server `vs`.
+/// The set elements of a plan (`elements`) derived from its virtual server `vs`.
 fn vs_elements<'a>(
-    plan: &'a ServicePlan,
+    elements: &'a BTreeSet<SetElement>,
     vs: &'a VirtualServerKey,
 ) -> impl Iterator<Item = SetElement> + 'a {
-    plan.set_elements
+    elements
         .iter()
         .filter(move |e| e.virtual_server().as_ref() == Some(vs))
         .copied()
@@ -46,14 +50,38 @@ fn shared_elements(plan: &ServicePlan) -> impl Iterator<Item = &SetElement> {
     })
 }
 
+/// The Services claiming one virtual server or health-check node port, in key order (the
+/// first wins). Almost always one: a sorted `Vec` costs one small allocation where a
+/// `BTreeSet` allocates a whole node.
+#[derive(Clone, Debug, Default)]
+struct Claims(Vec<ServiceKey>);
+
+impl Claims {
+    fn first(&self) -> Option<&ServiceKey> {
+        self.0.first()
+    }
+
+    fn insert(&mut self, key: ServiceKey) {
+        if let Err(at) = self.0.binary_search(&key) {
+            self.0.insert(at, key);
+        }
+    }
+
+    fn remove(&mut self, key: &ServiceKey) {
+        if let Ok(at) = self.0.binary_search(key) {
+            self.0.remove(at);
+        }
+    }
+}
+
 /// Per-Service plans and their union (see module docs).
 #[derive(Clone, Debug, Default)]
 pub struct DesiredIndex {
     plans: BTreeMap<ServiceKey, ServicePlan>,
-    vs_claims: BTreeMap<VirtualServerKey, BTreeSet<ServiceKey>>,
+    vs_claims: BTreeMap<VirtualServerKey, Claims>,
     address_claims: BTreeMap<IpAddr, usize>,
     element_claims: BTreeMap<SetElement, usize>,
-    health_check_claims: BTreeMap<u16, BTreeSet<ServiceKey>>,
+    health_check_claims: BTreeMap<u16, Claims>,
     desired: DesiredState,
     no_local_endpoints: NoLocalEndpoints,
     terminating_fallback_services: usize,
@@ -87,8 +115,8 @@ impl DesiredIndex {
         if let Some(old) = self.plans.remove(&key) {
             self.retract(&key, &old, &mut touched);
         }
-        if let Some(new) = plan {
-            self.assert_plan(&key, &new, &mut touched);
+        if let Some(mut new) = plan {
+            self.assert_plan(&key, &mut new, &mut touched);
             self.plans.insert(key, new);
         }
         touched
@@ -108,16 +136,17 @@ impl DesiredIndex {
             if !was_winner {
                 continue;
             }
-            for element in vs_elements(old, vs) {
+            for element in vs_elements(&old.set_elements, vs) {
                 self.desired.set_elements.remove(&element);
                 touched.set_elements.insert(element);
             }
             if let Some(winner) = winner {
-                let plan = &self.plans[&winner];
+                let plan = self.plans.get_mut(&winner).expect("planned");
+                let entry = plan.virtual_servers.get_mut(vs).expect("claimed");
                 self.desired
                     .virtual_servers
-                    .insert(*vs, plan.virtual_servers[vs].clone());
-                for element in vs_elements(plan, vs) {
+                    .insert(*vs, std::mem::take(entry));
+                for element in vs_elements(&plan.set_elements, vs) {
                     self.desired.set_elements.insert(element);
                     touched.set_elements.insert(element);
                 }
@@ -161,8 +190,8 @@ impl DesiredIndex {
         self.count(old, false);
     }
 
-    fn assert_plan(&mut self, key: &ServiceKey, new: &ServicePlan, touched: &mut Touched) {
-        for (vs, entry) in &new.virtual_servers {
+    fn assert_plan(&mut self, key: &ServiceKey, new: &mut ServicePlan, touched: &mut Touched) {
+        for (vs, entry) in new.virtual_servers.iter_mut() {
             touched.virtual_servers.insert(*vs);
             let claims = self.vs_claims.entry(*vs).or_default();
             let previous = claims.first().cloned();
@@ -170,14 +199,21 @@ impl DesiredIndex {
             if claims.first() != Some(key) {
                 continue;
             }
-            self.desired.virtual_servers.insert(*vs, entry.clone());
+            let replaced = self
+                .desired
+                .virtual_servers
+                .insert(*vs, std::mem::take(entry));
             if let Some(previous) = previous {
-                for element in vs_elements(&self.plans[&previous], vs) {
+                // The previous winner's entry goes back into its plan.
+                let plan = self.plans.get_mut(&previous).expect("planned");
+                let slot = plan.virtual_servers.get_mut(vs).expect("claimed");
+                *slot = replaced.expect("the winner's entry");
+                for element in vs_elements(&plan.set_elements, vs) {
                     self.desired.set_elements.remove(&element);
                     touched.set_elements.insert(element);
                 }
             }
-            for element in vs_elements(new, vs) {
+            for element in vs_elements(&new.set_elements, vs) {
                 self.desired.set_elements.insert(element);
                 touched.set_elements.insert(element);
             }
