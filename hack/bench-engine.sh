@@ -8,7 +8,8 @@
 # Each side runs in its own process, one after the other, ROUNDS (3) full plan + sync rounds
 # each; the figures are medians. Peak RSS is the process's VmHWM after holding and planning
 # (before any sync) and after the first sync into the in-memory FakeDataplane.
-# Usage: hack/bench-engine.sh [SERVICES [ROUNDS]]   (BASELINE=<commit> to compare another)
+# Usage: hack/bench-engine.sh [SERVICES [ROUNDS]]   (BASELINE=<commit> to compare another;
+# KEEP_BASELINE=1 keeps the baseline worktree and its build for the next run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -19,12 +20,16 @@ out=$root/target/bench-engine
 base_tree=$out/tree
 
 cleanup() { git worktree remove --force "$base_tree" >/dev/null 2>&1 || true; }
-trap cleanup EXIT
-cleanup
-mkdir -p "$out"
-git worktree add --detach "$base_tree" "$baseline" >/dev/null
-rm -rf "$base_tree/proxier/examples/scale"
-cp -r proxier/examples/scale "$base_tree/proxier/examples/scale"
+[ "${KEEP_BASELINE:-0}" = 1 ] || trap cleanup EXIT
+if [ "$(git -C "$base_tree" rev-parse HEAD 2>/dev/null)" != "$(git rev-parse "$baseline^{commit}")" ]; then
+    cleanup
+    mkdir -p "$out"
+    git worktree add --detach "$base_tree" "$baseline" >/dev/null
+fi
+mkdir -p "$base_tree/proxier/examples/scale"
+for f in proxier/examples/scale/*.rs; do # copy only on change (keeps the build's fingerprints)
+    cmp -s "$f" "$base_tree/$f" || cp "$f" "$base_tree/$f"
+done
 
 build() { # tree name
     (cd "$1" && CARGO_TARGET_DIR=$root/target cargo build -q --release -p kipvs-proxier --example scale)

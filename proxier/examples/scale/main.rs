@@ -7,7 +7,7 @@
 //! every Service with the engine's [`Planner`] and syncs the result into an empty
 //! [`FakeDataplane`] with the binary's [`Syncer`] (observe, diff, apply, cache), ROUNDS times
 //! with a fresh planner and syncer each round. It prints one `figure value unit` line each:
-//! the store build, the first plan, the peak RSS after holding and planning (`VmHWM`, before
+//! the store build, the peak RSS holding the store, the first plan, the peak RSS after holding and planning (`VmHWM`, before
 //! any sync), the first sync, the peak RSS after it, and the median of the rounds' plan,
 //! sync and plan + sync.
 
@@ -38,9 +38,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The median of `values` (0 for none).
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn main() {
@@ -62,6 +63,7 @@ fn main() {
     let at = Instant::now();
     let mut store = cluster::store(n);
     println!("store_build {:.1} ms", ms(at.elapsed()));
+    println!("peak_rss_store {} MiB", peak_rss_mib());
     let at = Instant::now();
     let mut planner = cluster::planner();
     planner.replan(&mut store);
