@@ -97,7 +97,7 @@ pub const IPVS_SCHEDULERS: [&str; 14] = [
 ];
 
 /// The attributes of a virtual server that kipvs programs (besides its real servers).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct VirtualServerSpec {
     /// IPVS scheduler name (`rr`, `wrr`, `lc`, `sh`, `mh`, ...), from `ipvs.scheduler`.
     pub scheduler: String,
@@ -109,9 +109,8 @@ pub struct VirtualServerSpec {
     pub sched_flags: SchedFlags,
 }
 
-/// A virtual server kipvs wants: its spec and its real servers with their weights. The
-/// default (empty scheduler, no real server, no Service) holds no allocation.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+/// A virtual server kipvs wants: its spec and its real servers with their weights.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct VirtualServer {
     /// Scheduler, persistence and flags.
     pub spec: VirtualServerSpec,

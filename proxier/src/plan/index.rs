@@ -14,12 +14,14 @@
 //! health-check ports) are reference-counted across Services.
 //!
 //! Memory: a virtual server is held once. The winner's entry is moved into the desired state
-//! (its Service plan keeps an empty [`VirtualServer::default`](crate::model::VirtualServer) in its place) and moved back
-//! when another Service takes the virtual server over; only losing claims keep their own.
+//! and moved back into its Service's plan when another Service takes the virtual server over;
+//! only losing claims keep their own. Service plans are kept as exact-size vectors.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
-use crate::model::{DesiredState, NftRules, Scope, SetElement, VirtualServerKey};
-use std::collections::{BTreeMap, BTreeSet};
+use crate::model::{
+    DesiredState, HealthCheckNodePort, NftRules, Scope, SetElement, VirtualServer, VirtualServerKey,
+};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 /// A Service's identity: `(namespace, name)`.
@@ -30,9 +32,9 @@ pub type ServiceKey = (String, String);
 /// appeared or disappeared. It is the scope of the incremental diff.
 pub type Touched = Scope;
 
-/// The set elements of a plan (`elements`) derived from its virtual server `vs`.
+/// The set elements among `elements` derived from the virtual server `vs`.
 fn vs_elements<'a>(
-    elements: &'a BTreeSet<SetElement>,
+    elements: &'a [SetElement],
     vs: &'a VirtualServerKey,
 ) -> impl Iterator<Item = SetElement> + 'a {
     elements
@@ -41,13 +43,47 @@ fn vs_elements<'a>(
         .copied()
 }
 
-/// The set elements of `plan` not derived from one of its virtual servers (reference-counted
-/// across Services).
-fn shared_elements(plan: &ServicePlan) -> impl Iterator<Item = &SetElement> {
-    plan.set_elements.iter().filter(|e| {
-        e.virtual_server()
-            .is_none_or(|vs| !plan.virtual_servers.contains_key(&vs))
-    })
+/// A Service plan as the index keeps it: exact-size sorted vectors instead of the maps of a
+/// [`ServicePlan`] (a small `BTreeMap` allocates a whole node), and no copy of the virtual
+/// servers this Service wins (those live in the desired state).
+#[derive(Clone, Debug)]
+struct Stored {
+    /// Its virtual servers, sorted; the entry is `None` where this Service wins the virtual
+    /// server (the desired state holds it).
+    virtual_servers: Vec<(VirtualServerKey, Option<Box<VirtualServer>>)>,
+    bind_addresses: Box<[IpAddr]>,
+    health_check_node_port: Option<(u16, HealthCheckNodePort)>,
+    set_elements: Box<[SetElement]>,
+    no_local_endpoints_internal: bool,
+    no_local_endpoints_external: bool,
+    terminating_fallback: bool,
+    problems: Vec<Problem>,
+}
+
+impl Stored {
+    /// The slot of its virtual server `vs`.
+    fn slot(&mut self, vs: &VirtualServerKey) -> &mut Option<Box<VirtualServer>> {
+        let at = self
+            .virtual_servers
+            .binary_search_by_key(vs, |(k, _)| *k)
+            .expect("claimed");
+        &mut self.virtual_servers[at].1
+    }
+
+    /// Whether `vs` is one of its virtual servers.
+    fn has(&self, vs: &VirtualServerKey) -> bool {
+        self.virtual_servers
+            .binary_search_by_key(vs, |(k, _)| *k)
+            .is_ok()
+    }
+
+    /// Its set elements not derived from one of its virtual servers (reference-counted across
+    /// Services).
+    fn shared_elements(&self) -> impl Iterator<Item = &SetElement> {
+        self.set_elements
+            .iter()
+            .filter(|e| e.virtual_server().is_none_or(|vs| !self.has(&vs)))
+    }
 }
 
 /// The Services claiming one virtual server or health-check node port, in key order (the
@@ -77,7 +113,7 @@ impl Claims {
 /// Per-Service plans and their union (see module docs).
 #[derive(Clone, Debug, Default)]
 pub struct DesiredIndex {
-    plans: BTreeMap<ServiceKey, ServicePlan>,
+    plans: BTreeMap<ServiceKey, Stored>,
     vs_claims: BTreeMap<VirtualServerKey, Claims>,
     address_claims: BTreeMap<IpAddr, usize>,
     element_claims: BTreeMap<SetElement, usize>,
@@ -115,15 +151,15 @@ impl DesiredIndex {
         if let Some(old) = self.plans.remove(&key) {
             self.retract(&key, &old, &mut touched);
         }
-        if let Some(mut new) = plan {
-            self.assert_plan(&key, &mut new, &mut touched);
-            self.plans.insert(key, new);
+        if let Some(new) = plan {
+            let stored = self.assert_plan(&key, new, &mut touched);
+            self.plans.insert(key, stored);
         }
         touched
     }
 
-    fn retract(&mut self, key: &ServiceKey, old: &ServicePlan, touched: &mut Touched) {
-        for vs in old.virtual_servers.keys() {
+    fn retract(&mut self, key: &ServiceKey, old: &Stored, touched: &mut Touched) {
+        for (vs, _) in &old.virtual_servers {
             touched.virtual_servers.insert(*vs);
             let claims = self.vs_claims.get_mut(vs).expect("claimed");
             let was_winner = claims.first() == Some(key);
@@ -142,10 +178,11 @@ impl DesiredIndex {
             }
             if let Some(winner) = winner {
                 let plan = self.plans.get_mut(&winner).expect("planned");
-                let entry = plan.virtual_servers.get_mut(vs).expect("claimed");
-                self.desired
-                    .virtual_servers
-                    .insert(*vs, std::mem::take(entry));
+                let entry = plan
+                    .slot(vs)
+                    .take()
+                    .expect("a losing claim keeps its entry");
+                self.desired.virtual_servers.insert(*vs, *entry);
                 for element in vs_elements(&plan.set_elements, vs) {
                     self.desired.set_elements.insert(element);
                     touched.set_elements.insert(element);
@@ -161,7 +198,7 @@ impl DesiredIndex {
                 touched.addresses.insert(*address);
             }
         }
-        for element in shared_elements(old) {
+        for element in old.shared_elements() {
             let count = self.element_claims.get_mut(element).expect("claimed");
             *count -= 1;
             if *count == 0 {
@@ -190,35 +227,45 @@ impl DesiredIndex {
         self.count(old, false);
     }
 
-    fn assert_plan(&mut self, key: &ServiceKey, new: &mut ServicePlan, touched: &mut Touched) {
-        for (vs, entry) in new.virtual_servers.iter_mut() {
-            touched.virtual_servers.insert(*vs);
-            let claims = self.vs_claims.entry(*vs).or_default();
+    fn assert_plan(&mut self, key: &ServiceKey, new: ServicePlan, touched: &mut Touched) -> Stored {
+        let set_elements: Box<[SetElement]> = new.set_elements.into_iter().collect();
+        let mut virtual_servers = Vec::with_capacity(new.virtual_servers.len());
+        for (vs, entry) in new.virtual_servers {
+            touched.virtual_servers.insert(vs);
+            let claims = self.vs_claims.entry(vs).or_default();
             let previous = claims.first().cloned();
             claims.insert(key.clone());
             if claims.first() != Some(key) {
+                virtual_servers.push((vs, Some(Box::new(entry))));
                 continue;
             }
-            let replaced = self
-                .desired
-                .virtual_servers
-                .insert(*vs, std::mem::take(entry));
+            virtual_servers.push((vs, None));
+            let replaced = self.desired.virtual_servers.insert(vs, entry);
             if let Some(previous) = previous {
                 // The previous winner's entry goes back into its plan.
                 let plan = self.plans.get_mut(&previous).expect("planned");
-                let slot = plan.virtual_servers.get_mut(vs).expect("claimed");
-                *slot = replaced.expect("the winner's entry");
-                for element in vs_elements(&plan.set_elements, vs) {
+                *plan.slot(&vs) = Some(Box::new(replaced.expect("the winner's entry")));
+                for element in vs_elements(&plan.set_elements, &vs) {
                     self.desired.set_elements.remove(&element);
                     touched.set_elements.insert(element);
                 }
             }
-            for element in vs_elements(&new.set_elements, vs) {
+            for element in vs_elements(&set_elements, &vs) {
                 self.desired.set_elements.insert(element);
                 touched.set_elements.insert(element);
             }
         }
-        for address in &new.bind_addresses {
+        let stored = Stored {
+            virtual_servers,
+            bind_addresses: new.bind_addresses.into_iter().collect(),
+            health_check_node_port: new.health_check_node_port,
+            set_elements,
+            no_local_endpoints_internal: new.no_local_endpoints_internal,
+            no_local_endpoints_external: new.no_local_endpoints_external,
+            terminating_fallback: new.terminating_fallback,
+            problems: new.problems,
+        };
+        for address in &stored.bind_addresses {
             let count = self.address_claims.entry(*address).or_default();
             *count += 1;
             if *count == 1 {
@@ -226,7 +273,7 @@ impl DesiredIndex {
                 touched.addresses.insert(*address);
             }
         }
-        for element in shared_elements(new) {
+        for element in stored.shared_elements() {
             let count = self.element_claims.entry(*element).or_default();
             *count += 1;
             if *count == 1 {
@@ -234,7 +281,7 @@ impl DesiredIndex {
                 touched.set_elements.insert(*element);
             }
         }
-        if let Some((port, health_check)) = &new.health_check_node_port {
+        if let Some((port, health_check)) = &stored.health_check_node_port {
             let claims = self.health_check_claims.entry(*port).or_default();
             claims.insert(key.clone());
             if claims.first() == Some(key) {
@@ -243,10 +290,11 @@ impl DesiredIndex {
                     .insert(*port, health_check.clone());
             }
         }
-        self.count(new, true);
+        self.count(&stored, true);
+        stored
     }
 
-    fn count(&mut self, plan: &ServicePlan, add: bool) {
+    fn count(&mut self, plan: &Stored, add: bool) {
         let step = |n: &mut usize, flag: bool| {
             if flag {
                 if add { *n += 1 } else { *n -= 1 }
@@ -275,11 +323,11 @@ impl DesiredIndex {
         let mut problems = plan.problems.clone();
         let conflict = |message: String| Problem {
             kind: "Service",
-            namespace: plan.namespace.clone(),
-            name: plan.name.clone(),
+            namespace: key.0.clone(),
+            name: key.1.clone(),
             message,
         };
-        for vs in plan.virtual_servers.keys() {
+        for (vs, _) in &plan.virtual_servers {
             let winner = self.vs_claims[vs].first().expect("claimed");
             if winner != key {
                 let by = &self.desired.virtual_servers[vs].service;
@@ -327,6 +375,7 @@ mod tests {
     use crate::model::{HealthCheckNodePort, Protocol, VirtualServer, VirtualServerSpec};
     use crate::plan::merge;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     fn plan_for(
         ns: &str,

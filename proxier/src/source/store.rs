@@ -90,7 +90,8 @@ pub struct Store {
     slices: BTreeMap<ObjectKey, SliceInfo>,
     /// Shares the strings of the converted objects.
     strings: Interner,
-    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// The slices of each Service, sorted (almost always one: a `Vec`, not a `BTreeSet` node).
+    slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
     node: Option<Node>,
     dirty: Dirty,
     /// Changes since the store was created.
@@ -156,10 +157,10 @@ impl Store {
         }
         self.trigger_times.extend(trigger_time);
         if let Some(service) = slice_service(&slice) {
-            self.slices_by_service
-                .entry(service.clone())
-                .or_default()
-                .insert(key.clone());
+            let keys = self.slices_by_service.entry(service.clone()).or_default();
+            if let Err(at) = keys.binary_search(&key) {
+                keys.insert(at, key.clone());
+            }
             self.dirty.services.insert(service);
         }
         self.slices.insert(key, slice);
@@ -172,9 +173,9 @@ impl Store {
         };
         self.count_slice_change();
         if let Some(service) = slice_service(&old) {
-            if let Some(set) = self.slices_by_service.get_mut(&service) {
-                set.remove(key);
-                if set.is_empty() {
+            if let Some(keys) = self.slices_by_service.get_mut(&service) {
+                keys.retain(|k| k != key);
+                if keys.is_empty() {
                     self.slices_by_service.remove(&service);
                 }
             }
