@@ -32,6 +32,9 @@ for f in proxier/examples/scale/*.rs; do # copy only on change (keeps the build'
 done
 
 build() { # tree name
+    # Both trees uplift to the same target/release/examples/scale: touching the example makes
+    # cargo rebuild (and uplift) it, so the copy below is this tree's binary.
+    touch "$1/proxier/examples/scale/main.rs"
     (cd "$1" && CARGO_TARGET_DIR=$root/target cargo build -q --release -p kipvs-proxier --example scale)
     cp "$root/target/release/examples/scale" "$out/scale-$2"
 }
