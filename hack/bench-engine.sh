@@ -31,16 +31,13 @@ for f in proxier/examples/scale/*.rs; do # copy only on change (keeps the build'
     cmp -s "$f" "$base_tree/$f" || cp "$f" "$base_tree/$f"
 done
 
-build() { # tree name
-    # Both trees uplift to the same target/release/examples/scale: touching the example makes
-    # cargo rebuild (and uplift) it, so the copy below is this tree's binary.
-    touch "$1/proxier/examples/scale/main.rs"
-    (cd "$1" && CARGO_TARGET_DIR=$root/target cargo build -q --release -p kipvs-proxier --example scale)
-    cp "$root/target/release/examples/scale" "$out/scale-$2"
+build() { # tree target-dir name
+    (cd "$1" && CARGO_TARGET_DIR=$2 cargo build -q --release -p kipvs-proxier --example scale)
+    cp "$2/release/examples/scale" "$out/scale-$3"
 }
 echo "building baseline $(git rev-parse --short "$baseline") and now ($(git rev-parse --short HEAD)$(git diff --quiet HEAD -- proxier || echo +changes))" >&2
-build "$base_tree" baseline
-build "$root" now
+build "$base_tree" "$out/target" baseline
+build "$root" "$root/target" now
 
 echo "running: scale $services Services, $rounds rounds, baseline then now" >&2
 "$out/scale-baseline" "$services" "$rounds" >"$out/baseline.out"
