@@ -167,7 +167,11 @@ impl Planner {
             let planned = store
                 .service(key)
                 .and_then(|s| plan::plan_service(s, &store.slices_of(key), &context));
-            touched.extend(self.index.update(key.clone(), planned));
+            let changed = self.index.update(key.clone(), planned);
+            if !all {
+                // A full re-plan syncs everything: no scope to collect.
+                touched.extend(changed);
+            }
             for problem in self.index.problems_of(key) {
                 tracing::warn!("{problem}");
             }

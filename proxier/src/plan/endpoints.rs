@@ -7,10 +7,11 @@
 //! topology), adapted to the design brief: while a ready endpoint exists, serving+terminating
 //! ones stay programmed at weight 0.
 
-use super::{Problem, Protocol, parse_protocol, port_number};
-use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
+use super::objects::{AddressType, EndpointAddress, EndpointInfo, SliceInfo};
+use super::{Problem, Protocol, port_number};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 /// One endpoint of a Service port, as kipvs sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +81,7 @@ impl Endpoint {
 
 /// Endpoints of one Service, by slice port `(name, protocol)`: the key a Service port is
 /// matched on (kube-proxy's `ServicePortName`).
-pub(crate) type EndpointsByPort = BTreeMap<(String, Protocol), Vec<Endpoint>>;
+pub(crate) type EndpointsByPort = BTreeMap<(Arc<str>, Protocol), Vec<Endpoint>>;
 
 /// Reads the endpoints of a Service from its slices.
 ///
@@ -95,42 +96,44 @@ pub(crate) type EndpointsByPort = BTreeMap<(String, Protocol), Vec<Endpoint>>;
 /// `node_name` and `zone` (this node's `topology.kubernetes.io/zone`) decide locality and
 /// what the hints say ([`Hint`]).
 pub(crate) fn collect(
-    slices: &[&EndpointSlice],
+    slices: &[&SliceInfo],
     node_name: &str,
     zone: Option<&str>,
     problems: &mut Vec<Problem>,
 ) -> EndpointsByPort {
-    let mut by_port: BTreeMap<(String, Protocol), BTreeMap<SocketAddr, Endpoint>> = BTreeMap::new();
+    let mut by_port: BTreeMap<(Arc<str>, Protocol), BTreeMap<SocketAddr, Endpoint>> =
+        BTreeMap::new();
     for slice in slices {
-        let problem = |message: String| Problem::new("EndpointSlice", &slice.metadata, message);
-        let ipv4 = match slice.address_type.as_str() {
-            "IPv4" => true,
-            "IPv6" => false,
-            "FQDN" => continue,
-            other => {
+        let problem =
+            |message: String| Problem::of("EndpointSlice", &slice.namespace, &slice.name, message);
+        let ipv4 = match &slice.address_type {
+            AddressType::Ipv4 => true,
+            AddressType::Ipv6 => false,
+            AddressType::Fqdn => continue,
+            AddressType::Unknown(other) => {
                 problems.push(problem(format!(
                     "addressType {other:?} is unknown (expected IPv4, IPv6 or FQDN); slice ignored"
                 )));
                 continue;
             }
         };
-        let mut addresses = Vec::new();
-        for (i, endpoint) in slice.endpoints.iter().flatten().enumerate() {
-            let Some(text) = endpoint.addresses.first() else {
+        let mut addresses: Vec<(IpAddr, &EndpointInfo)> = Vec::new();
+        for (i, endpoint) in slice.endpoints.iter().enumerate() {
+            let Some(text) = &endpoint.address else {
                 continue;
             };
-            match text.parse::<IpAddr>() {
-                Ok(ip) if ip.is_ipv4() == ipv4 => addresses.push((ip, endpoint)),
-                Ok(_) => problems.push(problem(format!(
+            match text {
+                EndpointAddress::Ip(ip) => addresses.push((*ip, endpoint)),
+                EndpointAddress::OtherFamily(text) => problems.push(problem(format!(
                     "endpoints[{i}].addresses[0] {text:?} does not match addressType {}; ignored",
-                    slice.address_type
+                    if ipv4 { "IPv4" } else { "IPv6" }
                 ))),
-                Err(_) => problems.push(problem(format!(
+                EndpointAddress::Invalid(text) => problems.push(problem(format!(
                     "endpoints[{i}].addresses[0] {text:?} is not a valid IP address"
                 ))),
             }
         }
-        for (i, port) in slice.ports.iter().flatten().enumerate() {
+        for (i, port) in slice.ports.iter().enumerate() {
             let Some(number) = port.port else {
                 continue;
             };
@@ -138,34 +141,26 @@ pub(crate) fn collect(
                 problems.push(problem(format!("ports[{i}].port {number} is out of range")));
                 continue;
             };
-            let protocol = match parse_protocol(port.protocol.as_deref()) {
-                Ok(protocol) => protocol,
+            let protocol = match &port.protocol {
+                Ok(protocol) => *protocol,
                 Err(message) => {
                     problems.push(problem(format!("ports[{i}]: {message}")));
                     continue;
                 }
             };
-            let name = port.name.clone().unwrap_or_default();
-            let entries = by_port.entry((name, protocol)).or_default();
+            let entries = by_port.entry((port.name.clone(), protocol)).or_default();
             for &(ip, endpoint) in &addresses {
-                let (ready, serving, terminating) = conditions(endpoint.conditions.as_ref());
-                let hints = endpoint.hints.as_ref();
-                let for_zones = hints
-                    .and_then(|h| h.for_zones.as_ref())
-                    .into_iter()
-                    .flatten();
-                let for_nodes = hints
-                    .and_then(|h| h.for_nodes.as_ref())
-                    .into_iter()
-                    .flatten();
+                let hints = endpoint.hints.as_deref();
+                let for_zones = hints.into_iter().flat_map(|h| h.for_zones.iter());
+                let for_nodes = hints.into_iter().flat_map(|h| h.for_nodes.iter());
                 let candidate = Endpoint {
                     address: SocketAddr::new(ip, number),
-                    ready,
-                    serving,
-                    terminating,
+                    ready: endpoint.ready,
+                    serving: endpoint.serving,
+                    terminating: endpoint.terminating,
                     local: endpoint.node_name.as_deref() == Some(node_name),
-                    zone_hint: Hint::of(for_zones.map(|z| z.name.as_str()), zone),
-                    node_hint: Hint::of(for_nodes.map(|n| n.name.as_str()), Some(node_name)),
+                    zone_hint: Hint::of(for_zones.map(|z| &**z), zone),
+                    node_hint: Hint::of(for_nodes.map(|n| &**n), Some(node_name)),
                 };
                 entries
                     .entry(candidate.address)
@@ -182,14 +177,6 @@ pub(crate) fn collect(
         .into_iter()
         .map(|(key, endpoints)| (key, endpoints.into_values().collect()))
         .collect()
-}
-
-/// `(ready, serving, terminating)` with the API's defaults for unset conditions.
-fn conditions(conditions: Option<&EndpointConditions>) -> (bool, bool, bool) {
-    let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-    let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
-    let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-    (ready, serving, terminating)
 }
 
 /// The real servers chosen for one traffic scope (all endpoints, or only local ones).
@@ -299,8 +286,27 @@ pub(crate) fn select<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::discovery::v1::{Endpoint as ApiEndpoint, EndpointPort};
+    use crate::plan::{Interner, convert};
+    use k8s_openapi::api::discovery::v1::{
+        Endpoint as ApiEndpoint, EndpointConditions, EndpointPort, EndpointSlice,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    /// [`collect`] of API slices, converted as the store does.
+    fn collect_api(
+        slices: &[&EndpointSlice],
+        node_name: &str,
+        zone: Option<&str>,
+        problems: &mut Vec<Problem>,
+    ) -> EndpointsByPort {
+        let mut strings = Interner::default();
+        let slices: Vec<SliceInfo> = slices
+            .iter()
+            .map(|slice| convert::slice(slice, &mut strings))
+            .collect();
+        let slices: Vec<&SliceInfo> = slices.iter().collect();
+        collect(&slices, node_name, zone, problems)
+    }
 
     fn ep(last: u8, ready: bool, serving: bool, terminating: bool, local: bool) -> Endpoint {
         Endpoint {
@@ -664,7 +670,7 @@ mod tests {
             ],
         );
         let mut problems = Vec::new();
-        let by_port = collect(&[&a, &b], "test-node", None, &mut problems);
+        let by_port = collect_api(&[&a, &b], "test-node", None, &mut problems);
         let messages: Vec<String> = problems.iter().map(ToString::to_string).collect();
         assert_eq!(
             messages,
@@ -673,7 +679,7 @@ mod tests {
                 "EndpointSlice ns/b: ports[1].port 70000 is out of range",
             ]
         );
-        let http = &by_port[&("http".to_owned(), Protocol::Tcp)];
+        let http = &by_port[&("http".into(), Protocol::Tcp)];
         assert_eq!(
             http,
             &[
@@ -706,7 +712,7 @@ mod tests {
                 },
             ]
         );
-        let dns = &by_port[&(String::new(), Protocol::Udp)];
+        let dns = &by_port[&("".into(), Protocol::Udp)];
         assert_eq!(dns.len(), 3);
         assert!(dns[1].terminating && dns[1].serving && !dns[1].ready);
         assert_eq!(by_port.len(), 2);
@@ -737,7 +743,7 @@ mod tests {
              endpoints: [{addresses: [db.example]}]\nports: [{port: 80}]",
         );
         let mut problems = Vec::new();
-        let by_port = collect(
+        let by_port = collect_api(
             &[&v4, &v6, &odd, &fqdn],
             "test-node",
             Some("zone-a"),
@@ -755,7 +761,7 @@ mod tests {
                  FQDN); slice ignored",
             ]
         );
-        let endpoints = &by_port[&(String::new(), Protocol::Tcp)];
+        let endpoints = &by_port[&("".into(), Protocol::Tcp)];
         let hints: Vec<(String, Hint, Hint)> = endpoints
             .iter()
             .map(|e| (e.address.ip().to_string(), e.zone_hint, e.node_hint))

@@ -12,9 +12,15 @@
 //! the winner's only, so a losing Service's traffic policy or source ranges never reach the
 //! kernel. Elements not tied to a virtual server (service IPs, hairpin endpoints,
 //! health-check ports) are reference-counted across Services.
+//!
+//! Memory: a virtual server is held once. The winner's entry is moved into the desired state
+//! and moved back into its Service's plan when another Service takes the virtual server over;
+//! only losing claims keep their own. Service plans are kept as exact-size vectors.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
-use crate::model::{DesiredState, NftRules, Scope, SetElement, VirtualServerKey};
+use crate::model::{
+    DesiredState, HealthCheckNodePort, NftRules, Scope, SetElement, VirtualServer, VirtualServerKey,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -26,34 +32,92 @@ pub type ServiceKey = (String, String);
 /// appeared or disappeared. It is the scope of the incremental diff.
 pub type Touched = Scope;
 
-/// The set elements of `plan` derived from its virtual server `vs`.
+/// The set elements among `elements` derived from the virtual server `vs`.
 fn vs_elements<'a>(
-    plan: &'a ServicePlan,
+    elements: &'a [SetElement],
     vs: &'a VirtualServerKey,
 ) -> impl Iterator<Item = SetElement> + 'a {
-    plan.set_elements
+    elements
         .iter()
         .filter(move |e| e.virtual_server().as_ref() == Some(vs))
         .copied()
 }
 
-/// The set elements of `plan` not derived from one of its virtual servers (reference-counted
-/// across Services).
-fn shared_elements(plan: &ServicePlan) -> impl Iterator<Item = &SetElement> {
-    plan.set_elements.iter().filter(|e| {
-        e.virtual_server()
-            .is_none_or(|vs| !plan.virtual_servers.contains_key(&vs))
-    })
+/// A Service plan as the index keeps it: exact-size sorted vectors instead of the maps of a
+/// [`ServicePlan`] (a small `BTreeMap` allocates a whole node), and no copy of the virtual
+/// servers this Service wins (those live in the desired state).
+#[derive(Clone, Debug)]
+struct Stored {
+    /// Its virtual servers, sorted; the entry is `None` where this Service wins the virtual
+    /// server (the desired state holds it).
+    virtual_servers: Vec<(VirtualServerKey, Option<Box<VirtualServer>>)>,
+    bind_addresses: Box<[IpAddr]>,
+    health_check_node_port: Option<(u16, HealthCheckNodePort)>,
+    set_elements: Box<[SetElement]>,
+    no_local_endpoints_internal: bool,
+    no_local_endpoints_external: bool,
+    terminating_fallback: bool,
+    problems: Vec<Problem>,
+}
+
+impl Stored {
+    /// The slot of its virtual server `vs`.
+    fn slot(&mut self, vs: &VirtualServerKey) -> &mut Option<Box<VirtualServer>> {
+        let at = self
+            .virtual_servers
+            .binary_search_by_key(vs, |(k, _)| *k)
+            .expect("claimed");
+        &mut self.virtual_servers[at].1
+    }
+
+    /// Whether `vs` is one of its virtual servers.
+    fn has(&self, vs: &VirtualServerKey) -> bool {
+        self.virtual_servers
+            .binary_search_by_key(vs, |(k, _)| *k)
+            .is_ok()
+    }
+
+    /// Its set elements not derived from one of its virtual servers (reference-counted across
+    /// Services).
+    fn shared_elements(&self) -> impl Iterator<Item = &SetElement> {
+        self.set_elements
+            .iter()
+            .filter(|e| e.virtual_server().is_none_or(|vs| !self.has(&vs)))
+    }
+}
+
+/// The Services claiming one virtual server or health-check node port, in key order (the
+/// first wins). Almost always one: a sorted `Vec` costs one small allocation where a
+/// `BTreeSet` allocates a whole node.
+#[derive(Clone, Debug, Default)]
+struct Claims(Vec<ServiceKey>);
+
+impl Claims {
+    fn first(&self) -> Option<&ServiceKey> {
+        self.0.first()
+    }
+
+    fn insert(&mut self, key: ServiceKey) {
+        if let Err(at) = self.0.binary_search(&key) {
+            self.0.insert(at, key);
+        }
+    }
+
+    fn remove(&mut self, key: &ServiceKey) {
+        if let Ok(at) = self.0.binary_search(key) {
+            self.0.remove(at);
+        }
+    }
 }
 
 /// Per-Service plans and their union (see module docs).
 #[derive(Clone, Debug, Default)]
 pub struct DesiredIndex {
-    plans: BTreeMap<ServiceKey, ServicePlan>,
-    vs_claims: BTreeMap<VirtualServerKey, BTreeSet<ServiceKey>>,
+    plans: BTreeMap<ServiceKey, Stored>,
+    vs_claims: BTreeMap<VirtualServerKey, Claims>,
     address_claims: BTreeMap<IpAddr, usize>,
     element_claims: BTreeMap<SetElement, usize>,
-    health_check_claims: BTreeMap<u16, BTreeSet<ServiceKey>>,
+    health_check_claims: BTreeMap<u16, Claims>,
     desired: DesiredState,
     no_local_endpoints: NoLocalEndpoints,
     terminating_fallback_services: usize,
@@ -89,20 +153,28 @@ impl DesiredIndex {
         // What this update can change: the virtual servers and health-check node ports of the
         // old and the new plan. Their real servers are counted before and after, so the total
         // is kept in time proportional to the Service.
-        let plans = || self.plans.get(&key).into_iter().chain(&plan);
-        touched.virtual_servers = plans()
-            .flat_map(|p| p.virtual_servers.keys().copied())
+        let old = self.plans.get(&key);
+        touched.virtual_servers = old
+            .into_iter()
+            .flat_map(|p| p.virtual_servers.iter().map(|(k, _)| *k))
+            .chain(plan.iter().flat_map(|p| p.virtual_servers.keys().copied()))
             .collect();
-        touched.health_check_node_ports = plans()
-            .filter_map(|p| p.health_check_node_port.as_ref().map(|(port, _)| *port))
+        touched.health_check_node_ports = old
+            .and_then(|p| p.health_check_node_port.as_ref())
+            .into_iter()
+            .chain(
+                plan.as_ref()
+                    .and_then(|p| p.health_check_node_port.as_ref()),
+            )
+            .map(|(port, _)| *port)
             .collect();
         let before = self.real_servers_of(&touched.virtual_servers);
         if let Some(old) = self.plans.remove(&key) {
             self.retract(&key, &old, &mut touched);
         }
         if let Some(new) = plan {
-            self.assert_plan(&key, &new, &mut touched);
-            self.plans.insert(key, new);
+            let stored = self.assert_plan(&key, new, &mut touched);
+            self.plans.insert(key, stored);
         }
         self.real_servers =
             self.real_servers - before + self.real_servers_of(&touched.virtual_servers);
@@ -117,8 +189,8 @@ impl DesiredIndex {
             .sum()
     }
 
-    fn retract(&mut self, key: &ServiceKey, old: &ServicePlan, touched: &mut Touched) {
-        for vs in old.virtual_servers.keys() {
+    fn retract(&mut self, key: &ServiceKey, old: &Stored, touched: &mut Touched) {
+        for (vs, _) in &old.virtual_servers {
             touched.virtual_servers.insert(*vs);
             let claims = self.vs_claims.get_mut(vs).expect("claimed");
             let was_winner = claims.first() == Some(key);
@@ -131,16 +203,18 @@ impl DesiredIndex {
             if !was_winner {
                 continue;
             }
-            for element in vs_elements(old, vs) {
+            for element in vs_elements(&old.set_elements, vs) {
                 self.desired.set_elements.remove(&element);
                 touched.set_elements.insert(element);
             }
             if let Some(winner) = winner {
-                let plan = &self.plans[&winner];
-                self.desired
-                    .virtual_servers
-                    .insert(*vs, plan.virtual_servers[vs].clone());
-                for element in vs_elements(plan, vs) {
+                let plan = self.plans.get_mut(&winner).expect("planned");
+                let entry = plan
+                    .slot(vs)
+                    .take()
+                    .expect("a losing claim keeps its entry");
+                self.desired.virtual_servers.insert(*vs, *entry);
+                for element in vs_elements(&plan.set_elements, vs) {
                     self.desired.set_elements.insert(element);
                     touched.set_elements.insert(element);
                 }
@@ -155,7 +229,7 @@ impl DesiredIndex {
                 touched.addresses.insert(*address);
             }
         }
-        for element in shared_elements(old) {
+        for element in old.shared_elements() {
             let count = self.element_claims.get_mut(element).expect("claimed");
             *count -= 1;
             if *count == 0 {
@@ -184,28 +258,45 @@ impl DesiredIndex {
         self.count(old, false);
     }
 
-    fn assert_plan(&mut self, key: &ServiceKey, new: &ServicePlan, touched: &mut Touched) {
-        for (vs, entry) in &new.virtual_servers {
-            touched.virtual_servers.insert(*vs);
-            let claims = self.vs_claims.entry(*vs).or_default();
+    fn assert_plan(&mut self, key: &ServiceKey, new: ServicePlan, touched: &mut Touched) -> Stored {
+        let set_elements: Box<[SetElement]> = new.set_elements.into_iter().collect();
+        let mut virtual_servers = Vec::with_capacity(new.virtual_servers.len());
+        for (vs, entry) in new.virtual_servers {
+            touched.virtual_servers.insert(vs);
+            let claims = self.vs_claims.entry(vs).or_default();
             let previous = claims.first().cloned();
             claims.insert(key.clone());
             if claims.first() != Some(key) {
+                virtual_servers.push((vs, Some(Box::new(entry))));
                 continue;
             }
-            self.desired.virtual_servers.insert(*vs, entry.clone());
+            virtual_servers.push((vs, None));
+            let replaced = self.desired.virtual_servers.insert(vs, entry);
             if let Some(previous) = previous {
-                for element in vs_elements(&self.plans[&previous], vs) {
+                // The previous winner's entry goes back into its plan.
+                let plan = self.plans.get_mut(&previous).expect("planned");
+                *plan.slot(&vs) = Some(Box::new(replaced.expect("the winner's entry")));
+                for element in vs_elements(&plan.set_elements, &vs) {
                     self.desired.set_elements.remove(&element);
                     touched.set_elements.insert(element);
                 }
             }
-            for element in vs_elements(new, vs) {
+            for element in vs_elements(&set_elements, &vs) {
                 self.desired.set_elements.insert(element);
                 touched.set_elements.insert(element);
             }
         }
-        for address in &new.bind_addresses {
+        let stored = Stored {
+            virtual_servers,
+            bind_addresses: new.bind_addresses.into_iter().collect(),
+            health_check_node_port: new.health_check_node_port,
+            set_elements,
+            no_local_endpoints_internal: new.no_local_endpoints_internal,
+            no_local_endpoints_external: new.no_local_endpoints_external,
+            terminating_fallback: new.terminating_fallback,
+            problems: new.problems,
+        };
+        for address in &stored.bind_addresses {
             let count = self.address_claims.entry(*address).or_default();
             *count += 1;
             if *count == 1 {
@@ -213,7 +304,7 @@ impl DesiredIndex {
                 touched.addresses.insert(*address);
             }
         }
-        for element in shared_elements(new) {
+        for element in stored.shared_elements() {
             let count = self.element_claims.entry(*element).or_default();
             *count += 1;
             if *count == 1 {
@@ -221,7 +312,7 @@ impl DesiredIndex {
                 touched.set_elements.insert(*element);
             }
         }
-        if let Some((port, health_check)) = &new.health_check_node_port {
+        if let Some((port, health_check)) = &stored.health_check_node_port {
             let claims = self.health_check_claims.entry(*port).or_default();
             claims.insert(key.clone());
             if claims.first() == Some(key) {
@@ -230,10 +321,11 @@ impl DesiredIndex {
                     .insert(*port, health_check.clone());
             }
         }
-        self.count(new, true);
+        self.count(&stored, true);
+        stored
     }
 
-    fn count(&mut self, plan: &ServicePlan, add: bool) {
+    fn count(&mut self, plan: &Stored, add: bool) {
         let step = |n: &mut usize, flag: bool| {
             if flag {
                 if add { *n += 1 } else { *n -= 1 }
@@ -262,11 +354,11 @@ impl DesiredIndex {
         let mut problems = plan.problems.clone();
         let conflict = |message: String| Problem {
             kind: "Service",
-            namespace: plan.namespace.clone(),
-            name: plan.name.clone(),
+            namespace: key.0.clone(),
+            name: key.1.clone(),
             message,
         };
-        for vs in plan.virtual_servers.keys() {
+        for (vs, _) in &plan.virtual_servers {
             let winner = self.vs_claims[vs].first().expect("claimed");
             if winner != key {
                 let by = &self.desired.virtual_servers[vs].service;
@@ -319,6 +411,7 @@ mod tests {
     use crate::model::{HealthCheckNodePort, Protocol, VirtualServer, VirtualServerSpec};
     use crate::plan::merge;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
 
     fn plan_for(
         ns: &str,

@@ -64,11 +64,14 @@
 //! server or health-check port wins); [`plan`] does both for a whole snapshot. An incremental
 //! sync can keep the [`ServicePlan`]s and re-plan only the Services that changed.
 
+pub mod convert;
 mod endpoints;
 mod index;
+pub mod objects;
 mod service;
 
 pub use index::{DesiredIndex, ServiceKey, Touched};
+pub use objects::{Interner, ServiceInfo, SliceInfo};
 pub use service::{ServicePlan, plan_service};
 
 use crate::model::NftRules;
@@ -76,7 +79,6 @@ use crate::model::{DesiredState, Protocol, SchedFlags, VirtualServerSpec};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kipvs_crds::{Gate, NodePortAddress, ProxierConfiguration};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -172,12 +174,12 @@ pub struct Problem {
 }
 
 impl Problem {
-    /// A problem with a namespaced object (namespace defaults to `default`).
-    pub(crate) fn new(kind: &'static str, meta: &ObjectMeta, message: String) -> Self {
+    /// A problem with the namespaced object `namespace/name`.
+    pub(crate) fn of(kind: &'static str, namespace: &str, name: &str, message: String) -> Self {
         Problem {
             kind,
-            namespace: namespace_of(meta).to_owned(),
-            name: meta.name.clone().unwrap_or_default(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
             message,
         }
     }
@@ -424,42 +426,38 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let context =
         context.with_other_interface_addresses(input.other_interface_addresses.iter().copied());
 
-    let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
-    for slice in input.endpoint_slices {
-        let service_name = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(SERVICE_NAME_LABEL));
-        if let Some(service_name) = service_name {
+    let mut strings = Interner::default();
+    let all_slices: Vec<SliceInfo> = input
+        .endpoint_slices
+        .iter()
+        .map(|slice| convert::slice(slice, &mut strings))
+        .collect();
+    let mut slices: BTreeMap<(&str, &str), Vec<&SliceInfo>> = BTreeMap::new();
+    for slice in &all_slices {
+        if let Some(service_name) = &slice.service {
             slices
-                .entry((namespace_of(&slice.metadata), service_name))
+                .entry((&slice.namespace, service_name))
                 .or_default()
                 .push(slice);
         }
     }
     for group in slices.values_mut() {
-        group.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        group.sort_by(|a, b| a.name.cmp(&b.name));
     }
 
-    let mut services: BTreeMap<(&str, &str), &Service> = BTreeMap::new();
-    for service in input.services {
-        let key = (
-            namespace_of(&service.metadata),
-            service.metadata.name.as_deref().unwrap_or_default(),
-        );
+    let all_services: Vec<ServiceInfo> = input
+        .services
+        .iter()
+        .map(|service| convert::service(service, &mut strings))
+        .collect();
+    let mut services: BTreeMap<(&str, &str), &ServiceInfo> = BTreeMap::new();
+    for service in &all_services {
+        let key = (&*service.namespace, &*service.name);
+        let problem = |message: &str| Problem::of("Service", key.0, key.1, message.to_owned());
         if key.1.is_empty() {
-            problems.push(Problem::new(
-                "Service",
-                &service.metadata,
-                "metadata.name is not set; the Service is skipped".to_owned(),
-            ));
+            problems.push(problem("metadata.name is not set; the Service is skipped"));
         } else if services.insert(key, service).is_some() {
-            problems.push(Problem::new(
-                "Service",
-                &service.metadata,
-                "listed more than once; only the last copy is used".to_owned(),
-            ));
+            problems.push(problem("listed more than once; only the last copy is used"));
         }
     }
 
@@ -490,11 +488,6 @@ pub fn merge<'a>(service_plans: impl IntoIterator<Item = &'a ServicePlan>) -> Pl
     index.to_plan()
 }
 
-/// Namespace of a namespaced object; `default` when unset (as `kubectl apply` would).
-fn namespace_of(meta: &ObjectMeta) -> &str {
-    meta.namespace.as_deref().unwrap_or("default")
-}
-
 /// Parses a Service or EndpointSlice port protocol; unset means TCP (the API default).
 fn parse_protocol(protocol: Option<&str>) -> Result<Protocol, String> {
     match protocol.unwrap_or("TCP") {
@@ -516,6 +509,7 @@ fn port_number(value: i32) -> Option<u16> {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn node(addresses: &[(&str, &str)]) -> Node {
         Node {
@@ -745,11 +739,7 @@ mod tests {
 
     #[test]
     fn problem_display() {
-        let meta = ObjectMeta {
-            name: Some("web".into()),
-            ..Default::default()
-        };
-        let problem = Problem::new("Service", &meta, "broken".into());
+        let problem = Problem::of("Service", "default", "web", "broken".into());
         assert_eq!(problem.to_string(), "Service default/web: broken");
         assert_eq!(
             Problem::config("bad".into()).to_string(),

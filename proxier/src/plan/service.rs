@@ -1,15 +1,13 @@
 //! Planning one Service: its virtual servers, bind addresses and health-check node port.
 
 use super::endpoints::{self, Endpoint, Selection, Topology};
-use super::{
-    PlanContext, Problem, SCHEDULER_ANNOTATION, SERVICE_PROXY_NAME_LABEL, namespace_of,
-    parse_protocol, port_number, scheduler_spec,
+use super::objects::{
+    ClusterIps, Ingress, IpMode, Parsed, ServiceInfo, ServiceTypeField, SliceInfo,
 };
+use super::{PlanContext, Problem, SCHEDULER_ANNOTATION, port_number, scheduler_spec};
 use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
 use crate::model::{IPVS_SCHEDULERS, SetElement};
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Service, ServiceSpec};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -65,33 +63,27 @@ enum ServiceType {
 /// `type: ExternalName`, and those labelled `service.kubernetes.io/service-proxy-name`.
 /// Invalid fields become problems in the returned plan; the rest of the Service is planned.
 pub fn plan_service(
-    service: &Service,
-    slices: &[&EndpointSlice],
+    service: &ServiceInfo,
+    slices: &[&SliceInfo],
     context: &PlanContext,
 ) -> Option<ServicePlan> {
-    let meta = &service.metadata;
-    if meta
-        .labels
-        .as_ref()
-        .is_some_and(|labels| labels.contains_key(SERVICE_PROXY_NAME_LABEL))
-    {
+    if service.other_proxy {
         return None;
     }
-    let default_spec = ServiceSpec::default();
-    let spec = service.spec.as_ref().unwrap_or(&default_spec);
     let mut plan = ServicePlan {
-        namespace: namespace_of(meta).to_owned(),
-        name: meta.name.clone().unwrap_or_default(),
+        namespace: service.namespace.to_string(),
+        name: service.name.to_string(),
         ..ServicePlan::default()
     };
-    let problem = |message: String| Problem::new("Service", meta, message);
+    let problem =
+        |message: String| Problem::of("Service", &service.namespace, &service.name, message);
 
-    let service_type = match spec.type_.as_deref().unwrap_or("ClusterIP") {
-        "ExternalName" => return None,
-        "ClusterIP" => ServiceType::ClusterIp,
-        "NodePort" => ServiceType::NodePort,
-        "LoadBalancer" => ServiceType::LoadBalancer,
-        other => {
+    let service_type = match &service.type_ {
+        ServiceTypeField::ExternalName => return None,
+        ServiceTypeField::ClusterIp => ServiceType::ClusterIp,
+        ServiceTypeField::NodePort => ServiceType::NodePort,
+        ServiceTypeField::LoadBalancer => ServiceType::LoadBalancer,
+        ServiceTypeField::Unknown(other) => {
             plan.problems.push(problem(format!(
                 "unknown spec.type {other:?}; treated as ClusterIP"
             )));
@@ -100,20 +92,21 @@ pub fn plan_service(
     };
 
     // Cluster IPs: `clusterIPs` (dual-stack aware), or the legacy `clusterIP`.
-    let (field, texts): (&str, Vec<&String>) = match &spec.cluster_ips {
-        Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().collect()),
-        _ => ("spec.clusterIP", spec.cluster_ip.iter().collect()),
+    let (indexed, texts) = match &service.cluster_ips {
+        ClusterIps::Headless => return None,
+        ClusterIps::Unset => {
+            plan.problems.push(problem(
+                "spec.clusterIP is not set; the Service is skipped (as kube-proxy does)".to_owned(),
+            ));
+            return Some(plan);
+        }
+        ClusterIps::Ips { indexed, ips } => (*indexed, ips),
     };
-    if texts.iter().any(|ip| *ip == "None") {
-        return None;
-    }
-    if texts.iter().all(|ip| ip.is_empty()) {
-        plan.problems.push(problem(
-            "spec.clusterIP is not set; the Service is skipped (as kube-proxy does)".to_owned(),
-        ));
-        return Some(plan);
-    }
-    let indexed = field == "spec.clusterIPs";
+    let field = if indexed {
+        "spec.clusterIPs"
+    } else {
+        "spec.clusterIP"
+    };
     let cluster_ips = parse_ips(
         texts,
         |i| indexed_field(field, indexed.then_some(i)),
@@ -139,37 +132,35 @@ pub fn plan_service(
         kept
     };
     let external_ips = parse_ips(
-        spec.external_ips.iter().flatten(),
+        &service.external_ips,
         |i| indexed_field("spec.externalIPs", Some(i)),
         |m| plan.problems.push(problem(m)),
     );
     let external_ips = other_family("spec.externalIPs", external_ips, &mut plan.problems);
 
     let source_ranges = if service_type == ServiceType::LoadBalancer {
-        source_ranges(spec, |m| plan.problems.push(problem(m)))
+        source_ranges(&service.source_ranges, |m| plan.problems.push(problem(m)))
     } else {
         Vec::new()
     };
     let load_balancer_ips: Vec<IpAddr> = if service_type == ServiceType::LoadBalancer {
-        let vips = load_balancer_vips(service, context, |m| plan.problems.push(problem(m)));
+        let vips = load_balancer_vips(&service.ingress, context, |m| {
+            plan.problems.push(problem(m));
+        });
         other_family("status.loadBalancer.ingress", vips, &mut plan.problems)
     } else {
         Vec::new()
     };
 
     let mut vs_spec = context.vs_spec.clone();
-    if let Some(value) = meta
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(SCHEDULER_ANNOTATION))
-    {
+    if let Some(value) = &service.scheduler {
         if context.scheduler_unavailable(value) {
             plan.problems.push(problem(format!(
                 "metadata.annotations[{SCHEDULER_ANNOTATION}] {value:?}: this node's kernel lacks \
                  that IPVS scheduler (ip_vs_{value}); using {:?}",
                 vs_spec.scheduler
             )));
-        } else if IPVS_SCHEDULERS.contains(&value.as_str()) {
+        } else if IPVS_SCHEDULERS.contains(&&**value) {
             vs_spec = scheduler_spec(value);
         } else {
             plan.problems.push(problem(format!(
@@ -180,12 +171,7 @@ pub fn plan_service(
             )));
         }
     }
-    if spec.session_affinity.as_deref() == Some("ClientIP") {
-        let timeout = spec
-            .session_affinity_config
-            .as_ref()
-            .and_then(|config| config.client_ip.as_ref())
-            .and_then(|client_ip| client_ip.timeout_seconds);
+    if let Some(timeout) = service.client_ip_affinity {
         vs_spec.persistence_timeout = Some(match timeout {
             None => DEFAULT_AFFINITY_TIMEOUT_SECONDS,
             Some(t) if (1..=MAX_AFFINITY_TIMEOUT_SECONDS).contains(&t) => t.unsigned_abs(),
@@ -209,18 +195,13 @@ pub fn plan_service(
     let has_node_ports = service_type != ServiceType::ClusterIp;
     // externalTrafficPolicy only applies to externally reachable Services (kube-proxy's
     // `ExternallyAccessible`: NodePort, LoadBalancer, or any externalIPs).
-    let externally_accessible = has_node_ports
-        || spec
-            .external_ips
-            .as_ref()
-            .is_some_and(|ips| !ips.is_empty());
-    let external_local =
-        externally_accessible && spec.external_traffic_policy.as_deref() == Some("Local");
-    let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let externally_accessible = has_node_ports || !service.external_ips.is_empty();
+    let external_local = externally_accessible && service.external_local;
+    let internal_local = service.internal_local;
 
-    for (i, port) in spec.ports.iter().flatten().enumerate() {
-        let protocol = match parse_protocol(port.protocol.as_deref()) {
-            Ok(protocol) => protocol,
+    for (i, port) in service.ports.iter().enumerate() {
+        let protocol = match &port.protocol {
+            Ok(protocol) => *protocol,
             Err(message) => {
                 plan.problems
                     .push(problem(format!("spec.ports[{i}]: {message}; port skipped")));
@@ -246,14 +227,14 @@ pub fn plan_service(
                 parsed
             }
         };
-        let port_name = port.name.clone().unwrap_or_default();
+        let port_name = &port.name;
         let service_port = if port_name.is_empty() {
             format!("{}/{}", plan.namespace, plan.name)
         } else {
             format!("{}/{}:{port_name}", plan.namespace, plan.name)
         };
         let port_endpoints = endpoints
-            .get(&(port_name, protocol))
+            .get(&(port_name.clone(), protocol))
             .map_or(&[][..], Vec::as_slice);
 
         for ipv4 in [true, false] {
@@ -386,7 +367,7 @@ pub fn plan_service(
     }
 
     if service_type == ServiceType::LoadBalancer && external_local {
-        match spec.health_check_node_port {
+        match service.health_check_node_port {
             None | Some(0) => {}
             Some(value) => match port_number(value) {
                 Some(port) => {
@@ -448,17 +429,17 @@ fn indexed_field(field: &str, index: Option<usize>) -> String {
 
 /// Parses IP address strings, reporting each invalid one (named by `field(index)`) and
 /// skipping it.
-fn parse_ips<'a>(
-    texts: impl IntoIterator<Item = &'a String>,
+fn parse_ips(
+    texts: &[Parsed<IpAddr>],
     field: impl Fn(usize) -> String,
     mut report: impl FnMut(String),
 ) -> Vec<IpAddr> {
     texts
-        .into_iter()
+        .iter()
         .enumerate()
-        .filter_map(|(i, text)| match text.parse() {
-            Ok(ip) => Some(ip),
-            Err(_) => {
+        .filter_map(|(i, text)| match text {
+            Parsed::Ok(ip) => Some(*ip),
+            Parsed::Invalid(text) => {
                 report(format!(
                     "{} {text:?} is not a valid IP address; ignored",
                     field(i)
@@ -472,18 +453,13 @@ fn parse_ips<'a>(
 /// `spec.loadBalancerSourceRanges`, parsed as kube-proxy's `serviceport.go` does: entries
 /// trimmed, host bits cleared; an invalid entry is reported and skipped; a zero-length range
 /// (`0.0.0.0/0`, `::/0`) means "no restriction", so the result is empty.
-fn source_ranges(spec: &ServiceSpec, mut report: impl FnMut(String)) -> Vec<IpNet> {
+fn source_ranges(texts: &[Parsed<IpNet>], mut report: impl FnMut(String)) -> Vec<IpNet> {
     let mut ranges = Vec::new();
-    for (i, text) in spec
-        .load_balancer_source_ranges
-        .iter()
-        .flatten()
-        .enumerate()
-    {
-        match text.trim().parse::<IpNet>() {
-            Ok(net) if net.prefix_len() == 0 => return Vec::new(),
-            Ok(net) => ranges.push(net.trunc()),
-            Err(_) => report(format!(
+    for (i, text) in texts.iter().enumerate() {
+        match text {
+            Parsed::Ok(net) if net.prefix_len() == 0 => return Vec::new(),
+            Parsed::Ok(net) => ranges.push(net.trunc()),
+            Parsed::Invalid(text) => report(format!(
                 "spec.loadBalancerSourceRanges[{i}] {text:?} is not a CIDR; ignored"
             )),
         }
@@ -498,31 +474,27 @@ fn source_ranges(spec: &ServiceSpec, mut report: impl FnMut(String)) -> Vec<IpNe
 /// unknown mode is reported and left out, as kube-proxy's `IsVIPMode` does. With the gate off
 /// every ingress IP is a VIP.
 fn load_balancer_vips(
-    service: &Service,
+    ingress: &[Ingress],
     context: &PlanContext,
     mut report: impl FnMut(String),
 ) -> Vec<IpAddr> {
-    let ingress = service
-        .status
-        .as_ref()
-        .and_then(|status| status.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref());
     let mut vips = Vec::new();
-    for (i, entry) in ingress.into_iter().flatten().enumerate() {
-        let Some(text) = entry.ip.as_ref().filter(|ip| !ip.is_empty()) else {
-            continue;
-        };
-        let Ok(ip) = text.parse::<IpAddr>() else {
-            report(format!(
-                "status.loadBalancer.ingress[{i}].ip {text:?} is not a valid IP address; ignored"
-            ));
-            continue;
+    for (i, entry) in ingress.iter().enumerate() {
+        let ip = match &entry.ip {
+            None => continue,
+            Some(Parsed::Ok(ip)) => *ip,
+            Some(Parsed::Invalid(text)) => {
+                report(format!(
+                    "status.loadBalancer.ingress[{i}].ip {text:?} is not a valid IP address; ignored"
+                ));
+                continue;
+            }
         };
         if context.load_balancer_ip_mode {
-            match entry.ip_mode.as_deref() {
-                None | Some("VIP") => {}
-                Some("Proxy") => continue,
-                Some(other) => {
+            match &entry.ip_mode {
+                None | Some(IpMode::Vip) => {}
+                Some(IpMode::Proxy) => continue,
+                Some(IpMode::Unknown(other)) => {
                     report(format!(
                         "status.loadBalancer.ingress[{i}].ipMode {other:?} is unknown (expected VIP \
                          or Proxy); {ip} is not treated as a VIP"
@@ -539,7 +511,25 @@ fn load_balancer_vips(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::{Interner, convert};
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kipvs_crds::ProxierConfiguration;
+
+    /// [`plan_service`] of API objects, converted as the store does.
+    fn plan_api(
+        service: &Service,
+        slices: &[&EndpointSlice],
+        context: &PlanContext,
+    ) -> Option<ServicePlan> {
+        let mut strings = Interner::default();
+        let slices: Vec<SliceInfo> = slices
+            .iter()
+            .map(|slice| convert::slice(slice, &mut strings))
+            .collect();
+        let slices: Vec<&SliceInfo> = slices.iter().collect();
+        plan_service(&convert::service(service, &mut strings), &slices, context)
+    }
 
     fn context() -> PlanContext {
         let node_ips = ["192.168.0.10".parse().unwrap()];
@@ -565,17 +555,13 @@ mod tests {
             "metadata: {name: a, labels: {service.kubernetes.io/service-proxy-name: x}}\n\
              spec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}",
         ] {
-            assert_eq!(
-                plan_service(&service(yaml), &[], &context()),
-                None,
-                "{yaml}"
-            );
+            assert_eq!(plan_api(&service(yaml), &[], &context()), None, "{yaml}");
         }
     }
 
     #[test]
     fn service_without_cluster_ip_is_reported() {
-        let plan = plan_service(
+        let plan = plan_api(
             &service("metadata: {name: a}\nspec: {ports: [{port: 80}]}"),
             &[],
             &context(),
@@ -597,7 +583,7 @@ mod tests {
              endpoints: [{addresses: [10.1.0.1]}]\nports: [{name: y, port: 8080}]",
         )
         .unwrap();
-        let plan = plan_service(&service(yaml), &[&slice], &context()).unwrap();
+        let plan = plan_api(&service(yaml), &[&slice], &context()).unwrap();
         let messages: Vec<String> = plan.problems.iter().map(ToString::to_string).collect();
         assert_eq!(
             messages,

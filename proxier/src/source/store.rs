@@ -6,8 +6,15 @@
 //! `replace_all` on a relist) — and the sync loop takes [`Store::take_dirty`] to re-plan
 //! only what changed. A write that changes nothing marks nothing dirty, so a relist of an
 //! unchanged cluster costs no planning.
+//!
+//! Services and EndpointSlices are converted as they arrive ([`crate::plan::convert`]) into
+//! what planning reads of them ([`ServiceInfo`], [`SliceInfo`]: parsed addresses, shared
+//! strings, nothing else of the API object); the API objects are not kept. So a write counts
+//! as a change only when something planning reads changed (a new `resourceVersion` or
+//! annotation alone is no change). The own Node is kept whole (one object; the health
+//! checks read its taints and conditions).
 
-use crate::plan::SERVICE_NAME_LABEL;
+use crate::plan::{Interner, ServiceInfo, SliceInfo, convert};
 use crate::source::manifests::Snapshot;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -32,10 +39,9 @@ pub fn object_key(meta: &ObjectMeta) -> ObjectKey {
 
 /// The Service an EndpointSlice belongs to (`kubernetes.io/service-name` label, same
 /// namespace), if labelled.
-pub fn slice_service(slice: &EndpointSlice) -> Option<ObjectKey> {
-    let (namespace, _) = object_key(&slice.metadata);
-    let service = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-    Some((namespace, service.clone()))
+fn slice_service(slice: &SliceInfo) -> Option<ObjectKey> {
+    let service = slice.service.as_ref()?;
+    Some((slice.namespace.to_string(), service.to_string()))
 }
 
 /// The parts of a Node that planning reads: its labels and addresses.
@@ -80,9 +86,12 @@ pub struct ChangeCounts {
 /// Objects by key, plus the dirty set. Starts all-dirty.
 #[derive(Debug)]
 pub struct Store {
-    services: BTreeMap<ObjectKey, Service>,
-    slices: BTreeMap<ObjectKey, EndpointSlice>,
-    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    services: BTreeMap<ObjectKey, ServiceInfo>,
+    slices: BTreeMap<ObjectKey, SliceInfo>,
+    /// Shares the strings of the converted objects.
+    strings: Interner,
+    /// The slices of each Service, sorted (almost always one: a `Vec`, not a `BTreeSet` node).
+    slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
     node: Option<Node>,
     dirty: Dirty,
     /// Changes since the store was created.
@@ -98,6 +107,7 @@ impl Default for Store {
         Store {
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
+            strings: Interner::default(),
             slices_by_service: BTreeMap::new(),
             node: None,
             dirty: Dirty {
@@ -115,6 +125,7 @@ impl Store {
     /// Add or replace a Service; marks it dirty if it changed.
     pub fn upsert_service(&mut self, service: Service) {
         let key = object_key(&service.metadata);
+        let service = convert::service(&service, &mut self.strings);
         if self.services.get(&key) != Some(&service) {
             self.services.insert(key.clone(), service);
             self.dirty.services.insert(key);
@@ -134,6 +145,8 @@ impl Store {
     /// dirty if it changed.
     pub fn upsert_slice(&mut self, slice: EndpointSlice) {
         let key = object_key(&slice.metadata);
+        let trigger_time = trigger_time(&slice);
+        let slice = convert::slice(&slice, &mut self.strings);
         if self.slices.get(&key) == Some(&slice) {
             return;
         }
@@ -142,12 +155,12 @@ impl Store {
         } else {
             self.count_slice_change();
         }
-        self.trigger_times.extend(trigger_time(&slice));
+        self.trigger_times.extend(trigger_time);
         if let Some(service) = slice_service(&slice) {
-            self.slices_by_service
-                .entry(service.clone())
-                .or_default()
-                .insert(key.clone());
+            let keys = self.slices_by_service.entry(service.clone()).or_default();
+            if let Err(at) = keys.binary_search(&key) {
+                keys.insert(at, key.clone());
+            }
             self.dirty.services.insert(service);
         }
         self.slices.insert(key, slice);
@@ -160,9 +173,9 @@ impl Store {
         };
         self.count_slice_change();
         if let Some(service) = slice_service(&old) {
-            if let Some(set) = self.slices_by_service.get_mut(&service) {
-                set.remove(key);
-                if set.is_empty() {
+            if let Some(keys) = self.slices_by_service.get_mut(&service) {
+                keys.retain(|k| k != key);
+                if keys.is_empty() {
                     self.slices_by_service.remove(&service);
                 }
             }
@@ -270,17 +283,17 @@ impl Store {
     }
 
     /// A Service by key.
-    pub fn service(&self, key: &ObjectKey) -> Option<&Service> {
+    pub fn service(&self, key: &ObjectKey) -> Option<&ServiceInfo> {
         self.services.get(key)
     }
 
     /// All Services, in namespace/name order.
-    pub fn services(&self) -> impl Iterator<Item = (&ObjectKey, &Service)> {
+    pub fn services(&self) -> impl Iterator<Item = (&ObjectKey, &ServiceInfo)> {
         self.services.iter()
     }
 
     /// The EndpointSlices of a Service, in name order.
-    pub fn slices_of(&self, service: &ObjectKey) -> Vec<&EndpointSlice> {
+    pub fn slices_of(&self, service: &ObjectKey) -> Vec<&SliceInfo> {
         self.slices_by_service
             .get(service)
             .into_iter()
@@ -314,6 +327,7 @@ fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::SERVICE_NAME_LABEL;
     use std::collections::BTreeMap;
 
     fn service(ns: &str, name: &str, ip: &str) -> Service {
