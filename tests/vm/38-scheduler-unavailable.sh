@@ -30,7 +30,10 @@ check "the missing scheduler is logged" sh -c "tail -n +$((start + 1)) '$(proxie
   grep -q 'Services annotated kipvs.io/scheduler=twos get ipvs.scheduler'"
 check "  ... and the Service named as a problem" sh -c "tail -n +$((start + 1)) '$(proxier_log)' | \
   grep -q 'default/shop.*lacks that IPVS scheduler'"
-got=$(metric 'kipvs_ipvs_scheduler_unavailable{scheduler="twos"}')
+# the gauge is published with the sync after the probe: poll it for up to 10 s
+i=0; got=$(metric 'kipvs_ipvs_scheduler_unavailable{scheduler="twos"}')
+while [ "$got" != 1 ] && [ $i -lt 10 ]; do sleep 1; i=$((i + 1)); got=$(metric 'kipvs_ipvs_scheduler_unavailable{scheduler="twos"}'); done
+[ "$got" = 1 ] || { say "metrics mentioning twos:"; (printf 'GET /metrics HTTP/1.0\r\n\r\n'; sleep 1) | nc -w 3 127.0.0.1 10249 2>/dev/null | grep -i -e twos -e scheduler | indent; }
 check "  ... and in kipvs_ipvs_scheduler_unavailable{scheduler=\"twos\"} (got ${got:-nothing})" [ "$got" = 1 ]
 i=0; while [ "$(scheduler_of 10.96.0.30:80)" != rr ] && [ $i -lt 40 ]; do sleep 0.25; i=$((i + 1)); done
 check "shop's virtual server is programmed with the configured scheduler (rr)" \
