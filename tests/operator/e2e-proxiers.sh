@@ -21,6 +21,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 OUT=${OUT:-$(mktemp -d /tmp/kipvs-operator-e2e-proxiers.XXXXXX)}
 mkdir -p "$OUT"
 export KUBECONFIG RUST_BACKTRACE=0
+. "$(dirname "$0")/../../hack/lib/kube-status.sh" # patch_status
 cd "$ROOT"
 PORT=${PROXIER_PORT:-21256}
 NODES=(pnode-0 pnode-1 pnode-2 pnode-3 pnode-4)
@@ -112,8 +113,8 @@ apiVersion: v1
 kind: Node
 metadata: {name: $n, labels: {$labels}}
 EOF
-  kubectl patch node "$n" --subresource=status --type=merge \
-    -p '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"e2e"}]}}' >/dev/null
+  patch_status /api/v1/nodes/$n \
+    '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"e2e"}]}}' >/dev/null
 done
 ok "${#NODES[@]} Ready nodes: pnode-0 canary"
 

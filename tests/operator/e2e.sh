@@ -21,6 +21,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 OUT=${OUT:-$(mktemp -d /tmp/kipvs-operator-e2e.XXXXXX)}
 mkdir -p "$OUT"
 export KUBECONFIG RUST_BACKTRACE=0
+. "$(dirname "$0")/../../hack/lib/kube-status.sh" # patch_status
 cd "$ROOT"
 
 PIDS=()
@@ -147,8 +148,8 @@ kind: Node
 metadata: {name: node-$i, labels: {$labels}}
 spec: {$taints}
 EOF
-  kubectl patch node "node-$i" --subresource=status --type=merge \
-    -p '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"e2e"}]}}' >/dev/null
+  patch_status /api/v1/nodes/node-$i \
+    '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"e2e"}]}}' >/dev/null
 done
 ok "10 Ready nodes: node-0 canary, node-9 tainted ToBeDeletedByClusterAutoscaler"
 "$KIPVS_FAKE_PROXIER" --apply-delay 1s --unsupported-schedulers sed > "$OUT/fake-proxier.log" 2>&1 &
