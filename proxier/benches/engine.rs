@@ -8,11 +8,15 @@
 //! status reducer decides whether to publish. A NodeProxyConfig revision is in force, so the
 //! status step runs.
 //!
-//! Sizes: 1k, 10k and 50k Services (see `cluster/mod.rs`); targets (issue 12): at most
+//! Sizes: 1k, 10k and 50k Services of the scale example's cluster (`examples/scale/cluster.rs`;
+//! here every 20th Service, a LoadBalancer, is `externalTrafficPolicy: Local` with a
+//! health-check node port); targets (issue 12): at most
 //! 100 µs per change, and the 50k/1k ratio at most 2, printed after the timings.
 //!
 //! Run: `cargo bench -p kipvs-proxier --bench engine`.
 
+#[allow(dead_code)] // the scale example's `store` and `planner` are not used here
+#[path = "../examples/scale/cluster.rs"]
 mod cluster;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
@@ -52,6 +56,24 @@ fn config() -> ProxierConfiguration {
 
 /// An engine as `kipvs-proxier run` builds it (observers, NodeProxyConfig follower), over `n`
 /// Services, after its first (full) sync with a revision in force.
+/// The cluster sizes measured.
+const SIZES: [usize; 3] = [1_000, 10_000, 50_000];
+
+/// This node's name (endpoints on it are local).
+const NODE: &str = "node-0";
+
+/// Service `i` of the scale cluster; every 20th (a LoadBalancer) is `externalTrafficPolicy:
+/// Local` with a health-check node port, so the health-check observers have work.
+fn service(i: usize) -> k8s_openapi::api::core::v1::Service {
+    let mut service = cluster::service(i);
+    if i.is_multiple_of(20) {
+        let spec = service.spec.as_mut().expect("spec");
+        spec.external_traffic_policy = Some("Local".into());
+        spec.health_check_node_port = Some(32000 + (i / 20 % 700) as i32);
+    }
+    service
+}
+
 fn engine(rt: &tokio::runtime::Runtime, n: usize) -> (SourceHandle, Engine<FakeDataplane>) {
     let metrics = Metrics::new();
     let health = ProxyHealth::new(Duration::from_secs(60), true);
@@ -66,12 +88,12 @@ fn engine(rt: &tokio::runtime::Runtime, n: usize) -> (SourceHandle, Engine<FakeD
     let handle = SourceHandle::default().with_observer(observer.clone());
     handle.update(|store| {
         for i in 0..n {
-            store.upsert_service(cluster::service(i));
+            store.upsert_service(service(i));
             store.upsert_slice(cluster::slice(i, true));
         }
     });
     let identity = NodeIdentity {
-        name: cluster::NODE.into(),
+        name: NODE.into(),
         node_ips: vec!["192.168.0.10".parse().unwrap()],
     };
     let (_, assigned) = watch::channel(Assigned::Unknown);
@@ -107,7 +129,7 @@ fn one_endpoint_change(c: &mut Criterion) {
     let rt = runtime();
     let mut group = c.benchmark_group("engine: one endpoint change");
     let mut means = Vec::new();
-    for n in cluster::SIZES {
+    for n in SIZES {
         let (handle, mut engine) = engine(&rt, n);
         let vs = engine.planner().desired().virtual_servers.len();
         println!("{n} Services: {vs} virtual servers");
