@@ -139,18 +139,21 @@ impl Planner {
     pub fn replan(&mut self, store: &mut Store) -> Replanned {
         let dirty = store.take_dirty();
         let node = store.node();
-        let (keys, all): (Vec<ObjectKey>, bool) =
-            if dirty.all || std::mem::take(&mut self.replan_all) {
-                self.index = DesiredIndex::default();
-                self.node_ips = if self.identity.node_ips.is_empty() {
-                    node.map(plan::node_internal_ips).unwrap_or_default()
-                } else {
-                    self.identity.node_ips.clone()
-                };
-                (store.services().map(|(k, _)| k.clone()).collect(), true)
+        let all = dirty.all || std::mem::take(&mut self.replan_all);
+        if all {
+            self.index = DesiredIndex::default();
+            self.node_ips = if self.identity.node_ips.is_empty() {
+                node.map(plan::node_internal_ips).unwrap_or_default()
             } else {
-                (dirty.services.into_iter().collect(), false)
+                self.identity.node_ips.clone()
             };
+        }
+        // Every Service, or the changed ones (not copied: a full plan holds no list of keys).
+        let keys: Box<dyn Iterator<Item = &ObjectKey>> = if all {
+            Box::new(store.services().map(|(k, _)| k))
+        } else {
+            Box::new(dirty.services.iter())
+        };
         let (context, problems) =
             PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
         let context = context
@@ -163,7 +166,7 @@ impl Planner {
             }
         }
         let mut touched = Touched::default();
-        for key in &keys {
+        for key in keys {
             let planned = store
                 .service(key)
                 .and_then(|s| plan::plan_service(s, &store.slices_of(key), &context));

@@ -15,7 +15,10 @@
 //!
 //! Memory: a virtual server is held once. The winner's entry is moved into the desired state
 //! and moved back into its Service's plan when another Service takes the virtual server over;
-//! only losing claims keep their own. Service plans are kept as exact-size vectors.
+//! only losing claims keep their own, and not even those when the entry equals one the same
+//! Service wins (a NodePort virtual server losing its port to another Service usually has the
+//! real servers of its ClusterIP one). Service plans are kept as exact-size vectors, and a
+//! claim names its Service through one shared key.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
 use crate::model::{
@@ -23,6 +26,7 @@ use crate::model::{
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// A Service's identity: `(namespace, name)`.
 pub type ServiceKey = (String, String);
@@ -43,31 +47,59 @@ fn vs_elements<'a>(
         .copied()
 }
 
+/// Where a Service's plan keeps the entry of one of its virtual servers.
+#[derive(Clone, Debug)]
+enum Slot {
+    /// The Service wins the virtual server: the desired state holds the entry.
+    Won,
+    /// The Service lost it, with an entry equal to that of its virtual server at this position
+    /// in [`Stored::virtual_servers`], which it won when it was planned (that one's slot is
+    /// [`Slot::Won`] or [`Slot::Lost`], never `SameAs`).
+    SameAs(u32),
+    /// The Service lost it: its own entry.
+    Lost(Box<VirtualServer>),
+}
+
 /// A Service plan as the index keeps it: exact-size sorted vectors instead of the maps of a
 /// [`ServicePlan`] (a small `BTreeMap` allocates a whole node), and no copy of the virtual
 /// servers this Service wins (those live in the desired state).
 #[derive(Clone, Debug)]
 struct Stored {
-    /// Its virtual servers, sorted; the entry is `None` where this Service wins the virtual
-    /// server (the desired state holds it).
-    virtual_servers: Vec<(VirtualServerKey, Option<Box<VirtualServer>>)>,
+    /// Its virtual servers, sorted, with where their entries are.
+    virtual_servers: Vec<(VirtualServerKey, Slot)>,
     bind_addresses: Box<[IpAddr]>,
-    health_check_node_port: Option<(u16, HealthCheckNodePort)>,
+    health_check_node_port: Option<Box<(u16, HealthCheckNodePort)>>,
     set_elements: Box<[SetElement]>,
     no_local_endpoints_internal: bool,
     no_local_endpoints_external: bool,
     terminating_fallback: bool,
-    problems: Vec<Problem>,
+    problems: Box<[Problem]>,
 }
 
 impl Stored {
-    /// The slot of its virtual server `vs`.
-    fn slot(&mut self, vs: &VirtualServerKey) -> &mut Option<Box<VirtualServer>> {
-        let at = self
-            .virtual_servers
+    /// The position of its virtual server `vs`.
+    fn position(&self, vs: &VirtualServerKey) -> usize {
+        self.virtual_servers
             .binary_search_by_key(vs, |(k, _)| *k)
-            .expect("claimed");
-        &mut self.virtual_servers[at].1
+            .expect("claimed")
+    }
+
+    /// Take the entry of its lost virtual server `vs` (now won: the slot becomes
+    /// [`Slot::Won`]); `desired` holds the entries of the virtual servers it wins.
+    fn take_entry(&mut self, vs: &VirtualServerKey, desired: &DesiredState) -> VirtualServer {
+        let at = self.position(vs);
+        match std::mem::replace(&mut self.virtual_servers[at].1, Slot::Won) {
+            Slot::Lost(entry) => *entry,
+            Slot::SameAs(other) => {
+                let (key, slot) = &self.virtual_servers[other as usize];
+                match slot {
+                    Slot::Won => desired.virtual_servers[key].clone(),
+                    Slot::Lost(entry) => (**entry).clone(),
+                    Slot::SameAs(_) => unreachable!("a SameAs slot names a won one"),
+                }
+            }
+            Slot::Won => unreachable!("a losing claim keeps its entry"),
+        }
     }
 
     /// Whether `vs` is one of its virtual servers.
@@ -88,23 +120,24 @@ impl Stored {
 
 /// The Services claiming one virtual server or health-check node port, in key order (the
 /// first wins). Almost always one: a sorted `Vec` costs one small allocation where a
-/// `BTreeSet` allocates a whole node.
+/// `BTreeSet` allocates a whole node, and each names its Service by the key its plan is
+/// stored under (shared, not copied).
 #[derive(Clone, Debug, Default)]
-struct Claims(Vec<ServiceKey>);
+struct Claims(Vec<Arc<ServiceKey>>);
 
 impl Claims {
     fn first(&self) -> Option<&ServiceKey> {
-        self.0.first()
+        self.0.first().map(|key| &**key)
     }
 
-    fn insert(&mut self, key: ServiceKey) {
-        if let Err(at) = self.0.binary_search(&key) {
-            self.0.insert(at, key);
+    fn insert(&mut self, key: &Arc<ServiceKey>) {
+        if let Err(at) = self.0.binary_search(key) {
+            self.0.insert(at, key.clone());
         }
     }
 
     fn remove(&mut self, key: &ServiceKey) {
-        if let Ok(at) = self.0.binary_search(key) {
+        if let Ok(at) = self.0.binary_search_by(|k| (**k).cmp(key)) {
             self.0.remove(at);
         }
     }
@@ -113,7 +146,7 @@ impl Claims {
 /// Per-Service plans and their union (see module docs).
 #[derive(Clone, Debug, Default)]
 pub struct DesiredIndex {
-    plans: BTreeMap<ServiceKey, Stored>,
+    plans: BTreeMap<Arc<ServiceKey>, Stored>,
     vs_claims: BTreeMap<VirtualServerKey, Claims>,
     address_claims: BTreeMap<IpAddr, usize>,
     element_claims: BTreeMap<SetElement, usize>,
@@ -160,7 +193,7 @@ impl DesiredIndex {
             .chain(plan.iter().flat_map(|p| p.virtual_servers.keys().copied()))
             .collect();
         touched.health_check_node_ports = old
-            .and_then(|p| p.health_check_node_port.as_ref())
+            .and_then(|p| p.health_check_node_port.as_deref())
             .into_iter()
             .chain(
                 plan.as_ref()
@@ -169,9 +202,14 @@ impl DesiredIndex {
             .map(|(port, _)| *port)
             .collect();
         let before = self.real_servers_of(&touched.virtual_servers);
-        if let Some(old) = self.plans.remove(&key) {
-            self.retract(&key, &old, &mut touched);
-        }
+        // The shared key of the plan it replaces, else a new one.
+        let key = match self.plans.remove_entry(&key) {
+            Some((shared, old)) => {
+                self.retract(&key, &old, &mut touched);
+                shared
+            }
+            None => Arc::new(key),
+        };
         if let Some(new) = plan {
             let stored = self.assert_plan(&key, new, &mut touched);
             self.plans.insert(key, stored);
@@ -209,11 +247,8 @@ impl DesiredIndex {
             }
             if let Some(winner) = winner {
                 let plan = self.plans.get_mut(&winner).expect("planned");
-                let entry = plan
-                    .slot(vs)
-                    .take()
-                    .expect("a losing claim keeps its entry");
-                self.desired.virtual_servers.insert(*vs, *entry);
+                let entry = plan.take_entry(vs, &self.desired);
+                self.desired.virtual_servers.insert(*vs, entry);
                 for element in vs_elements(&plan.set_elements, vs) {
                     self.desired.set_elements.insert(element);
                     touched.set_elements.insert(element);
@@ -238,7 +273,7 @@ impl DesiredIndex {
                 touched.set_elements.insert(*element);
             }
         }
-        if let Some((port, _)) = &old.health_check_node_port {
+        if let Some((port, _)) = old.health_check_node_port.as_deref() {
             let claims = self.health_check_claims.get_mut(port).expect("claimed");
             claims.remove(key);
             match claims.first() {
@@ -247,8 +282,8 @@ impl DesiredIndex {
                     self.desired.health_check_node_ports.remove(port);
                 }
                 Some(winner) => {
-                    let entry = self.plans[winner].health_check_node_port.clone();
-                    let (_, health_check) = entry.expect("claimed");
+                    let entry = self.plans[winner].health_check_node_port.as_deref();
+                    let (_, health_check) = entry.cloned().expect("claimed");
                     self.desired
                         .health_check_node_ports
                         .insert(*port, health_check);
@@ -258,24 +293,40 @@ impl DesiredIndex {
         self.count(old, false);
     }
 
-    fn assert_plan(&mut self, key: &ServiceKey, new: ServicePlan, touched: &mut Touched) -> Stored {
+    fn assert_plan(
+        &mut self,
+        key: &Arc<ServiceKey>,
+        new: ServicePlan,
+        touched: &mut Touched,
+    ) -> Stored {
         let set_elements: Box<[SetElement]> = new.set_elements.into_iter().collect();
-        let mut virtual_servers = Vec::with_capacity(new.virtual_servers.len());
+        let mut virtual_servers: Vec<(VirtualServerKey, Slot)> =
+            Vec::with_capacity(new.virtual_servers.len());
         for (vs, entry) in new.virtual_servers {
             touched.virtual_servers.insert(vs);
             let claims = self.vs_claims.entry(vs).or_default();
             let previous = claims.first().cloned();
-            claims.insert(key.clone());
-            if claims.first() != Some(key) {
-                virtual_servers.push((vs, Some(Box::new(entry))));
+            claims.insert(key);
+            if claims.first() != Some(&**key) {
+                // A lost one: kept as a reference to an equal entry this Service wins, if any.
+                let same = virtual_servers.iter().position(|(won, slot)| {
+                    matches!(slot, Slot::Won) && self.desired.virtual_servers[won] == entry
+                });
+                let slot = match same {
+                    Some(at) => Slot::SameAs(at as u32),
+                    None => Slot::Lost(Box::new(entry)),
+                };
+                virtual_servers.push((vs, slot));
                 continue;
             }
-            virtual_servers.push((vs, None));
+            virtual_servers.push((vs, Slot::Won));
             let replaced = self.desired.virtual_servers.insert(vs, entry);
             if let Some(previous) = previous {
                 // The previous winner's entry goes back into its plan.
                 let plan = self.plans.get_mut(&previous).expect("planned");
-                *plan.slot(&vs) = Some(Box::new(replaced.expect("the winner's entry")));
+                let at = plan.position(&vs);
+                let entry = replaced.expect("the winner's entry");
+                plan.virtual_servers[at].1 = Slot::Lost(Box::new(entry));
                 for element in vs_elements(&plan.set_elements, &vs) {
                     self.desired.set_elements.remove(&element);
                     touched.set_elements.insert(element);
@@ -289,12 +340,12 @@ impl DesiredIndex {
         let stored = Stored {
             virtual_servers,
             bind_addresses: new.bind_addresses.into_iter().collect(),
-            health_check_node_port: new.health_check_node_port,
+            health_check_node_port: new.health_check_node_port.map(Box::new),
             set_elements,
             no_local_endpoints_internal: new.no_local_endpoints_internal,
             no_local_endpoints_external: new.no_local_endpoints_external,
             terminating_fallback: new.terminating_fallback,
-            problems: new.problems,
+            problems: new.problems.into_boxed_slice(),
         };
         for address in &stored.bind_addresses {
             let count = self.address_claims.entry(*address).or_default();
@@ -312,10 +363,10 @@ impl DesiredIndex {
                 touched.set_elements.insert(*element);
             }
         }
-        if let Some((port, health_check)) = &stored.health_check_node_port {
+        if let Some((port, health_check)) = stored.health_check_node_port.as_deref() {
             let claims = self.health_check_claims.entry(*port).or_default();
-            claims.insert(key.clone());
-            if claims.first() == Some(key) {
+            claims.insert(key);
+            if claims.first() == Some(&**key) {
                 self.desired
                     .health_check_node_ports
                     .insert(*port, health_check.clone());
@@ -351,7 +402,7 @@ impl DesiredIndex {
         let Some(plan) = self.plans.get(key) else {
             return Vec::new();
         };
-        let mut problems = plan.problems.clone();
+        let mut problems = plan.problems.to_vec();
         let conflict = |message: String| Problem {
             kind: "Service",
             namespace: key.0.clone(),
@@ -367,7 +418,7 @@ impl DesiredIndex {
                 )));
             }
         }
-        if let Some((port, _)) = &plan.health_check_node_port {
+        if let Some((port, _)) = plan.health_check_node_port.as_deref() {
             let winner = self.health_check_claims[port].first().expect("claimed");
             if winner != key {
                 problems.push(conflict(format!(
