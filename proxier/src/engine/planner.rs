@@ -180,6 +180,7 @@ impl Planner {
             }
         }
         if all {
+            self.index.compact();
             Replanned::All
         } else {
             Replanned::Touched(touched)
