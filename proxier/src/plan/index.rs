@@ -36,15 +36,30 @@ pub type ServiceKey = (String, String);
 /// appeared or disappeared. It is the scope of the incremental diff.
 pub type Touched = Scope;
 
-/// The set elements among `elements` derived from the virtual server `vs`.
-fn vs_elements<'a>(
-    elements: &'a [SetElement],
-    vs: &'a VirtualServerKey,
-) -> impl Iterator<Item = SetElement> + 'a {
-    elements
-        .iter()
-        .filter(move |e| e.virtual_server().as_ref() == Some(vs))
-        .copied()
+/// The set elements named by a virtual server alone, kept as bits of [`Own::derived`] (bit
+/// `i` for `DERIVED[i]`) instead of a 38-byte element each.
+const DERIVED: [fn(VirtualServerKey) -> SetElement; 4] = [
+    SetElement::ClusterIp,
+    SetElement::External,
+    SetElement::ExternalLocal,
+    SetElement::Firewall,
+];
+
+/// The bits of [`DERIVED`] whose element for `vs` is in `elements`.
+fn derived_bits(elements: &BTreeSet<SetElement>, vs: VirtualServerKey) -> u8 {
+    (0..DERIVED.len())
+        .filter(|&i| elements.contains(&DERIVED[i](vs)))
+        .fold(0, |bits, i| bits | 1 << i)
+}
+
+/// One of a Service's virtual servers, as its stored plan keeps it.
+#[derive(Clone, Debug)]
+struct Own {
+    vs: VirtualServerKey,
+    /// Where its entry is.
+    slot: Slot,
+    /// Its elements of [`DERIVED`] (not in [`Stored::set_elements`]).
+    derived: u8,
 }
 
 /// Where a Service's plan keeps the entry of one of its virtual servers.
@@ -65,10 +80,14 @@ enum Slot {
 /// servers this Service wins (those live in the desired state).
 #[derive(Clone, Debug)]
 struct Stored {
-    /// Its virtual servers, sorted, with where their entries are.
-    virtual_servers: Vec<(VirtualServerKey, Slot)>,
+    /// Its virtual servers, sorted.
+    virtual_servers: Vec<Own>,
     bind_addresses: Box<[IpAddr]>,
+    /// Whether its set elements hold `ServiceIp` of each bind address (then they are not in
+    /// `set_elements`).
+    service_ips: bool,
     health_check_node_port: Option<Box<(u16, HealthCheckNodePort)>>,
+    /// Its set elements but those of [`Own::derived`] and [`Stored::service_ips`].
     set_elements: Box<[SetElement]>,
     no_local_endpoints_internal: bool,
     no_local_endpoints_external: bool,
@@ -77,23 +96,71 @@ struct Stored {
 }
 
 impl Stored {
+    /// Stored form of `new` (every slot [`Slot::Won`] for now): exact-size vectors, and the
+    /// set elements that its virtual servers or bind addresses name as bits.
+    fn new(new: &ServicePlan) -> Self {
+        let elements = &new.set_elements;
+        let service_ip = |ip: &IpAddr| SetElement::ServiceIp(*ip);
+        let service_ips = new
+            .bind_addresses
+            .iter()
+            .all(|ip| elements.contains(&service_ip(ip)));
+        let implied = |e: &SetElement| match e {
+            SetElement::ServiceIp(ip) => service_ips && new.bind_addresses.contains(ip),
+            _ => e.virtual_server().is_some_and(|vs| {
+                new.virtual_servers.contains_key(&vs) && DERIVED.iter().any(|f| f(vs) == *e)
+            }),
+        };
+        Stored {
+            virtual_servers: new
+                .virtual_servers
+                .keys()
+                .map(|&vs| Own {
+                    vs,
+                    slot: Slot::Won,
+                    derived: derived_bits(elements, vs),
+                })
+                .collect(),
+            bind_addresses: new.bind_addresses.iter().copied().collect(),
+            service_ips,
+            health_check_node_port: new.health_check_node_port.clone().map(Box::new),
+            set_elements: elements.iter().filter(|e| !implied(e)).copied().collect(),
+            no_local_endpoints_internal: new.no_local_endpoints_internal,
+            no_local_endpoints_external: new.no_local_endpoints_external,
+            terminating_fallback: new.terminating_fallback,
+            problems: new.problems.clone().into_boxed_slice(),
+        }
+    }
+
     /// The position of its virtual server `vs`.
     fn position(&self, vs: &VirtualServerKey) -> usize {
         self.virtual_servers
-            .binary_search_by_key(vs, |(k, _)| *k)
+            .binary_search_by_key(vs, |own| own.vs)
             .expect("claimed")
+    }
+
+    /// The set elements derived from its virtual server at `at`.
+    fn vs_elements(&self, at: usize) -> impl Iterator<Item = SetElement> + '_ {
+        let Own { vs, derived, .. } = self.virtual_servers[at];
+        let bits = (0..DERIVED.len()).filter(move |i| derived & 1 << i != 0);
+        bits.map(move |i| DERIVED[i](vs)).chain(
+            self.set_elements
+                .iter()
+                .filter(move |e| e.virtual_server() == Some(vs))
+                .copied(),
+        )
     }
 
     /// Take the entry of its lost virtual server `vs` (now won: the slot becomes
     /// [`Slot::Won`]); `desired` holds the entries of the virtual servers it wins.
     fn take_entry(&mut self, vs: &VirtualServerKey, desired: &DesiredState) -> VirtualServer {
         let at = self.position(vs);
-        match std::mem::replace(&mut self.virtual_servers[at].1, Slot::Won) {
+        match std::mem::replace(&mut self.virtual_servers[at].slot, Slot::Won) {
             Slot::Lost(entry) => *entry,
             Slot::SameAs(other) => {
-                let (key, slot) = &self.virtual_servers[other as usize];
+                let Own { vs, slot, .. } = &self.virtual_servers[other as usize];
                 match slot {
-                    Slot::Won => desired.virtual_servers[key].clone(),
+                    Slot::Won => desired.virtual_servers[vs].clone(),
                     Slot::Lost(entry) => (**entry).clone(),
                     Slot::SameAs(_) => unreachable!("a SameAs slot names a won one"),
                 }
@@ -105,16 +172,19 @@ impl Stored {
     /// Whether `vs` is one of its virtual servers.
     fn has(&self, vs: &VirtualServerKey) -> bool {
         self.virtual_servers
-            .binary_search_by_key(vs, |(k, _)| *k)
+            .binary_search_by_key(vs, |own| own.vs)
             .is_ok()
     }
 
     /// Its set elements not derived from one of its virtual servers (reference-counted across
     /// Services).
-    fn shared_elements(&self) -> impl Iterator<Item = &SetElement> {
+    fn shared_elements(&self) -> impl Iterator<Item = SetElement> + '_ {
+        let service_ips = self.bind_addresses.iter().filter(|_| self.service_ips);
         self.set_elements
             .iter()
             .filter(|e| e.virtual_server().is_none_or(|vs| !self.has(&vs)))
+            .copied()
+            .chain(service_ips.map(|ip| SetElement::ServiceIp(*ip)))
     }
 }
 
@@ -207,7 +277,7 @@ impl DesiredIndex {
         let old = self.plans.get(&key);
         touched.virtual_servers = old
             .into_iter()
-            .flat_map(|p| p.virtual_servers.iter().map(|(k, _)| *k))
+            .flat_map(|p| p.virtual_servers.iter().map(|own| own.vs))
             .chain(plan.iter().flat_map(|p| p.virtual_servers.keys().copied()))
             .collect();
         touched.health_check_node_ports = old
@@ -263,7 +333,7 @@ impl DesiredIndex {
     }
 
     fn retract(&mut self, key: &ServiceKey, old: &Stored, touched: &mut Touched) {
-        for (vs, _) in &old.virtual_servers {
+        for (at, Own { vs, .. }) in old.virtual_servers.iter().enumerate() {
             touched.virtual_servers.insert(*vs);
             let claims = self.vs_claims.get_mut(vs).expect("claimed");
             let was_winner = claims.first() == Some(key);
@@ -276,7 +346,7 @@ impl DesiredIndex {
             if !was_winner {
                 continue;
             }
-            for element in vs_elements(&old.set_elements, vs) {
+            for element in old.vs_elements(at) {
                 self.desired.set_elements.remove(&element);
                 touched.set_elements.insert(element);
             }
@@ -284,7 +354,7 @@ impl DesiredIndex {
                 let plan = self.plans.get_mut(&winner).expect("planned");
                 let entry = plan.take_entry(vs, &self.desired);
                 self.desired.virtual_servers.insert(*vs, entry);
-                for element in vs_elements(&plan.set_elements, vs) {
+                for element in plan.vs_elements(plan.position(vs)) {
                     self.desired.set_elements.insert(element);
                     touched.set_elements.insert(element);
                 }
@@ -300,12 +370,12 @@ impl DesiredIndex {
             }
         }
         for element in old.shared_elements() {
-            let count = self.element_claims.get_mut(element).expect("claimed");
+            let count = self.element_claims.get_mut(&element).expect("claimed");
             *count -= 1;
             if *count == 0 {
-                self.element_claims.remove(element);
-                self.desired.set_elements.remove(element);
-                touched.set_elements.insert(*element);
+                self.element_claims.remove(&element);
+                self.desired.set_elements.remove(&element);
+                touched.set_elements.insert(element);
             }
         }
         if let Some((port, _)) = old.health_check_node_port.as_deref() {
@@ -334,54 +404,40 @@ impl DesiredIndex {
         new: ServicePlan,
         touched: &mut Touched,
     ) -> Stored {
-        let set_elements: Box<[SetElement]> = new.set_elements.into_iter().collect();
-        let mut virtual_servers: Vec<(VirtualServerKey, Slot)> =
-            Vec::with_capacity(new.virtual_servers.len());
-        for (vs, entry) in new.virtual_servers {
+        let mut stored = Stored::new(&new);
+        for (at, (vs, entry)) in new.virtual_servers.into_iter().enumerate() {
             touched.virtual_servers.insert(vs);
             let claims = self.vs_claims.entry(vs).or_default();
             let previous = claims.first().cloned();
             claims.insert(key);
             if claims.first() != Some(&**key) {
                 // A lost one: kept as a reference to an equal entry this Service wins, if any.
-                let same = virtual_servers.iter().position(|(won, slot)| {
-                    matches!(slot, Slot::Won) && self.desired.virtual_servers[won] == entry
+                let same = stored.virtual_servers[..at].iter().position(|own| {
+                    matches!(own.slot, Slot::Won) && self.desired.virtual_servers[&own.vs] == entry
                 });
-                let slot = match same {
-                    Some(at) => Slot::SameAs(at as u32),
+                stored.virtual_servers[at].slot = match same {
+                    Some(other) => Slot::SameAs(other as u32),
                     None => Slot::Lost(Box::new(entry)),
                 };
-                virtual_servers.push((vs, slot));
                 continue;
             }
-            virtual_servers.push((vs, Slot::Won));
             let replaced = self.desired.virtual_servers.insert(vs, entry);
             if let Some(previous) = previous {
                 // The previous winner's entry goes back into its plan.
                 let plan = self.plans.get_mut(&previous).expect("planned");
-                let at = plan.position(&vs);
+                let other = plan.position(&vs);
                 let entry = replaced.expect("the winner's entry");
-                plan.virtual_servers[at].1 = Slot::Lost(Box::new(entry));
-                for element in vs_elements(&plan.set_elements, &vs) {
+                plan.virtual_servers[other].slot = Slot::Lost(Box::new(entry));
+                for element in plan.vs_elements(other) {
                     self.desired.set_elements.remove(&element);
                     touched.set_elements.insert(element);
                 }
             }
-            for element in vs_elements(&set_elements, &vs) {
+            for element in stored.vs_elements(at) {
                 self.desired.set_elements.insert(element);
                 touched.set_elements.insert(element);
             }
         }
-        let stored = Stored {
-            virtual_servers,
-            bind_addresses: new.bind_addresses.into_iter().collect(),
-            health_check_node_port: new.health_check_node_port.map(Box::new),
-            set_elements,
-            no_local_endpoints_internal: new.no_local_endpoints_internal,
-            no_local_endpoints_external: new.no_local_endpoints_external,
-            terminating_fallback: new.terminating_fallback,
-            problems: new.problems.into_boxed_slice(),
-        };
         for address in &stored.bind_addresses {
             let count = self.address_claims.entry(*address).or_default();
             *count += 1;
@@ -391,11 +447,11 @@ impl DesiredIndex {
             }
         }
         for element in stored.shared_elements() {
-            let count = self.element_claims.entry(*element).or_default();
+            let count = self.element_claims.entry(element).or_default();
             *count += 1;
             if *count == 1 {
-                self.desired.set_elements.insert(*element);
-                touched.set_elements.insert(*element);
+                self.desired.set_elements.insert(element);
+                touched.set_elements.insert(element);
             }
         }
         if let Some((port, health_check)) = stored.health_check_node_port.as_deref() {
@@ -444,7 +500,7 @@ impl DesiredIndex {
             name: key.1.clone(),
             message,
         };
-        for (vs, _) in &plan.virtual_servers {
+        for Own { vs, .. } in &plan.virtual_servers {
             let winner = self.vs_claims[vs].first().expect("claimed");
             if winner != key {
                 let by = &self.desired.virtual_servers[vs].service;
