@@ -139,18 +139,21 @@ impl Planner {
     pub fn replan(&mut self, store: &mut Store) -> Replanned {
         let dirty = store.take_dirty();
         let node = store.node();
-        let (keys, all): (Vec<ObjectKey>, bool) =
-            if dirty.all || std::mem::take(&mut self.replan_all) {
-                self.index = DesiredIndex::default();
-                self.node_ips = if self.identity.node_ips.is_empty() {
-                    node.map(plan::node_internal_ips).unwrap_or_default()
-                } else {
-                    self.identity.node_ips.clone()
-                };
-                (store.services().map(|(k, _)| k.clone()).collect(), true)
+        // Both are taken: `dirty.all || take(replan_all)` left a pending `replan_all` (set by
+        // the configuration put in force before the first sync) for the next call, so the
+        // first change after start-up re-planned and synced everything again.
+        let replan_all = std::mem::take(&mut self.replan_all);
+        let (keys, all): (Vec<ObjectKey>, bool) = if dirty.all || replan_all {
+            self.index = DesiredIndex::default();
+            self.node_ips = if self.identity.node_ips.is_empty() {
+                node.map(plan::node_internal_ips).unwrap_or_default()
             } else {
-                (dirty.services.into_iter().collect(), false)
+                self.identity.node_ips.clone()
             };
+            (store.services().map(|(k, _)| k.clone()).collect(), true)
+        } else {
+            (dirty.services.into_iter().collect(), false)
+        };
         let (context, problems) =
             PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
         let context = context
