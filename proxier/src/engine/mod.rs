@@ -681,4 +681,80 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         assert_eq!(engine.dataplane().full_observes, 1);
         std::fs::remove_dir_all(dir).unwrap();
     }
+
+    /// kubernetes#133773: the first sync programs the API server's Service before any other,
+    /// so a node reaches the API server through its ClusterIP before the rest of a large table
+    /// is programmed.
+    #[tokio::test]
+    async fn the_first_sync_programs_default_kubernetes_first() {
+        let dir = std::env::temp_dir().join(format!("kipvs-apiserver-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("cluster.yaml");
+        // Its ClusterIP sorts after web's: without the rule it would come last.
+        let kubernetes = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: kubernetes, namespace: default}
+spec:
+  clusterIP: 10.96.0.200
+  ports: [{name: https, port: 443, protocol: TCP, targetPort: 6443}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kubernetes
+  namespace: default
+  labels: {kubernetes.io/service-name: kubernetes}
+addressType: IPv4
+endpoints:
+- addresses: [192.168.0.2]
+  conditions: {ready: true}
+ports: [{name: https, port: 6443, protocol: TCP}]
+"#;
+        std::fs::write(
+            &file,
+            format!("{}\n---\n{kubernetes}", WEB.replace("READY", "true")),
+        )
+        .unwrap();
+        let handle = SourceHandle::default();
+        let source = ManifestsSource {
+            path: file,
+            node_name: "n1".into(),
+            node_configs: None,
+        };
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let mut engine = Engine::new(handle.clone(), planner, FakeDataplane::default());
+        source.load_into(&handle, None).unwrap();
+        engine.sync().await.unwrap();
+        let applied: Vec<String> = engine
+            .dataplane()
+            .applied
+            .iter()
+            .map(|op| op.to_string())
+            .collect();
+        let api_server = |op: &String| op.contains("10.96.0.200") || op.contains("WriteRules");
+        let first_other = applied.iter().position(|op| !api_server(op)).unwrap();
+        assert_eq!(first_other, 6, "{applied:#?}");
+        assert!(applied[first_other..].iter().all(|op| !api_server(op)));
+        let names: Vec<&str> = engine.dataplane().applied[..6]
+            .iter()
+            .map(Op::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "WriteRules",
+                "AddSetElement", // cluster-ips
+                "AddSetElement", // service-ips
+                "AddVirtualServer",
+                "AddRealServer",
+                "BindAddress"
+            ]
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
