@@ -18,6 +18,7 @@
 //! in unit tests. Ops inside one stage are independent of each other, so a dataplane may run
 //! them concurrently (the kernel one pipelines them over one netlink socket).
 
+pub mod batch;
 pub mod conntrack;
 pub mod fake;
 pub mod kernel;

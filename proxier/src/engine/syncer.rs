@@ -50,6 +50,53 @@ pub const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// The longest delay between retries of one entry (the delay doubles from [`RETRY_FIRST`]).
 pub const RETRY_MAX: Duration = Duration::from_secs(64);
 
+/// The Service a full sync programs first: the API server's. A node whose first sync is slow
+/// (a cold start programs the whole table) cannot reach the API server through its ClusterIP
+/// until that Service is programmed (kubernetes#133773), so its ops go before all others.
+pub const API_SERVER_SERVICE: &str = "default/kubernetes";
+
+/// Move the ops that program [`API_SERVER_SERVICE`] (its virtual servers, their real servers,
+/// bound addresses and set elements, and the nftables rules those elements need) before all
+/// others, each group keeping its stage order: the dataplane applies them as stages of their
+/// own, then the rest. Entries of the two groups are disjoint, so the safe order holds within
+/// each. Cost: O(virtual servers + set elements + ops), once per full sync.
+pub fn first_the_api_server(desired: &DesiredState, ops: &mut [Op]) {
+    let prefix = format!("{API_SERVER_SERVICE}:");
+    let keys: BTreeSet<VirtualServerKey> = desired
+        .virtual_servers
+        .iter()
+        .filter(|(_, vs)| vs.service.starts_with(&prefix))
+        .map(|(key, _)| *key)
+        .collect();
+    if keys.is_empty() {
+        return;
+    }
+    let mut first: BTreeSet<Entry> = keys.iter().map(|k| Entry::VirtualServer(*k)).collect();
+    first.extend(keys.iter().map(|k| Entry::Address(k.address)));
+    let endpoints: BTreeSet<IpAddr> = keys
+        .iter()
+        .flat_map(|k| desired.virtual_servers[k].real_servers.keys())
+        .map(|rs| rs.ip())
+        .collect();
+    first.extend(
+        desired
+            .set_elements
+            .iter()
+            .filter(|e| match e {
+                SetElement::ServiceIp(ip) => keys.iter().any(|k| k.address == *ip),
+                SetElement::Hairpin(ip) => endpoints.contains(ip),
+                _ => e.virtual_server().is_some_and(|k| keys.contains(&k)),
+            })
+            .map(|e| Entry::SetElement(*e)),
+    );
+    if !ops.iter().any(|op| first.contains(&Entry::of(op))) {
+        return;
+    }
+    first.insert(Entry::Rules);
+    // Stable: each group keeps its order.
+    ops.sort_by_key(|op| !first.contains(&Entry::of(op)));
+}
+
 /// A cache entry an op concerns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Entry {
@@ -184,7 +231,8 @@ impl<D: Dataplane> Syncer<D> {
         let observed = self.dataplane.observe().await?;
         let scope = full_scope(desired, &observed);
         let expired = self.expired(start);
-        let ops = diff_scoped(desired, &observed, &self.ownership, &scope, &expired);
+        let mut ops = diff_scoped(desired, &observed, &self.ownership, &scope, &expired);
+        first_the_api_server(desired, &mut ops);
         self.cache = Some(observed);
         self.apply(desired, ops, &scope, start, "full").await
     }
