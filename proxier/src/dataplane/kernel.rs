@@ -1,7 +1,7 @@
 //! The real [`Dataplane`]: kernel IPVS through `ipvs-rs`, the dummy interface `kube-ipvs0` and
 //! its addresses through rtnetlink, and the sysctls kube-proxy's IPVS mode sets.
 
-use super::conntrack::{Conntrack, UdpEntry};
+use super::conntrack::{Conntrack, Listing, UdpEntry};
 use super::{Dataplane, DataplaneError, Op, OpFailure, Ownership, diff, nft_transaction};
 use crate::dataplane::nft::{self, Nft};
 use crate::model::{
@@ -303,9 +303,12 @@ impl Dataplane for KernelDataplane {
         failures
     }
 
-    async fn udp_conntrack(&mut self) -> Result<Vec<UdpEntry>, DataplaneError> {
+    async fn udp_conntrack(
+        &mut self,
+        listing: Listing<'_>,
+    ) -> Result<Vec<UdpEntry>, DataplaneError> {
         match &self.conntrack {
-            Some(conntrack) => Ok(conntrack.udp_entries().await?),
+            Some(conntrack) => Ok(conntrack.udp_entries(listing).await?),
             None => Ok(Vec::new()),
         }
     }
