@@ -485,35 +485,21 @@ mod tests {
         // The cluster IP 10.96.0.10:53 lost real servers; 10.96.0.99:53 was deleted.
         let changed = [udp("10.96.0.10", 53), udp("10.96.0.99", 53)].into();
         // (client, original destination, reply source, stale)
+        #[rustfmt::skip]
         let cases = [
             // to a wanted real server, and to a serving+terminating one at weight 0
             ("10.244.3.3:40000", "10.96.0.10:53", "10.244.1.5:53", false),
             ("10.244.3.3:40001", "10.96.0.10:53", "10.244.2.9:53", false),
             // NodePort, masqueraded: the reply source is still the real server
-            (
-                "192.168.100.2:41002",
-                "192.168.100.1:30053",
-                "10.244.1.5:53",
-                false,
-            ),
+            ("192.168.100.2:41002", "192.168.100.1:30053", "10.244.1.5:53", false),
             // not a virtual server of kipvs (the node's own DNS traffic), nor a removed one
             ("10.0.0.5:5353", "1.1.1.1:53", "1.1.1.1:53", false),
-            (
-                "10.244.3.3:40002",
-                "10.96.0.10:5353",
-                "10.244.6.6:5353",
-                false,
-            ),
+            ("10.244.3.3:40002", "10.96.0.10:5353", "10.244.6.6:5353", false),
             // the real server left (the CoreDNS pod was replaced)
             ("10.244.3.3:40003", "10.96.0.10:53", "10.244.2.6:53", true),
             // same endpoint IP, but its port changed
             ("10.244.3.3:40004", "10.96.0.10:53", "10.244.1.5:5353", true),
-            (
-                "192.168.100.2:41003",
-                "192.168.100.1:30053",
-                "10.244.2.6:53",
-                true,
-            ),
+            ("192.168.100.2:41003", "192.168.100.1:30053", "10.244.2.6:53", true),
             // the Service IP went away
             ("10.244.3.3:40005", "10.96.0.99:53", "10.244.1.5:53", true),
         ];
