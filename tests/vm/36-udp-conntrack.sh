@@ -107,6 +107,7 @@ rm -f "$M/udp-sink.yaml"
 wait_converged 30 >/dev/null || bad "not converged after removing the test Service"
 grep -o 'conntrack_us=[0-9]*' "$(proxier_log)" | cut -d= -f2 | awk '$1 > 100' | sort -n |
   awk '{a[NR] = $1} END {print "conntrack cleanups: " NR ", median " a[int((NR + 1) / 2)] " us, max " a[NR] " us"}' | indent
-check "the kernel filtered the proxier's conntrack dumps (CTA_FILTER: no entry outside the filter came back)" \
-  sh -c "grep -q 'sport=41009 ' /proc/net/nf_conntrack; ! grep -q 'ignored the conntrack dump filter' '$(proxier_log)'"
+check "the kernel filtered the proxier's conntrack dumps (CTA_FILTER: an entry to no virtual server is in the table, none came back)" \
+  sh -c "grep -q 'sport=41009 ' /proc/net/nf_conntrack && ! grep -q 'ignored the conntrack dump filter' '$(proxier_log)'"
+check "every conntrack listing and delete succeeded" sh -c "! grep -E 'cannot (list|delete) (stale )?UDP conntrack' '$(proxier_log)'"
 finish
