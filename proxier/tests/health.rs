@@ -87,9 +87,23 @@ impl Answer {
 }
 
 async fn get(addr: SocketAddr, path: &str) -> std::io::Result<Answer> {
+    exchange(addr, path, false).await
+}
+
+/// `GET path` on a new connection; with `half_close`, an HTTP/1.0 request after which the
+/// client shuts its write side down, as `printf ... | nc` and some load-balancer health
+/// checkers do.
+async fn exchange(addr: SocketAddr, path: &str, half_close: bool) -> std::io::Result<Answer> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let request = if half_close {
+        format!("GET {path} HTTP/1.0\r\n\r\n")
+    } else {
+        format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+    };
     stream.write_all(request.as_bytes()).await?;
+    if half_close {
+        stream.shutdown().await?;
+    }
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await?;
     let (head, body) = raw.split_once("\r\n\r\n").expect("a complete answer");
@@ -321,6 +335,27 @@ async fn health_check_node_port_counts_only_local_ready_endpoints() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(closed, "the health-check node port was not closed");
+}
+
+/// kube-proxy's Go server answers a client that half-closed after its request; so must these
+/// servers (a guard: on loopback hyper has answered every such request so far).
+#[tokio::test]
+async fn a_client_that_half_closes_after_its_request_gets_the_answer() {
+    let mut p = proxier(Duration::from_secs(60), true);
+    let port = free_port();
+    p.handle.update(|s| {
+        s.set_node(Some(node(None, false)));
+        s.upsert_service(lb_service(port));
+        s.upsert_slice(local_slice(true));
+    });
+    p.engine.sync().await.unwrap();
+    let health_check: SocketAddr = ([127, 0, 0, 1], port).into();
+    for _ in 0..200 {
+        let answer = exchange(p.addr, "/livez", true).await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let answer = exchange(health_check, "/", true).await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
 }
 
 #[tokio::test]
