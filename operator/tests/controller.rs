@@ -60,6 +60,47 @@ async fn expect(
     (body, send)
 }
 
+/// The next request must be a server-side apply (forced, as the operator's field manager) to
+/// `path`.
+async fn expect_apply_to(
+    server: &mut ApiServer,
+    path: &str,
+) -> (Value, SendResponse<Response<Body>>) {
+    expect(
+        server,
+        "PATCH",
+        path,
+        &["fieldManager=kipvs-operator", "force=true"],
+    )
+    .await
+}
+
+/// The next request must be the status write of ProxyConfig `name`.
+async fn expect_status(
+    server: &mut ApiServer,
+    name: &str,
+) -> (Value, SendResponse<Response<Body>>) {
+    expect_apply_to(
+        server,
+        &format!("/apis/kipvs.io/v1alpha1/proxyconfigs/{name}/status"),
+    )
+    .await
+}
+
+/// The next request must be the write of NodeProxyConfig `node`.
+async fn expect_apply(server: &mut ApiServer, node: &str) -> (Value, SendResponse<Response<Body>>) {
+    expect_apply_to(
+        server,
+        &format!("/apis/kipvs.io/v1alpha1/nodeproxyconfigs/{node}"),
+    )
+    .await
+}
+
+/// The next request must create an Event.
+async fn expect_event(server: &mut ApiServer) -> (Value, SendResponse<Response<Body>>) {
+    expect(server, "POST", "/api/v1/namespaces/default/events", &[]).await
+}
+
 fn respond(send: SendResponse<Response<Body>>, code: u16, body: &Value) {
     send.send_response(
         Response::builder()
@@ -173,26 +214,14 @@ async fn first_reconcile_writes_the_status_and_an_event_and_the_writer_the_canar
     );
     let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
 
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &["fieldManager=kipvs-operator", "force=true"],
-    )
-    .await;
+    let (body, send) = expect_status(&mut server, "fleet").await;
     let written = body["status"].clone();
     assert_eq!(written["stage"], "canary");
     let revision = written["revision"].as_str().unwrap().to_owned();
     assert_eq!(written["totalNodes"], 2);
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
 
-    let (event, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
+    let (event, send) = expect_event(&mut server).await;
     assert_eq!(event["reason"], "StageStarted");
     assert_eq!(event["type"], "Normal");
     assert_eq!(event["involvedObject"]["kind"], "ProxyConfig");
@@ -207,13 +236,7 @@ async fn first_reconcile_writes_the_status_and_an_event_and_the_writer_the_canar
     );
 
     ctx.writer().start(4);
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
-        &["fieldManager=kipvs-operator", "force=true"],
-    )
-    .await;
+    let (body, send) = expect_apply(&mut server, "a").await;
     assert_eq!(body["kind"], "NodeProxyConfig");
     assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "fleet");
     assert_eq!(body["metadata"]["ownerReferences"][0]["controller"], true);
@@ -285,13 +308,7 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
     let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
     // No node left: the rollout does not start (a revision is never good on no node), and
     // the ProxyConfig says so.
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    let (body, send) = expect_status(&mut server, "fleet").await;
     assert_eq!(body["status"]["totalNodes"], 0);
     let progressing = body["status"]["conditions"]
         .as_array()
@@ -303,13 +320,7 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
     assert!(body["status"].get("lastGoodRevision").is_none());
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
     for reason in ["NoNodes"] {
-        let (event, send) = expect(
-            &mut server,
-            "POST",
-            "/api/v1/namespaces/default/events",
-            &[],
-        )
-        .await;
+        let (event, send) = expect_event(&mut server).await;
         assert_eq!(event["reason"], reason);
         respond(send, 201, &event);
     }
@@ -344,32 +355,14 @@ async fn a_failed_write_is_retried_with_the_same_object_and_reported_on_the_prox
         writer,
     ));
     let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
-    let (_, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    let (_, send) = expect_status(&mut server, "fleet").await;
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
-    let (_, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
+    let (_, send) = expect_event(&mut server).await;
     respond(send, 201, &json!({}));
     task.await.unwrap().unwrap();
 
     ctx.writer().start(1);
-    let (first, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
-        &[],
-    )
-    .await;
+    let (first, send) = expect_apply(&mut server, "a").await;
     respond(send, 500, &status(500, "InternalError"));
     let trigger = tokio::time::timeout(Duration::from_secs(2), triggers.next())
         .await
@@ -378,13 +371,7 @@ async fn a_failed_write_is_retried_with_the_same_object_and_reported_on_the_prox
     assert_eq!(trigger.name, "fleet");
     // The reconcile it triggers reports the failing write and does not queue it twice.
     let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    let (body, send) = expect_status(&mut server, "fleet").await;
     let condition = degraded(&body);
     assert_eq!(condition["reason"], "WriteFailed", "{condition}");
     assert!(
@@ -397,13 +384,7 @@ async fn a_failed_write_is_retried_with_the_same_object_and_reported_on_the_prox
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
     task.await.unwrap().unwrap();
     // The retry, after the backoff: the same object (assignedAt included).
-    let (second, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
-        &[],
-    )
-    .await;
+    let (second, send) = expect_apply(&mut server, "a").await;
     assert_eq!(first, second);
     respond(send, 200, &second);
     let trigger = tokio::time::timeout(Duration::from_secs(2), triggers.next())
@@ -412,13 +393,7 @@ async fn a_failed_write_is_retried_with_the_same_object_and_reported_on_the_prox
         .unwrap();
     assert_eq!(trigger.name, "fleet");
     let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx));
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    let (body, send) = expect_status(&mut server, "fleet").await;
     assert_eq!(degraded(&body)["reason"], "AsExpected");
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
     task.await.unwrap().unwrap();
@@ -433,13 +408,7 @@ async fn a_lost_status_write_publishes_no_event_and_the_retry_publishes_it_once(
     let pc = proxy_config("fleet", canary_spec());
     let ctx = context(client, &pc, vec![node("a", &[("canary", "yes")])], vec![]);
     let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
-    let (_, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    let (_, send) = expect_status(&mut server, "fleet").await;
     respond(send, 500, &status(500, "InternalError"));
     let error = task.await.unwrap().unwrap_err();
     assert!(error.to_string().contains("status"), "{error}");
@@ -453,33 +422,15 @@ async fn a_lost_status_write_publishes_no_event_and_the_retry_publishes_it_once(
     // The retry: the status is written, then the Event, once (the node's write is the
     // writer's, queued once).
     let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
-    let (_, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    let (_, send) = expect_status(&mut server, "fleet").await;
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
-    let (event, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
+    let (event, send) = expect_event(&mut server).await;
     assert_eq!(event["reason"], "StageStarted");
     respond(send, 201, &event);
     task.await.unwrap().unwrap();
     no_request(&mut server, Duration::from_millis(500), "a second Event").await;
     ctx.writer().start(1);
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
-        &[],
-    )
-    .await;
+    let (body, send) = expect_apply(&mut server, "a").await;
     respond(send, 200, &body);
     no_request(&mut server, Duration::from_millis(500), "a second write").await;
 }
@@ -617,24 +568,12 @@ async fn an_undecodable_proxyconfig_is_reported_on_itself() {
         ready_store(vec![]),
     );
     let task = tokio::spawn(reconcile_stored(Arc::new(stored), ctx));
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/huge/status",
-        &["fieldManager=kipvs-operator"],
-    )
-    .await;
+    let (body, send) = expect_status(&mut server, "huge").await;
     assert_eq!(degraded(&body)["reason"], "InvalidSpec");
     assert_eq!(body["status"]["lastGoodRevision"], "0123456789");
     assert_eq!(body["status"]["observedGeneration"], 2);
     respond(send, 200, &body);
-    let (event, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
+    let (event, send) = expect_event(&mut server).await;
     assert_eq!(event["reason"], "InvalidSpec");
     assert_eq!(event["involvedObject"]["name"], "huge");
     assert!(
