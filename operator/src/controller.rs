@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::rollout::{self, Decision, Input, NodeView, NpcView};
 use crate::stored::StoredProxyConfig;
 use crate::triggers::{Concerned, node_relevance, npc_relevance};
-use crate::writer::{Expected, WRITE_CONCURRENCY, Writer, WriterState};
+use crate::writer::{Expected, WRITE_CONCURRENCY, Writer};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -30,7 +30,7 @@ use kipvs_crds::proxyconfig::parse_selector;
 use kipvs_crds::{NodeProxyConfig, OPERATOR_FIELD_MANAGER, ProxyConfig, ProxyConfigStatus};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::collections::{HashMap, HashSet};
@@ -311,15 +311,24 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     }
     let now = Timestamp::now();
     let name = pc.name_any();
-    let (decision, previous) = {
+    let (decision, previous, seen) = decide_from_stores(&pc, &ctx, now);
+    {
+        // Only writes to NodeProxyConfigs whose spec is still as decided from: one written
+        // since (by the writer, confirmed and forgotten by another decision's overlay, or by
+        // hand) is left to the reconcile its change triggers. Checked and submitted under the
+        // writer's lock, so that no write is sent in between.
         let mut writer = ctx.writer.lock();
-        let (decision, previous) = decide_from_stores(&pc, &ctx, &mut writer, now);
+        let writes = decision
+            .writes
+            .iter()
+            .filter(|w| spec_generation(&ctx.npcs, w.node()) == seen[w.node()])
+            .cloned()
+            .collect();
         let owner = pc
             .controller_owner_ref(&())
             .expect("a stored ProxyConfig has a name and a uid");
-        writer.submit(&owner, decision.writes.clone());
-        (decision, previous)
-    };
+        writer.submit(&owner, writes);
+    }
     ctx.metrics
         .decision_writes
         .observe(decision.writes.len() as f64);
@@ -352,15 +361,26 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     ))
 }
 
+/// `metadata.generation` of the node's NodeProxyConfig in `npcs` (None: no object; Some(None):
+/// no generation).
+fn spec_generation(npcs: &Store<NodeProxyConfig>, node: &str) -> Option<Option<i64>> {
+    npcs.get(&ObjectRef::new(node))
+        .map(|npc| npc.metadata.generation)
+}
+
 /// The decision for `pc` from the stores, with the writer's unconfirmed writes laid over and
-/// its failing writes reported, and the status it started from (the stored one, or the one
-/// this controller wrote last if the store has not caught up).
+/// its failing writes reported; the status it started from (the stored one, or the one this
+/// controller wrote last if the store has not caught up); and, per node written, the spec
+/// generation of the NodeProxyConfig it decided from ([`spec_generation`]).
 fn decide_from_stores(
     pc: &ProxyConfig,
     ctx: &Context,
-    writer: &mut WriterState,
     now: Timestamp,
-) -> (Decision, Option<ProxyConfigStatus>) {
+) -> (
+    Decision,
+    Option<ProxyConfigStatus>,
+    HashMap<String, Option<Option<i64>>>,
+) {
     let name = pc.name_any();
     let node_objects = ctx.nodes.state();
     let npc_objects = ctx.npcs.state();
@@ -379,8 +399,10 @@ fn decide_from_stores(
         .iter()
         .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), &**n))
         .collect();
-    let overlay = writer.overlay(&by_name, now);
-    let failing_writes = writer.failing(&name);
+    let (overlay, failing_writes) = {
+        let mut writer = ctx.writer.lock();
+        (writer.overlay(&by_name, now), writer.failing(&name))
+    };
     let mut expectations = ctx.expectations.lock().expect("expectations lock");
     let status = match expectations.statuses.get(&name) {
         Some((version, status)) if *version == pc.metadata.resource_version => Some(status.clone()),
@@ -440,7 +462,15 @@ fn decide_from_stores(
         failing_writes: &failing_writes,
         now,
     });
-    (decision, status)
+    let seen = decision
+        .writes
+        .iter()
+        .map(|w| {
+            let generation = by_name.get(w.node()).map(|n| n.metadata.generation);
+            (w.node().to_owned(), generation)
+        })
+        .collect();
+    (decision, status, seen)
 }
 
 /// Server-side apply of the status subresource; remembers it until the store shows it.

@@ -20,10 +20,11 @@
 //!   when that set changes.
 //! - **No duplicate writes.** A write in flight, or sent and not yet shown by the watch, is
 //!   laid over the stores ([`WriterState::overlay`]), so the next decision does not ask for
-//!   it again; [`WriterState::submit`] also ignores what is in flight or sent. A reconcile
-//!   reads the overlay, decides and submits under one lock ([`Writer::lock`]), so no write
-//!   can be sent and confirmed between the stores it decided from and its submission. A
-//!   write's `spec.assignedAt` (the start of its apply timeout) is when it is first sent,
+//!   it again; [`WriterState::submit`] also ignores what is in flight or sent. The decision
+//!   itself runs without the lock (workers keep sending); its writes are submitted only for
+//!   NodeProxyConfigs whose spec generation is still the one it decided from, checked under
+//!   the lock ([`Writer::lock`]), so a write sent and confirmed meanwhile is not asked for
+//!   twice. A write's `spec.assignedAt` (the start of its apply timeout) is when it is first sent,
 //!   not when it was decided; queued writes are not in the overlay (the decision asks for
 //!   them again and they keep their place).
 
@@ -331,8 +332,8 @@ impl Writer {
         (Arc::new(writer), receiver)
     }
 
-    /// The bookkeeping, for one decision: read the overlay, decide, submit, then drop the
-    /// guard (see the module docs). Wakes the workers when dropped.
+    /// The bookkeeping (the overlay, failing writes, submitting): see the module docs. Wakes
+    /// the workers when dropped.
     pub fn lock(&self) -> WriterGuard<'_> {
         WriterGuard {
             state: self.state.lock().expect("writer lock"),
