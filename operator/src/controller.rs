@@ -187,7 +187,8 @@ pub async fn run(client: Client, identity: &str, metrics: Metrics) -> anyhow::Re
         .filter_map(|npc| std::future::ready(npc.ok()))
         .flat_map(move |npc| stream::iter(concerned.npc(&npc)));
     // A ProxyConfig whose NodeProxyConfig writes start or stop failing reports it.
-    let (writer, write_failures) = Writer::new(client.clone(), metrics.clone());
+    let (writer, write_failures) =
+        Writer::new(client.clone(), metrics.clone(), Some(controller.store()));
     let triggers = stream::select(stream::select(node_events, npc_events), write_failures).boxed();
     writer.start(WRITE_CONCURRENCY);
 

@@ -18,6 +18,9 @@
 //!   failing nodes and their last error are reported on the ProxyConfig (Degraded
 //!   `WriteFailed`, through [`WriterState::failing`]), whose reconcile the writer triggers
 //!   when that set changes.
+//! - **A deleted ProxyConfig's writes are dropped** before they are sent (kube-runtime does
+//!   not reconcile a deleted object, so no later decision would cancel them): deleting a
+//!   ProxyConfig mid-rollout changes no node (operator/README.md).
 //! - **No duplicate writes.** A write in flight, or sent and not yet shown by the watch, is
 //!   laid over the stores ([`WriterState::overlay`]), so the next decision does not ask for
 //!   it again; [`WriterState::submit`] also ignores what is in flight or sent. The decision
@@ -36,7 +39,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::{NodeProxyConfig, OPERATOR_FIELD_MANAGER};
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::{Api, Client};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -119,6 +122,8 @@ pub struct Writer {
     wake: Notify,
     /// Reconciles the ProxyConfig whose failing writes changed (to report them).
     triggers: mpsc::UnboundedSender<ObjectRef<StoredProxyConfig>>,
+    /// The ProxyConfigs that exist (a write of one not in it is dropped); None: not checked.
+    owners: Option<reflector::Store<StoredProxyConfig>>,
 }
 
 fn backoff(attempts: u32) -> Duration {
@@ -280,6 +285,14 @@ impl WriterState {
         Ok(queued)
     }
 
+    /// Forgets a write [`Self::take`] gave out without sending it (its ProxyConfig is gone).
+    fn drop_taken(&mut self, queued: Queued) {
+        let node = queued.write.node();
+        self.in_flight.remove(node);
+        self.sent.remove(node);
+        self.failing.remove(&queued.owner.name);
+    }
+
     /// Records the outcome of a write [`Self::take`] gave out, at `now`; returns whether the
     /// owner's failing writes changed (its status should say so).
     fn finish(&mut self, mut queued: Queued, result: Result<(), String>, now: Instant) -> bool {
@@ -313,10 +326,12 @@ impl WriterState {
 
 impl Writer {
     /// A writer over `client`, with no worker yet ([`Writer::start`]), and the stream of
-    /// ProxyConfigs to reconcile because their failing writes changed.
+    /// ProxyConfigs to reconcile because their failing writes changed. With `owners`, a write
+    /// of a ProxyConfig not in it (by name and uid) is dropped when its turn comes.
     pub fn new(
         client: Client,
         metrics: Metrics,
+        owners: Option<reflector::Store<StoredProxyConfig>>,
     ) -> (
         Arc<Self>,
         mpsc::UnboundedReceiver<ObjectRef<StoredProxyConfig>>,
@@ -328,8 +343,18 @@ impl Writer {
             state: Mutex::new(WriterState::default()),
             wake: Notify::new(),
             triggers,
+            owners,
         };
         (Arc::new(writer), receiver)
+    }
+
+    /// Whether the ProxyConfig `owner` references still exists (true when not checked).
+    fn owner_exists(&self, owner: &OwnerReference) -> bool {
+        self.owners.as_ref().is_none_or(|store| {
+            store
+                .get(&ObjectRef::new(&owner.name))
+                .is_some_and(|pc| pc.metadata.uid.as_deref() == Some(owner.uid.as_str()))
+        })
     }
 
     /// The bookkeeping (the overlay, failing writes, submitting): see the module docs. Wakes
@@ -365,6 +390,11 @@ impl Writer {
                     continue;
                 }
             };
+            if !self.owner_exists(&queued.owner) {
+                tracing::info!(proxyconfig = %queued.owner.name, node = queued.write.node(), "ProxyConfig deleted: write dropped");
+                self.state.lock().expect("writer lock").drop_taken(queued);
+                continue;
+            }
             let assigned_at = queued.assigned_at.expect("take fixes assignedAt");
             let result = send(&self.client, &queued.owner, &queued.write, assigned_at).await;
             let write_kind = kind(&queued.write);
@@ -616,6 +646,17 @@ mod tests {
         assert_eq!(queue(&state), pairs(&[("a", "r2")]));
         assert!(state.failing("fleet").is_empty());
         assert_eq!(state.queued["a"].attempts, 0, "a new write starts afresh");
+    }
+
+    #[test]
+    fn a_dropped_write_is_forgotten() {
+        let mut state = WriterState::default();
+        state.submit(&owner("gone"), vec![assign("a", "r1")]);
+        let a = state.take(Instant::now()).expect("due");
+        state.drop_taken(a);
+        assert!(state.overlay(&HashMap::new(), Timestamp::now()).is_empty());
+        assert_eq!(state.queued(), 0);
+        assert_eq!(state.take(Instant::now()).err(), Some(None));
     }
 
     #[test]

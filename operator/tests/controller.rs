@@ -153,7 +153,7 @@ fn context_over(
     nodes: Store<Node>,
     npcs: Store<NodeProxyConfig>,
 ) -> Arc<Context> {
-    let (writer, _) = Writer::new(client.clone(), Metrics::new());
+    let (writer, _) = Writer::new(client.clone(), Metrics::new(), None);
     Arc::new(Context::new(
         client,
         "operator-0",
@@ -345,7 +345,7 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
 async fn a_failed_write_is_retried_with_the_same_object_and_reported_on_the_proxyconfig() {
     let (client, mut server) = mock();
     let pc = proxy_config("fleet", canary_spec());
-    let (writer, mut triggers) = Writer::new(client.clone(), Metrics::new());
+    let (writer, mut triggers) = Writer::new(client.clone(), Metrics::new(), None);
     let ctx = Arc::new(Context::new(
         client,
         "operator-0",
@@ -612,4 +612,39 @@ async fn every_reconcile_waiting_for_the_stores_goes_on_when_they_are_ready() {
             .expect("a waiter was never woken");
         assert!(ready.unwrap());
     }
+}
+
+/// A ProxyConfig deleted while its writes wait: they are dropped, not sent (no later decision
+/// would cancel them), and another ProxyConfig's write still goes out.
+#[tokio::test]
+async fn the_writes_of_a_deleted_proxyconfig_are_dropped() {
+    let (client, mut server) = mock();
+    let live = proxy_config("live", canary_spec());
+    let (writer, _) = Writer::new(
+        client,
+        Metrics::new(),
+        Some(ready_store(vec![StoredProxyConfig::from(live.clone())])),
+    );
+    let write = |node: &str| kipvs_operator::rollout::Write::Assign {
+        node: node.into(),
+        node_uid: None,
+        revision: "r1".into(),
+        config: Arc::new(Default::default()),
+    };
+    let gone = proxy_config("gone", canary_spec());
+    {
+        let mut state = writer.lock();
+        use kube::Resource;
+        state.submit(&gone.controller_owner_ref(&()).unwrap(), vec![write("a")]);
+        state.submit(&live.controller_owner_ref(&()).unwrap(), vec![write("b")]);
+    }
+    writer.start(1);
+    let (body, send) = expect_apply(&mut server, "b").await;
+    respond(send, 200, &body);
+    no_request(
+        &mut server,
+        Duration::from_millis(500),
+        "a deleted owner's write",
+    )
+    .await;
 }
