@@ -18,10 +18,8 @@
 //! should be).
 
 use kipvs_crds::ProxyConfigStatus;
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
-};
+use kipvs_exposition::register;
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use warp::Filter;
@@ -55,13 +53,6 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
-}
-
-fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric names are unique");
-    metric
 }
 
 impl Metrics {
@@ -194,11 +185,7 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn encode(&self) -> String {
-        let mut buffer = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buffer)
-            .expect("text encoding of gathered metrics");
-        String::from_utf8(buffer).expect("the text format is UTF-8")
+        kipvs_exposition::encode(&self.registry)
     }
 
     /// `/metrics`, `/healthz` and `/readyz`.
@@ -206,11 +193,7 @@ impl Metrics {
         &self,
     ) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone + use<>
     {
-        let metrics = self.clone();
-        let exposition = warp::path!("metrics").and(warp::get()).map(move || {
-            let content_type = TextEncoder::new().format_type().to_owned();
-            warp::reply::with_header(metrics.encode(), "Content-Type", content_type).into_response()
-        });
+        let exposition = kipvs_exposition::route(self.registry.clone());
         let healthz = warp::path!("healthz")
             .and(warp::get())
             .map(|| "ok".into_response());

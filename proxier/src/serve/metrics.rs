@@ -28,14 +28,14 @@
 use crate::engine::observer::{Observer, SyncOutcome};
 use crate::source::StoreObserver;
 use crate::source::store::{ChangeCounts, Store};
+use kipvs_exposition::register;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 use warp::Filter;
-use warp::reply::Reply;
 
 /// Every metric of the proxier, in one registry. Cheap to clone (handles to shared metrics).
 #[derive(Clone)]
@@ -73,15 +73,6 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// Registers `metric` in `registry` and returns it (names are static and unique, so this
-/// cannot fail).
-fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric names are unique");
-    metric
 }
 
 impl Metrics {
@@ -228,9 +219,7 @@ impl Metrics {
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
     pub fn encode(&self) -> String {
-        TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
-            .expect("text encoding of gathered metrics")
+        kipvs_exposition::encode(&self.registry)
     }
 
     /// The `/metrics` route (`GET`, text format 0.0.4).
@@ -238,11 +227,7 @@ impl Metrics {
         &self,
     ) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone + use<>
     {
-        let metrics = self.clone();
-        warp::path!("metrics").and(warp::get()).map(move || {
-            let content_type = TextEncoder::new().format_type().to_owned();
-            warp::reply::with_header(metrics.encode(), "Content-Type", content_type).into_response()
-        })
+        kipvs_exposition::route(self.registry.clone())
     }
 }
 
