@@ -11,8 +11,8 @@
 //! ProxyConfig at a time, and at most one every [`MIN_RECONCILE_INTERVAL`].
 //!
 //! The stores lag the controller's own writes by a watch round trip, so the controller
-//! remembers what it wrote (NodeProxyConfigs: [`WriterState::overlay`]; statuses:
-//! [`Expectations`]) and lays that over the stores until they catch up; otherwise a quick
+//! remembers what it wrote (NodeProxyConfigs: [`crate::writer::WriterState::overlay`]; statuses:
+//! `Expectations`) and lays that over the stores until they catch up; otherwise a quick
 //! second reconcile would write the same nodes again (restarting their apply timeouts) or
 //! decide from a stale status.
 

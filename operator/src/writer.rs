@@ -3,7 +3,7 @@
 //! A reconcile decides and hands its writes over ([`WriterState::submit`]); it does not wait
 //! for them, so the next decision (a spec change's canary, a stage completing) is never
 //! queued behind the previous decision's ~1,000 applies (issue 15: at 5,000 nodes a new
-//! revision's first write waited 6.6 s for them).
+//! revision's first write came 6.6 s after the apply, presumably behind them).
 //!
 //! - **Work queue keyed by node, latest wins.** Each ProxyConfig's queued (not yet sent)
 //!   writes are replaced by those of its latest decision: a write the latest decision still
@@ -141,7 +141,7 @@ fn kind(write: &Write) -> &'static str {
 
 impl WriterState {
     /// The writes the stores do not show yet, laid over them by the next decision: those in
-    /// flight and those sent less than [`EXPECTATION_TTL`] ago that `stored` (NodeProxyConfig
+    /// flight and those sent less than `EXPECTATION_TTL` (120 s) ago that `stored` (NodeProxyConfig
     /// by name) does not show yet. Forgets those it shows.
     pub fn overlay(
         &mut self,
