@@ -21,16 +21,21 @@ NO_COLOR=1 RUST_LOG=info,kipvs_proxier::dataplane=debug "$KIPVS" run --once --no
 t1=$(now)
 total=$(awk "BEGIN{print $t1 - $t0}")
 check "kipvs-proxier programmed the same table" sh -c "ipvsadm -Sn | sort | cmp -s - \$(sort $W/table > $W/t.sorted; echo $W/t.sorted)"
-stage_s() { # STAGE: seconds the kernel dataplane spent applying that stage
-  awk -v st="stage=$1" '/applied stage/ { for (i = 1; i <= NF; i++) { if ($i == st) s = 1; if ($i ~ /^duration_us=/) { sub("duration_us=", "", $i); d = $i } }
-    if (s) { t += d; s = 0 } } END { printf "%.3f", t / 1e6 }' "$W/bench.log"
+stage_s() { # PATTERN: seconds the kernel dataplane spent in the logged steps matching PATTERN
+  awk -v pat="$1" '$0 ~ pat { for (i = 1; i <= NF; i++) if ($i ~ /^duration_us=/) { sub("duration_us=", "", $i); t += $i } }
+    END { printf "%.3f", t / 1e6 }' "$W/bench.log"
 }
-vss=$(stage_s 3); rss=$(stage_s 4); bind=$(stage_s 5)
+field_s() { # FIELD: seconds in that field of the last `sync complete` line
+  sed -n "s/.*sync complete.* $1=\([0-9]*\).*/\1/p" "$W/bench.log" | tail -n1 | awk '{ printf "%.3f", $1 / 1e6 }'
+}
+vss=$(stage_s 'applied stage stage=4'); rss=$(stage_s 'applied stage stage=5'); bind=$(stage_s 'applied stage stage=6')
+nft=$(stage_s 'applied nftables transaction')
 ipvs=$(awk "BEGIN{print $vss + $rss}")
-sync=$(sed -n 's/.*sync complete.*duration_us=\([0-9]*\).*/\1/p' "$W/bench.log" | tail -n1)
+sync=$(field_s duration_us); apply=$(field_s apply_us); ct=$(field_s conntrack_us)
 say "kipvs-proxier: virtual servers $vss s + real servers $rss s = $ipvs s of IPVS programming;"
-say "  binding $vs addresses on kube-ipvs0 $bind s; whole sync $(awk "BEGIN{print $sync / 1e6}") s;"
-say "  whole process (start, parse, plan, sysctls, sync) $total s"
+say "  binding $vs addresses on kube-ipvs0 $bind s; nftables $nft s; whole apply $apply s;"
+say "  observe + diff + op log $(awk "BEGIN{print $sync - $apply - $ct}") s; conntrack cleanup $ct s; whole sync $sync s;"
+say "  whole process $total s: outside the sync (start, parse, plan, sysctls, exit) $(awk "BEGIN{print $total - $sync}") s"
 echo "RATIO kipvs/ipvsadm-R (IPVS programming) = $(awk "BEGIN{printf \"%.2f\", $ipvs / $restore}")"
 echo "RATIO kipvs/ipvsadm-R (whole process, incl. binding) = $(awk "BEGIN{printf \"%.2f\", $total / $restore}")"
 finish

@@ -1,7 +1,8 @@
 //! The real [`Dataplane`]: kernel IPVS through `ipvs-rs`, the dummy interface `kube-ipvs0` and
 //! its addresses through rtnetlink, and the sysctls kube-proxy's IPVS mode sets.
 
-use super::conntrack::{Conntrack, UdpEntry};
+use super::batch::Batcher;
+use super::conntrack::{Conntrack, Listing, UdpEntry};
 use super::{Dataplane, DataplaneError, Op, OpFailure, Ownership, diff, nft_transaction};
 use crate::dataplane::nft::{self, Nft};
 use crate::model::{
@@ -9,8 +10,13 @@ use crate::model::{
     VirtualServerKey, VirtualServerSpec,
 };
 use futures::{StreamExt, TryStreamExt};
+use ipvs::IpvsMessage;
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NetlinkMessage};
+use netlink_packet_generic::GenlMessage;
+use netlink_packet_route::RouteNetlinkMessage;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::LinkAttribute;
+use netlink_proto::sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 use rtnetlink::{AddressMessageBuilder, LinkDummy};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -21,7 +27,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 /// packets in `LOCAL_IN` while the node never answers ARP through it.
 pub const INTERFACE: &str = "kube-ipvs0";
 
-/// How many netlink requests of one stage are in flight at once.
+/// How many netlink reads (the destinations of each virtual server) are in flight at once.
 const PIPELINE_DEPTH: usize = 256;
 
 /// errno values the dataplane treats as success.
@@ -32,6 +38,11 @@ const EADDRNOTAVAIL: i32 = libc::EADDRNOTAVAIL;
 pub struct KernelDataplane {
     ipvs: ipvs::Handle,
     rtnl: rtnetlink::Handle,
+    /// Binds and unbinds addresses in batches (a stage of them is one `sendmsg` per
+    /// [`super::batch::BATCH`] ops).
+    addresses: Batcher,
+    /// Applies the IPVS ops in batches the same way (`ipvs` reads the table).
+    ipvs_batches: Batcher,
     link_index: u32,
     nft: Nft,
     /// `None` when the UDP conntrack cleanup is switched off (`KIPVS_CONNTRACK_CLEANUP=false`).
@@ -51,9 +62,19 @@ impl KernelDataplane {
         })?;
         tokio::spawn(conn);
         let link_index = ensure_dummy(&rtnl).await?;
+        let batcher = |protocol, context: &str| {
+            Batcher::open(protocol).map_err(|source| DataplaneError::Io {
+                context: format!("{context} netlink socket"),
+                source,
+            })
+        };
+        let addresses = batcher(NETLINK_ROUTE, "rtnetlink")?;
+        let ipvs_batches = batcher(NETLINK_GENERIC, "IPVS")?;
         Ok(KernelDataplane {
             ipvs,
             rtnl,
+            addresses,
+            ipvs_batches,
             link_index,
             nft: Nft::default(),
             conntrack: conntrack_cleanup_enabled()
@@ -116,50 +137,95 @@ impl KernelDataplane {
         Ok(out)
     }
 
-    async fn apply_one(&self, op: &Op) -> Result<(), DataplaneError> {
-        match op {
-            Op::UnbindAddress(a) => {
-                let msg = address_message(self.link_index, *a);
-                match self.rtnl.address().del(msg).execute().await {
-                    Err(e) if netlink_errno(&e) == Some(EADDRNOTAVAIL) => Ok(()),
-                    r => Ok(r?),
-                }
-            }
-            Op::BindAddress(a) => {
-                let prefix = if a.is_ipv4() { 32 } else { 128 };
-                match self
-                    .rtnl
-                    .address()
-                    .add(self.link_index, *a, prefix)
-                    .execute()
-                    .await
-                {
-                    Err(e) if netlink_errno(&e) == Some(EEXIST) => Ok(()),
-                    r => Ok(r?),
-                }
-            }
-            Op::DeleteVirtualServer(key) => Ok(self.ipvs.delete_service(&service_id(key)).await?),
-            Op::AddVirtualServer(key, spec) => {
-                Ok(self.ipvs.add_service(&service(key, spec)).await?)
-            }
-            Op::UpdateVirtualServer(key, spec) => {
-                Ok(self.ipvs.update_service(&service(key, spec)).await?)
-            }
-            Op::DeleteRealServer { vs, rs } => Ok(self
-                .ipvs
-                .delete_destination(&service_id(vs), rs.ip(), rs.port())
-                .await?),
-            Op::AddRealServer { vs, rs, weight } => {
-                let d = ipvs::Destination::new(rs.ip(), rs.port(), *weight);
-                Ok(self.ipvs.add_destination(&service_id(vs), &d).await?)
-            }
-            Op::UpdateRealServer { vs, rs, weight } => {
-                let d = ipvs::Destination::new(rs.ip(), rs.port(), *weight);
-                Ok(self.ipvs.update_destination(&service_id(vs), &d).await?)
-            }
-            Op::WriteRules(_) | Op::DeleteSetElement(_) | Op::AddSetElement(_) => {
-                self.apply_nft(std::slice::from_ref(op)).await
-            }
+    /// Apply a stage of address ops (all binds or all unbinds) in batches ([`Batcher`]): a
+    /// bound address that exists (`EEXIST`) or an unbound one that does not (`EADDRNOTAVAIL`)
+    /// is a success.
+    async fn apply_addresses(&mut self, stage: &[Op]) -> Vec<Result<(), DataplaneError>> {
+        let mut flags = 0;
+        let requests: Vec<NetlinkMessage<RouteNetlinkMessage>> = stage
+            .iter()
+            .filter_map(|op| {
+                let (Op::BindAddress(a) | Op::UnbindAddress(a)) = op else {
+                    return None;
+                };
+                let message = address_message(self.link_index, *a);
+                Some(NetlinkMessage::from(if let Op::BindAddress(_) = op {
+                    flags = NLM_F_CREATE | NLM_F_EXCL;
+                    RouteNetlinkMessage::NewAddress(message)
+                } else {
+                    RouteNetlinkMessage::DelAddress(message)
+                }))
+            })
+            .collect();
+        debug_assert_eq!(requests.len(), stage.len(), "a stage of address ops");
+        match self.addresses.send_all(requests, flags).await {
+            Ok(results) => stage
+                .iter()
+                .zip(results)
+                .map(|(op, result)| match (op, result) {
+                    (_, Ok(()))
+                    | (Op::BindAddress(_), Err(EEXIST))
+                    | (Op::UnbindAddress(_), Err(EADDRNOTAVAIL)) => Ok(()),
+                    (op, Err(errno)) => Err(DataplaneError::Io {
+                        context: format!("rtnetlink {}", op.name()),
+                        source: std::io::Error::from_raw_os_error(errno),
+                    }),
+                })
+                .collect(),
+            Err(e) => stage
+                .iter()
+                .map(|_| Err(socket_error("rtnetlink", &e)))
+                .collect(),
+        }
+    }
+
+    /// Apply a stage of IPVS ops in batches ([`Batcher`]), each op one generic-netlink request
+    /// as [`ipvs::Handle`] would send it.
+    async fn apply_ipvs(&mut self, stage: &[Op]) -> Vec<Result<(), DataplaneError>> {
+        let family = self.ipvs.family_id();
+        let requests: Vec<NetlinkMessage<GenlMessage<IpvsMessage>>> = stage
+            .iter()
+            .filter_map(|op| {
+                let payload = match op {
+                    Op::DeleteVirtualServer(key) => IpvsMessage::del_service(&service_id(key)),
+                    Op::AddVirtualServer(key, spec) => {
+                        IpvsMessage::new_service(&service(key, spec))
+                    }
+                    Op::UpdateVirtualServer(key, spec) => {
+                        IpvsMessage::set_service(&service(key, spec))
+                    }
+                    Op::DeleteRealServer { vs, rs } => {
+                        IpvsMessage::del_dest(&service_id(vs), rs.ip(), rs.port())
+                    }
+                    Op::AddRealServer { vs, rs, weight } => IpvsMessage::new_dest(
+                        &service_id(vs),
+                        &ipvs::Destination::new(rs.ip(), rs.port(), *weight),
+                    ),
+                    Op::UpdateRealServer { vs, rs, weight } => IpvsMessage::set_dest(
+                        &service_id(vs),
+                        &ipvs::Destination::new(rs.ip(), rs.port(), *weight),
+                    ),
+                    Op::UnbindAddress(_)
+                    | Op::BindAddress(_)
+                    | Op::WriteRules(_)
+                    | Op::DeleteSetElement(_)
+                    | Op::AddSetElement(_) => return None,
+                };
+                let mut genl = GenlMessage::from_payload(payload);
+                genl.set_resolved_family_id(family);
+                Some(NetlinkMessage::from(genl))
+            })
+            .collect();
+        debug_assert_eq!(requests.len(), stage.len(), "a stage of IPVS ops");
+        match self.ipvs_batches.send_all(requests, 0).await {
+            Ok(results) => results
+                .into_iter()
+                .map(|r| r.map_err(|errno| ipvs::Error::from_errno(errno).into()))
+                .collect(),
+            Err(e) => stage
+                .iter()
+                .map(|_| Err(socket_error("IPVS", &e)))
+                .collect(),
         }
     }
 
@@ -279,11 +345,11 @@ impl Dataplane for KernelDataplane {
                 );
                 continue;
             }
-            let requests: Vec<_> = stage.iter().map(|op| self.apply_one(op)).collect();
-            let results: Vec<_> = futures::stream::iter(requests)
-                .buffered(PIPELINE_DEPTH)
-                .collect()
-                .await;
+            let results = if matches!(stage[0], Op::BindAddress(_) | Op::UnbindAddress(_)) {
+                self.apply_addresses(stage).await
+            } else {
+                self.apply_ipvs(stage).await
+            };
             tracing::debug!(
                 stage = stage[0].stage(),
                 first = stage[0].name(),
@@ -303,9 +369,12 @@ impl Dataplane for KernelDataplane {
         failures
     }
 
-    async fn udp_conntrack(&mut self) -> Result<Vec<UdpEntry>, DataplaneError> {
+    async fn udp_conntrack(
+        &mut self,
+        listing: Listing<'_>,
+    ) -> Result<Vec<UdpEntry>, DataplaneError> {
         match &self.conntrack {
-            Some(conntrack) => Ok(conntrack.udp_entries().await?),
+            Some(conntrack) => Ok(conntrack.udp_entries(listing).await?),
             None => Ok(Vec::new()),
         }
     }
@@ -344,6 +413,14 @@ fn real_servers(dests: Vec<ipvs::Destination>) -> BTreeMap<SocketAddr, ObservedR
             (SocketAddr::new(d.address, d.port), rs)
         })
         .collect()
+}
+
+/// The error of every op of a batch whose socket failed (`what`: which socket).
+fn socket_error(what: &str, e: &std::io::Error) -> DataplaneError {
+    DataplaneError::Io {
+        context: format!("{what} netlink socket"),
+        source: std::io::Error::new(e.kind(), e.to_string()),
+    }
 }
 
 /// Find `kube-ipvs0` or create it as a dummy link; returns its interface index.

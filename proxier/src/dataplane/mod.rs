@@ -18,6 +18,7 @@
 //! in unit tests. Ops inside one stage are independent of each other, so a dataplane may run
 //! them concurrently (the kernel one pipelines them over one netlink socket).
 
+pub mod batch;
 pub mod conntrack;
 pub mod fake;
 pub mod kernel;
@@ -25,7 +26,7 @@ pub mod nft;
 pub mod settings;
 pub mod sysctl;
 
-use crate::dataplane::conntrack::UdpEntry;
+use crate::dataplane::conntrack::{Listing, UdpEntry};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
@@ -509,10 +510,11 @@ pub trait Dataplane {
     /// failures. Ops of one stage may run concurrently.
     fn apply(&mut self, ops: &[Op]) -> impl Future<Output = Vec<OpFailure>> + Send;
 
-    /// The UDP conntrack entries of the network namespace, both IP families (see
+    /// The UDP conntrack entries of the network namespace in `listing`, both IP families (see
     /// [`crate::dataplane::conntrack`]).
     fn udp_conntrack(
         &mut self,
+        listing: Listing<'_>,
     ) -> impl Future<Output = Result<Vec<UdpEntry>, DataplaneError>> + Send;
 
     /// Delete these conntrack entries, each by its original tuple (never a flush); an entry

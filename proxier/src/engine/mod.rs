@@ -631,4 +631,130 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         assert_eq!(engine.dataplane().full_observes, observes);
         std::fs::remove_dir_all(dir).unwrap();
     }
+
+    /// Start-up as `run()` does it on a real node: the first sync reads the node's other
+    /// addresses (never none: `lo`, `eth0`), which asks the planner for a full re-plan, and
+    /// its store is all-dirty. The first change after that must be incremental; it was a
+    /// full re-plan and a full observe of the kernel (the planner took only one of the two
+    /// "everything" flags). A NodeProxyConfig revision put in force before the first sync
+    /// did the same.
+    #[tokio::test]
+    async fn the_first_change_after_start_up_is_incremental() {
+        let dir = std::env::temp_dir().join(format!("kipvs-first-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("web.yaml");
+        std::fs::write(&file, WEB.replace("READY", "true")).unwrap();
+        let handle = SourceHandle::default();
+        let source = ManifestsSource {
+            path: file.clone(),
+            node_name: "n1".into(),
+            node_configs: None,
+        };
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let (_, assigned) = watch::channel(Assigned::Unknown);
+        let (report, _) = watch::channel(None);
+        let follower = ConfigFollower {
+            assigned,
+            local: ProxierConfiguration::default(),
+            kernel: Box::new(crate::dataplane::settings::FakeKernel),
+            report,
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let node = FakeDataplane {
+            other_addresses: ["192.168.0.10".parse().unwrap()].into(),
+            ..Default::default()
+        };
+        let mut engine = Engine::new(handle.clone(), planner, node).following(follower);
+        engine.apply_assigned(Assigned::Local).await;
+        let seen = source.load_into(&handle, None).unwrap();
+        assert!(!engine.sync().await.unwrap().ops.is_empty());
+        assert_eq!(engine.dataplane().full_observes, 1);
+        assert!(!engine.planner().replan_pending());
+        // The endpoint stops being ready: one op, from the cache, no full observe.
+        std::fs::write(&file, WEB.replace("READY", "false")).unwrap();
+        source.load_into(&handle, seen.as_ref()).unwrap();
+        let report = engine.sync().await.unwrap();
+        assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
+        assert_eq!(engine.dataplane().full_observes, 1);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// kubernetes#133773: the first sync programs the API server's Service before any other,
+    /// so a node reaches the API server through its ClusterIP before the rest of a large table
+    /// is programmed.
+    #[tokio::test]
+    async fn the_first_sync_programs_default_kubernetes_first() {
+        let dir = std::env::temp_dir().join(format!("kipvs-apiserver-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("cluster.yaml");
+        // Its ClusterIP sorts after web's: without the rule it would come last.
+        let kubernetes = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: kubernetes, namespace: default}
+spec:
+  clusterIP: 10.96.0.200
+  ports: [{name: https, port: 443, protocol: TCP, targetPort: 6443}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kubernetes
+  namespace: default
+  labels: {kubernetes.io/service-name: kubernetes}
+addressType: IPv4
+endpoints:
+- addresses: [192.168.0.2]
+  conditions: {ready: true}
+ports: [{name: https, port: 6443, protocol: TCP}]
+"#;
+        std::fs::write(
+            &file,
+            format!("{}\n---\n{kubernetes}", WEB.replace("READY", "true")),
+        )
+        .unwrap();
+        let handle = SourceHandle::default();
+        let source = ManifestsSource {
+            path: file,
+            node_name: "n1".into(),
+            node_configs: None,
+        };
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let mut engine = Engine::new(handle.clone(), planner, FakeDataplane::default());
+        source.load_into(&handle, None).unwrap();
+        engine.sync().await.unwrap();
+        let applied: Vec<String> = engine
+            .dataplane()
+            .applied
+            .iter()
+            .map(|op| op.to_string())
+            .collect();
+        let api_server = |op: &String| op.contains("10.96.0.200") || op.contains("WriteRules");
+        let first_other = applied.iter().position(|op| !api_server(op)).unwrap();
+        assert_eq!(first_other, 6, "{applied:#?}");
+        assert!(applied[first_other..].iter().all(|op| !api_server(op)));
+        let names: Vec<&str> = engine.dataplane().applied[..6]
+            .iter()
+            .map(Op::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "WriteRules",
+                "AddSetElement", // cluster-ips
+                "AddSetElement", // service-ips
+                "AddVirtualServer",
+                "AddRealServer",
+                "BindAddress"
+            ]
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -139,7 +139,11 @@ impl Planner {
     pub fn replan(&mut self, store: &mut Store) -> Replanned {
         let dirty = store.take_dirty();
         let node = store.node();
-        let all = dirty.all || std::mem::take(&mut self.replan_all);
+        // Both are taken: `dirty.all || take(replan_all)` left a pending `replan_all` (set by
+        // the configuration put in force before the first sync) for the next call, so the
+        // first change after start-up re-planned and synced everything again.
+        let replan_all = std::mem::take(&mut self.replan_all);
+        let all = dirty.all || replan_all;
         if all {
             self.index = DesiredIndex::default();
             self.node_ips = if self.identity.node_ips.is_empty() {

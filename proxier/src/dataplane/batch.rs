@@ -1,0 +1,141 @@
+//! Batched netlink do-requests: many requests in one `sendmsg`, answered by one acknowledgement.
+//!
+//! The kernel handles every netlink message of a `sendmsg` in turn, in the sender's context,
+//! before the call returns (`netlink_rcv_skb`), and answers a message only when it asks for an
+//! acknowledgement (`NLM_F_ACK`) or fails. So a batch asks for the acknowledgement of its last
+//! message only: once that answer (an acknowledgement, or the last message's own error) is read,
+//! every message of the batch was handled, and those with no error answer succeeded. A request
+//! costs a share of one `sendmsg` and one `recvmsg`, where a request/answer exchange through
+//! `netlink-proto` costs a send, a receive and a wake-up of its connection task each (that
+//! task sends one request per wake-up, however many are queued).
+//!
+//! Failures stay per request: the error answers carry the failed request's sequence number.
+//! The socket asks for short error answers (`NETLINK_CAP_ACK`: the request is not echoed) and
+//! a batch is at most [`BATCH`] requests, so even a batch that fails whole fits the receive
+//! buffer. If answers are lost anyway (`ENOBUFS`), the requests of that batch without an
+//! answer are reported failed with that error: their entries are re-read and retried (see
+//! `engine::syncer`), never assumed done.
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_REQUEST, NetlinkDeserializable, NetlinkMessage, NetlinkPayload,
+    NetlinkSerializable,
+};
+use netlink_proto::sys::{AsyncSocket, AsyncSocketExt, TokioSocket};
+use std::io;
+
+/// The most requests sent in one `sendmsg`. A batch's error answers, each a few hundred bytes
+/// of receive buffer, must fit the socket's receive buffer ([`RECEIVE_BUFFER`]); its requests
+/// (≤ 100 bytes each for addresses and IPVS entries) fit the default send buffer.
+pub const BATCH: usize = 256;
+
+/// The receive buffer asked for (the kernel caps it at `net.core.rmem_max`, and doubles it).
+const RECEIVE_BUFFER: usize = 1 << 20;
+
+/// A netlink socket of one protocol (`NETLINK_ROUTE`, `NETLINK_GENERIC`, ...) that sends
+/// do-requests in batches ([`Batcher::send_all`]).
+pub struct Batcher {
+    socket: TokioSocket,
+    sequence: u32,
+}
+
+impl Batcher {
+    /// Open and bind a socket of `protocol` (a `netlink_sys::protocols` constant).
+    ///
+    /// Errors: the socket cannot be opened or bound.
+    pub fn open(protocol: isize) -> io::Result<Batcher> {
+        let mut socket = TokioSocket::new(protocol)?;
+        let inner = socket.socket_mut();
+        inner.bind_auto()?;
+        inner.set_cap_ack(true)?;
+        // Best effort: without it the default buffer still holds a batch of acknowledgements.
+        let _ = inner.set_rx_buf_sz(RECEIVE_BUFFER);
+        Ok(Batcher {
+            socket,
+            sequence: 0,
+        })
+    }
+
+    /// Send `requests` (do-requests whose success has no reply: adds, deletes, sets) in
+    /// batches of at most [`BATCH`], and return, in the same order, `Ok` or the errno the
+    /// kernel answered for each (positive, e.g. `libc::EEXIST`). The requests' flags are
+    /// replaced by `NLM_F_REQUEST | flags` (plus `NLM_F_ACK` on each batch's last); their
+    /// sequence numbers are assigned here.
+    ///
+    /// Errors: the socket fails; nothing more is sent then.
+    pub async fn send_all<T>(
+        &mut self,
+        requests: Vec<NetlinkMessage<T>>,
+        flags: u16,
+    ) -> io::Result<Vec<Result<(), i32>>>
+    where
+        T: NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
+    {
+        let mut results = Vec::with_capacity(requests.len());
+        let mut requests = requests.into_iter().peekable();
+        let mut buffer = Vec::new();
+        while requests.peek().is_some() {
+            let batch: Vec<NetlinkMessage<T>> = requests.by_ref().take(BATCH).collect();
+            let (count, first) = (batch.len(), self.sequence.wrapping_add(1));
+            buffer.clear();
+            for (i, mut message) in batch.into_iter().enumerate() {
+                self.sequence = self.sequence.wrapping_add(1);
+                message.header.sequence_number = self.sequence;
+                message.header.flags = NLM_F_REQUEST | flags;
+                if i + 1 == count {
+                    message.header.flags |= NLM_F_ACK;
+                }
+                message.finalize();
+                let at = buffer.len();
+                buffer.resize(at + message.buffer_len(), 0);
+                message.serialize(&mut buffer[at..]);
+            }
+            self.socket.send(&buffer).await?;
+            let mut answered = vec![Ok(()); count];
+            self.answers::<T>(first, &mut answered).await?;
+            results.extend(answered);
+        }
+        Ok(results)
+    }
+
+    /// Read the answers of the batch whose first request is `first`, until the answer for its
+    /// last; record errors in `batch`.
+    async fn answers<T>(&mut self, first: u32, batch: &mut [Result<(), i32>]) -> io::Result<()>
+    where
+        T: NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
+    {
+        let last = self.sequence;
+        loop {
+            let datagram = match self.socket.recv_from_full().await {
+                Ok((datagram, _)) => datagram,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    // Answers were dropped: which requests failed is unknown, so all of the
+                    // batch count as failed (re-read and retried by the caller). Every answer
+                    // was queued before `sendmsg` returned: read what is left without waiting.
+                    batch.fill(Err(libc::ENOBUFS));
+                    while self.socket.socket_ref().recv_from_full().is_ok() {}
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
+            let mut at = 0;
+            while at < datagram.len() {
+                let message = NetlinkMessage::<T>::deserialize(&datagram[at..])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let sequence = message.header.sequence_number;
+                if let NetlinkPayload::Error(error) = &message.payload {
+                    let index = sequence.wrapping_sub(first) as usize;
+                    if let (Some(code), Some(slot)) = (error.code, batch.get_mut(index)) {
+                        *slot = Err(-code.get());
+                    }
+                    if sequence == last {
+                        return Ok(());
+                    }
+                }
+                match message.header.length as usize {
+                    0 => break,
+                    length => at += (length + 3) & !3,
+                }
+            }
+        }
+    }
+}
