@@ -64,6 +64,30 @@ POD_NAMESPACE=kipvs-system POD_NAME=fleet-operator RUST_LOG=info,kipvs_operator=
 rc=$?
 set -e
 kubectl get proxyconfig scale -o wide 2>&1 | sed 's/^/  /'
+# Where the apiserver's time went: requests by verb/resource/subresource (count, summed handling
+# seconds; watches left out) and watch events sent, from its own metrics.
+kubectl get --raw /metrics > "$OUT/apiserver-metrics.txt" 2>/dev/null && python3 - "$OUT/apiserver-metrics.txt" <<'PY'
+import re, sys
+count, seconds, watch = {}, {}, {}
+for line in open(sys.argv[1]):
+    m = re.match(r'apiserver_request_duration_seconds_(count|sum)\{(.*)\} (\S+)', line)
+    if m:
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if labels.get("verb") in ("WATCH", "CONNECT") or labels.get("resource") not in (
+                "nodeproxyconfigs", "proxyconfigs", "nodes", "leases", "events"):
+            continue
+        key = (labels["verb"], labels["resource"] + ("/" + labels["subresource"] if labels.get("subresource") else ""))
+        table = count if m.group(1) == "count" else seconds
+        table[key] = table.get(key, 0) + float(m.group(3))
+    m = re.match(r'apiserver_watch_events_total\{(.*)\} (\S+)', line)
+    if m:
+        kind = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))).get("kind", "?")
+        watch[kind] = watch.get(kind, 0) + float(m.group(2))
+print("| apiserver requests (verb resource) | count | handling s |\n|---|---|---|")
+for key in sorted(count, key=lambda k: -seconds.get(k, 0)):
+    print(f"| {key[0]} {key[1]} | {count[key]:.0f} | {seconds.get(key, 0):.1f} |")
+print("| watch events sent: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(watch.items()) if v) + " | | |")
+PY
 if [ "$rc" != 0 ]; then
   echo "---- operator log (last 40 lines)"; tail -n 40 "$OUT/operator.log"
 fi

@@ -10,7 +10,7 @@
 #   1. a LoadBalancer Service (ClusterIP, NodePort, load-balancer VIP; TCP and UDP) whose v1 EndpointSlice
 #      lists three backend pods (network namespaces in the VM): real requests through each address;
 #   2. under load from the VM's client netns (25 new TCP connections/s, 5 UDP queries/s, 4 long-lived TCP
-#      connections sending a line every 200 ms; tests/vm/e2e + proxier/examples/e2e_traffic.rs), phases:
+#      connections sending a line every 200 ms; tests/vm/e2e + e2e-traffic/, a release build), phases:
 #      - rolling update, twice: every backend replaced the Deployment way (new endpoint ready -> old one
 #        serving+terminating -> old one removed, one pod at a time); old pods keep running, as in their
 #        termination grace period, so a broken connection is the proxier's doing;
@@ -59,10 +59,12 @@ check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; 
 now() { date +%s.%N; }
 
 . hack/lib/executables.sh
-# The proxier in the VM is the one of the proxier image (release build, hack/test-vm.sh builds it), as on a node.
-built=$(executables kipvs-operator e2e_traffic)
-bin() { awk -v n="$1" '$1 == n {p = $2} END {print p}' <<<"$built"; }
-OPERATOR=$(bin kipvs-operator) TRAFFIC=$(bin e2e_traffic)
+# The proxier in the VM is the one of the proxier image (release build, hack/test-vm.sh builds it), as on a node;
+# the backends and the load client are a release build too (std + clap: seconds to build), so that the emulated
+# CPU spends its time on the traffic, not on debug code.
+OPERATOR=$(executable kipvs-operator)
+cargo build --release --locked --quiet -p kipvs-e2e-traffic
+TRAFFIC=${CARGO_TARGET_DIR:-$ROOT/target}/release/e2e_traffic
 [ -x "$OPERATOR" ] && [ -x "$TRAFFIC" ] || { say "build produced no executables"; exit 1; }
 
 STATE=$(mktemp -d /tmp/kipvs-e2e.XXXXXX)
@@ -151,28 +153,24 @@ spec:
   ports:
   - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}
   - {name: udp, port: 80, protocol: UDP, targetPort: 8080, nodePort: 30081}
----
-# lat: the latency samples add and remove one endpoint here
-apiVersion: v1
-kind: Service
-metadata: {name: lat, namespace: default}
-spec:
-  clusterIP: 10.96.0.81
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}, {name: udp, port: 80, protocol: UDP, targetPort: 8080}]
----
-# term: one ready and one serving+terminating endpoint, for the ProxyTerminatingEndpoints gate flip
-apiVersion: v1
-kind: Service
-metadata: {name: term, namespace: default}
-spec:
-  clusterIP: 10.96.0.82
-  ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}, {name: udp, port: 80, protocol: UDP, targetPort: 8080}]
 EOF
+# lat: the latency samples add and remove one endpoint here; term: one ready and one serving+terminating
+# endpoint, for the ProxyTerminatingEndpoints gate flip
+for s in lat=10.96.0.81 term=10.96.0.82; do
+  k apply -f - > /dev/null <<EOF
+{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "${s%=*}", "namespace": "default"},
+ "spec": {"clusterIP": "${s#*=}", "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080},
+                                          {"name": "udp", "port": 80, "protocol": "UDP", "targetPort": 8080}]}}
+EOF
+done
+# Status through the API with curl (hack/lib/kube-status.sh): `kubectl patch --subresource` needs kubectl >= 1.24.
+. hack/lib/kube-status.sh
 [ "$(k get node test-node -o jsonpath='{.status.addresses[0].address}')" = 192.168.100.1 ] ||
-  k patch node test-node --subresource=status --type=merge \
-    -p '{"status":{"addresses":[{"type":"InternalIP","address":"192.168.100.1"}],"conditions":[{"type":"Ready","status":"True"}]}}' > /dev/null
+  KUBECONFIG=$KC patch_status /api/v1/nodes/test-node \
+    '{"status":{"addresses":[{"type":"InternalIP","address":"192.168.100.1"}],"conditions":[{"type":"Ready","status":"True"}]}}' > /dev/null
 VIP=203.0.113.80
-k patch service web --subresource=status --type=merge -p "{\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"$VIP\"}]}}}" > /dev/null
+KUBECONFIG=$KC patch_status /api/v1/namespaces/default/services/web \
+  "{\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"$VIP\"}]}}}" > /dev/null
 gen() { echo "10.244.1.$((100 + 10 * $1 + $2))"; } # gen GENERATION INDEX: the pod IP
 for i in 1 2 3; do CUR+=("$(gen 1 "$i"):ready"); done
 slice web-e2e web "${CUR[@]}"

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `Progressing` | nodes are moving to the target revision | `RollingOut`, `Soaking`, `AwaitingPromotion`, `StageTooSmall`, `RollingBack` / False: `RolloutComplete`, `NoNodes`, `RolledBack`, `Halted`, `InvalidSpec` |
 //! | `Available` | no node is failed on the revision its NodeProxyConfig carries | `AllHealthy` / False: `NodesFailed` |
-//! | `Degraded` | something needs a person | `InvalidSpec`, `RevisionFailed`, `NodeConflict`, `StageTooSmall`, `NodesFailed` (within the failure budget) / False: `AsExpected` |
+//! | `Degraded` | something needs a person | `InvalidSpec`, `RevisionFailed`, `NodeConflict`, `StageTooSmall`, `WriteFailed` (NodeProxyConfig writes being retried), `NodesFailed` (within the failure budget) / False: `AsExpected` |
 //! | `Paused` | nothing moves until a person acts | `SpecPaused`, `AwaitingPromotion` / False: `Running` |
 //!
 //! A condition keeps its `lastTransitionTime` unless its status changes (Kubernetes API
@@ -15,6 +15,7 @@ use crate::rollout::list;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::{Stage, StagePhase, StageStatus};
+use std::collections::BTreeMap;
 
 /// Condition types, in the order status lists them.
 pub const TYPES: [&str; 4] = ["Progressing", "Available", "Degraded", "Paused"];
@@ -107,6 +108,26 @@ impl ConditionSet {
                 Verdict {
                     status: true,
                     reason: "NodeConflict",
+                    message,
+                },
+            ));
+        }
+    }
+
+    /// NodeProxyConfig writes that failed and are being retried (`failing`: node → last error).
+    pub fn write_failures(&mut self, failing: &BTreeMap<String, String>) {
+        if let Some((node, error)) = failing.iter().next() {
+            let nodes: Vec<&str> = failing.keys().map(String::as_str).collect();
+            let message = format!(
+                "{} NodeProxyConfig write(s) failing, retried with backoff: {} (first: {node}: {error})",
+                nodes.len(),
+                list(&nodes)
+            );
+            self.degraded.push((
+                2,
+                Verdict {
+                    status: true,
+                    reason: "WriteFailed",
                     message,
                 },
             ));
@@ -318,7 +339,7 @@ impl ConditionSet {
             None => verdict(
                 false,
                 "AsExpected",
-                "no invalid spec, failed revision, failed node or conflict",
+                "no invalid spec, failed revision, failed node, failing write or conflict",
             ),
         };
         let verdicts = [self.progressing, self.available, degraded, self.paused];

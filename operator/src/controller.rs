@@ -3,30 +3,34 @@
 //! Reflectors keep ProxyConfigs, Nodes and NodeProxyConfigs in memory. A kube-runtime
 //! [`Controller`] reconciles a ProxyConfig when it changes, and when a Node or NodeProxyConfig
 //! changes in a way its decision can see ([`crate::triggers`]: relevance, then the ProxyConfigs
-//! the change concerns). A reconcile builds the decision's
-//! input from the stores, then writes: NodeProxyConfigs by server-side apply (controlling
-//! ownerReference to the ProxyConfig), Events, and the status (server-side apply on the status
-//! subresource, only when it changed).
+//! the change concerns), or when its NodeProxyConfig writes start or stop failing. A reconcile
+//! builds the decision's input from the stores, hands the NodeProxyConfig writes to the
+//! [`Writer`] (which sends them by server-side apply, controlling ownerReference to the
+//! ProxyConfig, without the reconcile waiting for them), then writes the status (server-side
+//! apply on the status subresource, only when it changed) and the Events. One decision per
+//! ProxyConfig at a time, and at most one every [`MIN_RECONCILE_INTERVAL`].
 //!
 //! The stores lag the controller's own writes by a watch round trip, so the controller
-//! remembers what it wrote ([`Expectations`]) and lays that over the stores until they catch
-//! up; otherwise a quick second reconcile would write the same nodes again (restarting their
-//! apply timeouts) or decide from a stale status.
+//! remembers what it wrote (NodeProxyConfigs: [`crate::writer::WriterState::overlay`]; statuses:
+//! `Expectations`) and lays that over the stores until they catch up; otherwise a quick
+//! second reconcile would write the same nodes again (restarting their apply timeouts) or
+//! decide from a stale status.
 
 use crate::conditions::ConditionSet;
 use crate::events::Publisher;
 use crate::metrics::Metrics;
-use crate::rollout::{self, Decision, Input, NodeView, NpcView, Write};
+use crate::rollout::{self, Decision, Input, NodeView, NpcView};
 use crate::stored::StoredProxyConfig;
 use crate::triggers::{Concerned, node_relevance, npc_relevance};
+use crate::writer::{Expected, WRITE_CONCURRENCY, Writer};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::proxyconfig::parse_selector;
 use kipvs_crds::{NodeProxyConfig, OPERATOR_FIELD_MANAGER, ProxyConfig, ProxyConfigStatus};
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::collections::{HashMap, HashSet};
@@ -37,20 +41,21 @@ use std::time::Duration;
 const RESYNC: Duration = Duration::from_secs(300);
 /// Requeue after a failed reconcile.
 const RETRY: Duration = Duration::from_secs(10);
-/// NodeProxyConfig writes in flight at once.
-const WRITE_CONCURRENCY: usize = 32;
-/// How long a remembered write overrides the store (a safety net: the watch normally confirms
-/// it within a second).
-const EXPECTATION_TTL: Duration = Duration::from_secs(120);
+/// The shortest time between two decisions of one ProxyConfig. Triggers that arrive in
+/// between are merged into one decision at its end, so a rollout's stream of proxier reports
+/// costs at most a few decisions a second (a 5,000-node decision is tens of milliseconds of
+/// CPU) and a spec change waits at most this long.
+pub const MIN_RECONCILE_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Why a reconcile failed.
+/// Why a reconcile failed. NodeProxyConfig writes do not fail a reconcile: the [`Writer`]
+/// retries them and the ProxyConfig's status reports them.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An API call failed.
-    #[error("{action}: {source}")]
-    Kube {
-        /// What was being done, e.g. `apply NodeProxyConfig node-1`.
-        action: String,
+    /// The ProxyConfig's status could not be written.
+    #[error("apply ProxyConfig {name} status: {source}")]
+    Status {
+        /// The ProxyConfig.
+        name: String,
         /// The API error.
         source: kube::Error,
     },
@@ -60,32 +65,14 @@ impl Error {
     /// The cause, as `kipvs_operator_reconcile_failures_total{kind}` counts it.
     pub fn kind(&self) -> &'static str {
         match self {
-            Error::Kube { action, .. } if action.ends_with(" status") => "status",
-            Error::Kube { .. } => "write",
+            Error::Status { .. } => "status",
         }
     }
 }
 
-fn kube_error(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    let action = action.into();
-    move |source| Error::Kube { action, source }
-}
-
-/// A write the stores have not shown yet.
-#[derive(Clone, Debug)]
-enum Expected {
-    Assigned {
-        owner: String,
-        revision: String,
-        assigned_at: Timestamp,
-    },
-    Deleted,
-}
-
-/// The controller's own writes, until the stores show them.
+/// The controller's own status writes, until the store shows them.
 #[derive(Debug, Default)]
 struct Expectations {
-    npcs: HashMap<String, (Expected, Timestamp)>,
     /// Per ProxyConfig: the resourceVersion it had when its status was written, and that status.
     statuses: HashMap<String, (Option<String>, ProxyConfigStatus)>,
 }
@@ -97,6 +84,7 @@ pub struct Context {
     nodes: Store<Node>,
     npcs: Store<NodeProxyConfig>,
     events: Publisher,
+    writer: Arc<Writer>,
     expectations: Mutex<Expectations>,
     metrics: Metrics,
     /// Set once the Node and NodeProxyConfig stores have listed everything ([`Context::stores_ready`]).
@@ -104,13 +92,15 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context over these stores; `identity` names this replica in Events.
+    /// A context over these stores, handing NodeProxyConfig writes to `writer`; `identity`
+    /// names this replica in Events.
     pub fn new(
         client: Client,
         identity: &str,
         proxy_configs: Store<StoredProxyConfig>,
         nodes: Store<Node>,
         npcs: Store<NodeProxyConfig>,
+        writer: Arc<Writer>,
     ) -> Self {
         Context {
             events: Publisher::new(client.clone(), identity),
@@ -118,6 +108,7 @@ impl Context {
             proxy_configs,
             nodes,
             npcs,
+            writer,
             expectations: Mutex::new(Expectations::default()),
             metrics: Metrics::new(),
             ready: tokio::sync::OnceCell::new(),
@@ -140,6 +131,11 @@ impl Context {
             })
             .await
             .is_ok()
+    }
+
+    /// The writer this context hands NodeProxyConfig writes to.
+    pub fn writer(&self) -> &Arc<Writer> {
+        &self.writer
     }
 
     /// Records into `metrics` (by default, a registry of its own).
@@ -190,10 +186,15 @@ pub async fn run(client: Client, identity: &str, metrics: Metrics) -> anyhow::Re
         .predicate_filter(npc_relevance, Default::default())
         .filter_map(|npc| std::future::ready(npc.ok()))
         .flat_map(move |npc| stream::iter(concerned.npc(&npc)));
-    let triggers = stream::select(node_events, npc_events).boxed();
+    // A ProxyConfig whose NodeProxyConfig writes start or stop failing reports it.
+    let (writer, write_failures) =
+        Writer::new(client.clone(), metrics.clone(), Some(controller.store()));
+    let triggers = stream::select(stream::select(node_events, npc_events), write_failures).boxed();
+    writer.start(WRITE_CONCURRENCY);
 
     let ctx = Arc::new(
-        Context::new(client, identity, controller.store(), nodes, npcs).with_metrics(metrics),
+        Context::new(client, identity, controller.store(), nodes, npcs, writer)
+            .with_metrics(metrics),
     );
 
     // The trigger stream also drives the Node and NodeProxyConfig reflectors; readiness is
@@ -201,7 +202,16 @@ pub async fn run(client: Client, identity: &str, metrics: Metrics) -> anyhow::Re
     controller
         .reconcile_on(triggers)
         .shutdown_on_signal()
-        .run(reconcile_stored, error_policy, ctx)
+        .run(
+            |pc, ctx| async move {
+                let result = reconcile_stored(pc, ctx).await;
+                // Holds this ProxyConfig's slot: triggers meanwhile make one reconcile after.
+                tokio::time::sleep(MIN_RECONCILE_INTERVAL).await;
+                result
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             match result {
                 Ok((object, _)) => tracing::debug!(proxyconfig = %object.name, "reconciled"),
@@ -290,10 +300,11 @@ async fn report_undecodable(
     Ok(Action::requeue(RESYNC))
 }
 
-/// Reconciles one ProxyConfig: decide, then write.
+/// Reconciles one ProxyConfig: decide, hand the NodeProxyConfig writes to the [`Writer`]
+/// (not waiting for them), write the status if it changed, then publish the Events.
 ///
 /// # Errors
-/// The first failed write (the others are still attempted; status and Events are written).
+/// A failed status write (then no Event is published).
 pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
     // Until the Node and NodeProxyConfig reflectors have listed everything, do nothing.
     if !ctx.stores_ready().await {
@@ -301,54 +312,28 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     }
     let now = Timestamp::now();
     let name = pc.name_any();
-    let (decision, previous) = decide_from_stores(&pc, &ctx, now);
-    let mut failure = None;
+    let (decision, previous, seen) = decide_from_stores(&pc, &ctx, now);
+    {
+        // Only writes to NodeProxyConfigs whose spec is still as decided from: one written
+        // since (by the writer, confirmed and forgotten by another decision's overlay, or by
+        // hand) is left to the reconcile its change triggers. Checked and submitted under the
+        // writer's lock, so that no write is sent in between.
+        let mut writer = ctx.writer.lock();
+        let writes = decision
+            .writes
+            .iter()
+            .filter(|w| spec_generation(&ctx.npcs, w.node()) == seen[w.node()])
+            .cloned()
+            .collect();
+        let owner = pc
+            .controller_owner_ref(&())
+            .expect("a stored ProxyConfig has a name and a uid");
+        writer.submit(&owner, writes);
+    }
     ctx.metrics
         .decision_writes
         .observe(decision.writes.len() as f64);
     ctx.metrics.rollout(&name, &decision.status);
-
-    let results: Vec<(Write, Result<(), Error>)> = stream::iter(decision.writes.iter().cloned())
-        .map(|write| {
-            let ctx = ctx.clone();
-            let pc = pc.clone();
-            async move {
-                let result = apply_write(&ctx.client, &pc, &write, now).await;
-                (write, result)
-            }
-        })
-        .buffer_unordered(WRITE_CONCURRENCY)
-        .collect()
-        .await;
-    {
-        let mut expectations = ctx.expectations.lock().expect("expectations lock");
-        for (write, result) in results {
-            match result {
-                Ok(()) => {
-                    let kind = match &write {
-                        Write::Assign { .. } => "apply",
-                        Write::Delete { .. } => "delete",
-                    };
-                    ctx.metrics.writes.with_label_values(&[kind]).inc();
-                    let expected = match &write {
-                        Write::Assign { revision, .. } => Expected::Assigned {
-                            owner: name.clone(),
-                            revision: revision.to_string(),
-                            assigned_at: now,
-                        },
-                        Write::Delete { .. } => Expected::Deleted,
-                    };
-                    expectations
-                        .npcs
-                        .insert(write.node().to_owned(), (expected, now));
-                }
-                Err(e) => {
-                    tracing::warn!(proxyconfig = %name, error = %e, "write failed");
-                    failure.get_or_insert(e);
-                }
-            }
-        }
-    }
 
     // The status first, then the Events: the Events of a decision are its transitions from the
     // previous status (a stage started, a node failed), so if the status write fails, the next
@@ -372,22 +357,31 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
         }
         tracing::info!(proxyconfig = %name, reason = note.reason, "{}", note.message);
     }
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(Action::requeue(
-            decision.requeue_after.unwrap_or(RESYNC).min(RESYNC),
-        )),
-    }
+    Ok(Action::requeue(
+        decision.requeue_after.unwrap_or(RESYNC).min(RESYNC),
+    ))
 }
 
-/// The decision for `pc` from the stores, with the controller's unconfirmed writes laid over,
-/// and the status it started from (the stored one, or the one this controller wrote last if
-/// the store has not caught up).
+/// `metadata.generation` of the node's NodeProxyConfig in `npcs` (None: no object; Some(None):
+/// no generation).
+fn spec_generation(npcs: &Store<NodeProxyConfig>, node: &str) -> Option<Option<i64>> {
+    npcs.get(&ObjectRef::new(node))
+        .map(|npc| npc.metadata.generation)
+}
+
+/// The decision for `pc` from the stores, with the writer's unconfirmed writes laid over and
+/// its failing writes reported; the status it started from (the stored one, or the one this
+/// controller wrote last if the store has not caught up); and, per node written, the spec
+/// generation of the NodeProxyConfig it decided from ([`spec_generation`]).
 fn decide_from_stores(
     pc: &ProxyConfig,
     ctx: &Context,
     now: Timestamp,
-) -> (Decision, Option<ProxyConfigStatus>) {
+) -> (
+    Decision,
+    Option<ProxyConfigStatus>,
+    HashMap<String, Option<Option<i64>>>,
+) {
     let name = pc.name_any();
     let node_objects = ctx.nodes.state();
     let npc_objects = ctx.npcs.state();
@@ -402,21 +396,15 @@ fn decide_from_stores(
         .collect();
     let live: HashSet<String> = proxy_configs.iter().map(|p| p.name_any()).collect();
 
-    let mut expectations = ctx.expectations.lock().expect("expectations lock");
-    let expiry = now.checked_sub(EXPECTATION_TTL).unwrap_or(Timestamp::MIN);
     let by_name: HashMap<&str, &NodeProxyConfig> = npc_objects
         .iter()
         .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), &**n))
         .collect();
-    expectations.npcs.retain(|node, (expected, at)| {
-        let seen = match expected {
-            Expected::Assigned { revision, .. } => {
-                by_name.get(node.as_str()).map(|n| &n.spec.revision) == Some(revision)
-            }
-            Expected::Deleted => !by_name.contains_key(node.as_str()),
-        };
-        !seen && *at > expiry
-    });
+    let (overlay, failing_writes) = {
+        let mut writer = ctx.writer.lock();
+        (writer.overlay(&by_name, now), writer.failing(&name))
+    };
+    let mut expectations = ctx.expectations.lock().expect("expectations lock");
     let status = match expectations.statuses.get(&name) {
         Some((version, status)) if *version == pc.metadata.resource_version => Some(status.clone()),
         _ => {
@@ -424,11 +412,6 @@ fn decide_from_stores(
             pc.status.clone()
         }
     };
-    let overlay: Vec<(String, Expected)> = expectations
-        .npcs
-        .iter()
-        .map(|(node, (e, _))| (node.clone(), e.clone()))
-        .collect();
     drop(expectations);
 
     let views: Vec<NodeView<'_>> = node_objects
@@ -477,40 +460,18 @@ fn decide_from_stores(
         others: &others,
         nodes: &views,
         npcs: &npcs,
+        failing_writes: &failing_writes,
         now,
     });
-    (decision, status)
-}
-
-/// One NodeProxyConfig write: server-side apply of the spec with the controlling owner, or a
-/// delete (already gone is fine).
-async fn apply_write(
-    client: &Client,
-    pc: &ProxyConfig,
-    write: &Write,
-    now: Timestamp,
-) -> Result<(), Error> {
-    let api: Api<NodeProxyConfig> = Api::all(client.clone());
-    match write {
-        Write::Assign { node, .. } => {
-            let owner = pc
-                .controller_owner_ref(&())
-                .expect("a stored ProxyConfig has a name and a uid");
-            let npc = write
-                .node_proxy_config(&owner, now)
-                .expect("an Assign is a NodeProxyConfig");
-            let params = PatchParams::apply(OPERATOR_FIELD_MANAGER).force();
-            api.patch(node, &params, &Patch::Apply(&npc))
-                .await
-                .map(drop)
-                .map_err(kube_error(format!("apply NodeProxyConfig {node}")))
-        }
-        Write::Delete { node } => match api.delete(node, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(kube_error(format!("delete NodeProxyConfig {node}"))(e)),
-        },
-    }
+    let seen = decision
+        .writes
+        .iter()
+        .map(|w| {
+            let generation = by_name.get(w.node()).map(|n| n.metadata.generation);
+            (w.node().to_owned(), generation)
+        })
+        .collect();
+    (decision, status, seen)
 }
 
 /// Server-side apply of the status subresource; remembers it until the store shows it.
@@ -531,7 +492,10 @@ async fn write_status(
     let params = PatchParams::apply(OPERATOR_FIELD_MANAGER).force();
     api.patch_status(name, &params, &Patch::Apply(&body))
         .await
-        .map_err(kube_error(format!("apply ProxyConfig {name} status")))?;
+        .map_err(|source| Error::Status {
+            name: name.to_owned(),
+            source,
+        })?;
     ctx.metrics.writes.with_label_values(&["status"]).inc();
     ctx.expectations
         .lock()

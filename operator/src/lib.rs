@@ -9,6 +9,7 @@
 //! - [`conditions`]: the status conditions and their transition times.
 //! - [`stored`]: ProxyConfigs read without failing (an undecodable one is reported, not fatal).
 //! - [`triggers`]: which Node and NodeProxyConfig changes reconcile which ProxyConfigs.
+//! - [`writer`]: the NodeProxyConfig writes, sent apart from the decisions (queue, retries).
 //! - [`sim`]: an in-memory fleet to drive the decision (tests, benchmarks, what-if runs).
 
 pub mod conditions;
@@ -20,3 +21,4 @@ pub mod rollout;
 pub mod sim;
 pub mod stored;
 pub mod triggers;
+pub mod writer;

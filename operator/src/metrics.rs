@@ -4,10 +4,12 @@
 //! | metric | type | meaning |
 //! |---|---|---|
 //! | `kipvs_operator_reconciles_total{result}` | counter | reconciles of a ProxyConfig, `ok` or `error` |
-//! | `kipvs_operator_reconcile_failures_total{kind}` | counter | failed reconciles by cause: `write` (a NodeProxyConfig write), `status`, `decode` (a spec that cannot be read) |
-//! | `kipvs_operator_reconcile_duration_seconds` | histogram | wall time of one reconcile (decide and write) |
+//! | `kipvs_operator_reconcile_failures_total{kind}` | counter | failed reconciles by cause: `status` (the ProxyConfig status write), `decode` (a spec that cannot be read) |
+//! | `kipvs_operator_reconcile_duration_seconds` | histogram | wall time of one reconcile (decide, hand the writes over, status, Events) |
 //! | `kipvs_operator_decision_writes` | histogram | NodeProxyConfig writes one decision asks for |
 //! | `kipvs_operator_writes_total{kind}` | counter | API writes: `apply` / `delete` (NodeProxyConfig), `status` (ProxyConfig), `event` |
+//! | `kipvs_operator_write_errors_total{kind}` | counter | failed NodeProxyConfig write attempts (`apply`, `delete`), each retried with backoff ([`crate::writer`]) |
+//! | `kipvs_operator_write_queue` | gauge | NodeProxyConfig writes decided and not yet sent |
 //! | `kipvs_operator_rollout_nodes{proxyconfig,state}` | gauge | nodes of a ProxyConfig by state: `total`, `updated`, `healthy`, `failed`, `skipped`, `conflicting` |
 //! | `kipvs_operator_rollout_stage{proxyconfig,stage,phase}` | gauge | 1 for the stage being rolled out and its phase; absent when the rollout is complete |
 //!
@@ -17,7 +19,7 @@
 
 use kipvs_crds::ProxyConfigStatus;
 use kipvs_exposition::register;
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use warp::Filter;
@@ -38,6 +40,10 @@ pub struct Metrics {
     pub decision_writes: Histogram,
     /// API writes by kind.
     pub writes: IntCounterVec,
+    /// Failed NodeProxyConfig write attempts by kind.
+    pub write_errors: IntCounterVec,
+    /// NodeProxyConfig writes decided and not yet sent.
+    pub write_queue: IntGauge,
     rollout_nodes: IntGaugeVec,
     rollout_stage: IntGaugeVec,
     ready: Arc<AtomicBool>,
@@ -77,12 +83,12 @@ impl Metrics {
             ),
             failures: counters(
                 "kipvs_operator_reconcile_failures_total",
-                "Failed reconciles by cause (write, status, decode)",
+                "Failed reconciles by cause (status, decode)",
                 &["kind"],
             ),
             reconcile_duration: histogram(
                 "kipvs_operator_reconcile_duration_seconds",
-                "Wall time of one reconcile (decide and write)",
+                "Wall time of one reconcile (decide, hand the writes over, status, Events)",
                 prometheus::exponential_buckets(0.001, 2.0, 15).expect("valid buckets"),
             ),
             decision_writes: histogram(
@@ -94,6 +100,19 @@ impl Metrics {
                 "kipvs_operator_writes_total",
                 "API writes by kind (apply, delete, status, event)",
                 &["kind"],
+            ),
+            write_errors: counters(
+                "kipvs_operator_write_errors_total",
+                "Failed NodeProxyConfig write attempts by kind (apply, delete), each retried with backoff",
+                &["kind"],
+            ),
+            write_queue: register(
+                &r,
+                IntGauge::new(
+                    "kipvs_operator_write_queue",
+                    "NodeProxyConfig writes decided and not yet sent",
+                )
+                .expect("valid metric"),
             ),
             rollout_nodes: gauges(
                 "kipvs_operator_rollout_nodes",

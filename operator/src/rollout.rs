@@ -172,6 +172,9 @@ pub struct Input<'a> {
     pub nodes: &'a [NodeView<'a>],
     /// Every NodeProxyConfig, by name.
     pub npcs: &'a HashMap<&'a str, NpcView<'a>>,
+    /// Nodes whose NodeProxyConfig write for this ProxyConfig keeps failing (being retried),
+    /// with the last error ([`crate::writer`]); reported as Degraded `WriteFailed`.
+    pub failing_writes: &'a BTreeMap<String, String>,
     /// The time of the decision.
     pub now: Timestamp,
 }
@@ -405,6 +408,7 @@ impl<'a> Decider<'a> {
         let input = self.input;
         let spec = input.spec;
         self.conditions.set_paused(spec.paused);
+        self.conditions.write_failures(input.failing_writes);
         let own = match spec.validate().and_then(|()| {
             spec.node_selector
                 .as_ref()

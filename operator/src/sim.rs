@@ -113,6 +113,7 @@ impl Fleet {
             others: &self.others,
             nodes: &views,
             npcs: &npcs,
+            failing_writes: &BTreeMap::new(),
             now: self.now,
         })
     }

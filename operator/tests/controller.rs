@@ -2,6 +2,7 @@
 //! writes, in which order, with which bodies; that unconfirmed writes are not repeated; and the
 //! Lease protocol of leader election.
 
+use futures::StreamExt;
 use http::{Request, Response};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Node;
@@ -10,8 +11,10 @@ use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::{NodeProxyConfig, ProxyConfig, ProxyConfigSpec, RolloutSpec, Stage};
 use kipvs_operator::controller::{Context, reconcile, reconcile_stored};
 use kipvs_operator::lease::{Elector, LeaseConfig};
+use kipvs_operator::metrics::Metrics;
 use kipvs_operator::sim::{Fleet, node, proxy_config};
 use kipvs_operator::stored::StoredProxyConfig;
+use kipvs_operator::writer::Writer;
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, Store};
@@ -55,6 +58,47 @@ async fn expect(
         serde_json::from_slice(&bytes).unwrap()
     };
     (body, send)
+}
+
+/// The next request must be a server-side apply (forced, as the operator's field manager) to
+/// `path`.
+async fn expect_apply_to(
+    server: &mut ApiServer,
+    path: &str,
+) -> (Value, SendResponse<Response<Body>>) {
+    expect(
+        server,
+        "PATCH",
+        path,
+        &["fieldManager=kipvs-operator", "force=true"],
+    )
+    .await
+}
+
+/// The next request must be the status write of ProxyConfig `name`.
+async fn expect_status(
+    server: &mut ApiServer,
+    name: &str,
+) -> (Value, SendResponse<Response<Body>>) {
+    expect_apply_to(
+        server,
+        &format!("/apis/kipvs.io/v1alpha1/proxyconfigs/{name}/status"),
+    )
+    .await
+}
+
+/// The next request must be the write of NodeProxyConfig `node`.
+async fn expect_apply(server: &mut ApiServer, node: &str) -> (Value, SendResponse<Response<Body>>) {
+    expect_apply_to(
+        server,
+        &format!("/apis/kipvs.io/v1alpha1/nodeproxyconfigs/{node}"),
+    )
+    .await
+}
+
+/// The next request must create an Event.
+async fn expect_event(server: &mut ApiServer) -> (Value, SendResponse<Response<Body>>) {
+    expect(server, "POST", "/api/v1/namespaces/default/events", &[]).await
 }
 
 fn respond(send: SendResponse<Response<Body>>, code: u16, body: &Value) {
@@ -101,23 +145,64 @@ fn canary_spec() -> ProxyConfigSpec {
     }
 }
 
+/// A context over these stores whose writer is not started (a test starts it when it expects
+/// the NodeProxyConfig writes, so that they come in a known order).
+fn context_over(
+    client: Client,
+    proxy_configs: Store<StoredProxyConfig>,
+    nodes: Store<Node>,
+    npcs: Store<NodeProxyConfig>,
+) -> Arc<Context> {
+    let (writer, _) = Writer::new(client.clone(), Metrics::new(), None);
+    Arc::new(Context::new(
+        client,
+        "operator-0",
+        proxy_configs,
+        nodes,
+        npcs,
+        writer,
+    ))
+}
+
 fn context(
     client: Client,
     pc: &ProxyConfig,
     nodes: Vec<Node>,
     npcs: Vec<NodeProxyConfig>,
 ) -> Arc<Context> {
-    Arc::new(Context::new(
+    context_over(
         client,
-        "operator-0",
         ready_store(vec![StoredProxyConfig::from(pc.clone())]),
         ready_store(nodes),
         ready_store(npcs),
-    ))
+    )
 }
 
+/// The Degraded condition of a status write's body.
+fn degraded(body: &Value) -> Value {
+    body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .unwrap()
+        .clone()
+}
+
+/// Fails if a request comes within `wait`.
+async fn no_request(server: &mut ApiServer, wait: Duration, after: &str) {
+    if let Ok(Some((request, _))) = tokio::time::timeout(wait, server.next_request()).await {
+        let method = request.method().clone();
+        let uri = request.uri().clone();
+        let body = request.into_body().collect_bytes().await.unwrap();
+        panic!("{after}: {method} {uri} {}", String::from_utf8_lossy(&body));
+    }
+}
+
+/// A reconcile decides, hands the canary's write to the writer, writes the status, publishes
+/// the Event and returns without waiting for the write; the writer then applies it.
 #[tokio::test]
-async fn first_reconcile_writes_the_canary_then_the_status_then_an_event() {
+async fn first_reconcile_writes_the_status_and_an_event_and_the_writer_the_canary() {
     let (client, mut server) = mock();
     let mut pc = proxy_config("fleet", canary_spec());
     pc.metadata.resource_version = Some("7".into());
@@ -129,13 +214,29 @@ async fn first_reconcile_writes_the_canary_then_the_status_then_an_event() {
     );
     let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
 
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
-        &["fieldManager=kipvs-operator", "force=true"],
-    )
-    .await;
+    let (body, send) = expect_status(&mut server, "fleet").await;
+    let written = body["status"].clone();
+    assert_eq!(written["stage"], "canary");
+    let revision = written["revision"].as_str().unwrap().to_owned();
+    assert_eq!(written["totalNodes"], 2);
+    respond(send, 200, &serde_json::to_value(&pc).unwrap());
+
+    let (event, send) = expect_event(&mut server).await;
+    assert_eq!(event["reason"], "StageStarted");
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(event["involvedObject"]["kind"], "ProxyConfig");
+    assert_eq!(event["involvedObject"]["name"], "fleet");
+    respond(send, 201, &event);
+
+    let action = task.await.unwrap().unwrap();
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(300)),
+        "the apply timeout"
+    );
+
+    ctx.writer().start(4);
+    let (body, send) = expect_apply(&mut server, "a").await;
     assert_eq!(body["kind"], "NodeProxyConfig");
     assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "fleet");
     assert_eq!(body["metadata"]["ownerReferences"][0]["controller"], true);
@@ -144,7 +245,7 @@ async fn first_reconcile_writes_the_canary_then_the_status_then_an_event() {
         body.get("status").is_none(),
         "the operator never writes status: {body}"
     );
-    let revision = body["spec"]["revision"].as_str().unwrap().to_owned();
+    assert_eq!(body["spec"]["revision"], revision.as_str());
     assert_eq!(body["spec"]["config"]["ipvs"]["syncPeriod"], "30s");
     // Also owned by its Node (the garbage collector removes it with the Node).
     assert_eq!(body["metadata"]["ownerReferences"][1]["kind"], "Node");
@@ -171,48 +272,9 @@ async fn first_reconcile_writes_the_canary_then_the_status_then_an_event() {
     );
     respond(send, 200, &body);
 
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &["fieldManager=kipvs-operator", "force=true"],
-    )
-    .await;
-    let written = body["status"].clone();
-    assert_eq!(written["stage"], "canary");
-    assert_eq!(written["revision"], revision.as_str());
-    assert_eq!(written["updatedNodes"], 1);
-    assert_eq!(written["totalNodes"], 2);
-    respond(send, 200, &serde_json::to_value(&pc).unwrap());
-
-    let (event, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
-    assert_eq!(event["reason"], "StageStarted");
-    assert_eq!(event["type"], "Normal");
-    assert_eq!(event["involvedObject"]["kind"], "ProxyConfig");
-    assert_eq!(event["involvedObject"]["name"], "fleet");
-    respond(send, 201, &event);
-
-    let action = task.await.unwrap().unwrap();
-    assert_eq!(
-        action,
-        Action::requeue(Duration::from_secs(300)),
-        "the apply timeout"
-    );
-
     // The stores have not seen either write yet: a second reconcile must not repeat them.
     let again = tokio::spawn(reconcile(Arc::new(pc), ctx));
-    if let Ok(Some((request, _))) =
-        tokio::time::timeout(Duration::from_secs(2), server.next_request()).await
-    {
-        let body = request.into_body().collect_bytes().await.unwrap();
-        panic!("second reconcile wrote: {}", String::from_utf8_lossy(&body));
-    }
+    no_request(&mut server, Duration::from_secs(2), "second reconcile").await;
     assert!(again.await.unwrap().is_ok());
 }
 
@@ -243,24 +305,10 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
         },
     ]);
     let ctx = context(client, &pc, vec![node("gone", &[])], vec![npc]);
-    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx));
-    let (_, send) = expect(
-        &mut server,
-        "DELETE",
-        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/gone",
-        &[],
-    )
-    .await;
-    respond(send, 404, &status(404, "NotFound"));
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
     // No node left: the rollout does not start (a revision is never good on no node), and
     // the ProxyConfig says so.
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    let (body, send) = expect_status(&mut server, "fleet").await;
     assert_eq!(body["status"]["totalNodes"], 0);
     let progressing = body["status"]["conditions"]
         .as_array()
@@ -272,54 +320,84 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
     assert!(body["status"].get("lastGoodRevision").is_none());
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
     for reason in ["NoNodes"] {
-        let (event, send) = expect(
-            &mut server,
-            "POST",
-            "/api/v1/namespaces/default/events",
-            &[],
-        )
-        .await;
+        let (event, send) = expect_event(&mut server).await;
         assert_eq!(event["reason"], reason);
         respond(send, 201, &event);
     }
     task.await.unwrap().unwrap();
+    ctx.writer().start(1);
+    let (_, send) = expect(
+        &mut server,
+        "DELETE",
+        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/gone",
+        &[],
+    )
+    .await;
+    respond(send, 404, &status(404, "NotFound"));
+    // Already gone is done: not retried.
+    no_request(&mut server, Duration::from_millis(500), "after the delete").await;
 }
 
+/// A failed write does not fail the reconcile: the writer retries the same object with
+/// backoff, the ProxyConfig whose write fails is reconciled and reports it (Degraded
+/// WriteFailed), and again once it succeeds.
 #[tokio::test]
-async fn a_failed_write_fails_the_reconcile_after_reporting_status() {
+async fn a_failed_write_is_retried_with_the_same_object_and_reported_on_the_proxyconfig() {
     let (client, mut server) = mock();
     let pc = proxy_config("fleet", canary_spec());
-    let ctx = context(client, &pc, vec![node("a", &[("canary", "yes")])], vec![]);
-    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx));
-    let (_, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
-        &[],
-    )
-    .await;
-    respond(send, 403, &status(403, "Forbidden"));
-    let (_, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    let (writer, mut triggers) = Writer::new(client.clone(), Metrics::new(), None);
+    let ctx = Arc::new(Context::new(
+        client,
+        "operator-0",
+        ready_store(vec![StoredProxyConfig::from(pc.clone())]),
+        ready_store(vec![node("a", &[("canary", "yes")])]),
+        ready_store(vec![]),
+        writer,
+    ));
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
+    let (_, send) = expect_status(&mut server, "fleet").await;
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
-    let (_, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
+    let (_, send) = expect_event(&mut server).await;
     respond(send, 201, &json!({}));
-    let error = task.await.unwrap().unwrap_err();
+    task.await.unwrap().unwrap();
+
+    ctx.writer().start(1);
+    let (first, send) = expect_apply(&mut server, "a").await;
+    respond(send, 500, &status(500, "InternalError"));
+    let trigger = tokio::time::timeout(Duration::from_secs(2), triggers.next())
+        .await
+        .expect("the failing write triggers a reconcile")
+        .unwrap();
+    assert_eq!(trigger.name, "fleet");
+    // The reconcile it triggers reports the failing write and does not queue it twice.
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
+    let (body, send) = expect_status(&mut server, "fleet").await;
+    let condition = degraded(&body);
+    assert_eq!(condition["reason"], "WriteFailed", "{condition}");
     assert!(
-        error.to_string().starts_with("apply NodeProxyConfig a: "),
-        "{error}"
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 NodeProxyConfig write(s) failing"),
+        "{condition}"
     );
+    respond(send, 200, &serde_json::to_value(&pc).unwrap());
+    task.await.unwrap().unwrap();
+    // The retry, after the backoff: the same object (assignedAt included).
+    let (second, send) = expect_apply(&mut server, "a").await;
+    assert_eq!(first, second);
+    respond(send, 200, &second);
+    let trigger = tokio::time::timeout(Duration::from_secs(2), triggers.next())
+        .await
+        .expect("a write no longer failing triggers a reconcile")
+        .unwrap();
+    assert_eq!(trigger.name, "fleet");
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx));
+    let (body, send) = expect_status(&mut server, "fleet").await;
+    assert_eq!(degraded(&body)["reason"], "AsExpected");
+    respond(send, 200, &serde_json::to_value(&pc).unwrap());
+    task.await.unwrap().unwrap();
+    no_request(&mut server, Duration::from_millis(500), "after the retry").await;
 }
 
 /// Events are the transitions from the previous status: they are published only once the
@@ -330,59 +408,31 @@ async fn a_lost_status_write_publishes_no_event_and_the_retry_publishes_it_once(
     let pc = proxy_config("fleet", canary_spec());
     let ctx = context(client, &pc, vec![node("a", &[("canary", "yes")])], vec![]);
     let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/nodeproxyconfigs/a",
-        &[],
-    )
-    .await;
-    respond(send, 200, &body);
-    let (_, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    let (_, send) = expect_status(&mut server, "fleet").await;
     respond(send, 500, &status(500, "InternalError"));
     let error = task.await.unwrap().unwrap_err();
     assert!(error.to_string().contains("status"), "{error}");
-    if let Ok(Some((request, _))) =
-        tokio::time::timeout(Duration::from_millis(500), server.next_request()).await
-    {
-        panic!(
-            "after a lost status write: {} {}",
-            request.method(),
-            request.uri()
-        );
-    }
+    no_request(
+        &mut server,
+        Duration::from_millis(500),
+        "after a lost status write",
+    )
+    .await;
 
-    // The retry: the node is not written again, the status is, then the Event, once.
-    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx));
-    let (_, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/fleet/status",
-        &[],
-    )
-    .await;
+    // The retry: the status is written, then the Event, once (the node's write is the
+    // writer's, queued once).
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
+    let (_, send) = expect_status(&mut server, "fleet").await;
     respond(send, 200, &serde_json::to_value(&pc).unwrap());
-    let (event, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
+    let (event, send) = expect_event(&mut server).await;
     assert_eq!(event["reason"], "StageStarted");
     respond(send, 201, &event);
     task.await.unwrap().unwrap();
-    if let Ok(Some((request, _))) =
-        tokio::time::timeout(Duration::from_millis(500), server.next_request()).await
-    {
-        panic!("a second Event: {} {}", request.method(), request.uri());
-    }
+    no_request(&mut server, Duration::from_millis(500), "a second Event").await;
+    ctx.writer().start(1);
+    let (body, send) = expect_apply(&mut server, "a").await;
+    respond(send, 200, &body);
+    no_request(&mut server, Duration::from_millis(500), "a second write").await;
 }
 
 fn lease(holder: &str, renewed: Timestamp, transitions: i32) -> Value {
@@ -511,39 +561,19 @@ async fn an_undecodable_proxyconfig_is_reported_on_itself() {
     }))
     .unwrap();
     let good = proxy_config("fleet", canary_spec());
-    let ctx = Arc::new(Context::new(
+    let ctx = context_over(
         client,
-        "operator-0",
         ready_store(vec![stored.clone(), StoredProxyConfig::from(good)]),
         ready_store(vec![node("a", &[("canary", "yes")])]),
         ready_store(vec![]),
-    ));
+    );
     let task = tokio::spawn(reconcile_stored(Arc::new(stored), ctx));
-    let (body, send) = expect(
-        &mut server,
-        "PATCH",
-        "/apis/kipvs.io/v1alpha1/proxyconfigs/huge/status",
-        &["fieldManager=kipvs-operator"],
-    )
-    .await;
-    let degraded = body["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Degraded")
-        .unwrap()
-        .clone();
-    assert_eq!(degraded["reason"], "InvalidSpec");
+    let (body, send) = expect_status(&mut server, "huge").await;
+    assert_eq!(degraded(&body)["reason"], "InvalidSpec");
     assert_eq!(body["status"]["lastGoodRevision"], "0123456789");
     assert_eq!(body["status"]["observedGeneration"], 2);
     respond(send, 200, &body);
-    let (event, send) = expect(
-        &mut server,
-        "POST",
-        "/api/v1/namespaces/default/events",
-        &[],
-    )
-    .await;
+    let (event, send) = expect_event(&mut server).await;
     assert_eq!(event["reason"], "InvalidSpec");
     assert_eq!(event["involvedObject"]["name"], "huge");
     assert!(
@@ -564,13 +594,7 @@ async fn every_reconcile_waiting_for_the_stores_goes_on_when_they_are_ready() {
     let (client, _server) = mock();
     let (nodes, mut node_writer) = reflector::store::<Node>();
     let (npcs, mut npc_writer) = reflector::store::<NodeProxyConfig>();
-    let ctx = Arc::new(Context::new(
-        client,
-        "operator-0",
-        ready_store(vec![]),
-        nodes,
-        npcs,
-    ));
+    let ctx = context_over(client, ready_store(vec![]), nodes, npcs);
     let waiters: Vec<_> = (0..3)
         .map(|_| {
             let ctx = ctx.clone();
@@ -588,4 +612,39 @@ async fn every_reconcile_waiting_for_the_stores_goes_on_when_they_are_ready() {
             .expect("a waiter was never woken");
         assert!(ready.unwrap());
     }
+}
+
+/// A ProxyConfig deleted while its writes wait: they are dropped, not sent (no later decision
+/// would cancel them), and another ProxyConfig's write still goes out.
+#[tokio::test]
+async fn the_writes_of_a_deleted_proxyconfig_are_dropped() {
+    let (client, mut server) = mock();
+    let live = proxy_config("live", canary_spec());
+    let (writer, _) = Writer::new(
+        client,
+        Metrics::new(),
+        Some(ready_store(vec![StoredProxyConfig::from(live.clone())])),
+    );
+    let write = |node: &str| kipvs_operator::rollout::Write::Assign {
+        node: node.into(),
+        node_uid: None,
+        revision: "r1".into(),
+        config: Arc::new(Default::default()),
+    };
+    let gone = proxy_config("gone", canary_spec());
+    {
+        let mut state = writer.lock();
+        use kube::Resource;
+        state.submit(&gone.controller_owner_ref(&()).unwrap(), vec![write("a")]);
+        state.submit(&live.controller_owner_ref(&()).unwrap(), vec![write("b")]);
+    }
+    writer.start(1);
+    let (body, send) = expect_apply(&mut server, "b").await;
+    respond(send, 200, &body);
+    no_request(
+        &mut server,
+        Duration::from_millis(500),
+        "a deleted owner's write",
+    )
+    .await;
 }

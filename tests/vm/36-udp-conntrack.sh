@@ -28,6 +28,8 @@ for p in udp-a=$A udp-b=$B; do
     "${p#*=}" | /sbin/ip -n "${p%%=*}" -batch -
 done
 service() { # ENDPOINT=NODE...: write the Service with these endpoints and wait for the kernel
+  # and an entry to no virtual server, which the kernel must leave out of the proxier's dumps
+  echo foreign | nc.traditional -u -q 0 -p 41009 $A 9999 2>/dev/null
   sh /payload/tests/conntrack/udp-sink.sh "$@" > "$W/ct.tmp" && mv "$W/ct.tmp" "$M/udp-sink.yaml"
   wait_converged 30 >/dev/null || bad "not converged with endpoints '$*'"
 }
@@ -103,4 +105,9 @@ kill "$flow" "$(cat "$W/udp-a.pid")" "$(cat "$W/udp-b.pid")" 2>/dev/null
 
 rm -f "$M/udp-sink.yaml"
 wait_converged 30 >/dev/null || bad "not converged after removing the test Service"
+grep -o 'conntrack_us=[0-9]*' "$(proxier_log)" | cut -d= -f2 | awk '$1 > 100' | sort -n |
+  awk '{a[NR] = $1} END {print "conntrack cleanups: " NR ", median " a[int((NR + 1) / 2)] " us, max " a[NR] " us"}' | indent
+check "the kernel filtered the proxier's conntrack dumps (CTA_FILTER: an entry to no virtual server is in the table, none came back)" \
+  sh -c "grep -q 'sport=41009 ' /proc/net/nf_conntrack && ! grep -q 'ignored the conntrack dump filter' '$(proxier_log)'"
+check "every conntrack listing and delete succeeded" sh -c "! grep -E 'cannot (list|delete) (stale )?UDP conntrack' '$(proxier_log)'"
 finish

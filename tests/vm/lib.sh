@@ -92,9 +92,11 @@ in_client() { nsenter --net=/run/netns/client "$@"; }
 http_get() { # IP PORT
   printf 'GET / HTTP/1.0\r\n\r\n' | in_client nc -w 3 "$1" "$2" 2>/dev/null | tail -n1
 }
-# one UDP datagram; prints the first answer line. stdin stays open 0.5 s so nc waits for the reply
+# one UDP datagram; prints the first answer line. stdin stays open 1.5 s so nc waits for the reply
+# (0.5 s lost answers that came late on a loaded host: the cold CI-like run saw "- -" while IPVS
+# counted the replies)
 udp_ask() { # IP PORT
-  (echo q; sleep 0.5) | in_client nc.traditional -u -q 0 -w 2 "$1" "$2" 2>/dev/null | head -n1
+  (echo q; sleep 1.5) | in_client nc.traditional -u -q 0 -w 2 "$1" "$2" 2>/dev/null | head -n1
 }
 # N requests; prints the answers one per line ("-" for no answer)
 many() { # N FUNC IP PORT

@@ -14,14 +14,64 @@
 use kipvs_proxier::dataplane::Ownership;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::engine::syncer::Syncer;
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 #[path = "cluster.rs"]
 mod cluster;
 
-/// The allocator the `kipvs-proxier` binary uses.
+/// The allocator the `kipvs-proxier` binary uses, counting the bytes it holds.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counting = Counting(mimalloc::MiMalloc);
+
+/// Bytes allocated and not yet freed, and their peak since the last [`reset_peak`].
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// A global allocator that counts the bytes live through `inner` (requested sizes: the
+/// allocator's own rounding and free pages are what RSS adds on top).
+struct Counting(mimalloc::MiMalloc);
+
+// SAFETY: every call is forwarded to `mimalloc` unchanged; only counters are added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+        PEAK.fetch_max(live, Relaxed);
+        unsafe { self.0.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Relaxed);
+        unsafe { self.0.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size >= layout.size() {
+            let live = LIVE.fetch_add(new_size - layout.size(), Relaxed) + new_size - layout.size();
+            PEAK.fetch_max(live, Relaxed);
+        } else {
+            LIVE.fetch_sub(layout.size() - new_size, Relaxed);
+        }
+        unsafe { self.0.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Live heap bytes, in MiB.
+fn heap_mib() -> f64 {
+    LIVE.load(Relaxed) as f64 / (1 << 20) as f64
+}
+
+/// Peak live heap bytes since the last call, in MiB.
+fn take_peak_heap_mib() -> f64 {
+    let peak = PEAK.swap(LIVE.load(Relaxed), Relaxed);
+    peak as f64 / (1 << 20) as f64
+}
+
+/// The heap bytes `make` allocates and keeps (in MiB), and its result.
+fn heap_of<T>(make: impl FnOnce() -> T) -> (f64, T) {
+    let before = heap_mib();
+    let value = make();
+    (heap_mib() - before, value)
+}
 
 /// The process's peak resident set (`VmHWM`), in MiB.
 fn peak_rss_mib() -> u64 {
@@ -44,6 +94,35 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// With `SCALE_BREAKDOWN` set: the heap each part of the desired state holds (measured on a
+/// copy of it), on stderr.
+fn breakdown(desired: &kipvs_proxier::model::DesiredState) {
+    let (all, copy) = heap_of(|| desired.clone());
+    drop(copy);
+    let (vs, copy) = heap_of(|| desired.virtual_servers.clone());
+    drop(copy);
+    let (real, copy) = heap_of(|| {
+        let v: Vec<_> = desired
+            .virtual_servers
+            .values()
+            .map(|vs| vs.real_servers.clone())
+            .collect();
+        v
+    });
+    let vector = (copy.capacity() * std::mem::size_of_val(&copy[0])) as f64 / (1 << 20) as f64;
+    drop(copy);
+    let (elements, copy) = heap_of(|| desired.set_elements.clone());
+    drop(copy);
+    let (addresses, copy) = heap_of(|| desired.bind_addresses.clone());
+    drop(copy);
+    eprintln!(
+        "desired state {all:.1} MiB: virtual servers {vs:.1} (of which real-server maps {:.1}), \
+         set elements {elements:.1} ({} of them), bind addresses {addresses:.1}",
+        real - vector,
+        desired.set_elements.len()
+    );
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let n: usize = args.next().map_or(50_000, |a| a.parse().expect("SERVICES"));
@@ -64,6 +143,8 @@ fn main() {
     let mut store = cluster::store(n);
     println!("store_build {:.1} ms", ms(at.elapsed()));
     println!("peak_rss_store {} MiB", peak_rss_mib());
+    println!("heap_store {:.0} MiB", heap_mib());
+    take_peak_heap_mib();
     let at = Instant::now();
     let mut planner = cluster::planner();
     planner.replan(&mut store);
@@ -73,12 +154,24 @@ fn main() {
         planner.desired().virtual_servers.len()
     );
     println!("peak_rss_planned {} MiB", peak_rss_mib());
+    println!("heap_planned {:.0} MiB", heap_mib());
+    println!("peak_heap_planning {:.0} MiB", take_peak_heap_mib());
+    if std::env::var_os("SCALE_BREAKDOWN").is_some() {
+        breakdown(planner.desired());
+    }
     let at = Instant::now();
     let mut first = syncer();
     let report = rt.block_on(first.sync(planner.desired())).expect("sync");
     assert!(report.failures.is_empty());
     println!("first_sync {:.1} ms", ms(at.elapsed()));
     println!("peak_rss_synced {} MiB", peak_rss_mib());
+    println!("heap_synced {:.0} MiB", heap_mib());
+    println!("peak_heap_syncing {:.0} MiB", take_peak_heap_mib());
+    if std::env::var_os("SCALE_BREAKDOWN").is_some() {
+        let (fake, state) = heap_of(|| first.dataplane().state.clone());
+        eprintln!("  the fake dataplane's table (a copy of it): {fake:.1} MiB");
+        drop(state);
+    }
     drop((first, planner));
 
     let (mut plans, mut syncs, mut totals) = (Vec::new(), Vec::new(), Vec::new());

@@ -2,7 +2,7 @@
 
 use super::settings::{FakeKernel, KernelSettings};
 use super::{Dataplane, DataplaneError, Op, OpFailure};
-use crate::dataplane::conntrack::UdpEntry;
+use crate::dataplane::conntrack::{Listing, UdpEntry};
 use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
 use futures::future::BoxFuture;
 use kipvs_crds::config::ProxierConfiguration;
@@ -126,8 +126,16 @@ impl Dataplane for FakeDataplane {
         failures
     }
 
-    async fn udp_conntrack(&mut self) -> Result<Vec<UdpEntry>, DataplaneError> {
-        Ok(self.conntrack.iter().copied().collect())
+    async fn udp_conntrack(
+        &mut self,
+        listing: Listing<'_>,
+    ) -> Result<Vec<UdpEntry>, DataplaneError> {
+        Ok(self
+            .conntrack
+            .iter()
+            .filter(|e| listing.contains(e))
+            .copied()
+            .collect())
     }
 
     async fn delete_conntrack(&mut self, entries: &[UdpEntry]) -> Vec<(UdpEntry, DataplaneError)> {

@@ -2,7 +2,7 @@
 //! its addresses through rtnetlink, and the sysctls kube-proxy's IPVS mode sets.
 
 use super::batch::Batcher;
-use super::conntrack::{Conntrack, UdpEntry};
+use super::conntrack::{Conntrack, Listing, UdpEntry};
 use super::{Dataplane, DataplaneError, Op, OpFailure, Ownership, diff, nft_transaction};
 use crate::dataplane::nft::{self, Nft};
 use crate::model::{
@@ -369,9 +369,12 @@ impl Dataplane for KernelDataplane {
         failures
     }
 
-    async fn udp_conntrack(&mut self) -> Result<Vec<UdpEntry>, DataplaneError> {
+    async fn udp_conntrack(
+        &mut self,
+        listing: Listing<'_>,
+    ) -> Result<Vec<UdpEntry>, DataplaneError> {
         match &self.conntrack {
-            Some(conntrack) => Ok(conntrack.udp_entries().await?),
+            Some(conntrack) => Ok(conntrack.udp_entries(listing).await?),
             None => Ok(Vec::new()),
         }
     }

@@ -26,7 +26,7 @@ pub mod nft;
 pub mod settings;
 pub mod sysctl;
 
-use crate::dataplane::conntrack::UdpEntry;
+use crate::dataplane::conntrack::{Listing, UdpEntry};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
@@ -510,10 +510,11 @@ pub trait Dataplane {
     /// failures. Ops of one stage may run concurrently.
     fn apply(&mut self, ops: &[Op]) -> impl Future<Output = Vec<OpFailure>> + Send;
 
-    /// The UDP conntrack entries of the network namespace, both IP families (see
+    /// The UDP conntrack entries of the network namespace in `listing`, both IP families (see
     /// [`crate::dataplane::conntrack`]).
     fn udp_conntrack(
         &mut self,
+        listing: Listing<'_>,
     ) -> impl Future<Output = Result<Vec<UdpEntry>, DataplaneError>> + Send;
 
     /// Delete these conntrack entries, each by its original tuple (never a flush); an entry

@@ -143,16 +143,20 @@ impl Planner {
         // the configuration put in force before the first sync) for the next call, so the
         // first change after start-up re-planned and synced everything again.
         let replan_all = std::mem::take(&mut self.replan_all);
-        let (keys, all): (Vec<ObjectKey>, bool) = if dirty.all || replan_all {
+        let all = dirty.all || replan_all;
+        if all {
             self.index = DesiredIndex::default();
             self.node_ips = if self.identity.node_ips.is_empty() {
                 node.map(plan::node_internal_ips).unwrap_or_default()
             } else {
                 self.identity.node_ips.clone()
             };
-            (store.services().map(|(k, _)| k.clone()).collect(), true)
+        }
+        // Every Service, or the changed ones (not copied: a full plan holds no list of keys).
+        let keys: Box<dyn Iterator<Item = &ObjectKey>> = if all {
+            Box::new(store.services().map(|(k, _)| k))
         } else {
-            (dirty.services.into_iter().collect(), false)
+            Box::new(dirty.services.iter())
         };
         let (context, problems) =
             PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
@@ -166,7 +170,7 @@ impl Planner {
             }
         }
         let mut touched = Touched::default();
-        for key in &keys {
+        for key in keys {
             let planned = store
                 .service(key)
                 .and_then(|s| plan::plan_service(s, &store.slices_of(key), &context));
@@ -180,6 +184,7 @@ impl Planner {
             }
         }
         if all {
+            self.index.compact();
             Replanned::All
         } else {
             Replanned::Touched(touched)

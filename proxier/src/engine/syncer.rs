@@ -18,7 +18,7 @@
 //! netlink request and an `nft` transaction either apply or do not). Every other change stays
 //! incremental; the periodic full sync re-observes everything and retries every entry.
 
-use crate::dataplane::conntrack::{self, CleanupReport};
+use crate::dataplane::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::{
     Dataplane, DataplaneError, Op, OpFailure, Ownership, diff_scoped, draining,
 };
@@ -178,9 +178,10 @@ pub struct Syncer<D> {
     in_doubt: BTreeMap<Entry, Backoff>,
     /// Draining real servers and when they started draining (in this process).
     drains: BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
-    /// UDP virtual servers deleted since the last successful conntrack cleanup: their entries
-    /// are stale whatever their real server.
-    removed_udp: BTreeSet<VirtualServerKey>,
+    /// UDP virtual servers whose real servers changed, or that were deleted, since the last
+    /// successful conntrack cleanup: the entries the next cleanup lists (the entries of a
+    /// deleted one are stale whatever their real server).
+    udp_changed: BTreeSet<VirtualServerKey>,
 }
 
 impl<D: Dataplane> Syncer<D> {
@@ -193,7 +194,7 @@ impl<D: Dataplane> Syncer<D> {
             cache: None,
             in_doubt: BTreeMap::new(),
             drains: BTreeMap::new(),
-            removed_udp: BTreeSet::new(),
+            udp_changed: BTreeSet::new(),
         }
     }
 
@@ -418,10 +419,11 @@ impl<D: Dataplane> Syncer<D> {
         })
     }
 
-    /// Delete the stale UDP conntrack entries ([`conntrack::stale`]) after a full sync, after
-    /// a sync that added or deleted a UDP real server or deleted a UDP virtual server (a
-    /// Service back from zero endpoints gets no entry made while it had none), and after one
-    /// whose cleanup failed; a no-op otherwise. Failures are logged and counted, never fail the sync.
+    /// Delete the stale UDP conntrack entries ([`conntrack::stale`]): after a full sync, among
+    /// every UDP entry; after a sync that added or deleted a UDP real server or deleted a UDP
+    /// virtual server (a Service back from zero endpoints gets no entry made while it had
+    /// none), or one whose cleanup failed, among the entries to those virtual servers only; a
+    /// no-op otherwise. Failures are logged and counted, never fail the sync.
     async fn clean_conntrack(
         &mut self,
         desired: &DesiredState,
@@ -429,28 +431,27 @@ impl<D: Dataplane> Syncer<D> {
         failures: &[OpFailure],
         full: bool,
     ) -> CleanupReport {
-        let mut udp_changed = false;
         for op in ops
             .iter()
             .filter(|op| !failures.iter().any(|f| &f.op == *op))
         {
             match op {
-                Op::DeleteVirtualServer(vs) if vs.protocol == Protocol::Udp => {
-                    self.removed_udp.insert(*vs);
-                    udp_changed = true;
-                }
-                Op::DeleteRealServer { vs, .. } | Op::AddRealServer { vs, .. }
+                Op::DeleteVirtualServer(vs)
+                | Op::DeleteRealServer { vs, .. }
+                | Op::AddRealServer { vs, .. }
                     if vs.protocol == Protocol::Udp =>
                 {
-                    udp_changed = true;
+                    self.udp_changed.insert(*vs);
                 }
                 _ => {}
             }
         }
-        if !full && !udp_changed && self.removed_udp.is_empty() {
-            return CleanupReport::default();
-        }
-        let entries = match self.dataplane.udp_conntrack().await {
+        let listing = match full {
+            true => Listing::All,
+            false if self.udp_changed.is_empty() => return CleanupReport::default(),
+            false => Listing::To(&self.udp_changed),
+        };
+        let entries = match self.dataplane.udp_conntrack(listing).await {
             Ok(entries) => entries,
             Err(error) => {
                 tracing::warn!(%error, "cannot list UDP conntrack entries; retried next sync");
@@ -460,7 +461,7 @@ impl<D: Dataplane> Syncer<D> {
                 };
             }
         };
-        let stale = conntrack::stale(&entries, desired, &self.removed_udp);
+        let stale = conntrack::stale(&entries, desired, &self.udp_changed);
         let failed = self.dataplane.delete_conntrack(&stale).await;
         for (entry, error) in &failed {
             tracing::warn!(%error, "cannot delete stale UDP conntrack entry {entry}");
@@ -472,7 +473,7 @@ impl<D: Dataplane> Syncer<D> {
             tracing::info!("deleted stale UDP conntrack entry {entry}");
         }
         if failed.is_empty() {
-            self.removed_udp.clear();
+            self.udp_changed.clear();
         }
         CleanupReport {
             deleted: stale.len() - failed.len(),
@@ -602,14 +603,16 @@ mod tests {
     #[tokio::test]
     async fn stale_udp_conntrack_entries_are_deleted_and_nothing_else() {
         use crate::dataplane::conntrack::UdpEntry;
-        let udp = VirtualServerKey {
+        let udp = |port| VirtualServerKey {
             protocol: Protocol::Udp,
-            port: 53,
-            ..key(53)
+            port,
+            ..key(port)
         };
+        // UDP 53 has these backends; UDP 54 (untouched below) always has A.
         let with = |backends: &[&str]| {
             let mut d = state(&[]);
-            d.virtual_servers = [(udp, state(backends).virtual_servers[&key(80)].clone())].into();
+            let vs = |b: &[&str]| state(b).virtual_servers[&key(80)].clone();
+            d.virtual_servers = [(udp(53), vs(backends)), (udp(54), vs(&["10.244.1.5:53"]))].into();
             d
         };
         let entry = |client: &str, reply: &str| UdpEntry {
@@ -623,16 +626,23 @@ mod tests {
             destination: "10.0.0.10:53".parse().unwrap(),
             ..on_a
         };
+        // To UDP 54 but from B, which it never had (made before the Service existed).
+        let untouched = UdpEntry {
+            destination: "10.96.0.10:54".parse().unwrap(),
+            ..on_b
+        };
         let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
         syncer.dataplane.conntrack = [on_a, on_b, foreign].into();
         // A (re)start clears nothing that still points at a wanted real server.
         let both = with(&["10.244.1.5:53", "10.244.2.6:53"]);
         assert_eq!(syncer.sync(&both).await.unwrap().conntrack.deleted, 0);
         assert_eq!(syncer.dataplane.conntrack.len(), 3);
-        // A's pod is replaced: its entry goes in the same sync, B's flow stays.
+        syncer.dataplane.conntrack.insert(untouched);
+        // A's pod is replaced: its entry goes in the same sync, B's flow stays, and the sync
+        // looks at UDP 53's entries only (UDP 54's stale one waits for the next full sync).
         let only_b = with(&["10.244.2.6:53"]);
         let touched = Scope {
-            virtual_servers: [udp].into(),
+            virtual_servers: [udp(53)].into(),
             ..Default::default()
         };
         let report = syncer.sync_touched(&only_b, &touched).await.unwrap();
@@ -643,10 +653,20 @@ mod tests {
                 failed: 0
             }
         );
-        assert_eq!(syncer.dataplane.conntrack, [on_b, foreign].into());
+        assert_eq!(
+            syncer.dataplane.conntrack,
+            [on_b, foreign, untouched].into()
+        );
         // The Service goes away: every entry to its virtual server goes, nothing else.
-        let report = syncer.sync_touched(&state(&[]), &touched).await.unwrap();
+        let mut gone = only_b.clone();
+        gone.virtual_servers.remove(&udp(53));
+        let report = syncer.sync_touched(&gone, &touched).await.unwrap();
         assert_eq!(report.conntrack.deleted, 1);
+        assert_eq!(syncer.dataplane.conntrack, [foreign, untouched].into());
+        // A sync that changes no UDP real server lists nothing; a full sync lists everything.
+        let report = syncer.sync_touched(&gone, &touched).await.unwrap();
+        assert_eq!(report.conntrack, CleanupReport::default());
+        assert_eq!(syncer.sync(&gone).await.unwrap().conntrack.deleted, 1);
         assert_eq!(syncer.dataplane.conntrack, [foreign].into());
     }
 

@@ -15,7 +15,10 @@
 //!
 //! Memory: a virtual server is held once. The winner's entry is moved into the desired state
 //! and moved back into its Service's plan when another Service takes the virtual server over;
-//! only losing claims keep their own. Service plans are kept as exact-size vectors.
+//! only losing claims keep their own, and not even those when the entry equals one the same
+//! Service wins (a NodePort virtual server losing its port to another Service usually has the
+//! real servers of its ClusterIP one). Service plans are kept as exact-size vectors, and a
+//! claim names its Service through one shared key.
 
 use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
 use crate::model::{
@@ -23,6 +26,7 @@ use crate::model::{
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// A Service's identity: `(namespace, name)`.
 pub type ServiceKey = (String, String);
@@ -32,15 +36,43 @@ pub type ServiceKey = (String, String);
 /// appeared or disappeared. It is the scope of the incremental diff.
 pub type Touched = Scope;
 
-/// The set elements among `elements` derived from the virtual server `vs`.
-fn vs_elements<'a>(
-    elements: &'a [SetElement],
-    vs: &'a VirtualServerKey,
-) -> impl Iterator<Item = SetElement> + 'a {
-    elements
-        .iter()
-        .filter(move |e| e.virtual_server().as_ref() == Some(vs))
-        .copied()
+/// The set elements named by a virtual server alone, kept as bits of [`Own::derived`] (bit
+/// `i` for `DERIVED[i]`) instead of a 38-byte element each.
+const DERIVED: [fn(VirtualServerKey) -> SetElement; 4] = [
+    SetElement::ClusterIp,
+    SetElement::External,
+    SetElement::ExternalLocal,
+    SetElement::Firewall,
+];
+
+/// The bits of [`DERIVED`] whose element for `vs` is in `elements`.
+fn derived_bits(elements: &BTreeSet<SetElement>, vs: VirtualServerKey) -> u8 {
+    (0..DERIVED.len())
+        .filter(|&i| elements.contains(&DERIVED[i](vs)))
+        .fold(0, |bits, i| bits | 1 << i)
+}
+
+/// One of a Service's virtual servers, as its stored plan keeps it.
+#[derive(Clone, Debug)]
+struct Own {
+    vs: VirtualServerKey,
+    /// Where its entry is.
+    slot: Slot,
+    /// Its elements of [`DERIVED`] (not in [`Stored::set_elements`]).
+    derived: u8,
+}
+
+/// Where a Service's plan keeps the entry of one of its virtual servers.
+#[derive(Clone, Debug)]
+enum Slot {
+    /// The Service wins the virtual server: the desired state holds the entry.
+    Won,
+    /// The Service lost it, with an entry equal to that of its virtual server at this position
+    /// in [`Stored::virtual_servers`], which it won when it was planned (that one's slot is
+    /// [`Slot::Won`] or [`Slot::Lost`], never `SameAs`).
+    SameAs(u32),
+    /// The Service lost it: its own entry.
+    Lost(Box<VirtualServer>),
 }
 
 /// A Service plan as the index keeps it: exact-size sorted vectors instead of the maps of a
@@ -48,63 +80,152 @@ fn vs_elements<'a>(
 /// servers this Service wins (those live in the desired state).
 #[derive(Clone, Debug)]
 struct Stored {
-    /// Its virtual servers, sorted; the entry is `None` where this Service wins the virtual
-    /// server (the desired state holds it).
-    virtual_servers: Vec<(VirtualServerKey, Option<Box<VirtualServer>>)>,
+    /// Its virtual servers, sorted.
+    virtual_servers: Vec<Own>,
     bind_addresses: Box<[IpAddr]>,
-    health_check_node_port: Option<(u16, HealthCheckNodePort)>,
+    /// Whether its set elements hold `ServiceIp` of each bind address (then they are not in
+    /// `set_elements`).
+    service_ips: bool,
+    health_check_node_port: Option<Box<(u16, HealthCheckNodePort)>>,
+    /// Its set elements but those of [`Own::derived`] and [`Stored::service_ips`].
     set_elements: Box<[SetElement]>,
     no_local_endpoints_internal: bool,
     no_local_endpoints_external: bool,
     terminating_fallback: bool,
-    problems: Vec<Problem>,
+    problems: Box<[Problem]>,
 }
 
 impl Stored {
-    /// The slot of its virtual server `vs`.
-    fn slot(&mut self, vs: &VirtualServerKey) -> &mut Option<Box<VirtualServer>> {
-        let at = self
-            .virtual_servers
-            .binary_search_by_key(vs, |(k, _)| *k)
-            .expect("claimed");
-        &mut self.virtual_servers[at].1
+    /// Stored form of `new` (every slot [`Slot::Won`] for now): exact-size vectors, and the
+    /// set elements that its virtual servers or bind addresses name as bits.
+    fn new(new: &ServicePlan) -> Self {
+        let elements = &new.set_elements;
+        let service_ip = |ip: &IpAddr| SetElement::ServiceIp(*ip);
+        let service_ips = new
+            .bind_addresses
+            .iter()
+            .all(|ip| elements.contains(&service_ip(ip)));
+        let implied = |e: &SetElement| match e {
+            SetElement::ServiceIp(ip) => service_ips && new.bind_addresses.contains(ip),
+            _ => e.virtual_server().is_some_and(|vs| {
+                new.virtual_servers.contains_key(&vs) && DERIVED.iter().any(|f| f(vs) == *e)
+            }),
+        };
+        Stored {
+            virtual_servers: new
+                .virtual_servers
+                .keys()
+                .map(|&vs| Own {
+                    vs,
+                    slot: Slot::Won,
+                    derived: derived_bits(elements, vs),
+                })
+                .collect(),
+            bind_addresses: new.bind_addresses.iter().copied().collect(),
+            service_ips,
+            health_check_node_port: new.health_check_node_port.clone().map(Box::new),
+            set_elements: elements.iter().filter(|e| !implied(e)).copied().collect(),
+            no_local_endpoints_internal: new.no_local_endpoints_internal,
+            no_local_endpoints_external: new.no_local_endpoints_external,
+            terminating_fallback: new.terminating_fallback,
+            problems: new.problems.clone().into_boxed_slice(),
+        }
+    }
+
+    /// The position of its virtual server `vs`.
+    fn position(&self, vs: &VirtualServerKey) -> usize {
+        self.virtual_servers
+            .binary_search_by_key(vs, |own| own.vs)
+            .expect("claimed")
+    }
+
+    /// The set elements derived from its virtual server at `at`.
+    fn vs_elements(&self, at: usize) -> impl Iterator<Item = SetElement> + '_ {
+        let Own { vs, derived, .. } = self.virtual_servers[at];
+        let bits = (0..DERIVED.len()).filter(move |i| derived & 1 << i != 0);
+        bits.map(move |i| DERIVED[i](vs)).chain(
+            self.set_elements
+                .iter()
+                .filter(move |e| e.virtual_server() == Some(vs))
+                .copied(),
+        )
+    }
+
+    /// Take the entry of its lost virtual server `vs` (now won: the slot becomes
+    /// [`Slot::Won`]); `desired` holds the entries of the virtual servers it wins.
+    fn take_entry(&mut self, vs: &VirtualServerKey, desired: &DesiredState) -> VirtualServer {
+        let at = self.position(vs);
+        match std::mem::replace(&mut self.virtual_servers[at].slot, Slot::Won) {
+            Slot::Lost(entry) => *entry,
+            Slot::SameAs(other) => {
+                let Own { vs, slot, .. } = &self.virtual_servers[other as usize];
+                match slot {
+                    Slot::Won => desired.virtual_servers[vs].clone(),
+                    Slot::Lost(entry) => (**entry).clone(),
+                    Slot::SameAs(_) => unreachable!("a SameAs slot names a won one"),
+                }
+            }
+            Slot::Won => unreachable!("a losing claim keeps its entry"),
+        }
     }
 
     /// Whether `vs` is one of its virtual servers.
     fn has(&self, vs: &VirtualServerKey) -> bool {
         self.virtual_servers
-            .binary_search_by_key(vs, |(k, _)| *k)
+            .binary_search_by_key(vs, |own| own.vs)
             .is_ok()
     }
 
     /// Its set elements not derived from one of its virtual servers (reference-counted across
     /// Services).
-    fn shared_elements(&self) -> impl Iterator<Item = &SetElement> {
+    fn shared_elements(&self) -> impl Iterator<Item = SetElement> + '_ {
+        let service_ips = self.bind_addresses.iter().filter(|_| self.service_ips);
         self.set_elements
             .iter()
             .filter(|e| e.virtual_server().is_none_or(|vs| !self.has(&vs)))
+            .copied()
+            .chain(service_ips.map(|ip| SetElement::ServiceIp(*ip)))
+    }
+}
+
+/// Rebuild `map` with full nodes: `append` of two non-empty maps bulk-loads their merged
+/// entries into new nodes filled to capacity (the standard library's own `append`), freeing
+/// the old ones as it goes.
+fn compact_map<K: Ord + Clone, V>(map: &mut BTreeMap<K, V>) {
+    if let Some(second) = map.keys().nth(1).cloned() {
+        let mut rest = map.split_off(&second);
+        map.append(&mut rest);
+    }
+}
+
+/// [`compact_map`] for a set.
+fn compact_set<T: Ord + Clone>(set: &mut BTreeSet<T>) {
+    if let Some(second) = set.iter().nth(1).cloned() {
+        let mut rest = set.split_off(&second);
+        set.append(&mut rest);
     }
 }
 
 /// The Services claiming one virtual server or health-check node port, in key order (the
 /// first wins). Almost always one: a sorted `Vec` costs one small allocation where a
-/// `BTreeSet` allocates a whole node.
+/// `BTreeSet` allocates a whole node, and each names its Service by the key its plan is
+/// stored under (shared, not copied).
 #[derive(Clone, Debug, Default)]
-struct Claims(Vec<ServiceKey>);
+struct Claims(Vec<Arc<ServiceKey>>);
 
 impl Claims {
     fn first(&self) -> Option<&ServiceKey> {
-        self.0.first()
+        self.0.first().map(|key| &**key)
     }
 
-    fn insert(&mut self, key: ServiceKey) {
-        if let Err(at) = self.0.binary_search(&key) {
-            self.0.insert(at, key);
+    fn insert(&mut self, key: &Arc<ServiceKey>) {
+        if let Err(at) = self.0.binary_search(key) {
+            self.0.insert(at, key.clone());
         }
     }
 
     fn remove(&mut self, key: &ServiceKey) {
-        if let Ok(at) = self.0.binary_search(key) {
+        if let Ok(at) = self.0.binary_search_by(|k| (**k).cmp(key)) {
             self.0.remove(at);
         }
     }
@@ -113,7 +234,7 @@ impl Claims {
 /// Per-Service plans and their union (see module docs).
 #[derive(Clone, Debug, Default)]
 pub struct DesiredIndex {
-    plans: BTreeMap<ServiceKey, Stored>,
+    plans: BTreeMap<Arc<ServiceKey>, Stored>,
     vs_claims: BTreeMap<VirtualServerKey, Claims>,
     address_claims: BTreeMap<IpAddr, usize>,
     element_claims: BTreeMap<SetElement, usize>,
@@ -156,11 +277,11 @@ impl DesiredIndex {
         let old = self.plans.get(&key);
         touched.virtual_servers = old
             .into_iter()
-            .flat_map(|p| p.virtual_servers.iter().map(|(k, _)| *k))
+            .flat_map(|p| p.virtual_servers.iter().map(|own| own.vs))
             .chain(plan.iter().flat_map(|p| p.virtual_servers.keys().copied()))
             .collect();
         touched.health_check_node_ports = old
-            .and_then(|p| p.health_check_node_port.as_ref())
+            .and_then(|p| p.health_check_node_port.as_deref())
             .into_iter()
             .chain(
                 plan.as_ref()
@@ -169,9 +290,14 @@ impl DesiredIndex {
             .map(|(port, _)| *port)
             .collect();
         let before = self.real_servers_of(&touched.virtual_servers);
-        if let Some(old) = self.plans.remove(&key) {
-            self.retract(&key, &old, &mut touched);
-        }
+        // The shared key of the plan it replaces, else a new one.
+        let key = match self.plans.remove_entry(&key) {
+            Some((shared, old)) => {
+                self.retract(&key, &old, &mut touched);
+                shared
+            }
+            None => Arc::new(key),
+        };
         if let Some(new) = plan {
             let stored = self.assert_plan(&key, new, &mut touched);
             self.plans.insert(key, stored);
@@ -179,6 +305,23 @@ impl DesiredIndex {
         self.real_servers =
             self.real_servers - before + self.real_servers_of(&touched.virtual_servers);
         touched
+    }
+
+    /// Rebuild the maps with full nodes, after a full plan: one by one `update` inserts in no
+    /// particular order and leaves the B-tree nodes between half and two thirds full (at 50k
+    /// Services the maps held ~30 MiB of empty slots). Linear; the nodes of each map are freed
+    /// as its new ones fill, so the peak stays that of the largest map's remainder. Later
+    /// updates split nodes again as any insert does.
+    pub fn compact(&mut self) {
+        compact_map(&mut self.plans);
+        compact_map(&mut self.vs_claims);
+        compact_map(&mut self.address_claims);
+        compact_map(&mut self.element_claims);
+        compact_map(&mut self.health_check_claims);
+        compact_map(&mut self.desired.virtual_servers);
+        compact_set(&mut self.desired.bind_addresses);
+        compact_map(&mut self.desired.health_check_node_ports);
+        compact_set(&mut self.desired.set_elements);
     }
 
     /// Real servers of the desired virtual servers `keys`.
@@ -190,7 +333,7 @@ impl DesiredIndex {
     }
 
     fn retract(&mut self, key: &ServiceKey, old: &Stored, touched: &mut Touched) {
-        for (vs, _) in &old.virtual_servers {
+        for (at, Own { vs, .. }) in old.virtual_servers.iter().enumerate() {
             touched.virtual_servers.insert(*vs);
             let claims = self.vs_claims.get_mut(vs).expect("claimed");
             let was_winner = claims.first() == Some(key);
@@ -203,18 +346,15 @@ impl DesiredIndex {
             if !was_winner {
                 continue;
             }
-            for element in vs_elements(&old.set_elements, vs) {
+            for element in old.vs_elements(at) {
                 self.desired.set_elements.remove(&element);
                 touched.set_elements.insert(element);
             }
             if let Some(winner) = winner {
                 let plan = self.plans.get_mut(&winner).expect("planned");
-                let entry = plan
-                    .slot(vs)
-                    .take()
-                    .expect("a losing claim keeps its entry");
-                self.desired.virtual_servers.insert(*vs, *entry);
-                for element in vs_elements(&plan.set_elements, vs) {
+                let entry = plan.take_entry(vs, &self.desired);
+                self.desired.virtual_servers.insert(*vs, entry);
+                for element in plan.vs_elements(plan.position(vs)) {
                     self.desired.set_elements.insert(element);
                     touched.set_elements.insert(element);
                 }
@@ -230,15 +370,15 @@ impl DesiredIndex {
             }
         }
         for element in old.shared_elements() {
-            let count = self.element_claims.get_mut(element).expect("claimed");
+            let count = self.element_claims.get_mut(&element).expect("claimed");
             *count -= 1;
             if *count == 0 {
-                self.element_claims.remove(element);
-                self.desired.set_elements.remove(element);
-                touched.set_elements.insert(*element);
+                self.element_claims.remove(&element);
+                self.desired.set_elements.remove(&element);
+                touched.set_elements.insert(element);
             }
         }
-        if let Some((port, _)) = &old.health_check_node_port {
+        if let Some((port, _)) = old.health_check_node_port.as_deref() {
             let claims = self.health_check_claims.get_mut(port).expect("claimed");
             claims.remove(key);
             match claims.first() {
@@ -247,8 +387,8 @@ impl DesiredIndex {
                     self.desired.health_check_node_ports.remove(port);
                 }
                 Some(winner) => {
-                    let entry = self.plans[winner].health_check_node_port.clone();
-                    let (_, health_check) = entry.expect("claimed");
+                    let entry = self.plans[winner].health_check_node_port.as_deref();
+                    let (_, health_check) = entry.cloned().expect("claimed");
                     self.desired
                         .health_check_node_ports
                         .insert(*port, health_check);
@@ -258,44 +398,46 @@ impl DesiredIndex {
         self.count(old, false);
     }
 
-    fn assert_plan(&mut self, key: &ServiceKey, new: ServicePlan, touched: &mut Touched) -> Stored {
-        let set_elements: Box<[SetElement]> = new.set_elements.into_iter().collect();
-        let mut virtual_servers = Vec::with_capacity(new.virtual_servers.len());
-        for (vs, entry) in new.virtual_servers {
+    fn assert_plan(
+        &mut self,
+        key: &Arc<ServiceKey>,
+        new: ServicePlan,
+        touched: &mut Touched,
+    ) -> Stored {
+        let mut stored = Stored::new(&new);
+        for (at, (vs, entry)) in new.virtual_servers.into_iter().enumerate() {
             touched.virtual_servers.insert(vs);
             let claims = self.vs_claims.entry(vs).or_default();
             let previous = claims.first().cloned();
-            claims.insert(key.clone());
-            if claims.first() != Some(key) {
-                virtual_servers.push((vs, Some(Box::new(entry))));
+            claims.insert(key);
+            if claims.first() != Some(&**key) {
+                // A lost one: kept as a reference to an equal entry this Service wins, if any.
+                let same = stored.virtual_servers[..at].iter().position(|own| {
+                    matches!(own.slot, Slot::Won) && self.desired.virtual_servers[&own.vs] == entry
+                });
+                stored.virtual_servers[at].slot = match same {
+                    Some(other) => Slot::SameAs(other as u32),
+                    None => Slot::Lost(Box::new(entry)),
+                };
                 continue;
             }
-            virtual_servers.push((vs, None));
             let replaced = self.desired.virtual_servers.insert(vs, entry);
             if let Some(previous) = previous {
                 // The previous winner's entry goes back into its plan.
                 let plan = self.plans.get_mut(&previous).expect("planned");
-                *plan.slot(&vs) = Some(Box::new(replaced.expect("the winner's entry")));
-                for element in vs_elements(&plan.set_elements, &vs) {
+                let other = plan.position(&vs);
+                let entry = replaced.expect("the winner's entry");
+                plan.virtual_servers[other].slot = Slot::Lost(Box::new(entry));
+                for element in plan.vs_elements(other) {
                     self.desired.set_elements.remove(&element);
                     touched.set_elements.insert(element);
                 }
             }
-            for element in vs_elements(&set_elements, &vs) {
+            for element in stored.vs_elements(at) {
                 self.desired.set_elements.insert(element);
                 touched.set_elements.insert(element);
             }
         }
-        let stored = Stored {
-            virtual_servers,
-            bind_addresses: new.bind_addresses.into_iter().collect(),
-            health_check_node_port: new.health_check_node_port,
-            set_elements,
-            no_local_endpoints_internal: new.no_local_endpoints_internal,
-            no_local_endpoints_external: new.no_local_endpoints_external,
-            terminating_fallback: new.terminating_fallback,
-            problems: new.problems,
-        };
         for address in &stored.bind_addresses {
             let count = self.address_claims.entry(*address).or_default();
             *count += 1;
@@ -305,17 +447,17 @@ impl DesiredIndex {
             }
         }
         for element in stored.shared_elements() {
-            let count = self.element_claims.entry(*element).or_default();
+            let count = self.element_claims.entry(element).or_default();
             *count += 1;
             if *count == 1 {
-                self.desired.set_elements.insert(*element);
-                touched.set_elements.insert(*element);
+                self.desired.set_elements.insert(element);
+                touched.set_elements.insert(element);
             }
         }
-        if let Some((port, health_check)) = &stored.health_check_node_port {
+        if let Some((port, health_check)) = stored.health_check_node_port.as_deref() {
             let claims = self.health_check_claims.entry(*port).or_default();
-            claims.insert(key.clone());
-            if claims.first() == Some(key) {
+            claims.insert(key);
+            if claims.first() == Some(&**key) {
                 self.desired
                     .health_check_node_ports
                     .insert(*port, health_check.clone());
@@ -351,14 +493,14 @@ impl DesiredIndex {
         let Some(plan) = self.plans.get(key) else {
             return Vec::new();
         };
-        let mut problems = plan.problems.clone();
+        let mut problems = plan.problems.to_vec();
         let conflict = |message: String| Problem {
             kind: "Service",
             namespace: key.0.clone(),
             name: key.1.clone(),
             message,
         };
-        for (vs, _) in &plan.virtual_servers {
+        for Own { vs, .. } in &plan.virtual_servers {
             let winner = self.vs_claims[vs].first().expect("claimed");
             if winner != key {
                 let by = &self.desired.virtual_servers[vs].service;
@@ -367,7 +509,7 @@ impl DesiredIndex {
                 )));
             }
         }
-        if let Some((port, _)) = &plan.health_check_node_port {
+        if let Some((port, _)) = plan.health_check_node_port.as_deref() {
             let winner = self.health_check_claims[port].first().expect("claimed");
             if winner != key {
                 problems.push(conflict(format!(

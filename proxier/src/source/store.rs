@@ -63,11 +63,19 @@ fn plan_relevant(node: Option<&Node>) -> Option<PlanRelevant<'_>> {
 pub struct Dirty {
     /// Every Service must be re-planned (first sync, the Node or the configuration changed).
     pub all: bool,
-    /// Services whose Service object or EndpointSlices changed (including deleted ones).
+    /// Services whose Service object or EndpointSlices changed (including deleted ones);
+    /// not collected while `all` is set (at start-up, 50k keys nobody reads).
     pub services: BTreeSet<ObjectKey>,
 }
 
 impl Dirty {
+    /// Service `key` changed.
+    fn insert(&mut self, key: ObjectKey) {
+        if !self.all {
+            self.services.insert(key);
+        }
+    }
+
     /// Nothing changed.
     pub fn is_empty(&self) -> bool {
         !self.all && self.services.is_empty()
@@ -86,8 +94,11 @@ pub struct ChangeCounts {
 /// Objects by key, plus the dirty set. Starts all-dirty.
 #[derive(Debug)]
 pub struct Store {
-    services: BTreeMap<ObjectKey, ServiceInfo>,
-    slices: BTreeMap<ObjectKey, SliceInfo>,
+    /// Boxed: a B-tree node holds 11 entries whether used or not, so a small entry wastes
+    /// less than a 184-byte one.
+    services: BTreeMap<ObjectKey, Box<ServiceInfo>>,
+    /// Boxed, as `services`.
+    slices: BTreeMap<ObjectKey, Box<SliceInfo>>,
     /// Shares the strings of the converted objects.
     strings: Interner,
     /// The slices of each Service, sorted (almost always one: a `Vec`, not a `BTreeSet` node).
@@ -126,9 +137,9 @@ impl Store {
     pub fn upsert_service(&mut self, service: Service) {
         let key = object_key(&service.metadata);
         let service = convert::service(&service, &mut self.strings);
-        if self.services.get(&key) != Some(&service) {
-            self.services.insert(key.clone(), service);
-            self.dirty.services.insert(key);
+        if self.services.get(&key).map(|s| &**s) != Some(&service) {
+            self.services.insert(key.clone(), Box::new(service));
+            self.dirty.insert(key);
             self.count_service_change();
         }
     }
@@ -136,7 +147,7 @@ impl Store {
     /// Remove a Service; marks it dirty if it existed.
     pub fn delete_service(&mut self, key: &ObjectKey) {
         if self.services.remove(key).is_some() {
-            self.dirty.services.insert(key.clone());
+            self.dirty.insert(key.clone());
             self.count_service_change();
         }
     }
@@ -147,7 +158,7 @@ impl Store {
         let key = object_key(&slice.metadata);
         let trigger_time = trigger_time(&slice);
         let slice = convert::slice(&slice, &mut self.strings);
-        if self.slices.get(&key) == Some(&slice) {
+        if self.slices.get(&key).map(|s| &**s) == Some(&slice) {
             return;
         }
         if self.slices.contains_key(&key) {
@@ -161,9 +172,9 @@ impl Store {
             if let Err(at) = keys.binary_search(&key) {
                 keys.insert(at, key.clone());
             }
-            self.dirty.services.insert(service);
+            self.dirty.insert(service);
         }
-        self.slices.insert(key, slice);
+        self.slices.insert(key, Box::new(slice));
     }
 
     /// Remove an EndpointSlice; marks its Service dirty if it existed.
@@ -179,7 +190,7 @@ impl Store {
                     self.slices_by_service.remove(&service);
                 }
             }
-            self.dirty.services.insert(service);
+            self.dirty.insert(service);
         }
     }
 
@@ -188,7 +199,7 @@ impl Store {
     /// so routine status updates (conditions, heartbeats, taints) cost no re-plan.
     pub fn set_node(&mut self, node: Option<Node>) {
         if plan_relevant(self.node.as_ref()) != plan_relevant(node.as_ref()) {
-            self.dirty.all = true;
+            self.mark_all_dirty();
         }
         self.node = node;
     }
@@ -196,6 +207,7 @@ impl Store {
     /// Mark everything dirty (the configuration changed).
     pub fn mark_all_dirty(&mut self) {
         self.dirty.all = true;
+        self.dirty.services.clear();
     }
 
     /// Make the store hold exactly `snapshot`'s Services and EndpointSlices and the Node named
@@ -284,12 +296,12 @@ impl Store {
 
     /// A Service by key.
     pub fn service(&self, key: &ObjectKey) -> Option<&ServiceInfo> {
-        self.services.get(key)
+        self.services.get(key).map(|s| &**s)
     }
 
     /// All Services, in namespace/name order.
     pub fn services(&self) -> impl Iterator<Item = (&ObjectKey, &ServiceInfo)> {
-        self.services.iter()
+        self.services.iter().map(|(k, s)| (k, &**s))
     }
 
     /// The EndpointSlices of a Service, in name order.
@@ -298,7 +310,7 @@ impl Store {
             .get(service)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.slices.get(k))
+            .filter_map(|k| self.slices.get(k).map(|s| &**s))
             .collect()
     }
 

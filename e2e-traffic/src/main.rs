@@ -383,24 +383,24 @@ fn load(
         let (counters, stop) = (counters.clone(), stop.clone());
         threads.push(thread::spawn(move || long_lived(id, tcp, &counters, &stop)));
     }
-    {
-        let (counters, stop) = (counters.clone(), stop.clone());
-        threads.push(thread::spawn(move || {
-            paced(rate, &stop.clone(), move || {
-                let c = &counters;
-                c.record(&c.tcp_sent, &c.tcp_failed, &format!("tcp {tcp}"), || {
-                    tcp_request(tcp)
-                });
-            })
-        }));
-    }
+    // New TCP connections and UDP queries, each at its own pace.
+    type Request = fn(SocketAddr) -> Result<String, String>;
+    let mut paces: Vec<(Proto, SocketAddr, u32, Request)> =
+        vec![(Proto::Tcp, tcp, rate, tcp_request)];
     if let Some((target, udp_rate)) = udp {
+        paces.push((Proto::Udp, target, udp_rate, udp_request));
+    }
+    for (protocol, target, per_second, request) in paces {
         let (counters, stop) = (counters.clone(), stop.clone());
         threads.push(thread::spawn(move || {
-            paced(udp_rate, &stop.clone(), move || {
+            paced(per_second, &stop.clone(), move || {
                 let c = &counters;
-                c.record(&c.udp_sent, &c.udp_failed, &format!("udp {target}"), || {
-                    udp_request(target)
+                let (sent, failed, name) = match protocol {
+                    Proto::Tcp => (&c.tcp_sent, &c.tcp_failed, "tcp"),
+                    Proto::Udp => (&c.udp_sent, &c.udp_failed, "udp"),
+                };
+                c.record(sent, failed, &format!("{name} {target}"), || {
+                    request(target)
                 });
             })
         }));

@@ -1,0 +1,681 @@
+//! The NodeProxyConfig writer: the writes a decision asks for, sent apart from the decision.
+//!
+//! A reconcile decides and hands its writes over ([`WriterState::submit`]); it does not wait
+//! for them, so the next decision (a spec change's canary, a stage completing) is never
+//! queued behind the previous decision's ~1,000 applies (issue 15: at 5,000 nodes a new
+//! revision's first write came 6.6 s after the apply, presumably behind them).
+//!
+//! - **Work queue keyed by node, latest wins.** Each ProxyConfig's queued (not yet sent)
+//!   writes are replaced by those of its latest decision: a write the latest decision still
+//!   asks for keeps its place and its retry state, one it no longer asks for is dropped (a
+//!   new revision's decision cancels the old revision's unsent writes), a new one joins the
+//!   back of the queue. Writes go out in the order they were first asked for.
+//! - **Bounded concurrency**: `concurrency` writes in flight, never two for one node.
+//! - **Retries with backoff**, per write: 200 ms doubling up to 30 s, for as long as the latest
+//!   decision asks for the write. A retry sends the same object (the same `spec.assignedAt`),
+//!   so a write that reached the API server although its answer was lost changes nothing
+//!   the second time. Every failure counts in `kipvs_operator_write_errors_total`; the
+//!   failing nodes and their last error are reported on the ProxyConfig (Degraded
+//!   `WriteFailed`, through [`WriterState::failing`]), whose reconcile the writer triggers
+//!   when that set changes.
+//! - **A deleted ProxyConfig's writes are dropped** before they are sent (kube-runtime does
+//!   not reconcile a deleted object, so no later decision would cancel them): deleting a
+//!   ProxyConfig mid-rollout changes no node (operator/README.md).
+//! - **No duplicate writes.** A write in flight, or sent and not yet shown by the watch, is
+//!   laid over the stores ([`WriterState::overlay`]), so the next decision does not ask for
+//!   it again; [`WriterState::submit`] also ignores what is in flight or sent. The decision
+//!   itself runs without the lock (workers keep sending); its writes are submitted only for
+//!   NodeProxyConfigs whose spec generation is still the one it decided from, checked under
+//!   the lock ([`Writer::lock`]), so a write sent and confirmed meanwhile is not asked for
+//!   twice. A write's `spec.assignedAt` (the start of its apply timeout) is when it is first sent,
+//!   not when it was decided; queued writes are not in the overlay (the decision asks for
+//!   them again and they keep their place).
+
+use crate::metrics::Metrics;
+use crate::rollout::Write;
+use crate::stored::StoredProxyConfig;
+use futures::channel::mpsc;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::jiff::Timestamp;
+use kipvs_crds::{NodeProxyConfig, OPERATOR_FIELD_MANAGER};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::{Api, Client};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// NodeProxyConfig writes in flight at once.
+pub const WRITE_CONCURRENCY: usize = 32;
+/// The first retry's delay; each further retry doubles it up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// The longest delay between two attempts of one write.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long a sent write overrides the store (a safety net: the watch normally shows it
+/// within a second).
+const EXPECTATION_TTL: Duration = Duration::from_secs(120);
+
+/// A write the stores have not shown yet (in flight, or sent and not yet watched).
+#[derive(Clone, Debug)]
+pub enum Expected {
+    /// The node's NodeProxyConfig carries `revision`, controlled by `owner`.
+    Assigned {
+        /// The ProxyConfig that wrote it.
+        owner: String,
+        /// `spec.revision`.
+        revision: String,
+        /// `spec.assignedAt`.
+        assigned_at: Timestamp,
+    },
+    /// The node's NodeProxyConfig is gone.
+    Deleted,
+}
+
+/// A write waiting to be sent (or retried).
+#[derive(Debug)]
+struct Queued {
+    /// The controlling ProxyConfig (its name keys the replacement by a later decision).
+    owner: OwnerReference,
+    write: Write,
+    /// Position in the queue (the order writes were first asked for; a retry goes to the back).
+    seq: u64,
+    /// Failed attempts so far.
+    attempts: u32,
+    /// Not sent before this (a retry's backoff).
+    not_before: Instant,
+    /// `spec.assignedAt`, fixed by the first attempt.
+    assigned_at: Option<Timestamp>,
+}
+
+/// A write sent (or being sent), until the stores show it.
+#[derive(Debug)]
+struct Sent {
+    expected: Expected,
+    /// When it was sent (None while in flight: it does not expire then).
+    at: Option<Timestamp>,
+}
+
+/// The writer's bookkeeping, behind [`Writer::lock`].
+#[derive(Debug, Default)]
+pub struct WriterState {
+    /// Per node, the write to send (latest wins).
+    queued: HashMap<String, Queued>,
+    /// Queue order: seq → node.
+    order: BTreeMap<u64, String>,
+    next_seq: u64,
+    /// Nodes with a write in flight.
+    in_flight: HashSet<String>,
+    /// Writes in flight or sent, by node, until the stores show them.
+    sent: HashMap<String, Sent>,
+    /// Per ProxyConfig: nodes whose latest write attempt failed, with the error.
+    failing: HashMap<String, BTreeMap<String, String>>,
+}
+
+/// The writer: a queue of NodeProxyConfig writes and `concurrency` workers sending them.
+pub struct Writer {
+    client: Client,
+    metrics: Metrics,
+    state: Mutex<WriterState>,
+    /// Wakes the workers when the queue changes or a node's write finishes.
+    wake: Notify,
+    /// Reconciles the ProxyConfig whose failing writes changed (to report them).
+    triggers: mpsc::UnboundedSender<ObjectRef<StoredProxyConfig>>,
+    /// The ProxyConfigs that exist (a write of one not in it is dropped); None: not checked.
+    owners: Option<reflector::Store<StoredProxyConfig>>,
+}
+
+fn backoff(attempts: u32) -> Duration {
+    FIRST_BACKOFF
+        .saturating_mul(1 << attempts.saturating_sub(1).min(16))
+        .min(MAX_BACKOFF)
+}
+
+fn kind(write: &Write) -> &'static str {
+    match write {
+        Write::Assign { .. } => "apply",
+        Write::Delete { .. } => "delete",
+    }
+}
+
+impl WriterState {
+    /// The writes the stores do not show yet, laid over them by the next decision: those in
+    /// flight and those sent less than `EXPECTATION_TTL` (120 s) ago that `stored` (NodeProxyConfig
+    /// by name) does not show yet. Forgets those it shows.
+    pub fn overlay(
+        &mut self,
+        stored: &HashMap<&str, &NodeProxyConfig>,
+        now: Timestamp,
+    ) -> Vec<(String, Expected)> {
+        let expiry = now.checked_sub(EXPECTATION_TTL).unwrap_or(Timestamp::MIN);
+        self.sent.retain(|node, sent| {
+            let seen = match &sent.expected {
+                Expected::Assigned { revision, .. } => {
+                    stored.get(node.as_str()).map(|n| &n.spec.revision) == Some(revision)
+                }
+                Expected::Deleted => !stored.contains_key(node.as_str()),
+            };
+            !seen && sent.at.is_none_or(|at| at > expiry)
+        });
+        self.sent
+            .iter()
+            .map(|(node, sent)| (node.clone(), sent.expected.clone()))
+            .collect()
+    }
+
+    /// Nodes of ProxyConfig `owner` whose latest write attempt failed, with the error.
+    pub fn failing(&self, owner: &str) -> BTreeMap<String, String> {
+        self.failing.get(owner).cloned().unwrap_or_default()
+    }
+
+    /// Writes queued and not yet sent.
+    pub fn queued(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// Replaces `owner`'s queued writes with `writes` (the latest decision of the
+    /// ProxyConfig it references): see the module docs. Returns whether anything was queued.
+    pub fn submit(&mut self, owner: &OwnerReference, writes: Vec<Write>) -> bool {
+        let wanted: HashMap<&str, &Write> = writes.iter().map(|w| (w.node(), w)).collect();
+        let mut cancelled = Vec::new();
+        self.queued.retain(|node, queued| {
+            let keep = queued.owner.name != owner.name
+                || wanted.get(node.as_str()) == Some(&&queued.write);
+            if !keep {
+                cancelled.push((queued.seq, node.clone()));
+            }
+            keep
+        });
+        if let Some(failing) = self.failing.get_mut(&owner.name) {
+            for (_, node) in &cancelled {
+                failing.remove(node);
+            }
+        }
+        for (seq, _) in cancelled {
+            self.order.remove(&seq);
+        }
+        let mut added = false;
+        for write in writes {
+            let node = write.node();
+            if self.queued.contains_key(node) || self.is_sent(&owner.name, &write) {
+                continue;
+            }
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.order.insert(seq, node.to_owned());
+            self.queued.insert(
+                node.to_owned(),
+                Queued {
+                    owner: owner.clone(),
+                    write,
+                    seq,
+                    attempts: 0,
+                    not_before: Instant::now(),
+                    assigned_at: None,
+                },
+            );
+            added = true;
+        }
+        added
+    }
+
+    /// Whether `write` of `owner` is in flight or sent and not yet shown by the stores.
+    fn is_sent(&self, owner: &str, write: &Write) -> bool {
+        match (self.sent.get(write.node()), write) {
+            (
+                Some(Sent {
+                    expected:
+                        Expected::Assigned {
+                            owner: o,
+                            revision: r,
+                            ..
+                        },
+                    ..
+                }),
+                Write::Assign { revision, .. },
+            ) => o == owner && **r == **revision,
+            (
+                Some(Sent {
+                    expected: Expected::Deleted,
+                    ..
+                }),
+                Write::Delete { .. },
+            ) => true,
+            _ => false,
+        }
+    }
+
+    /// Takes the first queued write that is due and whose node has none in flight, marks it
+    /// in flight (laid over the stores from now on) and fixes its `assignedAt`; otherwise
+    /// when the earliest queued write is due.
+    fn take(&mut self, now: Instant) -> Result<Queued, Option<Instant>> {
+        let mut earliest: Option<Instant> = None;
+        let mut found = None;
+        for (seq, node) in &self.order {
+            if self.in_flight.contains(node) {
+                continue;
+            }
+            let queued = &self.queued[node];
+            if queued.not_before <= now {
+                found = Some((*seq, node.clone()));
+                break;
+            }
+            earliest = Some(earliest.map_or(queued.not_before, |e| e.min(queued.not_before)));
+        }
+        let Some((seq, node)) = found else {
+            return Err(earliest);
+        };
+        self.order.remove(&seq);
+        let mut queued = self
+            .queued
+            .remove(&node)
+            .expect("ordered writes are queued");
+        let assigned_at = *queued.assigned_at.get_or_insert_with(Timestamp::now);
+        let expected = match &queued.write {
+            Write::Assign { revision, .. } => Expected::Assigned {
+                owner: queued.owner.name.clone(),
+                revision: revision.to_string(),
+                assigned_at,
+            },
+            Write::Delete { .. } => Expected::Deleted,
+        };
+        self.in_flight.insert(node.clone());
+        self.sent.insert(node, Sent { expected, at: None });
+        Ok(queued)
+    }
+
+    /// Forgets a write [`Self::take`] gave out without sending it (its ProxyConfig is gone).
+    fn drop_taken(&mut self, queued: Queued) {
+        let node = queued.write.node();
+        self.in_flight.remove(node);
+        self.sent.remove(node);
+        self.failing.remove(&queued.owner.name);
+    }
+
+    /// Records the outcome of a write [`Self::take`] gave out, at `now`; returns whether the
+    /// owner's failing writes changed (its status should say so).
+    fn finish(&mut self, mut queued: Queued, result: Result<(), String>, now: Instant) -> bool {
+        let node = queued.write.node().to_owned();
+        self.in_flight.remove(&node);
+        let failing = self.failing.entry(queued.owner.name.clone()).or_default();
+        match result {
+            Ok(()) => {
+                if let Some(sent) = self.sent.get_mut(&node) {
+                    sent.at = Some(Timestamp::now());
+                }
+                failing.remove(&node).is_some()
+            }
+            Err(error) => {
+                self.sent.remove(&node);
+                let changed = failing.insert(node.clone(), error).is_none();
+                // Latest wins: a write queued for the node meanwhile replaces this one.
+                if !self.queued.contains_key(&node) {
+                    queued.attempts += 1;
+                    queued.not_before = now + backoff(queued.attempts);
+                    queued.seq = self.next_seq;
+                    self.next_seq += 1;
+                    self.order.insert(queued.seq, node.clone());
+                    self.queued.insert(node, queued);
+                }
+                changed
+            }
+        }
+    }
+}
+
+impl Writer {
+    /// A writer over `client`, with no worker yet ([`Writer::start`]), and the stream of
+    /// ProxyConfigs to reconcile because their failing writes changed. With `owners`, a write
+    /// of a ProxyConfig not in it (by name and uid) is dropped when its turn comes.
+    pub fn new(
+        client: Client,
+        metrics: Metrics,
+        owners: Option<reflector::Store<StoredProxyConfig>>,
+    ) -> (
+        Arc<Self>,
+        mpsc::UnboundedReceiver<ObjectRef<StoredProxyConfig>>,
+    ) {
+        let (triggers, receiver) = mpsc::unbounded();
+        let writer = Writer {
+            client,
+            metrics,
+            state: Mutex::new(WriterState::default()),
+            wake: Notify::new(),
+            triggers,
+            owners,
+        };
+        (Arc::new(writer), receiver)
+    }
+
+    /// Whether the ProxyConfig `owner` references still exists (true when not checked).
+    fn owner_exists(&self, owner: &OwnerReference) -> bool {
+        self.owners.as_ref().is_none_or(|store| {
+            store
+                .get(&ObjectRef::new(&owner.name))
+                .is_some_and(|pc| pc.metadata.uid.as_deref() == Some(owner.uid.as_str()))
+        })
+    }
+
+    /// The bookkeeping (the overlay, failing writes, submitting): see the module docs. Wakes
+    /// the workers when dropped.
+    pub fn lock(&self) -> WriterGuard<'_> {
+        WriterGuard {
+            state: self.state.lock().expect("writer lock"),
+            writer: self,
+        }
+    }
+
+    /// Starts `concurrency` workers sending the queued writes.
+    pub fn start(self: &Arc<Self>, concurrency: usize) {
+        for _ in 0..concurrency {
+            tokio::spawn(self.clone().work());
+        }
+    }
+
+    async fn work(self: Arc<Self>) {
+        loop {
+            let wake = self.wake.notified();
+            tokio::pin!(wake);
+            wake.as_mut().enable();
+            let taken = self.state.lock().expect("writer lock").take(Instant::now());
+            let queued = match taken {
+                Ok(queued) => queued,
+                Err(Some(due)) => {
+                    let _ = tokio::time::timeout_at(due, wake).await;
+                    continue;
+                }
+                Err(None) => {
+                    wake.await;
+                    continue;
+                }
+            };
+            if !self.owner_exists(&queued.owner) {
+                tracing::info!(proxyconfig = %queued.owner.name, node = queued.write.node(), "ProxyConfig deleted: write dropped");
+                self.state.lock().expect("writer lock").drop_taken(queued);
+                continue;
+            }
+            let assigned_at = queued.assigned_at.expect("take fixes assignedAt");
+            let result = send(&self.client, &queued.owner, &queued.write, assigned_at).await;
+            let write_kind = kind(&queued.write);
+            let result = match result {
+                Ok(()) => {
+                    self.metrics.writes.with_label_values(&[write_kind]).inc();
+                    Ok(())
+                }
+                Err(e) => {
+                    self.metrics
+                        .write_errors
+                        .with_label_values(&[write_kind])
+                        .inc();
+                    tracing::warn!(proxyconfig = %queued.owner.name, node = queued.write.node(), error = %e, "write failed; retrying");
+                    Err(e.to_string())
+                }
+            };
+            let owner = queued.owner.name.clone();
+            let changed = {
+                let mut state = self.state.lock().expect("writer lock");
+                let changed = state.finish(queued, result, Instant::now());
+                self.metrics.write_queue.set(state.queued() as i64);
+                changed
+            };
+            if changed {
+                let _ = self.triggers.unbounded_send(ObjectRef::new(&owner));
+            }
+            // The node may have another write waiting for this one.
+            self.wake.notify_waiters();
+        }
+    }
+}
+
+/// [`Writer::lock`]'s guard: the state, and waking the workers when released.
+pub struct WriterGuard<'w> {
+    state: MutexGuard<'w, WriterState>,
+    writer: &'w Writer,
+}
+
+impl std::ops::Deref for WriterGuard<'_> {
+    type Target = WriterState;
+    fn deref(&self) -> &WriterState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for WriterGuard<'_> {
+    fn deref_mut(&mut self) -> &mut WriterState {
+        &mut self.state
+    }
+}
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        self.writer
+            .metrics
+            .write_queue
+            .set(self.state.queued() as i64);
+        self.writer.wake.notify_waiters();
+    }
+}
+
+/// One NodeProxyConfig write: server-side apply of [`Write::node_proxy_config`] (forced, field
+/// manager `kipvs-operator`), or a delete (already gone is fine).
+async fn send(
+    client: &Client,
+    owner: &OwnerReference,
+    write: &Write,
+    assigned_at: Timestamp,
+) -> Result<(), kube::Error> {
+    let api: Api<NodeProxyConfig> = Api::all(client.clone());
+    match write {
+        Write::Assign { node, .. } => {
+            let npc = write
+                .node_proxy_config(owner, assigned_at)
+                .expect("an Assign is a NodeProxyConfig");
+            let params = PatchParams::apply(OPERATOR_FIELD_MANAGER).force();
+            api.patch(node, &params, &Patch::Apply(&npc))
+                .await
+                .map(drop)
+        }
+        Write::Delete { node } => match api.delete(node, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kipvs_crds::{NodeProxyConfigSpec, ProxierConfiguration};
+
+    fn owner(name: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "kipvs.io/v1alpha1".into(),
+            kind: "ProxyConfig".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }
+    }
+
+    fn assign(node: &str, revision: &str) -> Write {
+        Write::Assign {
+            node: node.into(),
+            node_uid: None,
+            revision: revision.into(),
+            config: Arc::new(ProxierConfiguration::default()),
+        }
+    }
+
+    fn stored(node: &str, revision: &str) -> NodeProxyConfig {
+        NodeProxyConfig::new(
+            node,
+            NodeProxyConfigSpec {
+                revision: revision.into(),
+                assigned_at: Time(Timestamp::now()),
+                config: ProxierConfiguration::default(),
+            },
+        )
+    }
+
+    /// The queue, in order: (node, revision or "delete").
+    fn queue(state: &WriterState) -> Vec<(String, String)> {
+        state
+            .order
+            .values()
+            .map(|node| {
+                let revision = match &state.queued[node].write {
+                    Write::Assign { revision, .. } => revision.to_string(),
+                    Write::Delete { .. } => "delete".into(),
+                };
+                (node.clone(), revision)
+            })
+            .collect()
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_latest_decision_replaces_its_unsent_writes_and_keeps_their_order() {
+        let mut state = WriterState::default();
+        let fleet = owner("fleet");
+        state.submit(
+            &fleet,
+            vec![assign("a", "r1"), assign("b", "r1"), assign("c", "r1")],
+        );
+        // A new revision: its canary (c) keeps its place only if asked for with the same
+        // write; r1's unsent writes for a and b are dropped, not sent after it.
+        state.submit(&fleet, vec![assign("c", "r2"), assign("d", "r2")]);
+        assert_eq!(queue(&state), pairs(&[("c", "r2"), ("d", "r2")]));
+        // Asked for again (the next decision): same place, nothing added.
+        assert!(!state.submit(&fleet, vec![assign("c", "r2"), assign("d", "r2")]));
+        assert_eq!(queue(&state), pairs(&[("c", "r2"), ("d", "r2")]));
+        // Another ProxyConfig's writes are not its business.
+        state.submit(&owner("pool"), vec![assign("p", "x")]);
+        state.submit(&fleet, vec![Write::Delete { node: "d".into() }]);
+        assert_eq!(queue(&state), pairs(&[("p", "x"), ("d", "delete")]));
+        // An empty decision (paused, invalid spec) leaves nothing of its own queued.
+        state.submit(&fleet, vec![]);
+        assert_eq!(queue(&state), pairs(&[("p", "x")]));
+    }
+
+    #[test]
+    fn a_write_in_flight_or_sent_is_never_queued_again_until_the_stores_show_it() {
+        let mut state = WriterState::default();
+        let fleet = owner("fleet");
+        state.submit(&fleet, vec![assign("a", "r1"), assign("b", "r1")]);
+        let a = state.take(Instant::now()).expect("a is due");
+        assert_eq!(a.write.node(), "a");
+        // In flight: laid over the stores, and not queued again by the next decision.
+        let empty = HashMap::new();
+        let overlay = state.overlay(&empty, Timestamp::now());
+        assert!(
+            matches!(&overlay[..], [(node, Expected::Assigned { revision, .. })] if node == "a" && revision == "r1")
+        );
+        assert!(!state.submit(&fleet, vec![assign("a", "r1"), assign("b", "r1")]));
+        assert_eq!(queue(&state), pairs(&[("b", "r1")]));
+        assert!(!state.finish(a, Ok(()), Instant::now()));
+        // Sent, not yet watched: still laid over, still not queued again.
+        assert_eq!(state.overlay(&empty, Timestamp::now()).len(), 1);
+        assert!(!state.submit(&fleet, vec![assign("a", "r1"), assign("b", "r1")]));
+        // The store shows it: forgotten; a decision still asking for it (it would not) would
+        // queue it, and one asking for another revision does.
+        let npc = stored("a", "r1");
+        let shown = HashMap::from([("a", &npc)]);
+        assert!(state.overlay(&shown, Timestamp::now()).is_empty());
+        assert!(state.submit(&fleet, vec![assign("a", "r2"), assign("b", "r1")]));
+        assert_eq!(queue(&state), pairs(&[("b", "r1"), ("a", "r2")]));
+    }
+
+    #[test]
+    fn a_failed_write_is_retried_with_backoff_and_the_same_assigned_at_and_reported() {
+        let mut state = WriterState::default();
+        let fleet = owner("fleet");
+        state.submit(&fleet, vec![assign("a", "r1")]);
+        let start = Instant::now();
+        let first = state.take(start).expect("due");
+        let assigned_at = first.assigned_at.expect("fixed by the first attempt");
+        assert!(
+            state.finish(first, Err("apiserver down".into()), start),
+            "newly failing"
+        );
+        // Not laid over any more (it may not have happened); reported; queued again, later.
+        assert!(state.overlay(&HashMap::new(), Timestamp::now()).is_empty());
+        assert_eq!(
+            state.failing("fleet"),
+            BTreeMap::from([("a".to_owned(), "apiserver down".to_owned())])
+        );
+        let due = state
+            .take(start)
+            .expect_err("backing off")
+            .expect("a due time");
+        assert!(due >= start + FIRST_BACKOFF, "{due:?}");
+        let second = state.take(due).expect("due after the backoff");
+        assert_eq!(second.assigned_at, Some(assigned_at), "the same object");
+        assert_eq!(second.attempts, 1);
+        assert!(
+            !state.finish(second, Err("still down".into()), due),
+            "already failing"
+        );
+        let due2 = state
+            .take(due)
+            .expect_err("backing off")
+            .expect("a due time");
+        assert!(due2 >= due + 2 * FIRST_BACKOFF, "the backoff doubles");
+        let third = state.take(due2).expect("due");
+        assert!(state.finish(third, Ok(()), due2), "no longer failing");
+        assert!(state.failing("fleet").is_empty());
+        assert_eq!(backoff(20), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn a_failed_write_no_longer_asked_for_is_dropped_and_not_reported() {
+        let mut state = WriterState::default();
+        let fleet = owner("fleet");
+        state.submit(&fleet, vec![assign("a", "r1")]);
+        let a = state.take(Instant::now()).expect("due");
+        state.finish(a, Err("conflict".into()), Instant::now());
+        state.submit(&fleet, vec![assign("a", "r2")]);
+        assert_eq!(queue(&state), pairs(&[("a", "r2")]));
+        assert!(state.failing("fleet").is_empty());
+        assert_eq!(state.queued["a"].attempts, 0, "a new write starts afresh");
+    }
+
+    #[test]
+    fn a_dropped_write_is_forgotten() {
+        let mut state = WriterState::default();
+        state.submit(&owner("gone"), vec![assign("a", "r1")]);
+        let a = state.take(Instant::now()).expect("due");
+        state.drop_taken(a);
+        assert!(state.overlay(&HashMap::new(), Timestamp::now()).is_empty());
+        assert_eq!(state.queued(), 0);
+        assert_eq!(state.take(Instant::now()).err(), Some(None));
+    }
+
+    #[test]
+    fn one_node_has_one_write_in_flight() {
+        let mut state = WriterState::default();
+        let fleet = owner("fleet");
+        state.submit(&fleet, vec![assign("a", "r1"), assign("b", "r1")]);
+        let a = state.take(Instant::now()).expect("due");
+        // A new revision for a while r1 is in flight: queued behind it, b goes first.
+        state.submit(&fleet, vec![assign("a", "r2"), assign("b", "r1")]);
+        let b = state.take(Instant::now()).expect("b is due");
+        assert_eq!(b.write.node(), "b");
+        assert_eq!(
+            state.take(Instant::now()).err(),
+            Some(None),
+            "a waits for a"
+        );
+        state.finish(a, Ok(()), Instant::now());
+        let a2 = state.take(Instant::now()).expect("now a's next write");
+        assert!(matches!(&a2.write, Write::Assign { revision, .. } if &**revision == "r2"));
+    }
+}
