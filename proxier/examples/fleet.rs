@@ -632,7 +632,16 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
-    // Quiet: nothing changes but heartbeats.
+    // Quiet: nothing changes but heartbeats. First let the last rollout's own trailing
+    // reconciles (its final status writes, the operator's 500 ms decision spacing) pass: up to
+    // 15 s, until 2 s go by without one; they are not heartbeat-driven.
+    for _ in 0..7 {
+        let settled = reconciles(&args.operator_log);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if reconciles(&args.operator_log) == settled {
+            break;
+        }
+    }
     let before = reconciles(&args.operator_log);
     tokio::time::sleep(args.heartbeat).await;
     let quiet = reconciles(&args.operator_log) - before;
