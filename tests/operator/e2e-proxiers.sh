@@ -119,7 +119,7 @@ done
 ok "${#NODES[@]} Ready nodes: pnode-0 canary"
 
 section "operator and one real proxier per node"
-POD_NAMESPACE=kipvs-system POD_NAME=operator-p RUST_LOG=info,kube=warn "$KIPVS_OPERATOR" --metrics-bind-address 127.0.0.1:18082 > "$OUT/operator-p.log" 2>&1 &
+POD_NAMESPACE=kipvs-system POD_NAME=operator-p RUST_LOG=info,kube=warn "$KIPVS_OPERATOR" --metrics-bind-address "127.0.0.1:$((${PORT_BASE:-18000} + 83))" > "$OUT/operator-p.log" 2>&1 &
 PIDS+=($!)
 for n in "${NODES[@]}"; do
   ip=$(ip_of "$n")

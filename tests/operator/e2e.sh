@@ -109,7 +109,8 @@ for f in tests/operator/invalid/*.yaml; do
 done
 
 section "operator: two replicas, one leader"
-port=18080
+# /metrics ports PORT_BASE+81 (a) and +82 (b), so concurrent suites with their own PORT_BASE don't collide
+port=$((${PORT_BASE:-18000} + 80))
 for id in operator-a operator-b; do
   port=$((port + 1))
   POD_NAMESPACE=kipvs-system POD_NAME=$id RUST_LOG=info,kube=warn "$KIPVS_OPERATOR" --metrics-bind-address "127.0.0.1:$port" \
@@ -220,7 +221,7 @@ reason_is Degraded AsExpected || fail "after failover: Degraded $(reason Degrade
 ok "$OTHER rolled revision $(pc '{.status.lastGoodRevision}') out: $stages"
 
 section "operator metrics and probes"
-METRICS_PORT=$([ "$OTHER" = operator-a ] && echo 18081 || echo 18082)
+METRICS_PORT=$((${PORT_BASE:-18000} + $([ "$OTHER" = operator-a ] && echo 81 || echo 82)))
 curl -fsS "http://127.0.0.1:$METRICS_PORT/healthz" >/dev/null || fail "/healthz"
 curl -fsS "http://127.0.0.1:$METRICS_PORT/readyz" >/dev/null || fail "/readyz"
 curl -fsS "http://127.0.0.1:$METRICS_PORT/metrics" > "$OUT/metrics.txt" || fail "/metrics"
