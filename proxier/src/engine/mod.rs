@@ -482,25 +482,58 @@ endpoints:
 ports: [{name: http, port: 8080, protocol: TCP}]
 "#;
 
+    /// A manifests file `<tag>.yaml` holding `contents` in a fresh directory (removed on
+    /// drop), and the source that reads it for node `n1`.
+    struct Manifests {
+        dir: std::path::PathBuf,
+        file: std::path::PathBuf,
+        handle: SourceHandle,
+        source: ManifestsSource,
+    }
+
+    impl Manifests {
+        fn new(tag: &str, contents: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("kipvs-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = dir.join(format!("{tag}.yaml"));
+            std::fs::write(&file, contents).unwrap();
+            let source = ManifestsSource {
+                path: file.clone(),
+                node_name: "n1".into(),
+                node_configs: None,
+            };
+            Self {
+                dir,
+                file,
+                handle: SourceHandle::default(),
+                source,
+            }
+        }
+
+        /// An engine for node `n1` with the default configuration over `dataplane`, fed by
+        /// this source's handle.
+        fn engine<D: Dataplane>(&self, dataplane: D) -> Engine<D> {
+            let identity = NodeIdentity {
+                name: "n1".into(),
+                node_ips: vec![],
+            };
+            let planner = Planner::new(identity, ProxierConfiguration::default());
+            Engine::new(self.handle.clone(), planner, dataplane)
+        }
+    }
+
+    impl Drop for Manifests {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
     #[tokio::test]
     async fn manifest_edits_flow_to_the_dataplane() {
-        let dir = std::env::temp_dir().join(format!("kipvs-run-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("web.yaml");
-        std::fs::write(&file, WEB.replace("READY", "true")).unwrap();
-        let handle = SourceHandle::default();
-        let source = ManifestsSource {
-            path: file.clone(),
-            node_name: "n1".into(),
-            node_configs: None,
-        };
-        let identity = NodeIdentity {
-            name: "n1".into(),
-            node_ips: vec![],
-        };
-        let planner = Planner::new(identity, ProxierConfiguration::default());
-        let mut engine = Engine::new(handle.clone(), planner, FakeDataplane::default());
-        let seen = source.load_into(&handle, None).unwrap();
+        let m = Manifests::new("run", &WEB.replace("READY", "true"));
+        let (file, handle, source) = (&m.file, &m.handle, &m.source);
+        let mut engine = m.engine(FakeDataplane::default());
+        let seen = source.load_into(handle, None).unwrap();
         let names: Vec<&str> = engine
             .sync()
             .await
@@ -521,11 +554,11 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             ]
         );
         // No change: nothing re-planned, nothing applied.
-        assert!(source.load_into(&handle, seen.as_ref()).unwrap().is_none());
+        assert!(source.load_into(handle, seen.as_ref()).unwrap().is_none());
         assert!(engine.sync().await.unwrap().ops.is_empty());
         // The endpoint stops being ready: its real server goes away.
-        std::fs::write(&file, WEB.replace("READY", "false")).unwrap();
-        let seen = source.load_into(&handle, seen.as_ref()).unwrap();
+        std::fs::write(file, WEB.replace("READY", "false")).unwrap();
+        let seen = source.load_into(handle, seen.as_ref()).unwrap();
         let report = engine.sync().await.unwrap();
         assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
         let vs = engine
@@ -544,20 +577,16 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             b"apiVersion: v1\nkind: Service\nspec: [",
         ];
         for bytes in garbage {
-            std::fs::write(&file, bytes).unwrap();
-            source.load_into(&handle, seen.as_ref()).unwrap().unwrap();
+            std::fs::write(file, bytes).unwrap();
+            source.load_into(handle, seen.as_ref()).unwrap().unwrap();
             let report = engine.sync().await.unwrap();
             assert!(report.ops.is_empty(), "{:?}", report.ops);
             assert_eq!(engine.dataplane().state, programmed);
         }
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[tokio::test]
     async fn a_service_scheduler_the_kernel_lacks_is_probed_once_and_replaced() {
-        let dir = std::env::temp_dir().join(format!("kipvs-twos-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("web.yaml");
         let annotated = WEB.replace("READY", "true").replace(
             "metadata: {name: web, namespace: default}",
             "metadata: {name: web, namespace: default, annotations: {kipvs.io/scheduler: twos}}",
@@ -568,24 +597,14 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             .replace("10.96.0.20", "10.96.0.21")
             .replace("web-1", "api-1")
             .replace("service-name: web", "service-name: api");
-        std::fs::write(&file, format!("{annotated}\n---\n{other}")).unwrap();
-        let handle = SourceHandle::default();
-        let source = ManifestsSource {
-            path: file.clone(),
-            node_name: "n1".into(),
-            node_configs: None,
-        };
-        let identity = NodeIdentity {
-            name: "n1".into(),
-            node_ips: vec![],
-        };
+        let m = Manifests::new("twos", &format!("{annotated}\n---\n{other}"));
+        let (file, handle, source) = (&m.file, &m.handle, &m.source);
         let fake = FakeDataplane {
             missing_schedulers: ["twos".to_string()].into(),
             ..Default::default()
         };
-        let planner = Planner::new(identity, ProxierConfiguration::default());
-        let mut engine = Engine::new(handle.clone(), planner, fake);
-        let seen = source.load_into(&handle, None).unwrap();
+        let mut engine = m.engine(fake);
+        let seen = source.load_into(handle, None).unwrap();
         // The first sync finds the annotated virtual server refused; the scheduler is probed.
         let report = engine.sync().await.unwrap();
         assert!(!report.failures.is_empty());
@@ -620,16 +639,15 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         // Other changes stay incremental: no full observe of the kernel.
         let observes = engine.dataplane().full_observes;
         std::fs::write(
-            &file,
+            file,
             format!("{annotated}\n---\n{}", other.replace("true", "false")),
         )
         .unwrap();
-        source.load_into(&handle, seen.as_ref()).unwrap();
+        source.load_into(handle, seen.as_ref()).unwrap();
         let report = engine.sync().await.unwrap();
         assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
         assert!(report.failures.is_empty());
         assert_eq!(engine.dataplane().full_observes, observes);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     /// Start-up as `run()` does it on a real node: the first sync reads the node's other
@@ -640,20 +658,8 @@ ports: [{name: http, port: 8080, protocol: TCP}]
     /// did the same.
     #[tokio::test]
     async fn the_first_change_after_start_up_is_incremental() {
-        let dir = std::env::temp_dir().join(format!("kipvs-first-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("web.yaml");
-        std::fs::write(&file, WEB.replace("READY", "true")).unwrap();
-        let handle = SourceHandle::default();
-        let source = ManifestsSource {
-            path: file.clone(),
-            node_name: "n1".into(),
-            node_configs: None,
-        };
-        let identity = NodeIdentity {
-            name: "n1".into(),
-            node_ips: vec![],
-        };
+        let m = Manifests::new("first", &WEB.replace("READY", "true"));
+        let (file, handle, source) = (&m.file, &m.handle, &m.source);
         let (_, assigned) = watch::channel(Assigned::Unknown);
         let (report, _) = watch::channel(None);
         let follower = ConfigFollower {
@@ -662,24 +668,22 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             kernel: Box::new(crate::dataplane::settings::FakeKernel),
             report,
         };
-        let planner = Planner::new(identity, ProxierConfiguration::default());
         let node = FakeDataplane {
             other_addresses: ["192.168.0.10".parse().unwrap()].into(),
             ..Default::default()
         };
-        let mut engine = Engine::new(handle.clone(), planner, node).following(follower);
+        let mut engine = m.engine(node).following(follower);
         engine.apply_assigned(Assigned::Local).await;
-        let seen = source.load_into(&handle, None).unwrap();
+        let seen = source.load_into(handle, None).unwrap();
         assert!(!engine.sync().await.unwrap().ops.is_empty());
         assert_eq!(engine.dataplane().full_observes, 1);
         assert!(!engine.planner().replan_pending());
         // The endpoint stops being ready: one op, from the cache, no full observe.
-        std::fs::write(&file, WEB.replace("READY", "false")).unwrap();
-        source.load_into(&handle, seen.as_ref()).unwrap();
+        std::fs::write(file, WEB.replace("READY", "false")).unwrap();
+        source.load_into(handle, seen.as_ref()).unwrap();
         let report = engine.sync().await.unwrap();
         assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
         assert_eq!(engine.dataplane().full_observes, 1);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     /// kubernetes#133773: the first sync programs the API server's Service before any other,
@@ -687,9 +691,6 @@ ports: [{name: http, port: 8080, protocol: TCP}]
     /// is programmed.
     #[tokio::test]
     async fn the_first_sync_programs_default_kubernetes_first() {
-        let dir = std::env::temp_dir().join(format!("kipvs-apiserver-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("cluster.yaml");
         // Its ClusterIP sorts after web's: without the rule it would come last.
         let kubernetes = r#"
 apiVersion: v1
@@ -711,24 +712,13 @@ endpoints:
   conditions: {ready: true}
 ports: [{name: https, port: 6443, protocol: TCP}]
 "#;
-        std::fs::write(
-            &file,
-            format!("{}\n---\n{kubernetes}", WEB.replace("READY", "true")),
-        )
-        .unwrap();
-        let handle = SourceHandle::default();
-        let source = ManifestsSource {
-            path: file,
-            node_name: "n1".into(),
-            node_configs: None,
-        };
-        let identity = NodeIdentity {
-            name: "n1".into(),
-            node_ips: vec![],
-        };
-        let planner = Planner::new(identity, ProxierConfiguration::default());
-        let mut engine = Engine::new(handle.clone(), planner, FakeDataplane::default());
-        source.load_into(&handle, None).unwrap();
+        let m = Manifests::new(
+            "apiserver",
+            &format!("{}\n---\n{kubernetes}", WEB.replace("READY", "true")),
+        );
+        let (handle, source) = (&m.handle, &m.source);
+        let mut engine = m.engine(FakeDataplane::default());
+        source.load_into(handle, None).unwrap();
         engine.sync().await.unwrap();
         let applied: Vec<String> = engine
             .dataplane()
@@ -755,6 +745,5 @@ ports: [{name: https, port: 6443, protocol: TCP}]
                 "BindAddress"
             ]
         );
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }
