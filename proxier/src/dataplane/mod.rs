@@ -28,6 +28,7 @@ pub mod conntrack;
 pub mod fake;
 pub mod kernel;
 pub mod nft;
+pub mod nft_elements;
 pub mod settings;
 pub mod sysctl;
 
