@@ -238,7 +238,8 @@ impl KernelDataplane {
     /// nfnetlink batch ([`nft_elements`]), the others (rules, `firewall-allow` intervals) and
     /// any batch that failed through `nft -f` (which says why in words, and re-declares a
     /// missing table and its sets).
-    async fn apply_nft(&mut self, ops: &[Op]) -> Result<(), DataplaneError> {
+    /// Returns how: `"netlink"` or `"nft"`.
+    async fn apply_nft(&mut self, ops: &[Op]) -> Result<&'static str, DataplaneError> {
         let tx = nft_transaction(ops);
         if let Some(batch) = nft_elements::batch(&tx) {
             let socket = match self.set_elements.take() {
@@ -256,13 +257,14 @@ impl KernelDataplane {
                 Err(e) => Err(e.into()),
             };
             match result {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok("netlink"),
                 Err(error) => {
                     tracing::warn!(%error, "set element batch failed; applying it with nft")
                 }
             }
         }
-        Ok(self.nft.apply(&nft::transaction(&tx)).await?)
+        self.nft.apply(&nft::transaction(&tx)).await?;
+        Ok("nft")
     }
 }
 
@@ -360,15 +362,20 @@ impl Dataplane for KernelDataplane {
             let started = std::time::Instant::now();
             if stage[0].stage() == NFT_STAGE {
                 // One transaction: it fails as a whole, and so does each of its ops.
-                if let Err(error) = self.apply_nft(stage).await {
-                    let message = error.to_string();
-                    failures.extend(stage.iter().map(|op| OpFailure {
-                        op: op.clone(),
-                        error: DataplaneError::NftTransaction(message.clone()),
-                    }));
-                }
+                let via = match self.apply_nft(stage).await {
+                    Ok(via) => via,
+                    Err(error) => {
+                        let message = error.to_string();
+                        failures.extend(stage.iter().map(|op| OpFailure {
+                            op: op.clone(),
+                            error: DataplaneError::NftTransaction(message.clone()),
+                        }));
+                        "nft"
+                    }
+                };
                 tracing::debug!(
                     stage = NFT_STAGE,
+                    via,
                     ops = stage.len(),
                     duration_us = started.elapsed().as_micros() as u64,
                     "applied nftables transaction"
