@@ -8,16 +8,18 @@
 //! 1. unbind addresses from `kube-ipvs0`,
 //! 2. delete (or drain) real servers,
 //! 3. delete virtual servers,
-//! 4. update virtual servers that exist, and add / update the real servers of existing virtual
+//! 4. add the hairpin elements of new endpoints (an element-only nftables transaction of its
+//!    own, unless the rules are rewritten in this sync),
+//! 5. update virtual servers that exist, and add / update the real servers of existing virtual
 //!    servers whose own set elements do not change in this sync (an endpoint change: the new
-//!    endpoint takes traffic without waiting for nftables),
-//! 5. nftables: rewrite the rules if they changed, delete and add set elements (one atomic
+//!    endpoint takes traffic without waiting for the main nftables transaction),
+//! 6. nftables: rewrite the rules if they changed, delete and add set elements (one atomic
 //!    transaction: deletions come after the virtual servers, real servers and addresses they
 //!    concern are gone, additions before the virtual servers they concern take traffic),
-//! 6. add virtual servers,
-//! 7. add / update the other real servers (of new virtual servers, or of virtual servers whose
+//! 7. add virtual servers,
+//! 8. add / update the other real servers (of new virtual servers, or of virtual servers whose
 //!    masquerade or firewall elements change),
-//! 8. bind addresses to `kube-ipvs0`.
+//! 9. bind addresses to `kube-ipvs0`.
 //!
 //! A [`Dataplane`] applies them: [`kernel::KernelDataplane`] on a real node, [`fake::FakeDataplane`]
 //! in unit tests. Ops inside one stage are independent of each other, so a dataplane may run
@@ -46,8 +48,9 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
 
-/// One change to the kernel. Variant order is the order [`diff`] emits them in, but for the
-/// IPVS updates of existing virtual servers, which go before the nftables ops ([`diff_scoped`]).
+/// One change to the kernel. Variant order is the order [`diff`] emits them in, but for new
+/// hairpin elements and the IPVS updates of existing virtual servers, which go before the
+/// other nftables ops ([`diff_scoped`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum Op {
     /// Remove an address from `kube-ipvs0`.
@@ -98,8 +101,9 @@ impl Op {
     /// The stage (0..=6) this op belongs to: its kind. Consecutive ops of one stage in a
     /// [`diff`] do not depend on each other, except the nftables ones (stage 3), which go to
     /// the kernel together as one transaction in the order [`diff`] emits them. A diff can hold
-    /// a stage twice (real servers of existing virtual servers before the nftables stage, those
-    /// of new ones after it).
+    /// a stage twice (new hairpin elements before the real servers of existing virtual servers,
+    /// the other nftables ops after them; those real servers before the new virtual servers',
+    /// which come after the nftables stage).
     pub fn stage(&self) -> u8 {
         match self {
             Op::UnbindAddress(_) => 0,
@@ -295,50 +299,58 @@ pub fn diff_scoped(
             _ => None,
         })
         .collect();
+    // New hairpin elements go ahead of the real servers, in a transaction of their own, unless
+    // the rules are (re)written: then the whole table is one transaction before the new
+    // virtual servers anyway.
+    let early_hairpin = !ops.iter().any(|op| matches!(op, Op::WriteRules(_)));
     // Stable: within one position, ops keep the order they were pushed in.
-    ops.sort_by_key(|op| position(op, &after_nft));
+    ops.sort_by_key(|op| position(op, &after_nft, early_hairpin));
     ops
 }
 
 /// Where `op` goes in the order of [`diff`] (see the module docs), given the virtual servers
-/// whose real-server ops wait for the nftables transaction.
+/// whose real-server ops wait for the main nftables transaction and whether new hairpin
+/// elements go in a transaction of their own ahead of the real servers.
 ///
-/// Real-server ops of an existing virtual server go before the transaction so that a new
-/// endpoint takes traffic at once: `nft` is a process per transaction, which takes seconds on a
-/// loaded or emulated CPU (the end to end measured median 1.3 s, max 11.8 s per run in its VM),
-/// and an endpoint change waiting behind it leaves a Service with fewer real servers than it
-/// should have, or none when the old one went in the same sync. What such an op may not
-/// outrun, it waits for:
+/// Real-server ops of an existing virtual server go before the main transaction so that a new
+/// endpoint takes traffic at once: that transaction can hold what only `nft` applies (rules,
+/// `firewall-allow` intervals), a process that takes seconds on a loaded or emulated CPU (the
+/// end to end measured median 1.3 s, max 11.8 s per run in its VM), and an endpoint change
+/// waiting behind it leaves a Service with fewer real servers than it should have, or none when
+/// the old one went in the same sync. What such an op may not outrun, it waits for:
+/// - its endpoint's `hairpin` element (a connection from that endpoint to its own Service that
+///   IPVS balances onto itself is masqueraded only with it): new hairpin elements go first, in
+///   a transaction of their own that holds elements only, so one nfnetlink batch
+///   ([`nft_elements`]: about a millisecond, no process);
 /// - the elements of its own virtual server (`cluster-ips`, `external`, `external-local`,
 ///   `firewall`, `firewall-allow`): while they change, e.g. `externalTrafficPolicy` Local →
-///   Cluster adding remote endpoints that need the masquerade, its real servers wait;
+///   Cluster adding remote endpoints that need the masquerade, its real servers wait for the
+///   main transaction;
 /// - a new virtual server waits for its elements (a NodePort takes traffic once added, and a
 ///   load-balancer IP with source ranges must not take any before its firewall element);
 ///   addresses are bound last, after both.
 ///
-/// The one element an endpoint change adds that its real server does not wait for is its
-/// `hairpin` element: until the transaction lands, a connection from that endpoint to its own
-/// Service that IPVS balances onto itself is not masqueraded (and fails, as it did without the
-/// element before). kube-proxy's IPVS mode has the same order (real servers in the loop over
-/// Services, then `ipset` entries, then `iptables-restore`). Removals keep the safe order: the
-/// real server goes (stage 1) before its hairpin element (the transaction).
-fn position(op: &Op, after_nft: &BTreeSet<VirtualServerKey>) -> u8 {
+/// Removals keep the safe order: the real server goes (stage 1) before its hairpin element
+/// (the main transaction). kube-proxy's IPVS mode is less strict: it adds real servers in its
+/// loop over Services and the `ipset` entries (hairpin among them) after the loop.
+fn position(op: &Op, after_nft: &BTreeSet<VirtualServerKey>, early_hairpin: bool) -> u8 {
     match op {
         Op::UnbindAddress(_) => 0,
         Op::DeleteRealServer { .. } => 1,
         Op::DeleteVirtualServer(_) => 2,
-        Op::UpdateVirtualServer(..) => 3,
+        Op::AddSetElement(SetElement::Hairpin(_)) if early_hairpin => 3,
+        Op::UpdateVirtualServer(..) => 4,
         Op::AddRealServer { vs, .. } | Op::UpdateRealServer { vs, .. }
             if !after_nft.contains(vs) =>
         {
-            4
+            5
         }
-        Op::WriteRules(_) => 5,
-        Op::DeleteSetElement(_) => 6,
-        Op::AddSetElement(_) => 7,
-        Op::AddVirtualServer(..) => 8,
-        Op::AddRealServer { .. } | Op::UpdateRealServer { .. } => 9,
-        Op::BindAddress(_) => 10,
+        Op::WriteRules(_) => 6,
+        Op::DeleteSetElement(_) => 7,
+        Op::AddSetElement(_) => 8,
+        Op::AddVirtualServer(..) => 9,
+        Op::AddRealServer { .. } | Op::UpdateRealServer { .. } => 10,
+        Op::BindAddress(_) => 11,
     }
 }
 

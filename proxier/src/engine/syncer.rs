@@ -19,12 +19,14 @@
 //! incremental; the periodic full sync re-observes everything and retries every entry.
 //!
 //! Order: the ops of a sync go to the dataplane in [`diff_scoped`]'s order. An endpoint change
-//! of an existing virtual server reaches IPVS before the nftables transaction (an `nft` process
-//! that took median 1.3 s, up to 11.8 s, in the end to end's VM), so a new endpoint takes
-//! traffic at once and an old one leaves before its set elements do; what must be in nftables
-//! before traffic uses a real server (its virtual server's masquerade and firewall elements)
-//! still goes first, and a new endpoint's hairpin element follows its real server, as in
-//! kube-proxy's IPVS mode (the reasons: `dataplane::position`).
+//! of an existing virtual server reaches IPVS before the main nftables transaction (an `nft`
+//! process that took median 1.3 s, up to 11.8 s, in the end to end's VM, when it holds rules or
+//! intervals), so a new endpoint takes traffic at once and an old one leaves before its set
+//! elements do. What must be in nftables before traffic uses a real server still goes first:
+//! a new endpoint's hairpin element (an element-only transaction of its own ahead of the real
+//! servers: one nfnetlink batch, about a millisecond), and its virtual server's masquerade and
+//! firewall elements when they change (the real servers then wait for the main transaction).
+//! The reasons: `dataplane::position`.
 
 use crate::dataplane::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::{
@@ -788,10 +790,11 @@ mod tests {
         assert_eq!(syncer.dataplane().full_observes, 1);
     }
 
-    /// A new endpoint of an existing virtual server takes traffic before the nftables
-    /// transaction (an `nft` run takes seconds in the end to end's VM), its hairpin element
-    /// after; the old endpoint's real server goes before its element. Real servers of a virtual
-    /// server whose own masquerade element changes wait for it.
+    /// A new endpoint of an existing virtual server takes traffic before the main nftables
+    /// transaction (an `nft` run takes seconds in the end to end's VM), right after its own
+    /// hairpin element (an element-only transaction of its own); the old endpoint's real server
+    /// goes before its element. Real servers of a virtual server whose own masquerade element
+    /// changes wait for it.
     #[tokio::test]
     async fn endpoint_changes_reach_ipvs_before_the_nftables_transaction() {
         let with = |backends: &[&str], elements: &[SetElement]| DesiredState {
@@ -805,6 +808,19 @@ mod tests {
             .sync(&with(&[a], &[hairpin("10.244.1.2")]))
             .await
             .unwrap();
+        // A first sync writes the rules: the hairpin element is part of that one transaction,
+        // ahead of the new virtual server.
+        let names: Vec<&str> = syncer.dataplane.applied.iter().map(Op::name).collect();
+        assert_eq!(
+            names,
+            [
+                "WriteRules",
+                "AddSetElement",
+                "AddVirtualServer",
+                "AddRealServer",
+                "BindAddress"
+            ]
+        );
         syncer.dataplane.applied.clear();
         let touched = Scope {
             virtual_servers: [key(80)].into(),
@@ -818,13 +834,13 @@ mod tests {
             syncer.dataplane.applied,
             [
                 Op::DeleteRealServer { vs: key(80), rs: a },
+                Op::AddSetElement(hairpin("10.244.1.3")),
                 Op::AddRealServer {
                     vs: key(80),
                     rs: b,
                     weight: 1
                 },
                 Op::DeleteSetElement(hairpin("10.244.1.2")),
-                Op::AddSetElement(hairpin("10.244.1.3")),
             ]
         );
         // externalTrafficPolicy Local -> Cluster: the masquerade element first, then the
