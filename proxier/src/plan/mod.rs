@@ -70,7 +70,7 @@ mod index;
 pub mod objects;
 mod service;
 
-pub use index::{DesiredIndex, ServiceKey, Touched};
+pub use index::{DesiredIndex, IndexBuilder, ServiceKey, Touched};
 pub use objects::{Interner, ServiceInfo, SliceInfo};
 pub use service::{ServicePlan, plan_service};
 
