@@ -176,7 +176,7 @@ pub fn inspect(desired: &DesiredState, observed: &ObservedState) -> Inspection {
         let view = desired_view(key, vs, observed);
         inspection
             .services
-            .entry(vs.service.clone())
+            .entry(vs.service.to_string())
             .or_default()
             .push(view);
     }
@@ -186,8 +186,8 @@ pub fn inspect(desired: &DesiredState, observed: &ObservedState) -> Inspection {
         }
         inspection.kernel_only.push(VirtualServerView {
             key: *key,
-            scheduler: ovs.spec.scheduler.clone(),
-            kernel_scheduler: Some(ovs.spec.scheduler.clone()),
+            scheduler: ovs.spec.scheduler.to_string(),
+            kernel_scheduler: Some(ovs.spec.scheduler.to_string()),
             verdict: Verdict::NotDesired,
             real_servers: ovs
                 .real_servers
@@ -256,8 +256,8 @@ fn desired_view(
     );
     VirtualServerView {
         key: *key,
-        scheduler: vs.spec.scheduler.clone(),
-        kernel_scheduler: ovs.map(|o| o.spec.scheduler.clone()),
+        scheduler: vs.spec.scheduler.to_string(),
+        kernel_scheduler: ovs.map(|o| o.spec.scheduler.to_string()),
         verdict,
         real_servers,
     }

@@ -13,6 +13,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 /// Transport protocol of a virtual server (`Service.spec.ports[].protocol`).
 ///
@@ -96,11 +97,18 @@ pub const IPVS_SCHEDULERS: [&str; 14] = [
     "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos",
 ];
 
+/// Serializes a shared string as the string (serde's `Arc` support needs its `rc` feature).
+fn shared_str<S: serde::Serializer>(text: &Arc<str>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(text)
+}
+
 /// The attributes of a virtual server that kipvs programs (besides its real servers).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct VirtualServerSpec {
-    /// IPVS scheduler name (`rr`, `wrr`, `lc`, `sh`, `mh`, ...), from `ipvs.scheduler`.
-    pub scheduler: String,
+    /// IPVS scheduler name (`rr`, `wrr`, `lc`, `sh`, `mh`, ...), from `ipvs.scheduler`; shared
+    /// by the virtual servers planned with it.
+    #[serde(serialize_with = "shared_str")]
+    pub scheduler: Arc<str>,
     /// Persistence timeout in seconds: `Some` for `sessionAffinity: ClientIP`
     /// (`sessionAffinityConfig.clientIP.timeoutSeconds`, default 10800), which sets
     /// `IP_VS_SVC_F_PERSISTENT`.
@@ -118,8 +126,10 @@ pub struct VirtualServer {
     /// 0 for serving+terminating endpoints kept while a ready one exists (DESIGN-BRIEF,
     /// "Semantics decided here"). Forwarding is always masquerade (NAT).
     pub real_servers: BTreeMap<SocketAddr, u32>,
-    /// The Service ports this virtual server implements, as `namespace/name:portName`.
-    pub service: String,
+    /// The Service ports this virtual server implements, as `namespace/name:portName`; shared
+    /// by the virtual servers of that Service port.
+    #[serde(serialize_with = "shared_str")]
+    pub service: Arc<str>,
 }
 
 /// The Service a health-check node port answers for.

@@ -674,7 +674,7 @@ mod tests {
                             sched_flags: 0,
                         },
                         real_servers: [("10.244.0.1:80".parse().unwrap(), weight)].into(),
-                        service: service.clone(),
+                        service: service.as_str().into(),
                     };
                     (key, vs)
                 })

@@ -379,7 +379,7 @@ fn is_ipv6_link_local(ip: &IpAddr) -> bool {
 /// hashing flag for `mh` (kube-proxy's `FlagSourceHash`).
 fn scheduler_spec(scheduler: &str) -> VirtualServerSpec {
     VirtualServerSpec {
-        scheduler: scheduler.to_owned(),
+        scheduler: scheduler.into(),
         persistence_timeout: None,
         sched_flags: if scheduler == "mh" {
             SCHED_FLAG_MH_PORT
@@ -731,7 +731,7 @@ mod tests {
             let mut config = ProxierConfiguration::default();
             config.ipvs.scheduler = scheduler.into();
             let (context, _) = PlanContext::new("n", None, &node_ips, &config);
-            assert_eq!(context.vs_spec.scheduler, expected);
+            assert_eq!(&*context.vs_spec.scheduler, expected);
             assert_eq!(context.vs_spec.sched_flags, flags);
             assert_eq!(context.vs_spec.persistence_timeout, None);
         }

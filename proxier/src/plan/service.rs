@@ -11,6 +11,7 @@ use ipnet::IpNet;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when unset (the API default, 3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
@@ -228,10 +229,10 @@ pub fn plan_service(
             }
         };
         let port_name = &port.name;
-        let service_port = if port_name.is_empty() {
-            format!("{}/{}", plan.namespace, plan.name)
+        let service_port: Arc<str> = if port_name.is_empty() {
+            format!("{}/{}", plan.namespace, plan.name).into()
         } else {
-            format!("{}/{}:{port_name}", plan.namespace, plan.name)
+            format!("{}/{}:{port_name}", plan.namespace, plan.name).into()
         };
         let port_endpoints = endpoints
             .get(&(port_name.clone(), protocol))
@@ -594,7 +595,7 @@ mod tests {
             ]
         );
         let only = plan.virtual_servers.values().next().unwrap();
-        assert_eq!(only.service, "ns/a:x");
+        assert_eq!(&*only.service, "ns/a:x");
         assert!(only.real_servers.is_empty());
         assert_eq!(plan.virtual_servers.len(), 1);
         assert_eq!(plan.bind_addresses.len(), 1);
