@@ -247,7 +247,7 @@ pub fn json(desired: &DesiredState) -> String {
                 real_servers: vs
                     .real_servers
                     .iter()
-                    .map(|(&address, &weight)| JsonRealServer { address, weight })
+                    .map(|(address, &weight)| JsonRealServer { address, weight })
                     .collect(),
             })
             .collect(),

@@ -229,14 +229,14 @@ fn desired_view(
         .real_servers
         .iter()
         .map(|(address, &weight)| {
-            let kernel = ovs.and_then(|o| o.real_servers.get(address)).copied();
+            let kernel = ovs.and_then(|o| o.real_servers.get(&address)).copied();
             let verdict = match kernel {
                 None => Verdict::Missing,
                 Some(k) if k.weight != weight => Verdict::Differs,
                 Some(_) => Verdict::Ok,
             };
             RealServerView {
-                address: *address,
+                address,
                 desired_weight: Some(weight),
                 kernel,
                 verdict,
@@ -246,7 +246,7 @@ fn desired_view(
     real_servers.extend(
         ovs.iter()
             .flat_map(|o| &o.real_servers)
-            .filter(|(address, _)| !vs.real_servers.contains_key(*address))
+            .filter(|(address, _)| !vs.real_servers.contains_key(address))
             .map(|(address, kernel)| RealServerView {
                 address: *address,
                 desired_weight: None,
@@ -266,7 +266,7 @@ fn desired_view(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ObservedVirtualServer, Protocol, VirtualServerSpec};
+    use crate::model::{ObservedVirtualServer, Protocol, RealServers, VirtualServerSpec};
 
     fn key(ip: &str, port: u16) -> VirtualServerKey {
         VirtualServerKey {
@@ -347,7 +347,7 @@ mod tests {
                     key("10.96.0.11", 53),
                     VirtualServer {
                         spec: spec("rr"),
-                        real_servers: BTreeMap::new(),
+                        real_servers: RealServers::default(),
                         service: "kube-system/dns:dns-tcp".into(),
                     },
                 ),

@@ -9,6 +9,7 @@
 
 use super::objects::{AddressType, EndpointAddress, EndpointInfo, SliceInfo};
 use super::{Problem, Protocol, port_number};
+use crate::model::RealServers;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -204,7 +205,7 @@ pub(crate) fn collect(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Selection {
     /// Real servers and weights.
-    pub(crate) real_servers: BTreeMap<SocketAddr, u32>,
+    pub(crate) real_servers: RealServers,
     /// The KEP-1669 fallback is in use: no endpoint in scope is ready, and serving+terminating
     /// ones carry the traffic at weight 1.
     pub(crate) fallback: bool,
@@ -283,7 +284,7 @@ pub(crate) fn select<'a>(
     topology: Topology,
 ) -> Selection {
     let any_ready = endpoints.clone().any(|e| e.ready);
-    let real_servers: BTreeMap<SocketAddr, u32> = endpoints
+    let real_servers: RealServers = endpoints
         .filter_map(|e| {
             let weight = if e.ready {
                 if !topology.admits(e) {

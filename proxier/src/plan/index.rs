@@ -188,6 +188,17 @@ impl Stored {
     }
 }
 
+/// Rebuild `map` with full nodes: `append` of two non-empty maps bulk-loads their merged
+/// entries into new nodes filled to capacity (the standard library's own `append`), freeing
+/// the old ones as it goes. Inserts in no particular order leave B-tree nodes between half
+/// and two thirds full.
+fn compact_map<K: Ord + Clone, V>(map: &mut BTreeMap<K, V>) {
+    if let Some(second) = map.keys().nth(1).cloned() {
+        let mut rest = map.split_off(&second);
+        map.append(&mut rest);
+    }
+}
+
 /// The distinct values of `values` with the number of times each occurs, sorted.
 fn counted<T: Ord + Copy>(mut values: Vec<T>) -> Vec<(T, usize)> {
     values.sort_unstable();
@@ -613,6 +624,8 @@ impl IndexBuilder {
             }
         }
         index.vs_claims = vs_claims.into_iter().collect();
+        // Inserted as the plans came (in no order of their own): refilled.
+        compact_map(&mut index.desired.virtual_servers);
         let elements = counted(elements);
         vs_elements.extend(elements.iter().map(|(element, _)| *element));
         vs_elements.sort_unstable();
