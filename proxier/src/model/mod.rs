@@ -200,25 +200,31 @@ impl RealServers {
 }
 
 /// As `BTreeMap::from_iter`: sorted by address; of one address given twice, the last weight.
+/// Entries that come sorted (as planning gives them) are taken as they are, in one allocation
+/// of the iterator's upper size bound.
 impl FromIterator<(SocketAddr, u32)> for RealServers {
     fn from_iter<I: IntoIterator<Item = (SocketAddr, u32)>>(entries: I) -> Self {
-        let mut entries: Vec<(SocketAddr, u32)> = entries.into_iter().collect();
-        entries.sort_by_key(|&(address, _)| address);
-        // Stable sort: the last of equal addresses is the last given; `dedup_by` keeps the
-        // first of a run, so carry the later weight into it.
-        entries.dedup_by(|later, kept| {
-            let same = later.0 == kept.0;
-            if same {
-                kept.1 = later.1;
-            }
-            same
-        });
-        let servers = entries.into_iter().map(|(address, weight)| RealServer {
+        let entries = entries.into_iter();
+        let (lower, upper) = entries.size_hint();
+        let mut servers: Vec<RealServer> = Vec::with_capacity(upper.unwrap_or(lower));
+        servers.extend(entries.map(|(address, weight)| RealServer {
             ip: address.ip(),
             port: address.port(),
             weight,
-        });
-        RealServers(servers.collect())
+        }));
+        if !servers.is_sorted_by(|a, b| a.address() < b.address()) {
+            // Stable: the last of equal addresses is the last given; `dedup_by` keeps the
+            // first of a run, so carry the later weight into it.
+            servers.sort_by_key(RealServer::address);
+            servers.dedup_by(|later, kept| {
+                let same = later.address() == kept.address();
+                if same {
+                    kept.weight = later.weight;
+                }
+                same
+            });
+        }
+        RealServers(servers.into_boxed_slice())
     }
 }
 
