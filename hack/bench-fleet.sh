@@ -1,7 +1,7 @@
 #!/bin/bash
 # The operator's fleet benchmark (issue 15): hack/fleet.sh at several sizes, each on a fresh control
 # plane, then one table: per size the issue's figures (first write, time to all Applied, spec writes
-# per node, reconciles while only heartbeats arrive) and the CPU seconds and peak RSS of the operator,
+# per node, reconciles and status writes while the proxiers only sync) and the CPU seconds and peak RSS of the operator,
 # kube-apiserver and etcd, with the operator's CPU per node (flat when its cost grows linearly).
 # A size the control plane cannot hold shows as failed, with the fleet's own failure lines.
 #
