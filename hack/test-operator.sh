@@ -1,6 +1,6 @@
 #!/bin/bash
 # The operator's control-plane suite: the committed CRDs match the types (crdgen --check), then
-# kipvs-operator and its fake proxiers against a real kube-apiserver v1.20.2 + etcd on loopback
+# kipvs-operator and its fake proxiers against a real kube-apiserver (1.24 from ../shared/k8s, else 1.20.2) + etcd on loopback
 # (hack/control-plane.sh builds it once, ~6 min of CPU, then reuses ~/.cache/kipvs-cp), running
 # tests/operator/e2e.sh; then, on the same control plane, the operator with real
 # `kipvs-proxier run --dataplane=fake` processes, one per node (tests/operator/e2e-proxiers.sh);

@@ -12,9 +12,12 @@
 //! Failures stay per request: the error answers carry the failed request's sequence number.
 //! The socket asks for short error answers (`NETLINK_CAP_ACK`: the request is not echoed) and
 //! a batch is at most [`BATCH`] requests, so even a batch that fails whole fits the receive
-//! buffer. If answers are lost anyway (`ENOBUFS`), the requests of that batch without an
-//! answer are reported failed with that error: their entries are re-read and retried (see
-//! `engine::syncer`), never assumed done.
+//! buffer. If answers are lost anyway (`ENOBUFS`), or the last answer does not come within
+//! [`ANSWER_TIMEOUT`], the requests of that batch without an error answer are reported failed
+//! with that error (`ENOBUFS`, `ETIMEDOUT`) although they may have been applied: their entries
+//! are re-read before they are retried (see `engine::syncer`), never assumed done or undone.
+//! Answers that come after their batch was given up carry older sequence numbers and are
+//! ignored.
 
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_REQUEST, NetlinkDeserializable, NetlinkMessage, NetlinkPayload,
@@ -31,6 +34,10 @@ pub const BATCH: usize = 256;
 /// The receive buffer asked for (the kernel caps it at `net.core.rmem_max`, and doubles it).
 const RECEIVE_BUFFER: usize = 1 << 20;
 
+/// How long the answers of a batch are waited for. The kernel answers every request of a
+/// `sendmsg` before the call returns, so this is only a bound on a kernel or socket fault.
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A netlink socket of one protocol (`NETLINK_ROUTE`, `NETLINK_GENERIC`, ...) that sends
 /// do-requests in batches ([`Batcher::send_all`]).
 pub struct Batcher {
@@ -43,12 +50,17 @@ impl Batcher {
     ///
     /// Errors: the socket cannot be opened or bound.
     pub fn open(protocol: isize) -> io::Result<Batcher> {
+        Self::open_with_buffer(protocol, RECEIVE_BUFFER)
+    }
+
+    /// [`Batcher::open`] with a receive buffer of `receive_buffer` bytes asked for.
+    fn open_with_buffer(protocol: isize, receive_buffer: usize) -> io::Result<Batcher> {
         let mut socket = TokioSocket::new(protocol)?;
         let inner = socket.socket_mut();
         inner.bind_auto()?;
         inner.set_cap_ack(true)?;
         // Best effort: without it the default buffer still holds a batch of acknowledgements.
-        let _ = inner.set_rx_buf_sz(RECEIVE_BUFFER);
+        let _ = inner.set_rx_buf_sz(receive_buffer);
         Ok(Batcher {
             socket,
             sequence: 0,
@@ -57,7 +69,8 @@ impl Batcher {
 
     /// Send `requests` (do-requests whose success has no reply: adds, deletes, sets) in
     /// batches of at most [`BATCH`], and return, in the same order, `Ok` or the errno the
-    /// kernel answered for each (positive, e.g. `libc::EEXIST`). The requests' flags are
+    /// kernel answered for each (positive, e.g. `libc::EEXIST`; `ENOBUFS` or `ETIMEDOUT` when
+    /// the answer was lost and the request may have been applied). The requests' flags are
     /// replaced by `NLM_F_REQUEST | flags` (plus `NLM_F_ACK` on each batch's last); their
     /// sequence numbers are assigned here.
     ///
@@ -105,9 +118,17 @@ impl Batcher {
     {
         let last = self.sequence;
         loop {
-            let datagram = match self.socket.recv_from_full().await {
-                Ok((datagram, _)) => datagram,
-                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+            let received = tokio::time::timeout(ANSWER_TIMEOUT, self.socket.recv_from_full()).await;
+            let datagram = match received {
+                Ok(Ok((datagram, _))) => datagram,
+                Err(_elapsed) => {
+                    // The requests without an error answer may or may not have been handled.
+                    for slot in batch.iter_mut().filter(|slot| slot.is_ok()) {
+                        *slot = Err(libc::ETIMEDOUT);
+                    }
+                    return Ok(());
+                }
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                     // Answers were dropped: which requests failed is unknown, so all of the
                     // batch count as failed (re-read and retried by the caller). Every answer
                     // was queued before `sendmsg` returned: read what is left without waiting.
@@ -115,7 +136,7 @@ impl Batcher {
                     while self.socket.socket_ref().recv_from_full().is_ok() {}
                     return Ok(());
                 }
-                Err(e) => return Err(e),
+                Ok(Err(e)) => return Err(e),
             };
             let mut at = 0;
             while at < datagram.len() {
@@ -137,5 +158,79 @@ impl Batcher {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against this machine's own `NETLINK_ROUTE` socket, with requests that change nothing.
+    use super::*;
+    use netlink_packet_route::RouteNetlinkMessage;
+    use netlink_packet_route::link::LinkMessage;
+    use netlink_proto::sys::protocols::NETLINK_ROUTE;
+    use rtnetlink::AddressMessageBuilder;
+    use std::net::Ipv4Addr;
+
+    /// Succeeds: read the loopback link (index 1 in every network namespace). Its reply is not
+    /// an error answer, so `send_all` passes over it.
+    fn read_loopback() -> NetlinkMessage<RouteNetlinkMessage> {
+        let mut link = LinkMessage::default();
+        link.header.index = 1;
+        NetlinkMessage::from(RouteNetlinkMessage::GetLink(link))
+    }
+
+    /// Fails: delete an address from a link that does not exist (`ENODEV`; `EPERM` for a
+    /// process without `CAP_NET_ADMIN`).
+    fn delete_from_no_link() -> NetlinkMessage<RouteNetlinkMessage> {
+        let message = AddressMessageBuilder::<Ipv4Addr>::new()
+            .index(0x7fff_fff0)
+            .address(Ipv4Addr::new(192, 0, 2, 1), 32)
+            .build();
+        NetlinkMessage::from(RouteNetlinkMessage::DelAddress(message))
+    }
+
+    fn fails(i: usize) -> bool {
+        i % 7 == 3 || i == BATCH - 1 || i == BATCH
+    }
+
+    #[tokio::test]
+    async fn each_request_gets_its_own_answer_across_batches() {
+        let mut batcher = Batcher::open(NETLINK_ROUTE).unwrap();
+        let count = 2 * BATCH + 88;
+        let requests = (0..count)
+            .map(|i| match fails(i) {
+                true => delete_from_no_link(),
+                false => read_loopback(),
+            })
+            .collect();
+        let results = batcher.send_all(requests, 0).await.unwrap();
+        assert_eq!(results.len(), count);
+        for (i, result) in results.iter().enumerate() {
+            match fails(i) {
+                true => assert!(
+                    matches!(result, Err(libc::ENODEV | libc::EPERM)),
+                    "request {i}: {result:?}"
+                ),
+                false => assert_eq!(*result, Ok(()), "request {i}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn lost_answers_fail_the_whole_batch_and_the_next_batch_is_answered_right() {
+        // A receive buffer far too small for a batch of link replies (about 1.4 KiB each).
+        let mut batcher = Batcher::open_with_buffer(NETLINK_ROUTE, 4096).unwrap();
+        let requests = (0..BATCH).map(|_| read_loopback()).collect();
+        let results = batcher.send_all(requests, 0).await.unwrap();
+        assert!(
+            results.iter().all(|r| *r == Err(libc::ENOBUFS)),
+            "{results:?}"
+        );
+        // Nothing left over from the lost batch is taken for the next one's answers.
+        let requests = vec![read_loopback(), delete_from_no_link(), read_loopback()];
+        let results = batcher.send_all(requests, 0).await.unwrap();
+        assert_eq!(results[0], Ok(()));
+        assert!(matches!(results[1], Err(libc::ENODEV | libc::EPERM)));
+        assert_eq!(results[2], Ok(()));
     }
 }

@@ -28,6 +28,9 @@ pub struct FakeDataplane {
     pub conntrack: BTreeSet<UdpEntry>,
     /// How many times the whole state was observed ([`Dataplane::observe`]).
     pub full_observes: usize,
+    /// Ops whose next application succeeds but is reported failed with `ENOBUFS`, as when the
+    /// kernel drops a batch's answers ([`super::batch`]): the caller cannot know the outcome.
+    pub lost_answers: Vec<Op>,
 }
 
 impl FakeDataplane {
@@ -90,6 +93,10 @@ impl Dataplane for FakeDataplane {
             .collect())
     }
 
+    async fn observe_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
+        Ok(self.state.bound_addresses.clone())
+    }
+
     async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
         let mut config = ProxierConfiguration::default();
         config.ipvs.scheduler = scheduler.to_owned();
@@ -116,6 +123,17 @@ impl Dataplane for FakeDataplane {
                 continue;
             }
             match self.state.apply(op) {
+                Ok(()) if self.lost_answers.contains(op) => {
+                    self.lost_answers.retain(|lost| lost != op);
+                    self.applied.push(op.clone());
+                    failures.push(OpFailure {
+                        op: op.clone(),
+                        error: DataplaneError::Io {
+                            context: "netlink answers".into(),
+                            source: std::io::Error::from_raw_os_error(libc::ENOBUFS),
+                        },
+                    });
+                }
                 Ok(()) => self.applied.push(op.clone()),
                 Err(e) => failures.push(OpFailure {
                     op: op.clone(),

@@ -304,6 +304,10 @@ impl Dataplane for KernelDataplane {
         Ok(out)
     }
 
+    async fn observe_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
+        self.bound_addresses().await
+    }
+
     async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
         super::settings::probe_scheduler(&self.ipvs, scheduler).await
     }

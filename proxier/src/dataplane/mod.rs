@@ -492,6 +492,12 @@ pub trait Dataplane {
         Output = Result<BTreeMap<VirtualServerKey, ObservedVirtualServer>, DataplaneError>,
     > + Send;
 
+    /// The addresses bound on `kube-ipvs0` (what [`Dataplane::observe`] reports as
+    /// `bound_addresses`): the re-read of addresses a failed bind or unbind left in doubt.
+    fn observe_addresses(
+        &mut self,
+    ) -> impl Future<Output = Result<BTreeSet<IpAddr>, DataplaneError>> + Send;
+
     /// The node's addresses on every interface but `kube-ipvs0`: externalIPs and load-balancer
     /// IPs among them are not bound on `kube-ipvs0` (kube-proxy's rule; kubernetes#88212).
     fn other_interface_addresses(

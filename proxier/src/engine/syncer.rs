@@ -13,10 +13,12 @@
 //! Failures stay local: a failed op leaves only the cache entry it concerns in doubt (a
 //! virtual server, an address, a set element, the rules), never the whole cache. Entries in
 //! doubt are retried with their own backoff ([`RETRY_FIRST`] doubling to [`RETRY_MAX`]):
-//! until due, incremental syncs leave them out; when due, a virtual server is re-read from the
-//! kernel first (addresses and set elements keep the cached state before the failed op: a
-//! netlink request and an `nft` transaction either apply or do not). Every other change stays
-//! incremental; the periodic full sync re-observes everything and retries every entry.
+//! until due, incremental syncs leave them out; when due, a virtual server or an address is
+//! re-read from the kernel first: a failed netlink request may have been applied (its answer
+//! lost: `ENOBUFS`, a socket error, a timeout; see [`crate::dataplane::batch`]). Set elements
+//! keep the cached state before the failed op: an `nft` transaction applies whole or not at
+//! all. Every other change stays incremental; the periodic full sync re-observes everything
+//! and retries every entry.
 
 use crate::dataplane::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::{
@@ -267,17 +269,23 @@ impl<D: Dataplane> Syncer<D> {
             })
             .copied()
             .collect();
+        let mut addresses = Vec::new();
         for (entry, backoff) in &self.in_doubt {
             let due = backoff.due <= start;
             entry.set_in(&mut scope, due);
-            if let (true, Entry::VirtualServer(key)) = (due, entry) {
-                refresh.push(*key);
+            match (due, entry) {
+                (true, Entry::VirtualServer(key)) => refresh.push(*key),
+                (true, Entry::Address(address)) => addresses.push(*address),
+                _ => {}
             }
         }
         refresh.sort_unstable();
         refresh.dedup();
         if !refresh.is_empty() {
             self.refresh(&refresh).await?;
+        }
+        if !addresses.is_empty() {
+            self.refresh_addresses(&addresses).await?;
         }
         let expired = self.expired(start);
         let cache = self.cache.as_ref().expect("checked");
@@ -294,6 +302,20 @@ impl<D: Dataplane> Syncer<D> {
                 Some(vs) => cache.virtual_servers.insert(*key, vs.clone()),
                 None => cache.virtual_servers.remove(key),
             };
+        }
+        Ok(())
+    }
+
+    /// Re-read whether each of `addresses` is bound on `kube-ipvs0` into the cache.
+    async fn refresh_addresses(&mut self, addresses: &[IpAddr]) -> Result<(), DataplaneError> {
+        let bound = self.dataplane.observe_addresses().await?;
+        let cache = self.cache.as_mut().expect("refresh needs a cache");
+        for address in addresses {
+            if bound.contains(address) {
+                cache.bound_addresses.insert(*address);
+            } else {
+                cache.bound_addresses.remove(address);
+            }
         }
         Ok(())
     }
@@ -777,6 +799,39 @@ mod tests {
         assert_eq!(syncer.in_doubt().count(), 0);
         assert_eq!(syncer.next_retry(), None);
         assert_eq!(syncer.dataplane().state, ObservedState::from(&desired));
+        assert_eq!(syncer.dataplane().full_observes, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_address_op_whose_answer_was_lost_is_re_read_before_its_retry() {
+        let desired = state(&["10.244.1.2:8080"]);
+        let address: IpAddr = "10.96.0.10".parse().unwrap();
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        syncer.sync(&desired).await.unwrap();
+        let touched = Scope {
+            virtual_servers: [key(80)].into(),
+            addresses: [address].into(),
+            ..Default::default()
+        };
+        // The Service goes: the unbind is applied, but its answer is lost (`ENOBUFS`).
+        syncer.dataplane_mut().lost_answers = vec![Op::UnbindAddress(address)];
+        let gone = DesiredState::default();
+        let report = syncer.sync_touched(&gone, &touched).await.unwrap();
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        assert!(!syncer.dataplane().state.bound_addresses.contains(&address));
+        // It comes back before the retry is due: the address is left out until then.
+        syncer.sync_touched(&desired, &touched).await.unwrap();
+        assert!(!syncer.dataplane().state.bound_addresses.contains(&address));
+        // Due: the address is re-read (unbound, whatever the failed op left in the cache) and
+        // bound again.
+        tokio::time::advance(RETRY_FIRST).await;
+        let report = syncer
+            .sync_touched(&desired, &Scope::default())
+            .await
+            .unwrap();
+        assert_eq!(report.ops, [Op::BindAddress(address)]);
+        assert!(syncer.dataplane().state.bound_addresses.contains(&address));
+        assert_eq!(syncer.in_doubt().count(), 0);
         assert_eq!(syncer.dataplane().full_observes, 1);
     }
 
