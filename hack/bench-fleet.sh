@@ -6,7 +6,8 @@
 # A size the control plane cannot hold shows as failed, with the fleet's own failure lines.
 #
 # usage: hack/bench-fleet.sh [N...]      default: 500 1000 2000 5000
-# env:   OUT (logs; default a temp dir), FLEET_RELEASE=1 (release builds), the ports of
+# env:   OUT (logs; default a temp dir), FLEET_RELEASE (default 1: release builds, one build for all
+#        sizes; FLEET_RELEASE= for the debug builds CI has), the ports of
 #        hack/control-plane.sh (CP_PORT, CP_ETCD_PORT) and PORT_BASE (the operator's /metrics)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,6 +15,7 @@ cd "$ROOT"
 OUT=${OUT:-$(mktemp -d /tmp/kipvs-bench-fleet.XXXXXX)}
 mkdir -p "$OUT"
 SIZES=("$@")
+export FLEET_RELEASE=${FLEET_RELEASE-1}
 [ ${#SIZES[@]} -gt 0 ] || SIZES=(500 1000 2000 5000)
 for n in "${SIZES[@]}"; do
   echo "==> $n nodes (logs in $OUT/$n)"
