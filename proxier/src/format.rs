@@ -69,7 +69,7 @@ fn write_service_line(out: &mut String, service: &str, virtual_server: &VirtualS
     }
     if spec.sched_flags & (SCHED1 | SCHED2 | SCHED3) != 0 {
         // ipvsadm's print_sched_flags: names depend on the scheduler; unnamed bits print nothing.
-        let names: &[(SchedFlags, &str)] = match spec.scheduler.as_str() {
+        let names: &[(SchedFlags, &str)] = match &*spec.scheduler {
             "sh" => &[(SCHED1, "sh-fallback"), (SCHED2, "sh-port")],
             "mh" => &[(SCHED1, "mh-fallback"), (SCHED2, "mh-port")],
             _ => &[(SCHED1, "flag-1"), (SCHED2, "flag-2"), (SCHED3, "flag-3")],
@@ -247,7 +247,7 @@ pub fn json(desired: &DesiredState) -> String {
                 real_servers: vs
                     .real_servers
                     .iter()
-                    .map(|(&address, &weight)| JsonRealServer { address, weight })
+                    .map(|(address, &weight)| JsonRealServer { address, weight })
                     .collect(),
             })
             .collect(),

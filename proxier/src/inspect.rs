@@ -176,7 +176,7 @@ pub fn inspect(desired: &DesiredState, observed: &ObservedState) -> Inspection {
         let view = desired_view(key, vs, observed);
         inspection
             .services
-            .entry(vs.service.clone())
+            .entry(vs.service.to_string())
             .or_default()
             .push(view);
     }
@@ -186,8 +186,8 @@ pub fn inspect(desired: &DesiredState, observed: &ObservedState) -> Inspection {
         }
         inspection.kernel_only.push(VirtualServerView {
             key: *key,
-            scheduler: ovs.spec.scheduler.clone(),
-            kernel_scheduler: Some(ovs.spec.scheduler.clone()),
+            scheduler: ovs.spec.scheduler.to_string(),
+            kernel_scheduler: Some(ovs.spec.scheduler.to_string()),
             verdict: Verdict::NotDesired,
             real_servers: ovs
                 .real_servers
@@ -229,14 +229,14 @@ fn desired_view(
         .real_servers
         .iter()
         .map(|(address, &weight)| {
-            let kernel = ovs.and_then(|o| o.real_servers.get(address)).copied();
+            let kernel = ovs.and_then(|o| o.real_servers.get(&address)).copied();
             let verdict = match kernel {
                 None => Verdict::Missing,
                 Some(k) if k.weight != weight => Verdict::Differs,
                 Some(_) => Verdict::Ok,
             };
             RealServerView {
-                address: *address,
+                address,
                 desired_weight: Some(weight),
                 kernel,
                 verdict,
@@ -246,7 +246,7 @@ fn desired_view(
     real_servers.extend(
         ovs.iter()
             .flat_map(|o| &o.real_servers)
-            .filter(|(address, _)| !vs.real_servers.contains_key(*address))
+            .filter(|(address, _)| !vs.real_servers.contains_key(address))
             .map(|(address, kernel)| RealServerView {
                 address: *address,
                 desired_weight: None,
@@ -256,8 +256,8 @@ fn desired_view(
     );
     VirtualServerView {
         key: *key,
-        scheduler: vs.spec.scheduler.clone(),
-        kernel_scheduler: ovs.map(|o| o.spec.scheduler.clone()),
+        scheduler: vs.spec.scheduler.to_string(),
+        kernel_scheduler: ovs.map(|o| o.spec.scheduler.to_string()),
         verdict,
         real_servers,
     }
@@ -266,7 +266,7 @@ fn desired_view(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ObservedVirtualServer, Protocol, VirtualServerSpec};
+    use crate::model::{ObservedVirtualServer, Protocol, RealServers, VirtualServerSpec};
 
     fn key(ip: &str, port: u16) -> VirtualServerKey {
         VirtualServerKey {
@@ -347,7 +347,7 @@ mod tests {
                     key("10.96.0.11", 53),
                     VirtualServer {
                         spec: spec("rr"),
-                        real_servers: BTreeMap::new(),
+                        real_servers: RealServers::default(),
                         service: "kube-system/dns:dns-tcp".into(),
                     },
                 ),

@@ -363,7 +363,7 @@ async fn an_unreadable_node_proxy_config_falls_back_to_the_local_configuration()
         .values()
         .next()
         .unwrap();
-    assert_eq!(vs.spec.scheduler, "wrr");
+    assert_eq!(&*vs.spec.scheduler, "wrr");
 }
 
 /// The NodeProxyConfig path end to end against a scripted API server (tower-test): the

@@ -111,7 +111,7 @@ impl Dataplane for FakeDataplane {
         let mut failures = Vec::new();
         for op in ops {
             if let Op::AddVirtualServer(_, spec) | Op::UpdateVirtualServer(_, spec) = op
-                && self.missing_schedulers.contains(&spec.scheduler)
+                && self.missing_schedulers.contains(&*spec.scheduler)
             {
                 failures.push(OpFailure {
                     op: op.clone(),

@@ -537,7 +537,7 @@ pub fn service_id(key: &VirtualServerKey) -> ipvs::ServiceId {
 /// The full IPVS service entry for a virtual server: persistence sets `IP_VS_SVC_F_PERSISTENT`
 /// and the timeout; the netmask is the host mask of the family (kube-proxy `ipvs_linux.go`).
 pub fn service(key: &VirtualServerKey, spec: &VirtualServerSpec) -> ipvs::Service {
-    let mut s = ipvs::Service::new(service_id(key), &spec.scheduler);
+    let mut s = ipvs::Service::new(service_id(key), &*spec.scheduler);
     let mut flags = spec.sched_flags;
     if let Some(t) = spec.persistence_timeout {
         flags |= ipvs::ServiceFlags::PERSISTENT.0;
@@ -573,7 +573,7 @@ pub fn observed_service(s: &ipvs::Service) -> Option<(VirtualServerKey, VirtualS
         protocol,
     };
     let spec = VirtualServerSpec {
-        scheduler: s.scheduler.clone(),
+        scheduler: s.scheduler.as_str().into(),
         persistence_timeout: persistent.then_some(s.timeout),
         sched_flags,
     };

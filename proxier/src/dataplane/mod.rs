@@ -266,7 +266,7 @@ pub fn diff_scoped(
             Some(_) => {}
         }
         for (rs, &weight) in &dvs.real_servers {
-            let (vs, rs) = (*key, *rs);
+            let vs = *key;
             match ovs.and_then(|o| o.real_servers.get(&rs)) {
                 None => ops.push(Op::AddRealServer { vs, rs, weight }),
                 Some(o) if o.weight != weight => ops.push(Op::UpdateRealServer { vs, rs, weight }),
@@ -383,7 +383,7 @@ pub fn draining<'a>(
             ovs.real_servers
                 .iter()
                 .filter(move |(rs, o)| {
-                    o.weight == 0 && dvs.is_some_and(|d| !d.real_servers.contains_key(*rs))
+                    o.weight == 0 && dvs.is_some_and(|d| !d.real_servers.contains_key(rs))
                 })
                 .map(move |(rs, _)| (*key, *rs))
         })
@@ -408,7 +408,7 @@ impl From<&DesiredState> for ObservedState {
                                 active_connections: 0,
                                 inactive_connections: 0,
                             };
-                            (*rs, observed)
+                            (rs, observed)
                         })
                         .collect();
                     let observed = ObservedVirtualServer {

@@ -374,7 +374,7 @@ proptest! {
                     None => prop_assert!(draining(k, grs) && grs.weight == 0),
                 }
             }
-            prop_assert!(dvs.real_servers.keys().all(|rs| gvs.real_servers.contains_key(rs)));
+            prop_assert!(dvs.real_servers.keys().all(|rs| gvs.real_servers.contains_key(&rs)));
         }
         for k in got.virtual_servers.keys() {
             if !d.virtual_servers.contains_key(k) {

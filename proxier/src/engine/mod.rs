@@ -320,7 +320,7 @@ impl<D: Dataplane> Engine<D> {
             .iter()
             .filter_map(|f| match &f.op {
                 Op::AddVirtualServer(_, spec) | Op::UpdateVirtualServer(_, spec) => {
-                    Some(spec.scheduler.clone())
+                    Some(spec.scheduler.to_string())
                 }
                 _ => None,
             })
@@ -617,7 +617,7 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             .state
             .virtual_servers
             .values()
-            .map(|vs| vs.spec.scheduler.as_str())
+            .map(|vs| &*vs.spec.scheduler)
             .collect();
         assert_eq!(schedulers, ["rr", "rr"]);
         assert_eq!(engine.syncer().in_doubt().count(), 0);

@@ -2,8 +2,8 @@
 //! only where the store changed.
 
 use crate::model::DesiredState;
-use crate::plan::{self, DesiredIndex, NoLocalEndpoints, Plan, PlanContext, Touched};
-use crate::source::store::{ObjectKey, Store};
+use crate::plan::{self, DesiredIndex, IndexBuilder, NoLocalEndpoints, Plan, PlanContext, Touched};
+use crate::source::store::Store;
 use kipvs_crds::config::ProxierConfiguration;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -138,56 +138,54 @@ impl Planner {
     /// Services are logged as warnings naming them.
     pub fn replan(&mut self, store: &mut Store) -> Replanned {
         let dirty = store.take_dirty();
-        let node = store.node();
+        let node = store.node_info();
         // Both are taken: `dirty.all || take(replan_all)` left a pending `replan_all` (set by
         // the configuration put in force before the first sync) for the next call, so the
         // first change after start-up re-planned and synced everything again.
         let replan_all = std::mem::take(&mut self.replan_all);
-        let all = dirty.all || replan_all;
-        if all {
-            self.index = DesiredIndex::default();
+        if dirty.all || replan_all {
             self.node_ips = if self.identity.node_ips.is_empty() {
-                node.map(plan::node_internal_ips).unwrap_or_default()
+                node.map(|node| node.internal_ips.clone())
+                    .unwrap_or_default()
             } else {
                 self.identity.node_ips.clone()
             };
         }
-        // Every Service, or the changed ones (not copied: a full plan holds no list of keys).
-        let keys: Box<dyn Iterator<Item = &ObjectKey>> = if all {
-            Box::new(store.services().map(|(k, _)| k))
-        } else {
-            Box::new(dirty.services.iter())
-        };
         let (context, problems) =
             PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
         let context = context
             .with_other_interface_addresses(self.other_addresses.iter().copied())
             .with_unavailable_schedulers(&self.unavailable_schedulers);
-        if all {
-            self.index.set_nft_rules(context.nft_rules().clone());
-            for problem in &problems {
-                tracing::warn!("{problem}");
+        if !(dirty.all || replan_all) {
+            let mut touched = Touched::default();
+            for key in &dirty.services {
+                let planned = store
+                    .service(key)
+                    .and_then(|s| plan::plan_service(s, &store.slices_of(key), &context));
+                touched.extend(self.index.update(key.clone(), planned));
+                for problem in self.index.problems_of(key) {
+                    tracing::warn!("{problem}");
+                }
             }
+            return Replanned::Touched(touched);
         }
-        let mut touched = Touched::default();
-        for key in keys {
-            let planned = store
-                .service(key)
-                .and_then(|s| plan::plan_service(s, &store.slices_of(key), &context));
-            let changed = self.index.update(key.clone(), planned);
-            if !all {
-                // A full re-plan syncs everything: no scope to collect.
-                touched.extend(changed);
-            }
-            for problem in self.index.problems_of(key) {
-                tracing::warn!("{problem}");
-            }
+        // Every Service, in the store's (key) order, into a new index built at once (a full
+        // re-plan syncs everything: no scope to collect).
+        for problem in &problems {
+            tracing::warn!("{problem}");
         }
-        if all {
-            self.index.compact();
-            Replanned::All
-        } else {
-            Replanned::Touched(touched)
+        // The old index goes first: never two at once.
+        self.index = DesiredIndex::default();
+        let mut index = IndexBuilder::default();
+        for (key, service) in store.services() {
+            let planned = plan::plan_service(service, &store.slices_of(key), &context);
+            index.push(key.clone(), planned);
         }
+        self.index = index.finish();
+        self.index.set_nft_rules(context.nft_rules().clone());
+        for problem in self.index.problems() {
+            tracing::warn!("{problem}");
+        }
+        Replanned::All
     }
 }

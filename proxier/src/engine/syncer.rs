@@ -767,12 +767,14 @@ mod tests {
 
         // Another virtual server changes: incremental, without observing the kernel again, and
         // the entry in doubt is left out until due (even when the change names it).
-        desired
-            .virtual_servers
-            .get_mut(&key(80))
-            .unwrap()
+        let vs = desired.virtual_servers.get_mut(&key(80)).unwrap();
+        let added = ("10.244.1.3:8080".parse().unwrap(), 1);
+        vs.real_servers = vs
             .real_servers
-            .insert("10.244.1.3:8080".parse().unwrap(), 1);
+            .iter()
+            .map(|(a, &w)| (a, w))
+            .chain([added])
+            .collect();
         let touched = Scope {
             virtual_servers: [key(80), key(81)].into(),
             ..Default::default()

@@ -7,8 +7,10 @@
 //! topology), adapted to the design brief: while a ready endpoint exists, serving+terminating
 //! ones stay programmed at weight 0.
 
-use super::objects::{AddressType, EndpointAddress, EndpointInfo, SliceInfo};
-use super::{Problem, Protocol, port_number};
+use super::{Problem, port_number};
+use crate::model::Protocol;
+use crate::model::RealServers;
+use crate::model::objects::{AddressType, EndpointAddress, EndpointInfo, SliceInfo};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -81,7 +83,10 @@ impl Endpoint {
 
 /// Endpoints of one Service, by slice port `(name, protocol)`: the key a Service port is
 /// matched on (kube-proxy's `ServicePortName`).
-pub(crate) type EndpointsByPort = BTreeMap<(Arc<str>, Protocol), Vec<Endpoint>>;
+pub(crate) type EndpointsByPort = BTreeMap<SlicePort, Vec<Endpoint>>;
+
+/// A slice port's `(name, protocol)`.
+pub(crate) type SlicePort = (Arc<str>, Protocol);
 
 /// Reads the endpoints of a Service from its slices.
 ///
@@ -101,8 +106,8 @@ pub(crate) fn collect(
     zone: Option<&str>,
     problems: &mut Vec<Problem>,
 ) -> EndpointsByPort {
-    let mut by_port: BTreeMap<(Arc<str>, Protocol), BTreeMap<SocketAddr, Endpoint>> =
-        BTreeMap::new();
+    // Few ports: a vector searched in turn, each port's endpoints in slice order.
+    let mut by_port: Vec<(SlicePort, Vec<Endpoint>)> = Vec::new();
     for slice in slices {
         let problem =
             |message: String| Problem::of("EndpointSlice", &slice.namespace, &slice.name, message);
@@ -148,7 +153,18 @@ pub(crate) fn collect(
                     continue;
                 }
             };
-            let entries = by_port.entry((port.name.clone(), protocol)).or_default();
+            let at = match by_port
+                .iter()
+                .position(|((name, p), _)| *name == port.name && *p == protocol)
+            {
+                Some(at) => at,
+                None => {
+                    by_port.push(((port.name.clone(), protocol), Vec::new()));
+                    by_port.len() - 1
+                }
+            };
+            let entries = &mut by_port[at].1;
+            entries.reserve(addresses.len());
             for &(ip, endpoint) in &addresses {
                 let hints = endpoint.hints.as_deref();
                 let for_zones = hints.into_iter().flat_map(|h| h.for_zones.iter());
@@ -162,20 +178,27 @@ pub(crate) fn collect(
                     zone_hint: Hint::of(for_zones.map(|z| &**z), zone),
                     node_hint: Hint::of(for_nodes.map(|n| &**n), Some(node_name)),
                 };
-                entries
-                    .entry(candidate.address)
-                    .and_modify(|kept| {
-                        if candidate.rank() > kept.rank() {
-                            *kept = candidate;
-                        }
-                    })
-                    .or_insert(candidate);
+                entries.push(candidate);
             }
         }
     }
     by_port
         .into_iter()
-        .map(|(key, endpoints)| (key, endpoints.into_values().collect()))
+        .map(|(key, mut endpoints)| {
+            // By address; of one address listed twice, the first with the best conditions
+            // (the sort is stable: duplicates stay in slice order).
+            endpoints.sort_by_key(|e| e.address);
+            endpoints.dedup_by(|later, kept| {
+                if later.address != kept.address {
+                    return false;
+                }
+                if later.rank() > kept.rank() {
+                    *kept = *later;
+                }
+                true
+            });
+            (key, endpoints)
+        })
         .collect()
 }
 
@@ -183,7 +206,7 @@ pub(crate) fn collect(
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Selection {
     /// Real servers and weights.
-    pub(crate) real_servers: BTreeMap<SocketAddr, u32>,
+    pub(crate) real_servers: RealServers,
     /// The KEP-1669 fallback is in use: no endpoint in scope is ready, and serving+terminating
     /// ones carry the traffic at weight 1.
     pub(crate) fallback: bool,
@@ -262,7 +285,7 @@ pub(crate) fn select<'a>(
     topology: Topology,
 ) -> Selection {
     let any_ready = endpoints.clone().any(|e| e.ready);
-    let real_servers: BTreeMap<SocketAddr, u32> = endpoints
+    let real_servers: RealServers = endpoints
         .filter_map(|e| {
             let weight = if e.ready {
                 if !topology.admits(e) {
@@ -286,7 +309,8 @@ pub(crate) fn select<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Interner, convert};
+    use crate::model::objects::Interner;
+    use crate::source::convert;
     use k8s_openapi::api::discovery::v1::{
         Endpoint as ApiEndpoint, EndpointConditions, EndpointPort, EndpointSlice,
     };

@@ -190,7 +190,8 @@ impl Stored {
 
 /// Rebuild `map` with full nodes: `append` of two non-empty maps bulk-loads their merged
 /// entries into new nodes filled to capacity (the standard library's own `append`), freeing
-/// the old ones as it goes.
+/// the old ones as it goes. Inserts in no particular order leave B-tree nodes between half
+/// and two thirds full.
 fn compact_map<K: Ord + Clone, V>(map: &mut BTreeMap<K, V>) {
     if let Some(second) = map.keys().nth(1).cloned() {
         let mut rest = map.split_off(&second);
@@ -198,12 +199,17 @@ fn compact_map<K: Ord + Clone, V>(map: &mut BTreeMap<K, V>) {
     }
 }
 
-/// [`compact_map`] for a set.
-fn compact_set<T: Ord + Clone>(set: &mut BTreeSet<T>) {
-    if let Some(second) = set.iter().nth(1).cloned() {
-        let mut rest = set.split_off(&second);
-        set.append(&mut rest);
+/// The distinct values of `values` with the number of times each occurs, sorted.
+fn counted<T: Ord + Copy>(mut values: Vec<T>) -> Vec<(T, usize)> {
+    values.sort_unstable();
+    let mut runs: Vec<(T, usize)> = Vec::new();
+    for value in values {
+        match runs.last_mut() {
+            Some((last, count)) if *last == value => *count += 1,
+            _ => runs.push((value, 1)),
+        }
     }
+    runs
 }
 
 /// The Services claiming one virtual server or health-check node port, in key order (the
@@ -305,23 +311,6 @@ impl DesiredIndex {
         self.real_servers =
             self.real_servers - before + self.real_servers_of(&touched.virtual_servers);
         touched
-    }
-
-    /// Rebuild the maps with full nodes, after a full plan: one by one `update` inserts in no
-    /// particular order and leaves the B-tree nodes between half and two thirds full (at 50k
-    /// Services the maps held ~30 MiB of empty slots). Linear; the nodes of each map are freed
-    /// as its new ones fill, so the peak stays that of the largest map's remainder. Later
-    /// updates split nodes again as any insert does.
-    pub fn compact(&mut self) {
-        compact_map(&mut self.plans);
-        compact_map(&mut self.vs_claims);
-        compact_map(&mut self.address_claims);
-        compact_map(&mut self.element_claims);
-        compact_map(&mut self.health_check_claims);
-        compact_map(&mut self.desired.virtual_servers);
-        compact_set(&mut self.desired.bind_addresses);
-        compact_map(&mut self.desired.health_check_node_ports);
-        compact_set(&mut self.desired.set_elements);
     }
 
     /// Real servers of the desired virtual servers `keys`.
@@ -500,9 +489,9 @@ impl DesiredIndex {
             name: key.1.clone(),
             message,
         };
-        for Own { vs, .. } in &plan.virtual_servers {
-            let winner = self.vs_claims[vs].first().expect("claimed");
-            if winner != key {
+        for Own { vs, slot, .. } in &plan.virtual_servers {
+            // A won virtual server is a `Slot::Won` one.
+            if !matches!(slot, Slot::Won) {
                 let by = &self.desired.virtual_servers[vs].service;
                 problems.push(conflict(format!(
                     "virtual server {vs} is already used by {by}; ignored here"
@@ -521,16 +510,17 @@ impl DesiredIndex {
         problems
     }
 
+    /// Every Service's problems ([`problems_of`](Self::problems_of)), in namespace/name order.
+    pub fn problems(&self) -> impl Iterator<Item = Problem> + '_ {
+        self.plans.keys().flat_map(|key| self.problems_of(key))
+    }
+
     /// The whole [`Plan`]: the desired state, every Service's problems in namespace/name
     /// order, and the counts. O(number of Services): for `plan` and reports, not the sync path.
     pub fn to_plan(&self) -> Plan {
         Plan {
             desired: self.desired.clone(),
-            problems: self
-                .plans
-                .keys()
-                .flat_map(|k| self.problems_of(k))
-                .collect(),
+            problems: self.problems().collect(),
             no_local_endpoints: self.no_local_endpoints,
             terminating_fallback_services: self.terminating_fallback_services,
         }
@@ -544,6 +534,122 @@ impl DesiredIndex {
     /// The number of real servers in the desired state (kept by every update, not counted).
     pub fn real_servers(&self) -> usize {
         self.real_servers
+    }
+}
+
+/// Builds a [`DesiredIndex`] from the plan of every Service at once, as a full re-plan does:
+/// the same index as [`DesiredIndex::update`] of each plan in key order (a property test
+/// checks it), but the claim maps and sets are built once from sorted entries, with full
+/// B-tree nodes, instead of one insert per entry, and no [`Touched`] is collected (a full
+/// plan syncs everything). Only the virtual server entries go into their map as they come:
+/// the first claim of each wins, since plans come in key order.
+#[derive(Debug, Default)]
+pub struct IndexBuilder {
+    /// The index so far: its desired virtual servers and counts.
+    index: DesiredIndex,
+    plans: Vec<(Arc<ServiceKey>, Stored)>,
+    /// Every claim of a virtual server, with the claiming Service (its position in `plans`).
+    claims: Vec<(VirtualServerKey, u32)>,
+    /// The set elements of the virtual servers won.
+    vs_elements: Vec<SetElement>,
+    /// Every claim of a bind address.
+    addresses: Vec<IpAddr>,
+    /// Every claim of a shared set element ([`Stored::shared_elements`]).
+    elements: Vec<SetElement>,
+    /// Every claim of a health-check node port, with the claiming Service.
+    health_checks: Vec<(u16, u32)>,
+}
+
+impl IndexBuilder {
+    /// Add the plan of Service `key` (`None`: the Service has none, as for
+    /// [`DesiredIndex::update`]).
+    ///
+    /// # Panics
+    /// When `key` does not follow the previous key in order (the store's order).
+    pub fn push(&mut self, key: ServiceKey, plan: Option<ServicePlan>) {
+        let Some(plan) = plan else {
+            return;
+        };
+        if let Some((last, _)) = self.plans.last() {
+            assert!(**last < key, "plans pushed out of key order: {key:?}");
+        }
+        let service = u32::try_from(self.plans.len()).expect("fewer than 2^32 Services");
+        let mut stored = Stored::new(&plan);
+        let desired = &mut self.index.desired.virtual_servers;
+        for (at, (vs, entry)) in plan.virtual_servers.into_iter().enumerate() {
+            self.claims.push((vs, service));
+            if desired.contains_key(&vs) {
+                // Lost to an earlier Service: as `assert_plan` keeps it.
+                let same = stored.virtual_servers[..at]
+                    .iter()
+                    .position(|own| matches!(own.slot, Slot::Won) && desired[&own.vs] == entry);
+                stored.virtual_servers[at].slot = match same {
+                    Some(other) => Slot::SameAs(other as u32),
+                    None => Slot::Lost(Box::new(entry)),
+                };
+                continue;
+            }
+            self.index.real_servers += entry.real_servers.len();
+            desired.insert(vs, entry);
+            self.vs_elements.extend(stored.vs_elements(at));
+        }
+        self.addresses.extend(stored.bind_addresses.iter().copied());
+        self.elements.extend(stored.shared_elements());
+        if let Some((port, _)) = stored.health_check_node_port.as_deref() {
+            self.health_checks.push((*port, service));
+        }
+        self.index.count(&stored, true);
+        self.plans.push((Arc::new(key), stored));
+    }
+
+    /// The index of every plan pushed.
+    pub fn finish(self) -> DesiredIndex {
+        let IndexBuilder {
+            mut index,
+            plans,
+            mut claims,
+            mut vs_elements,
+            addresses,
+            elements,
+            mut health_checks,
+        } = self;
+        // Stable: the claims of one virtual server stay in key order, the winner first.
+        claims.sort_by_key(|&(vs, _)| vs);
+        let mut vs_claims: Vec<(VirtualServerKey, Claims)> = Vec::new();
+        for (vs, service) in claims {
+            let key = plans[service as usize].0.clone();
+            match vs_claims.last_mut() {
+                Some((last, claims)) if *last == vs => claims.0.push(key),
+                _ => vs_claims.push((vs, Claims(vec![key]))),
+            }
+        }
+        index.vs_claims = vs_claims.into_iter().collect();
+        // Inserted as the plans came (in no order of their own): refilled.
+        compact_map(&mut index.desired.virtual_servers);
+        let elements = counted(elements);
+        vs_elements.extend(elements.iter().map(|(element, _)| *element));
+        vs_elements.sort_unstable();
+        vs_elements.dedup();
+        index.desired.set_elements = vs_elements.into_iter().collect();
+        index.element_claims = elements.into_iter().collect();
+        let addresses = counted(addresses);
+        index.desired.bind_addresses = addresses.iter().map(|(address, _)| *address).collect();
+        index.address_claims = addresses.into_iter().collect();
+        health_checks.sort_by_key(|&(port, _)| port);
+        for (port, service) in health_checks {
+            let (key, plan) = &plans[service as usize];
+            let claims = index.health_check_claims.entry(port).or_default();
+            claims.0.push(key.clone());
+            if claims.0.len() == 1 {
+                let (_, health_check) = plan.health_check_node_port.as_deref().expect("claimed");
+                index
+                    .desired
+                    .health_check_node_ports
+                    .insert(port, health_check.clone());
+            }
+        }
+        index.plans = plans.into_iter().collect();
+        index
     }
 }
 
@@ -581,7 +687,7 @@ mod tests {
                             sched_flags: 0,
                         },
                         real_servers: [("10.244.0.1:80".parse().unwrap(), weight)].into(),
-                        service: service.clone(),
+                        service: service.as_str().into(),
                     };
                     (key, vs)
                 })
@@ -708,6 +814,28 @@ mod tests {
     }
 
     proptest! {
+        /// The builder's index is the one `update` builds from the same plans in key order:
+        /// the same desired state, claims, stored plans (with their won, lost and shared
+        /// entries), counts and problems.
+        #[test]
+        fn the_builder_equals_updates_in_key_order(updates in prop::collection::vec(arb_update(), 1..12)) {
+            let names = ["a", "b", "c", "d"];
+            let mut plans: BTreeMap<usize, Option<ServicePlan>> = BTreeMap::new();
+            for (i, plan) in updates {
+                plans.insert(i, plan);
+            }
+            let key = |i: usize| ("ns".to_owned(), names[i].to_owned());
+            let mut updated = DesiredIndex::default();
+            let mut builder = IndexBuilder::default();
+            for (i, plan) in &plans {
+                updated.update(key(*i), plan.clone());
+                builder.push(key(*i), plan.clone());
+            }
+            let built = builder.finish();
+            prop_assert_eq!(format!("{built:?}"), format!("{updated:?}"));
+            prop_assert_eq!(built.to_plan(), updated.to_plan());
+        }
+
         /// After any sequence of updates the index equals `merge` of the final plans, every
         /// change to the desired state was reported as touched, and the real server count
         /// kept by the index is the one counted.

@@ -1,16 +1,18 @@
 //! Planning one Service: its virtual servers, bind addresses and health-check node port.
 
 use super::endpoints::{self, Endpoint, Selection, Topology};
-use super::objects::{
-    ClusterIps, Ingress, IpMode, Parsed, ServiceInfo, ServiceTypeField, SliceInfo,
+use super::{PlanContext, Problem, port_number, scheduler_spec};
+use crate::model::objects::{
+    ClusterIps, Ingress, IpMode, Parsed, SCHEDULER_ANNOTATION, ServiceInfo, ServiceTypeField,
+    SliceInfo,
 };
-use super::{PlanContext, Problem, SCHEDULER_ANNOTATION, port_number, scheduler_spec};
 use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
 use crate::model::{IPVS_SCHEDULERS, SetElement};
 use ipnet::IpNet;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when unset (the API default, 3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
@@ -228,10 +230,10 @@ pub fn plan_service(
             }
         };
         let port_name = &port.name;
-        let service_port = if port_name.is_empty() {
-            format!("{}/{}", plan.namespace, plan.name)
+        let service_port: Arc<str> = if port_name.is_empty() {
+            format!("{}/{}", plan.namespace, plan.name).into()
         } else {
-            format!("{}/{}:{port_name}", plan.namespace, plan.name)
+            format!("{}/{}:{port_name}", plan.namespace, plan.name).into()
         };
         let port_endpoints = endpoints
             .get(&(port_name.clone(), protocol))
@@ -511,7 +513,8 @@ fn load_balancer_vips(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Interner, convert};
+    use crate::model::objects::Interner;
+    use crate::source::convert;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kipvs_crds::ProxierConfiguration;
@@ -594,7 +597,7 @@ mod tests {
             ]
         );
         let only = plan.virtual_servers.values().next().unwrap();
-        assert_eq!(only.service, "ns/a:x");
+        assert_eq!(&*only.service, "ns/a:x");
         assert!(only.real_servers.is_empty());
         assert_eq!(plan.virtual_servers.len(), 1);
         assert_eq!(plan.bind_addresses.len(), 1);
