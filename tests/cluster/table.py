@@ -9,7 +9,11 @@ usage: table.py LOG [VS]   prints "VS -> RS weight" lines, sorted; with VS ("TCP
                            only that virtual server's real servers as "RS=WEIGHT ..." on one line
 """
 import re
+import signal
 import sys
+
+# A reader that stops early (`grep -q`) is not an error.
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 OP = re.compile(r'(?<!failed )op=(\w+)(?: vs="([^"]+)")?(?: scheduler=\S+)?(?: persistence=\S+)?'
                 r'(?: rs=(\S+))?(?: weight=(\d+))?')
