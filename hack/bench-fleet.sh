@@ -1,12 +1,13 @@
 #!/bin/bash
 # The operator's fleet benchmark (issue 15): hack/fleet.sh at several sizes, each on a fresh control
 # plane, then one table: per size the issue's figures (first write, time to all Applied, spec writes
-# per node, reconciles while only heartbeats arrive) and the CPU seconds and peak RSS of the operator,
+# per node, reconciles and status writes while the proxiers only sync) and the CPU seconds and peak RSS of the operator,
 # kube-apiserver and etcd, with the operator's CPU per node (flat when its cost grows linearly).
 # A size the control plane cannot hold shows as failed, with the fleet's own failure lines.
 #
 # usage: hack/bench-fleet.sh [N...]      default: 500 1000 2000 5000
-# env:   OUT (logs; default a temp dir), FLEET_RELEASE=1 (release builds), the ports of
+# env:   OUT (logs; default a temp dir), FLEET_RELEASE (default 1: release builds, one build for all
+#        sizes; FLEET_RELEASE= for the debug builds CI has), the ports of
 #        hack/control-plane.sh (CP_PORT, CP_ETCD_PORT) and PORT_BASE (the operator's /metrics)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,6 +15,7 @@ cd "$ROOT"
 OUT=${OUT:-$(mktemp -d /tmp/kipvs-bench-fleet.XXXXXX)}
 mkdir -p "$OUT"
 SIZES=("$@")
+export FLEET_RELEASE=${FLEET_RELEASE-1}
 [ ${#SIZES[@]} -gt 0 ] || SIZES=(500 1000 2000 5000)
 for n in "${SIZES[@]}"; do
   echo "==> $n nodes (logs in $OUT/$n)"

@@ -3,8 +3,12 @@
 
 Reads every `crate::a::b` path (outside comments) and `super::x` path in proxier/src and fails
 when the module graph has a cycle, between files or between the top-level folders, when `plan/`
-imports `dataplane/`, or when `model/` imports anything outside itself. Edges from a module to
-its own ancestors (a child naming its parent `mod.rs`) are part of Rust's nesting and ignored.
+imports `dataplane/`, when `model/` imports anything outside itself, or when `plan/` or `model/`
+names a Kubernetes crate (`k8s_openapi`, `kube`: the planning core reads only the domain values
+of `model/objects.rs`, converted at the store's boundary by `source/convert.rs`). Edges from a
+module to its own ancestors (a child naming its parent `mod.rs`) are part of Rust's nesting and
+ignored. A file's unit tests (from its `#[cfg(test)]` line on) are left out: a test module is a
+leaf nothing imports, and may build its fixtures from Kubernetes objects through the converter.
 Usage: hack/check-imports.py [proxier/src] [-v: print the edges]
 """
 import os
@@ -33,10 +37,18 @@ def resolve(path):
     return None
 
 
-edges = set()
+def top(m):
+    return m.split("::")[0]
+
+
+edges, kube_crates = set(), set()
 for name, path in mods.items():
     with open(os.path.join(root, path)) as f:
-        code = "\n".join(l for l in f.read().splitlines() if not l.lstrip().startswith("//"))
+        lines = f.read().split("\n#[cfg(test)]")[0].splitlines()
+        code = "\n".join(l for l in lines if not l.lstrip().startswith("//"))
+    if top(name) in ("plan", "model"):
+        kube_crates.update(
+            (name, m.group(1)) for m in re.finditer(r"\b(k8s_openapi|kube)::", code))
     parent = name.rsplit("::", 1)[0] if "::" in name else None
     targets = [m.group(1) for m in re.finditer(r"\bcrate::((?:\w+::)*\w+)", code)]
     if parent:
@@ -44,10 +56,6 @@ for name, path in mods.items():
     for t in filter(None, map(resolve, targets)):
         if t != name and not name.startswith(t + "::"):
             edges.add((name, t))
-
-
-def top(m):
-    return m.split("::")[0]
 
 
 folders = {(top(a), top(b)) for a, b in edges if top(a) != top(b)}
@@ -81,6 +89,7 @@ problems = [f"folder cycle: {' -> '.join(c)}" for c in cycles(folders)]
 problems += [f"file cycle: {' -> '.join(c)}" for c in cycles(edges)]
 problems += [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "plan" and top(b) == "dataplane"]
 problems += [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "model" and top(b) != "model"]
+problems += [f"{a} names the Kubernetes crate {c}" for a, c in sorted(kube_crates)]
 for p in problems:
     print(p)
 print(f"{len(mods)} modules, {len(edges)} imports between them: " + ("FAILED" if problems else "no cycle"))

@@ -15,7 +15,7 @@
 #        PORT_BASE   the operator's /metrics port is PORT_BASE + 89 (default 18089)
 #        OUT         logs (default: a temp dir)
 #        FLEET_RELEASE=1  release builds (default: the debug builds CI already has)
-#        FLEET_ARGS  extra flags for the harness (--fail-share 0.02, --silent-share 0.01, --heartbeat 60s)
+#        FLEET_ARGS  extra flags for the harness (--fail-share 0.02, --silent-share 0.01, --quiet 60s)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"

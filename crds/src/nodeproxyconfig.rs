@@ -27,8 +27,10 @@
 //!   Applied once the first sync succeeded (the previous status stays meanwhile). A node whose
 //!   target revision is not Applied and healthy once `applyTimeout` has passed since
 //!   `spec.assignedAt` counts as failed and can halt a rollout;
-//! - refreshing `lastSyncTime` at most once a minute is enough (it is for people; the operator
-//!   does not use it as a heartbeat).
+//! - the status is not a heartbeat: the operator never reads `lastSyncTime`, `message` or
+//!   `syncErrors`, and a healthy, idle proxier need not write at all (kipvs-proxier writes on a
+//!   change of phase, revision or health and on a new error, and changed counters at most every
+//!   5 minutes). A dead node is seen from its Node's Ready condition.
 //!
 //! When a node has no NodeProxyConfig, its proxier runs its local configuration (`--config`).
 
@@ -114,7 +116,8 @@ pub struct NodeProxyConfigStatus {
     /// which the operator recognises from the Node itself and skips.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub healthy: Option<bool>,
-    /// When the last successful IPVS sync finished.
+    /// When the last successful IPVS sync finished, as of the last status write (not refreshed
+    /// on its own: the proxier's sync metrics have the live figure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<Time>,
     /// Human-readable detail: why a revision Failed, or the last sync error.

@@ -313,23 +313,7 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     let now = Timestamp::now();
     let name = pc.name_any();
     let (decision, previous, seen) = decide_from_stores(&pc, &ctx, now);
-    {
-        // Only writes to NodeProxyConfigs whose spec is still as decided from: one written
-        // since (by the writer, confirmed and forgotten by another decision's overlay, or by
-        // hand) is left to the reconcile its change triggers. Checked and submitted under the
-        // writer's lock, so that no write is sent in between.
-        let mut writer = ctx.writer.lock();
-        let writes = decision
-            .writes
-            .iter()
-            .filter(|w| spec_generation(&ctx.npcs, w.node()) == seen[w.node()])
-            .cloned()
-            .collect();
-        let owner = pc
-            .controller_owner_ref(&())
-            .expect("a stored ProxyConfig has a name and a uid");
-        writer.submit(&owner, writes);
-    }
+    let skipped = submit_writes(&pc, &ctx, &decision, &seen);
     ctx.metrics
         .decision_writes
         .observe(decision.writes.len() as f64);
@@ -357,9 +341,45 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
         }
         tracing::info!(proxyconfig = %name, reason = note.reason, "{}", note.message);
     }
-    Ok(Action::requeue(
-        decision.requeue_after.unwrap_or(RESYNC).min(RESYNC),
-    ))
+    Ok(Action::requeue(next_reconcile(&decision, skipped)))
+}
+
+/// Hands `decision`'s writes to the writer, but only those to NodeProxyConfigs whose spec is
+/// still as decided from (`seen`): one written since (by another ProxyConfig the node moved
+/// to, by the writer and confirmed meanwhile, or by hand) is left out. Checked and submitted
+/// under the writer's lock, so that no write is sent in between. Returns how many were left
+/// out.
+fn submit_writes(
+    pc: &ProxyConfig,
+    ctx: &Context,
+    decision: &Decision,
+    seen: &HashMap<String, Option<Option<i64>>>,
+) -> usize {
+    let mut writer = ctx.writer.lock();
+    let writes: Vec<_> = decision
+        .writes
+        .iter()
+        .filter(|w| spec_generation(&ctx.npcs, w.node()) == seen[w.node()])
+        .cloned()
+        .collect();
+    let skipped = decision.writes.len() - writes.len();
+    let owner = pc
+        .controller_owner_ref(&())
+        .expect("a stored ProxyConfig has a name and a uid");
+    writer.submit(&owner, writes);
+    skipped
+}
+
+/// When to reconcile again after `decision`: at once if `skipped` writes were left out (the
+/// change that made them stale may have triggered only another ProxyConfig, e.g. the one the
+/// node moved to, or this reconcile itself: deciding again from the stores as they are now
+/// is the only way not to wait for the resync); otherwise when the decision asks (a soak or
+/// apply timeout), at most [`RESYNC`].
+fn next_reconcile(decision: &Decision, skipped: usize) -> Duration {
+    if skipped > 0 {
+        return Duration::ZERO;
+    }
+    decision.requeue_after.unwrap_or(RESYNC).min(RESYNC)
 }
 
 /// `metadata.generation` of the node's NodeProxyConfig in `npcs` (None: no object; Some(None):
@@ -509,4 +529,63 @@ async fn write_status(
 pub fn error_policy(pc: Arc<StoredProxyConfig>, error: &Error, _: Arc<Context>) -> Action {
     tracing::warn!(proxyconfig = %pc.name_any(), %error, "reconcile failed; retrying");
     Action::requeue(RETRY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{node, proxy_config};
+    use http::{Request, Response};
+    use kipvs_crds::{NodeProxyConfigSpec, ProxyConfigSpec};
+    use kube::client::Body;
+    use kube::runtime::watcher::Event;
+
+    fn store<K>(objects: Vec<K>) -> (Store<K>, reflector::store::Writer<K>)
+    where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&Event::Init);
+        for object in objects {
+            writer.apply_watcher_event(&Event::InitApply(object));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        (store, writer)
+    }
+
+    /// Review finding (issue 15): a write left out because the node's NodeProxyConfig changed
+    /// after the decision read it (here: the node moved to another ProxyConfig, which wrote
+    /// it) triggered nothing for this ProxyConfig, whose status then waited for the resync
+    /// (5 minutes).
+    #[tokio::test]
+    async fn a_write_left_out_because_the_node_moved_reconciles_again_at_once() {
+        let (service, _server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let pc = proxy_config("fleet", ProxyConfigSpec::default());
+        let (pcs, _pcs_writer) = store(vec![StoredProxyConfig::from(pc.clone())]);
+        let (nodes, _nodes_writer) = store(vec![node("n1", &[])]);
+        let (npcs, mut npcs_writer) = store(Vec::<NodeProxyConfig>::new());
+        let (writer, _) = Writer::new(client.clone(), Metrics::new(), None);
+        let ctx = Context::new(client, "operator-0", pcs, nodes, npcs, writer);
+
+        let (decision, _, seen) = decide_from_stores(&pc, &ctx, Timestamp::now());
+        assert_eq!(decision.writes.len(), 1, "n1 is written");
+        assert_ne!(next_reconcile(&decision, 0), Duration::ZERO);
+        // Meanwhile the node moved: another ProxyConfig wrote its NodeProxyConfig.
+        let mut moved = NodeProxyConfig::new(
+            "n1",
+            NodeProxyConfigSpec {
+                revision: "other".into(),
+                assigned_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+                config: Default::default(),
+            },
+        );
+        moved.metadata.generation = Some(1);
+        npcs_writer.apply_watcher_event(&Event::Apply(moved));
+
+        let skipped = submit_writes(&pc, &ctx, &decision, &seen);
+        assert_eq!(skipped, 1, "not written over the other ProxyConfig's");
+        assert_eq!(ctx.writer.lock().queued(), 0);
+        assert_eq!(next_reconcile(&decision, skipped), Duration::ZERO);
+    }
 }

@@ -16,11 +16,22 @@
 //!   so a write that reached the API server although its answer was lost changes nothing
 //!   the second time. Every failure counts in `kipvs_operator_write_errors_total`; the
 //!   failing nodes and their last error are reported on the ProxyConfig (Degraded
-//!   `WriteFailed`, through [`WriterState::failing`]), whose reconcile the writer triggers
-//!   when that set changes.
+//!   `WriteFailed`, through [`WriterState::failing`]). Every failed write triggers its
+//!   ProxyConfig's reconcile: a decision taken while the write was in flight did not ask for it
+//!   (the overlay showed it) and, submitted after the failure, cancels the retry; the triggered
+//!   decision comes after it and asks for the write again.
+//! - **A node in doubt gets no other write.** A write that failed without a clear rejection (a
+//!   timeout, a 5xx, a lost connection: it may still be committed, e.g. after a 504 the
+//!   apiserver's handler goes on) holds its node "in doubt" for [`IN_DOUBT`] (the apiserver's
+//!   request timeout, 60 s, plus a margin), until the stores show that write, or until a
+//!   retry of it succeeds. Meanwhile only that same write (owner and revision) may be sent to
+//!   the node, so an older revision cannot land after a newer one.
 //! - **A deleted ProxyConfig's writes are dropped** before they are sent (kube-runtime does
 //!   not reconcile a deleted object, so no later decision would cancel them): deleting a
-//!   ProxyConfig mid-rollout changes no node (operator/README.md).
+//!   ProxyConfig mid-rollout changes no node (operator/README.md). Writes belong to one
+//!   incarnation of a ProxyConfig (name and uid): one recreated under the same name replaces
+//!   the old one's queued writes with its own at its first decision, and a write the old one
+//!   has in flight does not count as the new one's.
 //! - **No duplicate writes.** A write in flight, or sent and not yet shown by the watch, is
 //!   laid over the stores ([`WriterState::overlay`]), so the next decision does not ask for
 //!   it again; [`WriterState::submit`] also ignores what is in flight or sent. The decision
@@ -56,6 +67,34 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How long a sent write overrides the store (a safety net: the watch normally shows it
 /// within a second).
 const EXPECTATION_TTL: Duration = Duration::from_secs(120);
+/// How long a node whose write failed ambiguously is held in doubt (see the module docs): the
+/// apiserver's default `--request-timeout` (60 s), after which its handler no longer commits
+/// the request, plus a margin.
+pub const IN_DOUBT: Duration = Duration::from_secs(75);
+
+/// Why a write failed.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The error, as reported on the ProxyConfig.
+    pub message: String,
+    /// The write may have been committed all the same (no clear rejection): its node is held
+    /// in doubt.
+    pub ambiguous: bool,
+}
+
+impl Failure {
+    /// From the API client's error: a 4xx answer (but 408) is a clear rejection; anything
+    /// else (5xx, 408, a timeout, a lost connection, an unreadable answer) may have been
+    /// committed.
+    fn of(error: &kube::Error) -> Self {
+        let rejected =
+            matches!(error, kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 408);
+        Failure {
+            message: error.to_string(),
+            ambiguous: !rejected,
+        }
+    }
+}
 
 /// A write the stores have not shown yet (in flight, or sent and not yet watched).
 #[derive(Clone, Debug)]
@@ -93,8 +132,39 @@ struct Queued {
 #[derive(Debug)]
 struct Sent {
     expected: Expected,
+    /// The uid of the ProxyConfig that asked for it.
+    owner_uid: String,
     /// When it was sent (None while in flight: it does not expire then).
     at: Option<Timestamp>,
+}
+
+impl Expected {
+    /// Whether `stored` (the node's NodeProxyConfig, if any) shows this write.
+    fn shown_by(&self, stored: Option<&&NodeProxyConfig>) -> bool {
+        match self {
+            Expected::Assigned { revision, .. } => {
+                stored.map(|n| &n.spec.revision) == Some(revision)
+            }
+            Expected::Deleted => stored.is_none(),
+        }
+    }
+
+    /// Whether `write` of the ProxyConfig named `owner` is this write (the same revision from
+    /// the same owner, or a delete); `assignedAt` aside.
+    fn is(&self, owner: &str, write: &Write) -> bool {
+        match (self, write) {
+            (
+                Expected::Assigned {
+                    owner: o,
+                    revision: r,
+                    ..
+                },
+                Write::Assign { revision, .. },
+            ) => o == owner && **r == **revision,
+            (Expected::Deleted, Write::Delete { .. }) => true,
+            _ => false,
+        }
+    }
 }
 
 /// The writer's bookkeeping, behind [`Writer::lock`].
@@ -111,6 +181,8 @@ pub struct WriterState {
     sent: HashMap<String, Sent>,
     /// Per ProxyConfig: nodes whose latest write attempt failed, with the error.
     failing: HashMap<String, BTreeMap<String, String>>,
+    /// Nodes in doubt: the write that may still be committed, and until when.
+    in_doubt: HashMap<String, (Expected, Instant)>,
 }
 
 /// The writer: a queue of NodeProxyConfig writes and `concurrency` workers sending them.
@@ -150,14 +222,12 @@ impl WriterState {
     ) -> Vec<(String, Expected)> {
         let expiry = now.checked_sub(EXPECTATION_TTL).unwrap_or(Timestamp::MIN);
         self.sent.retain(|node, sent| {
-            let seen = match &sent.expected {
-                Expected::Assigned { revision, .. } => {
-                    stored.get(node.as_str()).map(|n| &n.spec.revision) == Some(revision)
-                }
-                Expected::Deleted => !stored.contains_key(node.as_str()),
-            };
-            !seen && sent.at.is_none_or(|at| at > expiry)
+            !sent.expected.shown_by(stored.get(node.as_str()))
+                && sent.at.is_none_or(|at| at > expiry)
         });
+        // A write in doubt that the stores show was committed: later writes come after it.
+        self.in_doubt
+            .retain(|node, (expected, _)| !expected.shown_by(stored.get(node.as_str())));
         self.sent
             .iter()
             .map(|(node, sent)| (node.clone(), sent.expected.clone()))
@@ -175,13 +245,15 @@ impl WriterState {
     }
 
     /// Replaces `owner`'s queued writes with `writes` (the latest decision of the
-    /// ProxyConfig it references): see the module docs. Returns whether anything was queued.
+    /// ProxyConfig it references): see the module docs. Queued writes of an earlier ProxyConfig
+    /// of the same name (another uid) are replaced too. Returns whether anything was queued.
     pub fn submit(&mut self, owner: &OwnerReference, writes: Vec<Write>) -> bool {
         let wanted: HashMap<&str, &Write> = writes.iter().map(|w| (w.node(), w)).collect();
         let mut cancelled = Vec::new();
         self.queued.retain(|node, queued| {
             let keep = queued.owner.name != owner.name
-                || wanted.get(node.as_str()) == Some(&&queued.write);
+                || (queued.owner.uid == owner.uid
+                    && wanted.get(node.as_str()) == Some(&&queued.write));
             if !keep {
                 cancelled.push((queued.seq, node.clone()));
             }
@@ -198,7 +270,7 @@ impl WriterState {
         let mut added = false;
         for write in writes {
             let node = write.node();
-            if self.queued.contains_key(node) || self.is_sent(&owner.name, &write) {
+            if self.queued.contains_key(node) || self.is_sent(owner, &write) {
                 continue;
             }
             let seq = self.next_seq;
@@ -221,47 +293,44 @@ impl WriterState {
     }
 
     /// Whether `write` of `owner` is in flight or sent and not yet shown by the stores.
-    fn is_sent(&self, owner: &str, write: &Write) -> bool {
-        match (self.sent.get(write.node()), write) {
-            (
-                Some(Sent {
-                    expected:
-                        Expected::Assigned {
-                            owner: o,
-                            revision: r,
-                            ..
-                        },
-                    ..
-                }),
-                Write::Assign { revision, .. },
-            ) => o == owner && **r == **revision,
-            (
-                Some(Sent {
-                    expected: Expected::Deleted,
-                    ..
-                }),
-                Write::Delete { .. },
-            ) => true,
-            _ => false,
-        }
+    fn is_sent(&self, owner: &OwnerReference, write: &Write) -> bool {
+        self.sent.get(write.node()).is_some_and(|sent| {
+            sent.expected.is(&owner.name, write)
+                && (matches!(write, Write::Delete { .. }) || sent.owner_uid == owner.uid)
+        })
     }
 
-    /// Takes the first queued write that is due and whose node has none in flight, marks it
-    /// in flight (laid over the stores from now on) and fixes its `assignedAt`; otherwise
-    /// when the earliest queued write is due.
+    /// Until when `queued` must wait for its node's write in doubt (None: it need not: no
+    /// write in doubt, or `queued` is that write again).
+    fn held_until(&self, queued: &Queued) -> Option<Instant> {
+        let (expected, until) = self.in_doubt.get(queued.write.node())?;
+        (!expected.is(&queued.owner.name, &queued.write)).then_some(*until)
+    }
+
+    /// Takes the first queued write that is due, whose node has none in flight and is not
+    /// held in doubt for another write, marks it in flight (laid over the stores from now on)
+    /// and fixes its `assignedAt`; otherwise when the earliest queued write is due.
     fn take(&mut self, now: Instant) -> Result<Queued, Option<Instant>> {
         let mut earliest: Option<Instant> = None;
         let mut found = None;
+        self.in_doubt.retain(|_, (_, until)| *until > now);
         for (seq, node) in &self.order {
             if self.in_flight.contains(node) {
                 continue;
             }
             let queued = &self.queued[node];
-            if queued.not_before <= now {
-                found = Some((*seq, node.clone()));
-                break;
+            let due = if queued.not_before > now {
+                Some(queued.not_before)
+            } else {
+                self.held_until(queued)
+            };
+            match due {
+                None => {
+                    found = Some((*seq, node.clone()));
+                    break;
+                }
+                Some(due) => earliest = Some(earliest.map_or(due, |e| e.min(due))),
             }
-            earliest = Some(earliest.map_or(queued.not_before, |e| e.min(queued.not_before)));
         }
         let Some((seq, node)) = found else {
             return Err(earliest);
@@ -281,7 +350,14 @@ impl WriterState {
             Write::Delete { .. } => Expected::Deleted,
         };
         self.in_flight.insert(node.clone());
-        self.sent.insert(node, Sent { expected, at: None });
+        self.sent.insert(
+            node,
+            Sent {
+                expected,
+                owner_uid: queued.owner.uid.clone(),
+                at: None,
+            },
+        );
         Ok(queued)
     }
 
@@ -294,8 +370,10 @@ impl WriterState {
     }
 
     /// Records the outcome of a write [`Self::take`] gave out, at `now`; returns whether the
-    /// owner's failing writes changed (its status should say so).
-    fn finish(&mut self, mut queued: Queued, result: Result<(), String>, now: Instant) -> bool {
+    /// owner is to be reconciled: its failing writes changed (its status should say so), or
+    /// the write failed (a decision taken while it was in flight may cancel its retry; see the
+    /// module docs).
+    fn finish(&mut self, mut queued: Queued, result: Result<(), Failure>, now: Instant) -> bool {
         let node = queued.write.node().to_owned();
         self.in_flight.remove(&node);
         let failing = self.failing.entry(queued.owner.name.clone()).or_default();
@@ -304,11 +382,18 @@ impl WriterState {
                 if let Some(sent) = self.sent.get_mut(&node) {
                     sent.at = Some(Timestamp::now());
                 }
+                self.in_doubt.remove(&node);
                 failing.remove(&node).is_some()
             }
-            Err(error) => {
-                self.sent.remove(&node);
-                let changed = failing.insert(node.clone(), error).is_none();
+            Err(failure) => {
+                let sent = self.sent.remove(&node);
+                failing.insert(node.clone(), failure.message);
+                if failure.ambiguous
+                    && let Some(sent) = sent
+                {
+                    self.in_doubt
+                        .insert(node.clone(), (sent.expected, now + IN_DOUBT));
+                }
                 // Latest wins: a write queued for the node meanwhile replaces this one.
                 if !self.queued.contains_key(&node) {
                     queued.attempts += 1;
@@ -318,7 +403,7 @@ impl WriterState {
                     self.order.insert(queued.seq, node.clone());
                     self.queued.insert(node, queued);
                 }
-                changed
+                true
             }
         }
     }
@@ -409,7 +494,7 @@ impl Writer {
                         .with_label_values(&[write_kind])
                         .inc();
                     tracing::warn!(proxyconfig = %queued.owner.name, node = queued.write.node(), error = %e, "write failed; retrying");
-                    Err(e.to_string())
+                    Err(Failure::of(&e))
                 }
             };
             let owner = queued.owner.name.clone();
@@ -536,6 +621,22 @@ mod tests {
             .collect()
     }
 
+    /// A clear rejection (a 4xx).
+    fn rejected(message: &str) -> Failure {
+        Failure {
+            message: message.into(),
+            ambiguous: false,
+        }
+    }
+
+    /// A failure that may have been committed (a 504, a lost connection).
+    fn unknown(message: &str) -> Failure {
+        Failure {
+            message: message.into(),
+            ambiguous: true,
+        }
+    }
+
     fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter()
             .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
@@ -603,7 +704,7 @@ mod tests {
         let first = state.take(start).expect("due");
         let assigned_at = first.assigned_at.expect("fixed by the first attempt");
         assert!(
-            state.finish(first, Err("apiserver down".into()), start),
+            state.finish(first, Err(rejected("apiserver down")), start),
             "newly failing"
         );
         // Not laid over any more (it may not have happened); reported; queued again, later.
@@ -621,8 +722,8 @@ mod tests {
         assert_eq!(second.assigned_at, Some(assigned_at), "the same object");
         assert_eq!(second.attempts, 1);
         assert!(
-            !state.finish(second, Err("still down".into()), due),
-            "already failing"
+            state.finish(second, Err(rejected("still down")), due),
+            "every failure triggers a decision"
         );
         let due2 = state
             .take(due)
@@ -641,7 +742,7 @@ mod tests {
         let fleet = owner("fleet");
         state.submit(&fleet, vec![assign("a", "r1")]);
         let a = state.take(Instant::now()).expect("due");
-        state.finish(a, Err("conflict".into()), Instant::now());
+        state.finish(a, Err(rejected("conflict")), Instant::now());
         state.submit(&fleet, vec![assign("a", "r2")]);
         assert_eq!(queue(&state), pairs(&[("a", "r2")]));
         assert!(state.failing("fleet").is_empty());
@@ -677,5 +778,121 @@ mod tests {
         state.finish(a, Ok(()), Instant::now());
         let a2 = state.take(Instant::now()).expect("now a's next write");
         assert!(matches!(&a2.write, Write::Assign { revision, .. } if &**revision == "r2"));
+    }
+
+    /// Review finding (issue 15): a decision taken while a's retry was in flight did not ask
+    /// for a (the overlay showed it) and, submitted after the retry failed, cancelled it;
+    /// a was written again only at the next resync (up to 5 minutes).
+    #[test]
+    fn a_retry_cancelled_by_a_decision_taken_while_it_was_in_flight_is_asked_for_again() {
+        let mut state = WriterState::default();
+        let fleet = owner("fleet");
+        state.submit(&fleet, vec![assign("a", "r1")]);
+        let start = Instant::now();
+        let first = state.take(start).expect("due");
+        assert!(state.finish(first, Err(rejected("apiserver busy")), start));
+        let due = state.take(start).expect_err("backing off").expect("due");
+        let retry = state.take(due).expect("the retry");
+        // The decision: a is in flight, laid over the stores, so it is not asked for.
+        let overlay = state.overlay(&HashMap::new(), Timestamp::now());
+        assert_eq!(overlay.len(), 1);
+        // The retry fails again: the owner is to be reconciled (the old code said no: the
+        // node was failing already).
+        assert!(
+            state.finish(retry, Err(rejected("apiserver busy")), due),
+            "a failed retry triggers the owner's reconcile"
+        );
+        // The decision from before is submitted now and cancels the retry ...
+        state.submit(&fleet, vec![]);
+        assert_eq!(queue(&state), pairs(&[]));
+        // ... and the triggered one, deciding from the stores without a, asks for it again.
+        assert!(state.overlay(&HashMap::new(), Timestamp::now()).is_empty());
+        assert!(state.submit(&fleet, vec![assign("a", "r1")]));
+        assert_eq!(queue(&state), pairs(&[("a", "r1")]));
+    }
+
+    /// Review finding (issue 15): after an ambiguous failure (a 504 on a write that was
+    /// committed later, or is still being committed) a newer revision's write was sent at
+    /// once, and the older one could land after it.
+    #[test]
+    fn a_node_in_doubt_gets_no_other_write_until_the_doubt_is_resolved() {
+        let mut state = WriterState::default();
+        let fleet = owner("fleet");
+        state.submit(&fleet, vec![assign("a", "r1"), assign("b", "r1")]);
+        let start = Instant::now();
+        let a1 = state.take(start).expect("a");
+        state.finish(a1, Err(unknown("504 Gateway Timeout")), start);
+        // A new revision for a: not sent while r1 may still land.
+        state.submit(&fleet, vec![assign("a", "r2"), assign("b", "r1")]);
+        let now = Instant::now();
+        let b = state.take(now).expect("b is not in doubt");
+        assert_eq!(b.write.node(), "b");
+        assert_eq!(
+            state.take(now).err(),
+            Some(Some(start + IN_DOUBT)),
+            "a waits until the doubt expires"
+        );
+        // The stores show r1 on a: it landed, r2 comes after it.
+        let npc = stored("a", "r1");
+        state.overlay(&HashMap::from([("a", &npc)]), Timestamp::now());
+        let a2 = state.take(now).expect("resolved");
+        assert!(matches!(&a2.write, Write::Assign { revision, .. } if &**revision == "r2"));
+
+        // Never shown: the doubt expires (the apiserver no longer commits the request).
+        let mut state = WriterState::default();
+        state.submit(&fleet, vec![assign("c", "r1")]);
+        let start = Instant::now();
+        let c1 = state.take(start).expect("c");
+        state.finish(c1, Err(unknown("connection reset")), start);
+        state.submit(&fleet, vec![Write::Delete { node: "c".into() }]);
+        assert!(
+            state
+                .take(start + IN_DOUBT - Duration::from_secs(1))
+                .is_err()
+        );
+        let c2 = state.take(start + IN_DOUBT).expect("the doubt expired");
+        assert_eq!(kind(&c2.write), "delete");
+
+        // The same write again (its retry) is not held back, and its success resolves it; a
+        // clear rejection (a 4xx) holds nothing.
+        let mut state = WriterState::default();
+        state.submit(&fleet, vec![assign("d", "r1")]);
+        let start = Instant::now();
+        let d1 = state.take(start).expect("d");
+        state.finish(d1, Err(unknown("503")), start);
+        let later = start + Duration::from_secs(1);
+        let d2 = state.take(later).expect("its retry");
+        state.finish(d2, Ok(()), later);
+        state.submit(&fleet, vec![assign("d", "r2")]);
+        assert!(state.take(later).is_ok(), "resolved");
+        state.submit(&fleet, vec![assign("e", "r1")]);
+        let e1 = state.take(later).expect("e");
+        state.finish(e1, Err(rejected("422 Invalid")), later);
+        state.submit(&fleet, vec![assign("e", "r2")]);
+        assert!(state.take(later).is_ok(), "nothing in doubt");
+    }
+
+    /// Review finding (issue 15): a ProxyConfig deleted and recreated under the same name
+    /// inherited the old one's queued writes, which were then dropped as the deleted owner's
+    /// when their turn came, and nothing asked for them again.
+    #[test]
+    fn a_proxyconfig_recreated_under_the_same_name_queues_its_own_writes() {
+        let mut state = WriterState::default();
+        let old = owner("fleet");
+        state.submit(&old, vec![assign("a", "r1"), assign("b", "r1")]);
+        let in_flight = state.take(Instant::now()).expect("a");
+        assert_eq!(in_flight.write.node(), "a");
+        let mut new = owner("fleet");
+        new.uid = "uid-fleet-2".into();
+        // The same writes by the new incarnation: queued as its own, not kept as the old one's;
+        // a, in flight for the old one, is not the new one's.
+        assert!(state.submit(&new, vec![assign("a", "r1"), assign("b", "r1")]));
+        let owners: Vec<&str> = state
+            .queued
+            .values()
+            .map(|q| q.owner.uid.as_str())
+            .collect();
+        assert_eq!(owners, ["uid-fleet-2", "uid-fleet-2"]);
+        assert_eq!(queue(&state), pairs(&[("a", "r1"), ("b", "r1")]));
     }
 }

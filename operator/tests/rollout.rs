@@ -336,6 +336,46 @@ fn draining_and_not_ready_nodes_are_skipped_not_waited_for() {
     assert_eq!(assigned(&f.step()), ["node-01"]);
 }
 
+/// No proxier heartbeat (issue 15): a node that dies mid-rollout is seen from its Node's Ready
+/// condition (the node lifecycle controller sets it Unknown once the kubelet stops renewing its
+/// Lease), not from a proxier status going stale: its silence after the apply timeout does not
+/// fail the revision, it is skipped and the rollout completes without it.
+#[test]
+fn a_node_that_dies_mid_rollout_is_skipped_from_its_ready_condition_not_failed() {
+    let mut f = fleet(10, staged_spec());
+    let mut dead: Option<String> = None;
+    for _ in 0..100 {
+        let d = f.step();
+        if d.writes.is_empty() && d.status.stage.is_none() {
+            break;
+        }
+        if dead.is_none()
+            && let Some(victim) = assigned(&d).into_iter().find(|n| n != "node-00")
+        {
+            // Written, then its kubelet (and proxier) stop: Ready goes Unknown, nothing answers.
+            let status = f.nodes.get_mut(&victim).unwrap().status.as_mut().unwrap();
+            status.conditions.as_mut().unwrap()[0].status = "Unknown".into();
+            dead = Some(victim);
+        }
+        let silent = dead.clone();
+        f.proxiers_report(|node, _| {
+            (Some(node) != silent.as_deref()).then_some((NodePhase::Applied, true))
+        });
+        // Past the apply timeout at once: a silent node that counted would fail the revision.
+        f.advance(Duration::from_secs(301));
+    }
+    let dead = dead.expect("a non-canary node was written");
+    let d = f.step();
+    assert!(d.status.bad_revisions.is_empty(), "{:?}", d.status.failures);
+    assert!(d.status.failures.is_empty(), "{:?}", d.status.failures);
+    assert!(
+        d.status.last_good_revision.is_some(),
+        "the rollout completed"
+    );
+    assert_eq!((d.status.skipped_nodes, d.status.healthy_nodes), (1, 9));
+    assert_eq!(f.npcs[&dead].status, None, "it never answered");
+}
+
 #[test]
 fn nodes_selected_by_two_proxy_configs_are_reported_not_written() {
     let mut f = fleet(4, ProxyConfigSpec::default());

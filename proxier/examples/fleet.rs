@@ -1,8 +1,11 @@
 //! The operator's fleet harness (issue 15): N Nodes on a real kube-apiserver and N simulated
-//! proxiers, each reporting through the proxier's own status writer
-//! ([`kipvs_proxier::serve::status::report_status`], with a [`ProxyHealth`] for
-//! `healthy`) at the proxier's own cadence ([`LAST_SYNC_REFRESH`] for `lastSyncTime`), while a
-//! real `kipvs-operator` process rolls ProxyConfig revisions out. Prints the issue's target
+//! proxiers, each deciding what to report with the proxier's own status reducer
+//! ([`StatusReport`]: Pending, Applied or Failed, and what a sync publishes) and writing it with
+//! the proxier's own status writer ([`kipvs_proxier::serve::status::report_status`], with a
+//! [`ProxyHealth`] for `healthy`), and each syncing every `syncPeriod` (30 s, spread evenly)
+//! through that reducer — so the fleet writes exactly what real proxiers would (a healthy, idle
+//! proxier writes nothing), while a real `kipvs-operator` process rolls ProxyConfig revisions
+//! out. Prints the issue's target
 //! table; with `--check`, fails unless the rollouts complete, the canary's first write comes
 //! within `--max-first-write`, and every node gets exactly one NodeProxyConfig write per
 //! revision.
@@ -31,19 +34,18 @@
 //!
 //! usage: `fleet --nodes N --operator BIN --operator-log FILE --operator-metrics ADDR
 //!         [--pid-file FILE] [--cp-state DIR] [--check] [--faults] [--max-first-write 5s]
-//!         [--heartbeat 20s] [--fail-share 0.0] [--silent-share 0.0]` (KUBECONFIG selects the
+//!         [--quiet 20s] [--fail-share 0.0] [--silent-share 0.0]` (KUBECONFIG selects the
 //!         cluster; the CRDs must be installed; the operator inherits the environment)
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
+use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::revision::node_hash;
 use kipvs_crds::{
     NodePhase, NodeProxyConfig, NodeProxyConfigStatus, ProxyConfig, ProxyConfigStatus, StagePhase,
     StageStatus,
 };
-use kipvs_proxier::engine::status::LAST_SYNC_REFRESH;
+use kipvs_proxier::engine::status::{StatusReport, SyncResult};
 use kipvs_proxier::serve::health::ProxyHealth;
 use kipvs_proxier::serve::status::report_status;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -70,7 +72,7 @@ struct Args {
     check: bool,
     faults: bool,
     max_first_write: Duration,
-    heartbeat: Duration,
+    quiet: Duration,
     fail_share: f64,
     silent_share: f64,
 }
@@ -86,7 +88,7 @@ fn args() -> anyhow::Result<Args> {
         check: false,
         faults: false,
         max_first_write: Duration::from_secs(5),
-        heartbeat: Duration::from_secs(20),
+        quiet: Duration::from_secs(20),
         fail_share: 0.0,
         silent_share: 0.0,
     };
@@ -123,7 +125,7 @@ impl Args {
             "--pid-file" => a.pid_file = Some(value.into()),
             "--cp-state" => a.cp_state = Some(value.into()),
             "--max-first-write" => a.max_first_write = kipvs_crds::duration::parse(&value)?,
-            "--heartbeat" => a.heartbeat = kipvs_crds::duration::parse(&value)?,
+            "--quiet" => a.quiet = kipvs_crds::duration::parse(&value)?,
             "--fail-share" => a.fail_share = value.parse()?,
             "--silent-share" => a.silent_share = value.parse()?,
             _ => anyhow::bail!("unknown flag {flag}"),
@@ -146,10 +148,55 @@ fn share(node: &str) -> f64 {
     (node_hash(node) >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// One simulated proxier: what it reports goes through the proxier's status writer.
+/// One simulated proxier: what it reports is decided by the proxier's status reducer and
+/// written by the proxier's status writer.
 struct Proxier {
     report: watch::Sender<Option<NodeProxyConfigStatus>>,
     health: ProxyHealth,
+    status: Mutex<StatusReport>,
+}
+
+impl Proxier {
+    /// Its NodeProxyConfig assigns `revision`: the engine's steps for the status
+    /// (`Engine::apply_assigned`): the revision in force assigned again (a rollback) is
+    /// reported Applied after the next sync, one that cannot be put in force (`fail`) is
+    /// rejected, any other is in force (Pending).
+    fn assigned(&self, revision: &str, fail: bool) {
+        let mut status = self.status.lock().expect("status");
+        let changed = if status.revision() == Some(revision) {
+            status.reassigned();
+            false
+        } else if fail {
+            status.rejected(Some(revision.to_owned()), "simulated failure".to_owned())
+        } else {
+            status.in_force(Some(revision.to_owned()), false, &[])
+        };
+        self.publish(&status, changed);
+    }
+
+    /// A clean sync ended now (`Engine::sync`): health updated, and the status published if
+    /// the reducer says so. Returns whether it was.
+    fn synced(&self) -> bool {
+        self.health.updated();
+        let mut status = self.status.lock().expect("status");
+        let changed = status.synced(&SyncResult::Clean, std::time::SystemTime::now());
+        self.publish(&status, changed);
+        changed
+    }
+
+    /// Whether its status reports `revision` Applied.
+    fn applied(&self, revision: &str) -> bool {
+        let status = self.status.lock().expect("status");
+        status.status().is_some_and(|s| {
+            s.observed_revision.as_deref() == Some(revision) && s.phase == Some(NodePhase::Applied)
+        })
+    }
+
+    fn publish(&self, status: &StatusReport, changed: bool) {
+        if changed {
+            self.report.send_replace(status.status().cloned());
+        }
+    }
 }
 
 /// What the harness saw of NodeProxyConfigs.
@@ -161,7 +208,7 @@ struct Seen {
     generation: HashMap<String, i64>,
     /// Last resourceVersion seen per node (a relist after an outage repeats objects).
     resource_version: HashMap<String, String>,
-    /// Status-only changes seen (the proxiers' status writes, heartbeats included).
+    /// Status-only changes seen (the proxiers' status writes).
     status_writes: usize,
     /// When a revision first reached the canary.
     canary: HashMap<String, Instant>,
@@ -265,7 +312,14 @@ async fn main() -> anyhow::Result<()> {
             receiver,
             health.clone(),
         ));
-        proxiers.insert(node, Arc::new(Proxier { report, health }));
+        proxiers.insert(
+            node,
+            Arc::new(Proxier {
+                report,
+                health,
+                status: Mutex::default(),
+            }),
+        );
     }
     let proxiers = Arc::new(proxiers);
 
@@ -324,26 +378,10 @@ async fn main() -> anyhow::Result<()> {
                 let seen = seen.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    proxier.report.send_replace(Some(NodeProxyConfigStatus {
-                        observed_revision: Some(revision.clone()),
-                        phase: Some(NodePhase::Pending),
-                        ..Default::default()
-                    }));
+                    proxier.assigned(&revision, failed);
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    proxier.health.updated();
-                    proxier.report.send_replace(Some(NodeProxyConfigStatus {
-                        observed_revision: Some(revision.clone()),
-                        phase: Some(if failed {
-                            NodePhase::Failed
-                        } else {
-                            NodePhase::Applied
-                        }),
-                        last_sync_time: Some(Time(Timestamp::now())),
-                        message: failed.then(|| "simulated failure".to_owned()),
-                        sync_errors: Some(u64::from(failed)),
-                        healthy: None,
-                    }));
-                    if !failed {
+                    proxier.synced();
+                    if proxier.applied(&revision) {
                         *seen
                             .lock()
                             .expect("seen")
@@ -356,21 +394,24 @@ async fn main() -> anyhow::Result<()> {
         });
     }
 
-    // Heartbeats: each proxier refreshes lastSyncTime once per LAST_SYNC_REFRESH, spread
-    // evenly (what N real proxiers do).
+    // Periodic syncs: each proxier syncs every syncPeriod, spread evenly (what N real proxiers
+    // do); the reducer decides whether a sync is published.
+    let sync_period = ProxierConfiguration::default().ipvs.sync_period;
+    let syncs = Arc::new(AtomicUsize::new(0));
+    let sync_writes = Arc::new(AtomicUsize::new(0));
     {
         let proxiers = proxiers.clone();
+        let (syncs, sync_writes) = (syncs.clone(), sync_writes.clone());
         tokio::spawn(async move {
             let names: Vec<String> = (0..n).map(name).collect();
-            let gap = LAST_SYNC_REFRESH / n.max(1) as u32;
+            let gap = sync_period / n.max(1) as u32;
             loop {
                 for node in &names {
                     tokio::time::sleep(gap).await;
-                    proxiers[node].report.send_modify(|status| {
-                        if let Some(status) = status {
-                            status.last_sync_time = Some(Time(Timestamp::now()));
-                        }
-                    });
+                    syncs.fetch_add(1, Ordering::Relaxed);
+                    if proxiers[node].synced() {
+                        sync_writes.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         });
@@ -570,7 +611,7 @@ async fn main() -> anyhow::Result<()> {
              {exactly_one}/{eligible}, max {max_writes} |"
         ));
         rows.push(format!(
-            "| {label} | reconciles; proxier status writes (heartbeats included) | \
+            "| {label} | reconciles; proxier status writes | \
              {reconciles_during}; {status_writes} |"
         ));
         rows.push(format!(
@@ -632,9 +673,9 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
-    // Quiet: nothing changes but heartbeats. First let the last rollout's own trailing
+    // Quiet: nothing changes, the proxiers only sync. First let the last rollout's own trailing
     // reconciles (its final status writes, the operator's 500 ms decision spacing) pass: up to
-    // 15 s, until 2 s go by without one; they are not heartbeat-driven.
+    // 15 s, until 2 s go by without one; they are not sync-driven.
     for _ in 0..7 {
         let settled = reconciles(&args.operator_log);
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -643,16 +684,28 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let before = reconciles(&args.operator_log);
-    tokio::time::sleep(args.heartbeat).await;
+    let (syncs_before, sync_writes_before) = (
+        syncs.load(Ordering::Relaxed),
+        sync_writes.load(Ordering::Relaxed),
+    );
+    let status_writes_before = seen.lock().expect("seen").status_writes;
+    tokio::time::sleep(args.quiet).await;
     let quiet = reconciles(&args.operator_log) - before;
-    let heartbeat_writes =
-        (n as f64 * args.heartbeat.as_secs_f64() / LAST_SYNC_REFRESH.as_secs_f64()).round();
+    let quiet_syncs = syncs.load(Ordering::Relaxed) - syncs_before;
+    let quiet_published = sync_writes.load(Ordering::Relaxed) - sync_writes_before;
+    let quiet_seen = seen.lock().expect("seen").status_writes - status_writes_before;
     rows.push(format!(
-        "| quiet {:.0} s: {heartbeat_writes} proxier status refreshes | reconciles | {quiet} |",
-        args.heartbeat.as_secs_f64()
+        "| quiet {:.0} s: {quiet_syncs} proxier syncs, {quiet_published} status writes published, \
+         {quiet_seen} seen | reconciles | {quiet} |",
+        args.quiet.as_secs_f64()
     ));
     if quiet > 1 {
-        failures.push(format!("{quiet} reconciles while only heartbeats arrived"));
+        failures.push(format!("{quiet} reconciles while the proxiers only synced"));
+    }
+    if quiet_published > 0 {
+        failures.push(format!(
+            "{quiet_published} status writes while the proxiers only synced (no heartbeat)"
+        ));
     }
     let total = usage.snapshot();
     rows.push(format!(

@@ -1,7 +1,8 @@
 //! kipvs proxier: Kubernetes Services and EndpointSlices in, a kernel IPVS table out.
 //!
 //! Data flows one way (see `ARCHITECTURE.md`):
-//! `source` → [`source::manifests::Snapshot`] → [`plan::plan`] → [`model::DesiredState`] →
+//! `source` → [`source::store::Store`] (API objects converted by [`source::convert`] into
+//! [`model::objects`]) → [`plan::plan_service`] → [`model::DesiredState`] →
 //! [`dataplane::diff`] → [`dataplane::Op`]s → [`dataplane::Dataplane`].
 
 pub mod dataplane;

@@ -5,6 +5,7 @@
 //! `hack/test.sh`) makes that a failure.
 
 use kipvs_proxier::dataplane::nft::{Nft, Transaction, rule_comments, transaction};
+use kipvs_proxier::dataplane::nft_elements::{self, ElementsError, SetElements};
 use kipvs_proxier::model::{NftRules, Protocol, SetElement, VirtualServerKey};
 use std::collections::BTreeSet;
 
@@ -136,6 +137,85 @@ fn table_elements_and_rules_round_trip_through_the_kernel() {
 
         nft.delete_table().await.unwrap();
         assert_eq!(nft.observe().await.unwrap(), Default::default());
+        nft.delete_table().await.unwrap();
+    });
+}
+
+/// Element-only transactions over netlink (`nft_elements`): every kind of element it encodes is
+/// read back by `nft` as the same element, deletions and additions land in one batch, and a
+/// refused batch (deleting a missing element) changes nothing.
+#[test]
+fn set_element_batches_over_netlink_read_back_through_nft() {
+    if !private_netns() {
+        return;
+    }
+    runtime().block_on(async {
+        let nft = Nft::default();
+        let rules = NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false);
+        let tx = Transaction {
+            rules: Some(&rules),
+            ..Default::default()
+        };
+        nft.apply(&transaction(&tx)).await.unwrap();
+        let elements: BTreeSet<SetElement> = every_kind()
+            .into_iter()
+            .filter(|e| nft_elements::key(e).is_some())
+            .collect();
+        let mut socket = SetElements::open().unwrap();
+        let add = Transaction {
+            rules: None,
+            delete: vec![],
+            add: elements.iter().collect(),
+        };
+        socket
+            .apply(nft_elements::batch(&add).unwrap())
+            .await
+            .unwrap();
+        let observed = nft.observe().await.unwrap();
+        assert_eq!(observed.elements, elements);
+        assert_eq!(observed.rule_comments, rule_comments(&rules));
+
+        // An endpoint replaced: its hairpin element out, the new one in, one batch.
+        let gone = SetElement::Hairpin("10.244.1.2".parse().unwrap());
+        let new = SetElement::Hairpin("10.244.1.3".parse().unwrap());
+        let change = Transaction {
+            rules: None,
+            delete: vec![&gone],
+            add: vec![&new],
+        };
+        socket
+            .apply(nft_elements::batch(&change).unwrap())
+            .await
+            .unwrap();
+        let mut expected = elements.clone();
+        expected.remove(&gone);
+        expected.insert(new);
+        assert_eq!(nft.observe().await.unwrap().elements, expected);
+
+        // Refused whole: the missing element's deletion fails the batch, the addition with it
+        // does not land either.
+        let refused = Transaction {
+            rules: None,
+            delete: vec![&gone],
+            add: vec![&gone],
+        };
+        let err = socket
+            .apply(nft_elements::batch(&refused).unwrap())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ElementsError::Refused(libc::ENOENT)), "{err}");
+        assert_eq!(nft.observe().await.unwrap().elements, expected);
+        // The socket still works after a refusal.
+        let back = Transaction {
+            rules: None,
+            delete: vec![&new],
+            add: vec![&gone],
+        };
+        socket
+            .apply(nft_elements::batch(&back).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(nft.observe().await.unwrap().elements, elements);
         nft.delete_table().await.unwrap();
     });
 }

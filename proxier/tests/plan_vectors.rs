@@ -25,7 +25,9 @@
 
 use kipvs_crds::ProxierConfiguration;
 use kipvs_proxier::format;
+use kipvs_proxier::model::objects::Interner;
 use kipvs_proxier::plan::{self, Plan, PlanInput};
+use kipvs_proxier::source::convert;
 use kipvs_proxier::source::manifests;
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -114,9 +116,17 @@ fn run_case(dir: &Path) -> Outcome {
     } else {
         ProxierConfiguration::default()
     };
-    let node = snapshot.node(NODE_NAME);
+    // Converted at the store's boundary, as the running proxier does.
+    let mut strings = Interner::default();
+    let services: Vec<_> = (snapshot.services.iter())
+        .map(|service| convert::service(service, &mut strings))
+        .collect();
+    let slices: Vec<_> = (snapshot.endpoint_slices.iter())
+        .map(|slice| convert::slice(slice, &mut strings))
+        .collect();
+    let node = snapshot.node(NODE_NAME).map(convert::node);
     let node_ips = addresses_comment(&input, "node-ips")
-        .or_else(|| node.map(plan::node_internal_ips))
+        .or_else(|| node.as_ref().map(|node| node.internal_ips.clone()))
         .unwrap_or_default();
     let other_interface_addresses =
         addresses_comment(&input, "other-interface-addresses").unwrap_or_default();
@@ -127,10 +137,10 @@ fn run_case(dir: &Path) -> Outcome {
         no_local_endpoints,
         terminating_fallback_services,
     } = plan::plan(&PlanInput {
-        services: &snapshot.services,
-        endpoint_slices: &snapshot.endpoint_slices,
+        services: &services,
+        endpoint_slices: &slices,
         node_name: NODE_NAME,
-        node,
+        node: node.as_ref(),
         node_ips: &node_ips,
         other_interface_addresses: &other_interface_addresses,
         config: &config,

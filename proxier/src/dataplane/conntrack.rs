@@ -198,7 +198,7 @@ impl Listing<'_> {
     }
 
     /// The filtered dump requests this listing takes: one per virtual server, or one per IP
-    /// family for [`Listing::All`] and for more than [`TARGETED_DUMPS_MAX`] virtual servers
+    /// family for [`Listing::All`] and for more than `TARGETED_DUMPS_MAX` (16) virtual servers
     /// (each dump walks the whole table in the kernel, so many of them would cost more than
     /// one that copies out every UDP entry).
     pub fn dump_requests(&self) -> Vec<NetlinkMessage<NetfilterMessage>> {

@@ -5,6 +5,7 @@ use super::batch::Batcher;
 use super::conntrack::{Conntrack, Listing, UdpEntry};
 use super::{Dataplane, DataplaneError, Op, OpFailure, Ownership, diff, nft_transaction};
 use crate::dataplane::nft::{self, Nft};
+use crate::dataplane::nft_elements::{self, SetElements};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
     VirtualServerKey, VirtualServerSpec,
@@ -45,6 +46,9 @@ pub struct KernelDataplane {
     ipvs_batches: Batcher,
     link_index: u32,
     nft: Nft,
+    /// Element-only nftables transactions go through this socket ([`nft_elements`]); opened
+    /// at the first, `None` until then and after a socket failure (reopened at the next).
+    set_elements: Option<SetElements>,
     /// `None` when the UDP conntrack cleanup is switched off (`KIPVS_CONNTRACK_CLEANUP=false`).
     conntrack: Option<Conntrack>,
 }
@@ -77,6 +81,7 @@ impl KernelDataplane {
             ipvs_batches,
             link_index,
             nft: Nft::default(),
+            set_elements: None,
             conntrack: conntrack_cleanup_enabled()
                 .then(Conntrack::connect)
                 .transpose()?,
@@ -229,10 +234,37 @@ impl KernelDataplane {
         }
     }
 
-    /// Applies nftables ops as one transaction (all or nothing).
-    async fn apply_nft(&self, ops: &[Op]) -> Result<(), DataplaneError> {
+    /// Applies nftables ops as one transaction (all or nothing): element-only ones as one
+    /// nfnetlink batch ([`nft_elements`]), the others (rules, `firewall-allow` intervals) and
+    /// any batch that failed through `nft -f` (which says why in words, and re-declares a
+    /// missing table and its sets).
+    /// Returns how: `"netlink"` or `"nft"`.
+    async fn apply_nft(&mut self, ops: &[Op]) -> Result<&'static str, DataplaneError> {
         let tx = nft_transaction(ops);
-        Ok(self.nft.apply(&nft::transaction(&tx)).await?)
+        if let Some(batch) = nft_elements::batch(&tx) {
+            let socket = match self.set_elements.take() {
+                Some(socket) => Ok(socket),
+                None => SetElements::open(),
+            };
+            let result = match socket {
+                Ok(mut socket) => {
+                    let result = socket.apply(batch).await;
+                    if !matches!(result, Err(nft_elements::ElementsError::Socket(_))) {
+                        self.set_elements = Some(socket);
+                    }
+                    result
+                }
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Ok(()) => return Ok("netlink"),
+                Err(error) => {
+                    tracing::warn!(%error, "set element batch failed; applying it with nft")
+                }
+            }
+        }
+        self.nft.apply(&nft::transaction(&tx)).await?;
+        Ok("nft")
     }
 }
 
@@ -334,15 +366,20 @@ impl Dataplane for KernelDataplane {
             let started = std::time::Instant::now();
             if stage[0].stage() == NFT_STAGE {
                 // One transaction: it fails as a whole, and so does each of its ops.
-                if let Err(error) = self.apply_nft(stage).await {
-                    let message = error.to_string();
-                    failures.extend(stage.iter().map(|op| OpFailure {
-                        op: op.clone(),
-                        error: DataplaneError::NftTransaction(message.clone()),
-                    }));
-                }
+                let via = match self.apply_nft(stage).await {
+                    Ok(via) => via,
+                    Err(error) => {
+                        let message = error.to_string();
+                        failures.extend(stage.iter().map(|op| OpFailure {
+                            op: op.clone(),
+                            error: DataplaneError::NftTransaction(message.clone()),
+                        }));
+                        "nft"
+                    }
+                };
                 tracing::debug!(
                     stage = NFT_STAGE,
+                    via,
                     ops = stage.len(),
                     duration_us = started.elapsed().as_micros() as u64,
                     "applied nftables transaction"

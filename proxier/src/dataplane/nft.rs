@@ -6,8 +6,9 @@
 //! Services) that look up **named sets**; Services only ever add and delete set elements. The
 //! elements are [`SetElement`]s, planned per Service (`plan_service`) and diffed like virtual
 //! servers, so one endpoint change costs a handful of elements. Every change of one sync goes to
-//! the kernel as one atomic `nft -j -f -` transaction that touches only this table
-//! ([`transaction`]).
+//! the kernel as one atomic transaction that touches only this table: `nft -j -f -`
+//! ([`transaction`]), or, when it changes elements only, one nfnetlink batch without a process
+//! ([`super::nft_elements`]).
 //!
 //! | set (`-v6` for IPv6) | element | used by |
 //! |---|---|---|

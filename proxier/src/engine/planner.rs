@@ -138,14 +138,15 @@ impl Planner {
     /// Services are logged as warnings naming them.
     pub fn replan(&mut self, store: &mut Store) -> Replanned {
         let dirty = store.take_dirty();
-        let node = store.node();
+        let node = store.node_info();
         // Both are taken: `dirty.all || take(replan_all)` left a pending `replan_all` (set by
         // the configuration put in force before the first sync) for the next call, so the
         // first change after start-up re-planned and synced everything again.
         let replan_all = std::mem::take(&mut self.replan_all);
         if dirty.all || replan_all {
             self.node_ips = if self.identity.node_ips.is_empty() {
-                node.map(plan::node_internal_ips).unwrap_or_default()
+                node.map(|node| node.internal_ips.clone())
+                    .unwrap_or_default()
             } else {
                 self.identity.node_ips.clone()
             };

@@ -11,9 +11,18 @@
 //!   configuration stays in force, and the revision in force assigned again (a rollback) is
 //!   reported `Applied` again after the next sync.
 //! - After `Applied`, failed syncs are counted in `syncErrors` (the last error in `message`) and
-//!   `lastSyncTime` follows the syncs; these counters are published at most once per
-//!   [`LAST_SYNC_REFRESH`] (one failing Service retried every second is one status write a
-//!   minute, not one per retry). A change of phase or revision is published at once.
+//!   `lastSyncTime` follows the syncs. What the status publishes, and when (issue 15: the status
+//!   is for people and the operator's decisions, never a heartbeat — 5,000 proxiers refreshing
+//!   `lastSyncTime` once a minute were 83 writes a second that saturated the apiserver):
+//!   - a change of phase or revision: at once;
+//!   - a new error (the first failed sync after a status that reported none): at once;
+//!   - the counters (`syncErrors`, `message`) when they changed, at most once per
+//!     [`COUNTERS_REFRESH`] (one failing Service retried every second is one status write every
+//!     5 minutes, not one per retry);
+//!   - `lastSyncTime` never on its own: it is the last sync as of the last write (the live
+//!     figure is the `kubeproxy_sync_proxy_rules_last_timestamp_seconds` metric). A healthy,
+//!     idle proxier writes nothing. A dead node is seen by the operator from its Node's Ready
+//!     condition (the kubelet's own heartbeat), a dead proxier by its liveness probe.
 //! - Without a NodeProxyConfig (the local configuration) there is nothing to report.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -21,9 +30,10 @@ use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
 use std::time::{Duration, SystemTime};
 
-/// How often the counters of the status (`lastSyncTime`, `syncErrors`, `message`) are published
-/// at most (the NodeProxyConfig contract: they are for people, not a heartbeat).
-pub const LAST_SYNC_REFRESH: Duration = Duration::from_secs(60);
+/// How often changed counters of the status (`syncErrors`, `message`) are published at most
+/// (the NodeProxyConfig contract: they are for people, not a heartbeat; `lastSyncTime` alone is
+/// never published).
+pub const COUNTERS_REFRESH: Duration = Duration::from_secs(300);
 
 /// What a sync did, as the status sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +47,9 @@ pub enum SyncResult {
     NotObserved(String),
 }
 
+/// The counters of a status: `syncErrors` and `message`.
+type Counters = (Option<u64>, Option<String>);
+
 /// The reducer's state: the revision in force and the status to publish.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StatusReport {
@@ -46,8 +59,9 @@ pub struct StatusReport {
     awaiting_sync: bool,
     /// The status to write (`None`: nothing to report).
     status: Option<NodeProxyConfigStatus>,
-    /// When a sync last published the status.
-    published: Option<SystemTime>,
+    /// When a sync last published the status, and the counters (`syncErrors`, `message`) it
+    /// published.
+    published: Option<(SystemTime, Counters)>,
     /// The `message` of an `Applied` status without sync errors: the settings of the revision
     /// this version ignored, if any.
     note: Option<String>,
@@ -130,8 +144,9 @@ impl StatusReport {
     }
 
     /// A sync finished at `now` with `result`. Returns whether the status is to be published:
-    /// at once for `Applied`; for the counters only once [`LAST_SYNC_REFRESH`] passed since a
-    /// sync last published it.
+    /// at once for `Applied` and for a new error (the first failed sync after a published status
+    /// without errors); for other changes of the counters only once [`COUNTERS_REFRESH`]
+    /// passed since a sync last published them; never for `lastSyncTime` alone.
     pub fn synced(&mut self, result: &SyncResult, now: SystemTime) -> bool {
         let Some(revision) = self.revision.clone() else {
             return false;
@@ -153,13 +168,17 @@ impl StatusReport {
                 message: error.or_else(|| self.note.clone()),
                 healthy: None,
             });
-            self.published = Some(now);
+            self.published = Some((now, counters(self.status.as_ref())));
             return true;
         }
         let Some(status) = self.status.as_mut() else {
             return false;
         };
-        if status.observed_revision.as_deref() != Some(&revision) {
+        // Syncs with the revision in force do not touch a report that it Failed (a hand edit
+        // of its configuration under the same revision was rejected).
+        if status.observed_revision.as_deref() != Some(&revision)
+            || status.phase != Some(NodePhase::Applied)
+        {
             return false;
         }
         match error {
@@ -169,12 +188,23 @@ impl StatusReport {
             }
             None => status.last_sync_time = Some(time(now)),
         }
-        let due = self.published.is_none_or(|t| t + LAST_SYNC_REFRESH <= now);
+        let now_counters = counters(Some(status));
+        let due = match &self.published {
+            None => true,
+            Some((_, was)) if *was == now_counters => false,
+            Some((_, (None | Some(0), _))) if now_counters.0 > Some(0) => true, // a new error
+            Some((at, _)) => *at + COUNTERS_REFRESH <= now,
+        };
         if due {
-            self.published = Some(now);
+            self.published = Some((now, now_counters));
         }
         due
     }
+}
+
+/// The counters of `status`.
+fn counters(status: Option<&NodeProxyConfigStatus>) -> Counters {
+    status.map_or((None, None), |s| (s.sync_errors, s.message.clone()))
 }
 
 /// A `metav1.Time` at `at`.
@@ -273,27 +303,52 @@ mod tests {
     }
 
     #[test]
-    fn counters_are_published_at_most_once_a_minute() {
+    fn an_idle_healthy_proxier_writes_nothing_after_applied() {
         let mut r = StatusReport::default();
         r.in_force(Some("r1".into()), true, &[]);
         assert!(r.synced(&SyncResult::Clean, at(0)));
-        assert!(
-            !r.synced(&SyncResult::Clean, at(30)),
-            "no write within a minute"
-        );
-        assert!(r.synced(&SyncResult::Clean, at(60)));
-        // One Service failing on every retry: counted each time, published once a minute.
-        let failed = SyncResult::Failed("1 IPVS operations failed".into());
-        let published: Vec<u64> = (61..=180).filter(|&t| r.synced(&failed, at(t))).collect();
-        assert_eq!(published, [120, 180]);
+        // A day of clean syncs every 30 s: lastSyncTime follows them, nothing is published.
+        let published = (1..=2880).filter(|i| r.synced(&SyncResult::Clean, at(30 * i)));
+        assert_eq!(published.count(), 0, "no heartbeat");
         let s = r.status().unwrap();
-        assert_eq!(s.sync_errors, Some(120));
+        assert_eq!(s.last_sync_time, Some(time(at(30 * 2880))), "rides along");
+        assert_eq!(
+            (s.phase, s.sync_errors),
+            (Some(NodePhase::Applied), Some(0))
+        );
+    }
+
+    #[test]
+    fn a_new_error_is_published_at_once_then_counters_every_five_minutes_if_changed() {
+        let mut r = StatusReport::default();
+        r.in_force(Some("r1".into()), true, &[]);
+        assert!(r.synced(&SyncResult::Clean, at(0)));
+        assert!(!r.synced(&SyncResult::Clean, at(30)));
+        // The first failed sync after a clean status: at once.
+        let failed = SyncResult::Failed("1 IPVS operations failed".into());
+        assert!(r.synced(&failed, at(31)));
+        assert_eq!(r.status().unwrap().sync_errors, Some(1));
+        // One Service failing on every retry for 20 minutes: counted each time, published
+        // once per COUNTERS_REFRESH.
+        let published: Vec<u64> = (32..=1231).filter(|&t| r.synced(&failed, at(t))).collect();
+        assert_eq!(published, [331, 631, 931, 1231]);
+        let s = r.status().unwrap();
+        assert_eq!(s.sync_errors, Some(1201));
         assert_eq!(s.message.as_deref(), Some("1 IPVS operations failed"));
         assert_eq!(s.phase, Some(NodePhase::Applied));
-        // A change of phase is published at once.
+        // Fixed: the counters no longer change, so nothing more is published, however long.
+        assert!(!r.synced(&SyncResult::Clean, at(1232)));
+        assert!(!r.synced(&SyncResult::Clean, at(1232 + 3600)));
+        // A later failure is not new (the status reports errors already): it waits its turn.
+        assert!(r.synced(&failed, at(1232 + 3601)), "5 minutes passed");
+        assert!(!r.synced(&failed, at(1232 + 3602)));
+        // A change of phase is published at once, and its counters start from zero.
         assert!(r.in_force(Some("r2".into()), false, &[]));
-        assert!(r.synced(&SyncResult::Clean, at(181)));
+        assert!(r.synced(&SyncResult::Clean, at(1232 + 3603)));
         assert_eq!(phase(&r), (Some("r2"), Some(NodePhase::Applied)));
+        assert_eq!(r.status().unwrap().sync_errors, Some(0));
+        // ... and the first error with r2 is new again.
+        assert!(r.synced(&failed, at(1232 + 3604)));
     }
 
     #[test]

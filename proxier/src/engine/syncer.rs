@@ -16,9 +16,19 @@
 //! until due, incremental syncs leave them out; when due, a virtual server or an address is
 //! re-read from the kernel first: a failed netlink request may have been applied (its answer
 //! lost: `ENOBUFS`, a socket error, a timeout; see [`crate::dataplane::batch`]). Set elements
-//! keep the cached state before the failed op: an `nft` transaction applies whole or not at
-//! all. Every other change stays incremental; the periodic full sync re-observes everything
-//! and retries every entry.
+//! keep the cached state before the failed op: a transaction (an nfnetlink batch or `nft -f`)
+//! applies whole or not at all. Every other change stays incremental; the periodic full sync
+//! re-observes everything and retries every entry.
+//!
+//! Order: the ops of a sync go to the dataplane in [`diff_scoped`]'s order. An endpoint change
+//! of an existing virtual server reaches IPVS before the main nftables transaction (an `nft`
+//! process that took median 1.3 s, up to 11.8 s, in the end to end's VM, when it holds rules or
+//! intervals), so a new endpoint takes traffic at once and an old one leaves before its set
+//! elements do. What must be in nftables before traffic uses a real server still goes first:
+//! a new endpoint's hairpin element (an element-only transaction of its own ahead of the real
+//! servers: one nfnetlink batch, about a millisecond), and its virtual server's masquerade and
+//! firewall elements when they change (the real servers then wait for the main transaction).
+//! The reasons: `dataplane::position`.
 
 use crate::dataplane::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::{
@@ -806,6 +816,85 @@ mod tests {
         assert_eq!(syncer.next_retry(), None);
         assert_eq!(syncer.dataplane().state, ObservedState::from(&desired));
         assert_eq!(syncer.dataplane().full_observes, 1);
+    }
+
+    /// A new endpoint of an existing virtual server takes traffic before the main nftables
+    /// transaction (an `nft` run takes seconds in the end to end's VM), right after its own
+    /// hairpin element (an element-only transaction of its own); the old endpoint's real server
+    /// goes before its element. Real servers of a virtual server whose own masquerade element
+    /// changes wait for it.
+    #[tokio::test]
+    async fn endpoint_changes_reach_ipvs_before_the_nftables_transaction() {
+        let with = |backends: &[&str], elements: &[SetElement]| DesiredState {
+            set_elements: elements.iter().copied().collect(),
+            ..state(backends)
+        };
+        let hairpin = |ip: &str| SetElement::Hairpin(ip.parse().unwrap());
+        let (a, b) = ("10.244.1.2:8080", "10.244.1.3:8080");
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        syncer
+            .sync(&with(&[a], &[hairpin("10.244.1.2")]))
+            .await
+            .unwrap();
+        // A first sync writes the rules: the hairpin element is part of that one transaction,
+        // ahead of the new virtual server.
+        let names: Vec<&str> = syncer.dataplane.applied.iter().map(Op::name).collect();
+        assert_eq!(
+            names,
+            [
+                "WriteRules",
+                "AddSetElement",
+                "AddVirtualServer",
+                "AddRealServer",
+                "BindAddress"
+            ]
+        );
+        syncer.dataplane.applied.clear();
+        let touched = Scope {
+            virtual_servers: [key(80)].into(),
+            set_elements: [hairpin("10.244.1.2"), hairpin("10.244.1.3")].into(),
+            ..Default::default()
+        };
+        let replaced = with(&[b], &[hairpin("10.244.1.3")]);
+        syncer.sync_touched(&replaced, &touched).await.unwrap();
+        let (a, b) = (a.parse().unwrap(), b.parse().unwrap());
+        assert_eq!(
+            syncer.dataplane.applied,
+            [
+                Op::DeleteRealServer { vs: key(80), rs: a },
+                Op::AddSetElement(hairpin("10.244.1.3")),
+                Op::AddRealServer {
+                    vs: key(80),
+                    rs: b,
+                    weight: 1
+                },
+                Op::DeleteSetElement(hairpin("10.244.1.2")),
+            ]
+        );
+        // externalTrafficPolicy Local -> Cluster: the masquerade element first, then the
+        // (remote) endpoint that needs it.
+        syncer.dataplane.applied.clear();
+        let external = SetElement::External(key(80));
+        let mut cluster = with(&[b.to_string().as_str(), "10.244.2.9:8080"], &[external]);
+        cluster.set_elements.insert(hairpin("10.244.1.3"));
+        let touched = Scope {
+            virtual_servers: [key(80)].into(),
+            set_elements: [external].into(),
+            ..Default::default()
+        };
+        syncer.sync_touched(&cluster, &touched).await.unwrap();
+        assert_eq!(
+            syncer.dataplane.applied,
+            [
+                Op::AddSetElement(external),
+                Op::AddRealServer {
+                    vs: key(80),
+                    rs: "10.244.2.9:8080".parse().unwrap(),
+                    weight: 1
+                },
+            ]
+        );
+        assert_eq!(syncer.dataplane.state, ObservedState::from(&cluster));
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,6 +5,7 @@
 //! Everything here is plain data, ordered (`BTreeMap`/`BTreeSet`) so that output and
 //! operation lists are deterministic.
 
+pub mod objects;
 mod sets;
 
 pub use sets::{NftRules, SetElement};
@@ -91,7 +92,7 @@ impl fmt::Display for VirtualServerKey {
 pub type SchedFlags = u32;
 
 /// The schedulers of Linux IPVS (`net/netfilter/ipvs/Kconfig`, one `ip_vs_<name>` module
-/// each), the values [`crate::plan::SCHEDULER_ANNOTATION`] and `ipvs.scheduler` accept. A kernel built without one of them
+/// each), the values [`objects::SCHEDULER_ANNOTATION`] and `ipvs.scheduler` accept. A kernel built without one of them
 /// refuses virtual servers that use it.
 pub const IPVS_SCHEDULERS: [&str; 14] = [
     "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos",

@@ -7,9 +7,10 @@
 //! topology), adapted to the design brief: while a ready endpoint exists, serving+terminating
 //! ones stay programmed at weight 0.
 
-use super::objects::{AddressType, EndpointAddress, EndpointInfo, SliceInfo};
-use super::{Problem, Protocol, port_number};
+use super::{Problem, port_number};
+use crate::model::Protocol;
 use crate::model::RealServers;
+use crate::model::objects::{AddressType, EndpointAddress, EndpointInfo, SliceInfo};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -308,7 +309,8 @@ pub(crate) fn select<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Interner, convert};
+    use crate::model::objects::Interner;
+    use crate::source::convert;
     use k8s_openapi::api::discovery::v1::{
         Endpoint as ApiEndpoint, EndpointConditions, EndpointPort, EndpointSlice,
     };

@@ -64,58 +64,40 @@
 //! server or health-check port wins); [`plan`] does both for a whole snapshot. An incremental
 //! sync can keep the [`ServicePlan`]s and re-plan only the Services that changed.
 
-pub mod convert;
 mod endpoints;
 mod index;
-pub mod objects;
 mod service;
 
 pub use index::{DesiredIndex, IndexBuilder, ServiceKey, Touched};
-pub use objects::{Interner, ServiceInfo, SliceInfo};
 pub use service::{ServicePlan, plan_service};
 
 use crate::model::NftRules;
-use crate::model::{DesiredState, Protocol, SchedFlags, VirtualServerSpec};
+use crate::model::objects::{NodeInfo, ServiceInfo, SliceInfo};
+use crate::model::{DesiredState, SchedFlags, VirtualServerSpec};
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kipvs_crds::{Gate, NodePortAddress, ProxierConfiguration};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-/// Label linking an EndpointSlice to its Service (`discovery.k8s.io/v1`).
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-
-/// Label that hands a Service to another proxy; kipvs skips every Service carrying it
-/// (kube-proxy skips it unless it equals its `--service-proxy-name`, which kipvs does not have).
-pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
-
 /// `IP_VS_SVC_F_SCHED_MH_PORT` (= `IP_VS_SVC_F_SCHED2`, 0x10): the `mh` scheduler hashes the
 /// source port too. kube-proxy sets it (`FlagSourceHash`) whenever the scheduler is `mh`.
 pub const SCHED_FLAG_MH_PORT: SchedFlags = 0x10;
 
-/// Service annotation choosing the IPVS scheduler of that Service's virtual servers, overriding
-/// `ipvs.scheduler` (the idea of kube-router's `kube-router.io/service.scheduler`). The value
-/// must be one of [`IPVS_SCHEDULERS`](crate::model::IPVS_SCHEDULERS); anything else (including `""`) is a [`Problem`] and
-/// the configured scheduler is used.
-pub const SCHEDULER_ANNOTATION: &str = "kipvs.io/scheduler";
-
-/// Node label naming the node's zone, matched against `hints.forZones` (`v1.LabelTopologyZone`).
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-
 /// Everything [`plan`] reads.
 #[derive(Clone, Copy, Debug)]
 pub struct PlanInput<'a> {
-    /// All Services (any order; duplicates by namespace/name are reported and ignored).
-    pub services: &'a [Service],
-    /// All EndpointSlices; each belongs to the Service named by its
-    /// `kubernetes.io/service-name` label in its namespace.
-    pub endpoint_slices: &'a [EndpointSlice],
+    /// All Services (any order; duplicates by namespace/name are reported and ignored), as
+    /// [`crate::source::convert::service`] gives them.
+    pub services: &'a [ServiceInfo],
+    /// All EndpointSlices ([`crate::source::convert::slice`]); each belongs to the Service
+    /// named by its `kubernetes.io/service-name` label in its namespace.
+    pub endpoint_slices: &'a [SliceInfo],
     /// This node's name: endpoints whose `nodeName` equals it are local.
     pub node_name: &'a str,
-    /// This node's Node object, if known (used for `nodePortAddresses: [primary]`).
-    pub node: Option<&'a Node>,
+    /// What planning reads of this node's Node object, if known (its zone, and its primary
+    /// IPs for `nodePortAddresses: [primary]`).
+    pub node: Option<&'a NodeInfo>,
     /// This node's IP addresses, the candidates for NodePort virtual servers (filtered by
     /// `nodePortAddresses`; see [`PlanContext::new`]). The caller excludes `kube-ipvs0`
     /// addresses.
@@ -228,7 +210,7 @@ impl PlanContext {
     /// NodePort addresses are the `node_ips` that `nodePortAddresses` selects, per IP family
     /// as kube-proxy's `NewNodePortAddresses` and IPVS `syncProxyRules` do
     /// (`pkg/proxy/util/nodeport_addresses.go`, `TestGetNodeAddresses`):
-    /// - `"primary"` stands for the Node's primary IPs (see [`node_primary_ips`]) as `/32` and
+    /// - `"primary"` stands for the Node's primary IPs ([`NodeInfo::primary_ips`]) as `/32` and
     ///   `/128` CIDRs (`cmd/kube-proxy/app/server.go`); with the Node unknown it is a problem
     ///   and no NodePort virtual server is planned;
     /// - a family with no CIDR of its own, or with a zero-length one (`0.0.0.0/0`, `::/0`),
@@ -237,12 +219,12 @@ impl PlanContext {
     /// - otherwise a node IP is used if one of its family's CIDRs contains it and it is not
     ///   loopback.
     ///
-    /// The node's zone is its `topology.kubernetes.io/zone` label (none when unset or empty).
+    /// The node's zone is [`NodeInfo::zone`].
     /// Addresses on other interfaces start empty (see
     /// [`with_other_interface_addresses`](Self::with_other_interface_addresses)).
     pub fn new(
         node_name: &str,
-        node: Option<&Node>,
+        node: Option<&NodeInfo>,
         node_ips: &[IpAddr],
         config: &ProxierConfiguration,
     ) -> (Self, Vec<Problem>) {
@@ -254,8 +236,9 @@ impl PlanContext {
         let cidrs: Option<Vec<IpNet>> = match selectors.as_slice() {
             [NodePortAddress::Primary] => match node {
                 Some(node) => Some(
-                    node_primary_ips(node)
-                        .into_iter()
+                    node.primary_ips
+                        .iter()
+                        .copied()
                         .filter(|ip| !ip.is_loopback())
                         .map(IpNet::from)
                         .collect(),
@@ -292,11 +275,7 @@ impl PlanContext {
             )));
             Vec::new()
         });
-        let zone = node
-            .and_then(|node| node.metadata.labels.as_ref())
-            .and_then(|labels| labels.get(ZONE_LABEL))
-            .filter(|zone| !zone.is_empty())
-            .cloned();
+        let zone = node.and_then(|node| node.zone.clone());
         let context = PlanContext {
             node_name: node_name.to_owned(),
             zone,
@@ -389,35 +368,6 @@ fn scheduler_spec(scheduler: &str) -> VirtualServerSpec {
     }
 }
 
-/// The InternalIP addresses of a Node (`status.addresses[type=InternalIP]`), in order;
-/// unparsable entries are skipped. The default NodePort addresses when none are given.
-pub fn node_internal_ips(node: &Node) -> Vec<IpAddr> {
-    node_addresses(node, "InternalIP").collect()
-}
-
-/// The Node's primary IPs, as kubelet and kube-proxy pick them (`GetNodeHostIPs` in
-/// `component-helpers/node/util`): the first of its InternalIP addresses, else of its
-/// ExternalIP addresses, then the first address of the other family in the same order, if
-/// any. At most one per family; empty when the Node lists no address.
-pub fn node_primary_ips(node: &Node) -> Vec<IpAddr> {
-    let mut candidates =
-        node_addresses(node, "InternalIP").chain(node_addresses(node, "ExternalIP"));
-    let Some(first) = candidates.next() else {
-        return Vec::new();
-    };
-    let other = candidates.find(|ip| ip.is_ipv4() != first.is_ipv4());
-    std::iter::once(first).chain(other).collect()
-}
-
-/// The parsable `status.addresses` of a Node of one type, in order.
-fn node_addresses<'a>(node: &'a Node, type_: &'a str) -> impl Iterator<Item = IpAddr> + 'a {
-    node.status
-        .iter()
-        .flat_map(|status| status.addresses.iter().flatten())
-        .filter(move |address| address.type_ == type_)
-        .filter_map(|address| address.address.parse().ok())
-}
-
 /// Plans every Service of a snapshot: [`plan_service`] for each (in namespace/name order, with
 /// its slices) and [`merge`] of the results. Configuration problems come first.
 pub fn plan(input: &PlanInput<'_>) -> Plan {
@@ -426,14 +376,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let context =
         context.with_other_interface_addresses(input.other_interface_addresses.iter().copied());
 
-    let mut strings = Interner::default();
-    let all_slices: Vec<SliceInfo> = input
-        .endpoint_slices
-        .iter()
-        .map(|slice| convert::slice(slice, &mut strings))
-        .collect();
     let mut slices: BTreeMap<(&str, &str), Vec<&SliceInfo>> = BTreeMap::new();
-    for slice in &all_slices {
+    for slice in input.endpoint_slices {
         if let Some(service_name) = &slice.service {
             slices
                 .entry((&slice.namespace, service_name))
@@ -445,13 +389,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         group.sort_by(|a, b| a.name.cmp(&b.name));
     }
 
-    let all_services: Vec<ServiceInfo> = input
-        .services
-        .iter()
-        .map(|service| convert::service(service, &mut strings))
-        .collect();
     let mut services: BTreeMap<(&str, &str), &ServiceInfo> = BTreeMap::new();
-    for service in &all_services {
+    for service in input.services {
         let key = (&*service.namespace, &*service.name);
         let problem = |message: &str| Problem::of("Service", key.0, key.1, message.to_owned());
         if key.1.is_empty() {
@@ -488,18 +427,6 @@ pub fn merge<'a>(service_plans: impl IntoIterator<Item = &'a ServicePlan>) -> Pl
     index.to_plan()
 }
 
-/// Parses a Service or EndpointSlice port protocol; unset means TCP (the API default).
-fn parse_protocol(protocol: Option<&str>) -> Result<Protocol, String> {
-    match protocol.unwrap_or("TCP") {
-        "TCP" => Ok(Protocol::Tcp),
-        "UDP" => Ok(Protocol::Udp),
-        "SCTP" => Ok(Protocol::Sctp),
-        other => Err(format!(
-            "unknown protocol {other:?} (expected TCP, UDP or SCTP)"
-        )),
-    }
-}
-
 /// A port number from the API's `int32`, if it is in 1..=65535.
 fn port_number(value: i32) -> Option<u16> {
     u16::try_from(value).ok().filter(|&port| port != 0)
@@ -508,89 +435,9 @@ fn port_number(value: i32) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-    fn node(addresses: &[(&str, &str)]) -> Node {
-        Node {
-            metadata: ObjectMeta {
-                name: Some("test-node".into()),
-                ..Default::default()
-            },
-            status: Some(NodeStatus {
-                addresses: Some(
-                    addresses
-                        .iter()
-                        .map(|(type_, address)| NodeAddress {
-                            type_: (*type_).into(),
-                            address: (*address).into(),
-                        })
-                        .collect(),
-                ),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
 
     fn ips(list: &[&str]) -> Vec<IpAddr> {
         list.iter().map(|ip| ip.parse().unwrap()).collect()
-    }
-
-    #[test]
-    fn node_internal_and_primary_ips() {
-        let node = node(&[
-            ("Hostname", "test-node"),
-            ("InternalIP", "192.168.0.10"),
-            ("ExternalIP", "203.0.113.10"),
-            ("InternalIP", "fd00::10"),
-            ("InternalIP", "bogus"),
-            ("InternalIP", "192.168.0.11"),
-        ]);
-        assert_eq!(
-            node_internal_ips(&node),
-            ips(&["192.168.0.10", "fd00::10", "192.168.0.11"])
-        );
-        // GetNodeHostIPs (component-helpers/node/util, TestGetNodeHostIPs): InternalIPs first,
-        // then ExternalIPs; the first address, then the first of the other family.
-        for (addresses, primary) in [
-            (
-                &[("InternalIP", "192.168.0.10"), ("InternalIP", "fd00::10")][..],
-                &["192.168.0.10", "fd00::10"][..],
-            ),
-            (
-                &[("InternalIP", "fd00::10"), ("InternalIP", "192.168.0.10")],
-                &["fd00::10", "192.168.0.10"],
-            ),
-            (
-                &[
-                    ("ExternalIP", "2001:db8::10"),
-                    ("InternalIP", "192.168.0.10"),
-                ],
-                &["192.168.0.10", "2001:db8::10"],
-            ),
-            (
-                &[
-                    ("ExternalIP", "203.0.113.10"),
-                    ("ExternalIP", "2001:db8::10"),
-                ],
-                &["203.0.113.10", "2001:db8::10"],
-            ),
-            (
-                &[
-                    ("InternalIP", "192.168.0.10"),
-                    ("InternalIP", "192.168.0.11"),
-                ],
-                &["192.168.0.10"],
-            ),
-            (&[("Hostname", "test-node")], &[]),
-        ] {
-            assert_eq!(
-                node_primary_ips(&self::node(addresses)),
-                ips(primary),
-                "{addresses:?}"
-            );
-        }
     }
 
     /// kube-proxy's `TestGetNodeAddresses` (`pkg/proxy/util/nodeport_addresses_test.go`) and
@@ -608,7 +455,7 @@ mod tests {
             "::1",
             "fe80::200:ff:fe01:1",
         ]);
-        let context = |yaml: &str, node: Option<&Node>| {
+        let context = |yaml: &str, node: Option<&NodeInfo>| {
             let config = ProxierConfiguration::from_yaml_str(yaml).unwrap();
             PlanContext::new("test-node", node, &node_ips, &config)
         };
@@ -664,7 +511,11 @@ mod tests {
             assert!(problems.is_empty(), "{case}");
         }
 
-        let dual = node(&[("InternalIP", "10.20.30.51"), ("ExternalIP", "2001:db8::1")]);
+        let node = |primary: &[&str]| NodeInfo {
+            primary_ips: ips(primary),
+            ..Default::default()
+        };
+        let dual = node(&["10.20.30.51", "2001:db8::1"]);
         let (primary, problems) = context("nodePortAddresses: [primary]", Some(&dual));
         assert_eq!(
             primary.node_port_ips(),
@@ -672,7 +523,7 @@ mod tests {
         );
         assert!(problems.is_empty());
         // A Node without an IPv6 address gives no IPv6 CIDR: IPv6 matches all (kube-proxy).
-        let v4 = node(&[("InternalIP", "100.200.201.1")]);
+        let v4 = node(&["100.200.201.1"]);
         let (primary, _) = context("nodePortAddresses: [primary]", Some(&v4));
         assert_eq!(
             primary.node_port_ips(),
@@ -692,20 +543,19 @@ mod tests {
     }
 
     #[test]
-    fn zone_from_the_node_label() {
+    fn zone_from_the_node() {
         let config = ProxierConfiguration::default();
-        let mut labelled = node(&[]);
-        let zone = |node: Option<&Node>| {
+        let zone = |node: Option<&NodeInfo>| {
             let (context, _) = PlanContext::new("test-node", node, &[], &config);
             context.zone().map(str::to_owned)
         };
         assert_eq!(zone(None), None);
-        assert_eq!(zone(Some(&labelled)), None);
-        labelled.metadata.labels = Some([(ZONE_LABEL.to_owned(), "zone-a".to_owned())].into());
-        assert_eq!(zone(Some(&labelled)).as_deref(), Some("zone-a"));
-        // TestCategorizeEndpoints "empty zone label": an empty label is no zone.
-        labelled.metadata.labels = Some([(ZONE_LABEL.to_owned(), String::new())].into());
-        assert_eq!(zone(Some(&labelled)), None);
+        assert_eq!(zone(Some(&NodeInfo::default())), None);
+        let zoned = NodeInfo {
+            zone: Some("zone-a".into()),
+            ..Default::default()
+        };
+        assert_eq!(zone(Some(&zoned)).as_deref(), Some("zone-a"));
     }
 
     #[test]
@@ -748,14 +598,7 @@ mod tests {
     }
 
     #[test]
-    fn protocols_and_ports() {
-        assert_eq!(parse_protocol(None), Ok(Protocol::Tcp));
-        assert_eq!(parse_protocol(Some("UDP")), Ok(Protocol::Udp));
-        assert_eq!(parse_protocol(Some("SCTP")), Ok(Protocol::Sctp));
-        assert_eq!(
-            parse_protocol(Some("tcp")),
-            Err("unknown protocol \"tcp\" (expected TCP, UDP or SCTP)".into())
-        );
+    fn port_numbers() {
         assert_eq!(port_number(1), Some(1));
         assert_eq!(port_number(65535), Some(65535));
         assert_eq!(port_number(0), None);

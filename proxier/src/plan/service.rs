@@ -1,10 +1,11 @@
 //! Planning one Service: its virtual servers, bind addresses and health-check node port.
 
 use super::endpoints::{self, Endpoint, Selection, Topology};
-use super::objects::{
-    ClusterIps, Ingress, IpMode, Parsed, ServiceInfo, ServiceTypeField, SliceInfo,
+use super::{PlanContext, Problem, port_number, scheduler_spec};
+use crate::model::objects::{
+    ClusterIps, Ingress, IpMode, Parsed, SCHEDULER_ANNOTATION, ServiceInfo, ServiceTypeField,
+    SliceInfo,
 };
-use super::{PlanContext, Problem, SCHEDULER_ANNOTATION, port_number, scheduler_spec};
 use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
 use crate::model::{IPVS_SCHEDULERS, SetElement};
 use ipnet::IpNet;
@@ -512,7 +513,8 @@ fn load_balancer_vips(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Interner, convert};
+    use crate::model::objects::Interner;
+    use crate::source::convert;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kipvs_crds::ProxierConfiguration;

@@ -2,6 +2,7 @@
 //! written into through a [`SourceHandle`], the manifests files ([`manifests`]) and the
 //! Kubernetes API ([`kube`]), and the node's NodeProxyConfig ([`node_config`]).
 
+pub mod convert;
 pub mod kube;
 pub mod manifests;
 pub mod node_config;

@@ -7,16 +7,17 @@
 //! only what changed. A write that changes nothing marks nothing dirty, so a relist of an
 //! unchanged cluster costs no planning.
 //!
-//! Services and EndpointSlices are converted as they arrive ([`crate::plan::convert`]) into
+//! Services and EndpointSlices are converted as they arrive ([`super::convert`]) into
 //! what planning reads of them ([`ServiceInfo`], [`SliceInfo`]: parsed addresses, shared
 //! strings, nothing else of the API object); the API objects are not kept. So a write counts
 //! as a change only when something planning reads changed (a new `resourceVersion` or
 //! annotation alone is no change). The own Node is kept whole (one object; the health
 //! checks read its taints and conditions).
 
-use crate::plan::{Interner, ServiceInfo, SliceInfo, convert};
+use super::convert;
+use crate::model::objects::{Interner, NodeInfo, ServiceInfo, SliceInfo};
 use crate::source::manifests::Snapshot;
-use k8s_openapi::api::core::v1::{Node, NodeAddress, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,20 +43,6 @@ pub fn object_key(meta: &ObjectMeta) -> ObjectKey {
 fn slice_service(slice: &SliceInfo) -> Option<ObjectKey> {
     let service = slice.service.as_ref()?;
     Some((slice.namespace.to_string(), service.to_string()))
-}
-
-/// The parts of a Node that planning reads: its labels and addresses.
-type PlanRelevant<'a> = (
-    &'a Option<BTreeMap<String, String>>,
-    Option<&'a Vec<NodeAddress>>,
-);
-
-/// [`PlanRelevant`] of a Node, if there is one.
-fn plan_relevant(node: Option<&Node>) -> Option<PlanRelevant<'_>> {
-    node.map(|n| {
-        let addresses = n.status.as_ref().and_then(|s| s.addresses.as_ref());
-        (&n.metadata.labels, addresses)
-    })
 }
 
 /// What changed since the last [`Store::take_dirty`].
@@ -104,6 +91,8 @@ pub struct Store {
     /// The slices of each Service, sorted (almost always one: a `Vec`, not a `BTreeSet` node).
     slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
     node: Option<Node>,
+    /// What planning reads of [`Store::node`].
+    node_info: Option<NodeInfo>,
     dirty: Dirty,
     /// Changes since the store was created.
     changes: ChangeCounts,
@@ -121,6 +110,7 @@ impl Default for Store {
             strings: Interner::default(),
             slices_by_service: BTreeMap::new(),
             node: None,
+            node_info: None,
             dirty: Dirty {
                 all: true,
                 services: BTreeSet::new(),
@@ -195,11 +185,13 @@ impl Store {
     }
 
     /// Set the own Node (or forget it). Marks everything dirty only if what planning reads
-    /// changed — its presence, labels (topology zone) or addresses (NodePort and `primary`) —
-    /// so routine status updates (conditions, heartbeats, taints) cost no re-plan.
+    /// ([`NodeInfo`]: its presence, zone label, addresses) changed, so routine status updates
+    /// (conditions, heartbeats, taints) cost no re-plan.
     pub fn set_node(&mut self, node: Option<Node>) {
-        if plan_relevant(self.node.as_ref()) != plan_relevant(node.as_ref()) {
+        let info = node.as_ref().map(convert::node);
+        if info != self.node_info {
             self.mark_all_dirty();
+            self.node_info = info;
         }
         self.node = node;
     }
@@ -319,6 +311,11 @@ impl Store {
         self.node.as_ref()
     }
 
+    /// What planning reads of the own Node, if known.
+    pub fn node_info(&self) -> Option<&NodeInfo> {
+        self.node_info.as_ref()
+    }
+
     /// Number of Services held.
     pub fn service_count(&self) -> usize {
         self.services.len()
@@ -339,7 +336,8 @@ fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::SERVICE_NAME_LABEL;
+    use crate::model::objects::SERVICE_NAME_LABEL;
+    use k8s_openapi::api::core::v1::NodeAddress;
     use std::collections::BTreeMap;
 
     fn service(ns: &str, name: &str, ip: &str) -> Service {

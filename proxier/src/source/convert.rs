@@ -1,16 +1,20 @@
-//! The Kubernetes boundary of planning: Services and EndpointSlices into the domain values of
-//! [`objects`](super::objects). The store converts every object as it arrives and keeps only
-//! the result; [`plan`](super::plan) converts its input the same way. Nothing is validated
-//! away here: a field that does not parse is kept as text and reported when planned.
+//! The Kubernetes boundary of planning: Services, EndpointSlices and the own Node into the
+//! domain values of [`crate::model::objects`], which is all [`crate::plan`] reads. The store
+//! converts every object as it arrives and keeps only the result (the Node also as it is, for
+//! the health checks); whoever calls [`crate::plan::plan`] converts its input the same way.
+//! Nothing is validated away here: a field that does not parse is kept as text and reported
+//! when planned.
 
-use super::objects::{
+use crate::model::Protocol;
+use crate::model::objects::{
     AddressType, ClusterIps, EndpointAddress, EndpointInfo, Hints, Ingress, Interner, IpMode,
-    Parsed, ServiceInfo, ServicePortInfo, ServiceTypeField, SliceInfo, SlicePortInfo,
+    NodeInfo, Parsed, SCHEDULER_ANNOTATION, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
+    ServiceInfo, ServicePortInfo, ServiceTypeField, SliceInfo, SlicePortInfo, ZONE_LABEL,
 };
-use super::{SCHEDULER_ANNOTATION, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL, parse_protocol};
-use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// `(namespace, name)` of an object, interned namespace (`default` when unset).
@@ -211,4 +215,171 @@ fn conditions(conditions: Option<&EndpointConditions>) -> (bool, bool, bool) {
     let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
     let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
     (ready, serving, terminating)
+}
+
+/// What planning reads of the own Node: its zone label, primary IPs and InternalIPs.
+pub fn node(node: &Node) -> NodeInfo {
+    NodeInfo {
+        zone: node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(ZONE_LABEL))
+            .filter(|zone| !zone.is_empty())
+            .cloned(),
+        primary_ips: node_primary_ips(node),
+        internal_ips: node_internal_ips(node),
+    }
+}
+
+/// The InternalIP addresses of a Node (`status.addresses[type=InternalIP]`), in order;
+/// unparsable entries are skipped. The default NodePort addresses when none are given.
+fn node_internal_ips(node: &Node) -> Vec<IpAddr> {
+    node_addresses(node, "InternalIP").collect()
+}
+
+/// The Node's primary IPs, as kubelet and kube-proxy pick them (`GetNodeHostIPs` in
+/// `component-helpers/node/util`): the first of its InternalIP addresses, else of its
+/// ExternalIP addresses, then the first address of the other family in the same order, if
+/// any. At most one per family; empty when the Node lists no address.
+fn node_primary_ips(node: &Node) -> Vec<IpAddr> {
+    let mut candidates =
+        node_addresses(node, "InternalIP").chain(node_addresses(node, "ExternalIP"));
+    let Some(first) = candidates.next() else {
+        return Vec::new();
+    };
+    let other = candidates.find(|ip| ip.is_ipv4() != first.is_ipv4());
+    std::iter::once(first).chain(other).collect()
+}
+
+/// The parsable `status.addresses` of a Node of one type, in order.
+fn node_addresses<'a>(node: &'a Node, type_: &'a str) -> impl Iterator<Item = IpAddr> + 'a {
+    node.status
+        .iter()
+        .flat_map(|status| status.addresses.iter().flatten())
+        .filter(move |address| address.type_ == type_)
+        .filter_map(|address| address.address.parse().ok())
+}
+
+/// Parses a Service or EndpointSlice port protocol; unset means TCP (the API default).
+fn parse_protocol(protocol: Option<&str>) -> Result<Protocol, String> {
+    match protocol.unwrap_or("TCP") {
+        "TCP" => Ok(Protocol::Tcp),
+        "UDP" => Ok(Protocol::Udp),
+        "SCTP" => Ok(Protocol::Sctp),
+        other => Err(format!(
+            "unknown protocol {other:?} (expected TCP, UDP or SCTP)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+
+    fn k8s_node(addresses: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("test-node".into()),
+                ..Default::default()
+            },
+            status: Some(NodeStatus {
+                addresses: Some(
+                    addresses
+                        .iter()
+                        .map(|(type_, address)| NodeAddress {
+                            type_: (*type_).into(),
+                            address: (*address).into(),
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|ip| ip.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn node_internal_and_primary_ips() {
+        let listed = k8s_node(&[
+            ("Hostname", "test-node"),
+            ("InternalIP", "192.168.0.10"),
+            ("ExternalIP", "203.0.113.10"),
+            ("InternalIP", "fd00::10"),
+            ("InternalIP", "bogus"),
+            ("InternalIP", "192.168.0.11"),
+        ]);
+        assert_eq!(
+            node(&listed).internal_ips,
+            ips(&["192.168.0.10", "fd00::10", "192.168.0.11"])
+        );
+        // GetNodeHostIPs (component-helpers/node/util, TestGetNodeHostIPs): InternalIPs first,
+        // then ExternalIPs; the first address, then the first of the other family.
+        for (addresses, primary) in [
+            (
+                &[("InternalIP", "192.168.0.10"), ("InternalIP", "fd00::10")][..],
+                &["192.168.0.10", "fd00::10"][..],
+            ),
+            (
+                &[("InternalIP", "fd00::10"), ("InternalIP", "192.168.0.10")],
+                &["fd00::10", "192.168.0.10"],
+            ),
+            (
+                &[
+                    ("ExternalIP", "2001:db8::10"),
+                    ("InternalIP", "192.168.0.10"),
+                ],
+                &["192.168.0.10", "2001:db8::10"],
+            ),
+            (
+                &[
+                    ("ExternalIP", "203.0.113.10"),
+                    ("ExternalIP", "2001:db8::10"),
+                ],
+                &["203.0.113.10", "2001:db8::10"],
+            ),
+            (
+                &[
+                    ("InternalIP", "192.168.0.10"),
+                    ("InternalIP", "192.168.0.11"),
+                ],
+                &["192.168.0.10"],
+            ),
+            (&[("Hostname", "test-node")], &[]),
+        ] {
+            assert_eq!(
+                node(&k8s_node(addresses)).primary_ips,
+                ips(primary),
+                "{addresses:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn zone_from_the_node_label() {
+        let mut labelled = k8s_node(&[]);
+        let zone = |n: &Node| node(n).zone;
+        assert_eq!(zone(&labelled), None);
+        labelled.metadata.labels = Some([(ZONE_LABEL.to_owned(), "zone-a".to_owned())].into());
+        assert_eq!(zone(&labelled).as_deref(), Some("zone-a"));
+        // TestCategorizeEndpoints "empty zone label": an empty label is no zone.
+        labelled.metadata.labels = Some([(ZONE_LABEL.to_owned(), String::new())].into());
+        assert_eq!(zone(&labelled), None);
+    }
+
+    #[test]
+    fn protocols() {
+        assert_eq!(parse_protocol(None), Ok(Protocol::Tcp));
+        assert_eq!(parse_protocol(Some("UDP")), Ok(Protocol::Udp));
+        assert_eq!(parse_protocol(Some("SCTP")), Ok(Protocol::Sctp));
+        assert_eq!(
+            parse_protocol(Some("tcp")),
+            Err("unknown protocol \"tcp\" (expected TCP, UDP or SCTP)".into())
+        );
+    }
 }

@@ -1,17 +1,48 @@
 //! What planning reads of a Service and an EndpointSlice, as compact domain values: no
 //! Kubernetes type, every field parsed once when the object enters the store
-//! ([`convert`](super::convert)), strings that repeat across objects (namespaces, node names,
+//! ([`crate::source::convert`]), strings that repeat across objects (namespaces, node names,
 //! port names, zones) shared through an [`Interner`].
 //!
 //! A field that does not parse keeps its text ([`Parsed::Invalid`]), so that planning reports
-//! it as a [`Problem`](super::Problem) with the same words and in the same order as when it
+//! it as a [`Problem`](crate::plan::Problem) with the same words and in the same order as when it
 //! read the API objects itself; everything else about an object that planning does not read
 //! (other metadata, labels, annotations, status) is dropped.
 
-use crate::model::Protocol;
+use super::Protocol;
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
+
+/// Label linking an EndpointSlice to its Service (`discovery.k8s.io/v1`).
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Label that hands a Service to another proxy; kipvs skips every Service carrying it
+/// (kube-proxy skips it unless it equals its `--service-proxy-name`, which kipvs does not have).
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+
+/// Service annotation choosing the IPVS scheduler of that Service's virtual servers, overriding
+/// `ipvs.scheduler` (the idea of kube-router's `kube-router.io/service.scheduler`). The value
+/// must be one of [`IPVS_SCHEDULERS`](crate::model::IPVS_SCHEDULERS); anything else (including `""`) is a [`Problem`](crate::plan::Problem) and
+/// the configured scheduler is used.
+pub const SCHEDULER_ANNOTATION: &str = "kipvs.io/scheduler";
+
+/// Node label naming the node's zone, matched against `hints.forZones` (`v1.LabelTopologyZone`).
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// What planning reads of the own Node (`v1.Node`), converted by
+/// [`crate::source::convert::node`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Its [`ZONE_LABEL`] label, matched against `hints.forZones`; `None` when unset or empty
+    /// (`TestCategorizeEndpoints` "empty zone label").
+    pub zone: Option<String>,
+    /// Its primary IPs, as kubelet and kube-proxy pick them (`GetNodeHostIPs` in
+    /// `component-helpers/node/util`): at most one per family (`nodePortAddresses: [primary]`).
+    pub primary_ips: Vec<IpAddr>,
+    /// Its InternalIP addresses (`status.addresses[type=InternalIP]`), in order: the node IPs
+    /// when none are given.
+    pub internal_ips: Vec<IpAddr>,
+}
 
 /// Shares equal strings: one allocation per distinct namespace, node name, port name, zone
 /// or scheduler, however many objects name it. Never shrinks (the distinct values of a
