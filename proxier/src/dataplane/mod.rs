@@ -303,8 +303,19 @@ pub fn diff_scoped(
     // the rules are (re)written: then the whole table is one transaction before the new
     // virtual servers anyway.
     let early_hairpin = !ops.iter().any(|op| matches!(op, Op::WriteRules(_)));
-    // Stable: within one position, ops keep the order they were pushed in.
-    ops.sort_by_key(|op| position(op, &after_nft, early_hairpin));
+    // Stable: within one position, ops keep the order they were pushed in. Each op's position
+    // is computed once (a key looked up at every comparison made a full sync of 50k Services
+    // take twice as long), and the ops of one virtual server, pushed together, look it up once.
+    let mut last: Option<(VirtualServerKey, bool)> = None;
+    let mut waits = |vs: &VirtualServerKey| match last {
+        Some((key, waits)) if key == *vs => waits,
+        _ => {
+            let waits = after_nft.contains(vs);
+            last = Some((*vs, waits));
+            waits
+        }
+    };
+    ops.sort_by_cached_key(|op| position(op, &mut waits, early_hairpin));
     ops
 }
 
@@ -333,18 +344,18 @@ pub fn diff_scoped(
 /// Removals keep the safe order: the real server goes (stage 1) before its hairpin element
 /// (the main transaction). kube-proxy's IPVS mode is less strict: it adds real servers in its
 /// loop over Services and the `ipset` entries (hairpin among them) after the loop.
-fn position(op: &Op, after_nft: &BTreeSet<VirtualServerKey>, early_hairpin: bool) -> u8 {
+fn position(
+    op: &Op,
+    after_nft: &mut impl FnMut(&VirtualServerKey) -> bool,
+    early_hairpin: bool,
+) -> u8 {
     match op {
         Op::UnbindAddress(_) => 0,
         Op::DeleteRealServer { .. } => 1,
         Op::DeleteVirtualServer(_) => 2,
         Op::AddSetElement(SetElement::Hairpin(_)) if early_hairpin => 3,
         Op::UpdateVirtualServer(..) => 4,
-        Op::AddRealServer { vs, .. } | Op::UpdateRealServer { vs, .. }
-            if !after_nft.contains(vs) =>
-        {
-            5
-        }
+        Op::AddRealServer { vs, .. } | Op::UpdateRealServer { vs, .. } if !after_nft(vs) => 5,
         Op::WriteRules(_) => 6,
         Op::DeleteSetElement(_) => 7,
         Op::AddSetElement(_) => 8,

@@ -174,8 +174,8 @@ impl RealServers {
     }
 
     /// Real servers and their weights, by address.
-    pub fn iter(&self) -> impl Iterator<Item = (SocketAddr, &u32)> + '_ {
-        self.0.iter().map(|rs| (rs.address(), &rs.weight))
+    pub fn iter(&self) -> RealServersIter<'_> {
+        RealServersIter(self.0.iter())
     }
 
     /// The addresses, in order.
@@ -234,12 +234,30 @@ impl<const N: usize> From<[(SocketAddr, u32); N]> for RealServers {
     }
 }
 
+/// The real servers of a [`RealServers`] and their weights, by address.
+#[derive(Clone, Debug)]
+pub struct RealServersIter<'a>(std::slice::Iter<'a, RealServer>);
+
+impl<'a> Iterator for RealServersIter<'a> {
+    type Item = (SocketAddr, &'a u32);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.next().map(|rs| (rs.address(), &rs.weight))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl ExactSizeIterator for RealServersIter<'_> {}
+
 impl<'a> IntoIterator for &'a RealServers {
     type Item = (SocketAddr, &'a u32);
-    type IntoIter = Box<dyn Iterator<Item = (SocketAddr, &'a u32)> + 'a>;
+    type IntoIter = RealServersIter<'a>;
 
     fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.iter())
+        self.iter()
     }
 }
 

@@ -151,6 +151,23 @@ impl Stored {
         )
     }
 
+    /// Record its virtual server at `at` as lost, with `entry`: kept as a reference to an equal
+    /// entry it wins at an earlier position, if any (`desired` holds the entries it wins).
+    fn lose(
+        &mut self,
+        at: usize,
+        entry: VirtualServer,
+        desired: &BTreeMap<VirtualServerKey, VirtualServer>,
+    ) {
+        let same = self.virtual_servers[..at]
+            .iter()
+            .position(|own| matches!(own.slot, Slot::Won) && desired[&own.vs] == entry);
+        self.virtual_servers[at].slot = match same {
+            Some(other) => Slot::SameAs(other as u32),
+            None => Slot::Lost(Box::new(entry)),
+        };
+    }
+
     /// Take the entry of its lost virtual server `vs` (now won: the slot becomes
     /// [`Slot::Won`]); `desired` holds the entries of the virtual servers it wins.
     fn take_entry(&mut self, vs: &VirtualServerKey, desired: &DesiredState) -> VirtualServer {
@@ -400,14 +417,7 @@ impl DesiredIndex {
             let previous = claims.first().cloned();
             claims.insert(key);
             if claims.first() != Some(&**key) {
-                // A lost one: kept as a reference to an equal entry this Service wins, if any.
-                let same = stored.virtual_servers[..at].iter().position(|own| {
-                    matches!(own.slot, Slot::Won) && self.desired.virtual_servers[&own.vs] == entry
-                });
-                stored.virtual_servers[at].slot = match same {
-                    Some(other) => Slot::SameAs(other as u32),
-                    None => Slot::Lost(Box::new(entry)),
-                };
+                stored.lose(at, entry, &self.desired.virtual_servers);
                 continue;
             }
             let replaced = self.desired.virtual_servers.insert(vs, entry);
@@ -579,14 +589,8 @@ impl IndexBuilder {
         for (at, (vs, entry)) in plan.virtual_servers.into_iter().enumerate() {
             self.claims.push((vs, service));
             if desired.contains_key(&vs) {
-                // Lost to an earlier Service: as `assert_plan` keeps it.
-                let same = stored.virtual_servers[..at]
-                    .iter()
-                    .position(|own| matches!(own.slot, Slot::Won) && desired[&own.vs] == entry);
-                stored.virtual_servers[at].slot = match same {
-                    Some(other) => Slot::SameAs(other as u32),
-                    None => Slot::Lost(Box::new(entry)),
-                };
+                // Lost to an earlier Service.
+                stored.lose(at, entry, desired);
                 continue;
             }
             self.index.real_servers += entry.real_servers.len();
