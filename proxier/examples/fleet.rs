@@ -59,8 +59,9 @@ use kipvs_crds::{
 use kipvs_proxier::engine::status::{StatusReport, SyncResult};
 use kipvs_proxier::serve::health::ProxyHealth;
 use kipvs_proxier::serve::status::report_status;
+use kipvs_proxier::source::Retry;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use std::collections::HashMap;
@@ -369,15 +370,28 @@ async fn main() -> anyhow::Result<()> {
         let seen = seen.clone();
         let proxiers = proxiers.clone();
         let (fail, silent) = (args.fail_share, args.silent_share);
-        let mut events = watcher(npcs.clone(), watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
+        // Retried as the proxier's own NodeProxyConfig watch is (`source::Retry`: back within
+        // a few seconds of the apiserver), not with kube-runtime's default backoff, which
+        // waits up to 30 s more after an outage.
+        let mut events = watcher(npcs.clone(), watcher::Config::default()).boxed();
+        let mut retry = Retry::new("fleet NodeProxyConfig watch");
         let mut revision_index: HashMap<String, usize> = HashMap::new();
         tokio::spawn(async move {
-            // A watch error (the apiserver is down) is retried by the watcher's backoff.
             while let Some(event) = events.next().await {
-                let Ok(npc) = event else { continue };
+                let npc = match event {
+                    Ok(watcher::Event::Apply(npc) | watcher::Event::InitApply(npc)) => {
+                        retry.succeeded();
+                        npc
+                    }
+                    Ok(_) => {
+                        retry.succeeded();
+                        continue;
+                    }
+                    Err(e) => {
+                        retry.failed(&e, "the assignments seen").await;
+                        continue;
+                    }
+                };
                 let node = npc.name_any();
                 let revision = npc.spec.revision.clone();
                 let generation = npc.metadata.generation.unwrap_or_default();
