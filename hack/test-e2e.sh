@@ -28,7 +28,8 @@
 #      same load, counted as a phase too;
 #   4. every failure, slow request and pause of the load, with the share of the 4 s before it that the VM's
 #      emulated CPU was waiting for a CPU of this machine (QEMU's vCPU thread, /proc/PID/task/TID/schedstat):
-#      this machine's load, told apart from the proxier's doing.
+#      this machine's load, told apart from the proxier's doing;
+#   5. the nftables stage per sync: how many went as one nfnetlink batch or through `nft -f`, and how long they took.
 # Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
 #
 # usage: hack/test-e2e.sh
@@ -365,6 +366,18 @@ final=$(agent load-stop)
 say "load, whole run: $(head -n1 <<<"$final")"
 agent load-log > "$STATE/load.log" || true
 agent log 100000 > "$STATE/proxier.log" || true
+# The nftables stage of each sync (the kernel dataplane's debug line): how it was applied (one nfnetlink batch, or
+# `nft -f` for rules and intervals) and how long it took.
+nft_stages() {
+  sed 's/\x1b\[[0-9;]*m//g' "$STATE/proxier.log" | grep 'applied nftables transaction' |
+    sed -n 's/.*via="\{0,1\}\([a-z]*\)"\{0,1\}.* duration_us=\([0-9]*\).*/\1 \2/p' | sort -k2,2n |
+    awk '{n++; via[$1]++; d[n]=$2}
+      END {if (!n) {print "none logged"; exit}
+        s=""; for (v in via) {w=w s v " " via[v]; s=", "}
+        printf "%d transactions (%s): p50 %.1f ms, p90 %.1f ms, max %.1f ms\n", n, w, d[int(n*0.5)+1]/1000, d[int(n*0.9)+1]/1000, d[n]/1000}'
+}
+NFTSTAGES="nftables stage per sync: $(nft_stages || echo '?')"
+say "$NFTSTAGES"
 G=$(agent wallclock) H=$(now)
 # Every failure, slow request (> 1 s) and pause of the load, with what the host did to the VM meanwhile: the share
 # of the preceding 4 s the vCPU was runnable but waiting for a host CPU ("host-wait"), or running ("run").
@@ -419,6 +432,7 @@ echo
 echo "=== end to end (kube-apiserver $K8S, proxier in the VM): requests sent / failed, long-lived connections broken"
 printf '  %s\n' "${FIG[@]}"
 echo "  $LAT"
+echo "  $NFTSTAGES"
 echo "  after the 30 s apiserver outage the first write reached the kernel after ${RESUMED:-?} s"
 echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"
 agent finish "$([ "$fail" = 0 ] && echo 0 || echo 1)" > /dev/null || true

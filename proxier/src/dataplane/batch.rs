@@ -70,8 +70,8 @@ impl Batcher {
     /// Send `requests` (do-requests whose success has no reply: adds, deletes, sets) in
     /// batches of at most [`BATCH`], and return, in the same order, `Ok` or the errno the
     /// kernel answered for each (positive, e.g. `libc::EEXIST`; `ENOBUFS` or `ETIMEDOUT` when
-    /// the answer was lost and the request may have been applied). The requests' flags are
-    /// replaced by `NLM_F_REQUEST | flags` (plus `NLM_F_ACK` on each batch's last); their
+    /// the answer was lost and the request may have been applied). `NLM_F_REQUEST | flags`
+    /// (plus `NLM_F_ACK` on each batch's last) are added to the requests' flags; their
     /// sequence numbers are assigned here.
     ///
     /// Errors: the socket fails; nothing more is sent then.
@@ -85,26 +85,15 @@ impl Batcher {
     {
         let mut results = Vec::with_capacity(requests.len());
         let mut requests = requests.into_iter().peekable();
-        let mut buffer = Vec::new();
         while requests.peek().is_some() {
             let batch: Vec<NetlinkMessage<T>> = requests.by_ref().take(BATCH).collect();
-            let (count, first) = (batch.len(), self.sequence.wrapping_add(1));
-            buffer.clear();
-            for (i, mut message) in batch.into_iter().enumerate() {
-                self.sequence = self.sequence.wrapping_add(1);
-                message.header.sequence_number = self.sequence;
-                message.header.flags = NLM_F_REQUEST | flags;
-                if i + 1 == count {
-                    message.header.flags |= NLM_F_ACK;
-                }
-                message.finalize();
-                let at = buffer.len();
-                buffer.resize(at + message.buffer_len(), 0);
-                message.serialize(&mut buffer[at..]);
-            }
+            let count = batch.len();
+            let (buffer, first) = serialize(&mut self.sequence, batch, |i| {
+                flags | if i + 1 == count { NLM_F_ACK } else { 0 }
+            });
             self.socket.send(&buffer).await?;
             let mut answered = vec![Ok(()); count];
-            self.answers::<T>(first, &mut answered).await?;
+            self.read_answers::<T>(first, &mut answered).await?;
             results.extend(answered);
         }
         Ok(results)
@@ -112,7 +101,7 @@ impl Batcher {
 
     /// Read the answers of the batch whose first request is `first`, until the answer for its
     /// last; record errors in `batch`.
-    async fn answers<T>(&mut self, first: u32, batch: &mut [Result<(), i32>]) -> io::Result<()>
+    async fn read_answers<T>(&mut self, first: u32, batch: &mut [Result<(), i32>]) -> io::Result<()>
     where
         T: NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
     {
@@ -138,27 +127,70 @@ impl Batcher {
                 }
                 Ok(Err(e)) => return Err(e),
             };
-            let mut at = 0;
-            while at < datagram.len() {
-                let message = NetlinkMessage::<T>::deserialize(&datagram[at..])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                let sequence = message.header.sequence_number;
-                if let NetlinkPayload::Error(error) = &message.payload {
-                    let index = sequence.wrapping_sub(first) as usize;
-                    if let (Some(code), Some(slot)) = (error.code, batch.get_mut(index)) {
-                        *slot = Err(-code.get());
-                    }
-                    if sequence == last {
-                        return Ok(());
-                    }
+            for (sequence, errno) in answers::<T>(&datagram)? {
+                if let (Some(errno), Some(slot)) =
+                    (errno, batch.get_mut(sequence.wrapping_sub(first) as usize))
+                {
+                    *slot = Err(errno);
                 }
-                match message.header.length as usize {
-                    0 => break,
-                    length => at += (length + 3) & !3,
+                if sequence == last {
+                    return Ok(());
                 }
             }
         }
     }
+}
+
+/// Number `messages` on from `*sequence + 1` (advancing `sequence`), add `NLM_F_REQUEST` and
+/// `flags(i)` to the flags of the `i`-th, and serialize them into one buffer for one
+/// `sendmsg`. Returns the buffer and the first message's sequence number. Shared with the
+/// nfnetlink element batches ([`super::nft_elements`]).
+pub fn serialize<T>(
+    sequence: &mut u32,
+    messages: Vec<NetlinkMessage<T>>,
+    flags: impl Fn(usize) -> u16,
+) -> (Vec<u8>, u32)
+where
+    T: NetlinkSerializable + std::fmt::Debug,
+{
+    let first = sequence.wrapping_add(1);
+    let mut buffer = Vec::new();
+    for (i, mut message) in messages.into_iter().enumerate() {
+        *sequence = sequence.wrapping_add(1);
+        message.header.sequence_number = *sequence;
+        message.header.flags |= NLM_F_REQUEST | flags(i);
+        message.finalize();
+        let at = buffer.len();
+        buffer.resize(at + message.buffer_len(), 0);
+        message.serialize(&mut buffer[at..]);
+    }
+    (buffer, first)
+}
+
+/// The acknowledgements and error answers in one received datagram, in order: the sequence
+/// number each answers, and `None` (an acknowledgement) or the errno (positive). Other
+/// messages (replies) are passed over.
+///
+/// Errors: a message does not parse (`InvalidData`).
+pub fn answers<T>(datagram: &[u8]) -> io::Result<Vec<(u32, Option<i32>)>>
+where
+    T: NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < datagram.len() {
+        let message = NetlinkMessage::<T>::deserialize(&datagram[at..])
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        if let NetlinkPayload::Error(error) = &message.payload {
+            let errno = error.code.map(|code| -code.get());
+            out.push((message.header.sequence_number, errno));
+        }
+        match message.header.length as usize {
+            0 => break,
+            length => at += (length + 3) & !3,
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -16,9 +16,10 @@
 //! proto . port`, `ip . ip`) every field is padded with zeros to a multiple of 4 bytes (one
 //! 32-bit register each); a lone port (`health-check-ports`) is 2 bytes.
 
+use crate::dataplane::batch;
 use crate::dataplane::nft::{TABLE, Transaction};
 use crate::model::{Protocol, SetElement, VirtualServerKey};
-use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NetlinkMessage};
 use netlink_packet_netfilter::nftables::{
     DataAttribute, ListAttribute, NfTablesMessage, SetElementAttribute, SetElementList,
     SetElementMessage,
@@ -161,20 +162,9 @@ impl SetElements {
         batch: Vec<NetlinkMessage<NetfilterMessage>>,
     ) -> Result<(), ElementsError> {
         let last = batch.len().saturating_sub(1);
-        let first = self.sequence.wrapping_add(1);
-        let mut buffer = Vec::new();
-        for (i, mut message) in batch.into_iter().enumerate() {
-            self.sequence = self.sequence.wrapping_add(1);
-            message.header.sequence_number = self.sequence;
-            message.header.flags |= NLM_F_REQUEST;
-            if i != 0 && i != last {
-                message.header.flags |= NLM_F_ACK;
-            }
-            message.finalize();
-            let at = buffer.len();
-            buffer.resize(at + message.buffer_len(), 0);
-            message.serialize(&mut buffer[at..]);
-        }
+        let (buffer, first) = batch::serialize(&mut self.sequence, batch, |i| {
+            if i != 0 && i != last { NLM_F_ACK } else { 0 }
+        });
         self.socket.send(&buffer).await?;
         // The element messages are `first + 1 ..= first + last - 1`; an error answered to the
         // batch begin (`first`) means the batch was not run at all.
@@ -183,28 +173,18 @@ impl SetElements {
         let answers = async {
             while waiting > 0 {
                 let (datagram, _) = self.socket.recv_from_full().await?;
-                let mut at = 0;
-                while at < datagram.len() {
-                    let message = NetlinkMessage::<NetfilterMessage>::deserialize(&datagram[at..])
-                        .map_err(|e| {
-                            std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
-                        })?;
-                    let offset = message.header.sequence_number.wrapping_sub(first) as usize;
-                    if let NetlinkPayload::Error(error) = &message.payload
-                        && offset <= last
-                    {
-                        if let Some(code) = error.code {
-                            refused.get_or_insert(-code.get());
-                        }
-                        if offset == 0 {
-                            waiting = 0;
-                        } else if offset < last {
-                            waiting -= 1;
-                        }
+                for (sequence, errno) in batch::answers::<NetfilterMessage>(&datagram)? {
+                    let offset = sequence.wrapping_sub(first) as usize;
+                    if offset > last {
+                        continue;
                     }
-                    match message.header.length as usize {
-                        0 => break,
-                        length => at += (length + 3) & !3,
+                    if let Some(errno) = errno {
+                        refused.get_or_insert(errno);
+                    }
+                    if offset == 0 {
+                        waiting = 0;
+                    } else if offset < last {
+                        waiting -= 1;
                     }
                 }
             }
@@ -225,7 +205,7 @@ impl SetElements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_core::NLM_F_CREATE;
+    use netlink_packet_core::NLM_F_REQUEST;
 
     fn vs(address: &str, protocol: Protocol, port: u16) -> VirtualServerKey {
         VirtualServerKey {
