@@ -945,8 +945,7 @@ async fn flap(
     if let Some(at) = last_write {
         tokio::time::sleep_until((at + timeout + Duration::from_secs(1)).into()).await;
     }
-    let status = || async { pcs.get(PC).await.ok().and_then(|pc| pc.status) };
-    let Some(before) = status().await else {
+    let Some(before) = pcs.get(PC).await.ok().and_then(|pc| pc.status) else {
         return Blip::default();
     };
     let mut blip = Blip {
@@ -957,33 +956,39 @@ async fn flap(
     for node in flapping {
         proxiers[node].hang();
     }
-    let start = Instant::now();
-    while start.elapsed() < BLIP_WAIT {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let Some(s) = status().await else { continue };
+    poll_status(pcs, |s| {
         let lowest = blip.during.as_ref().map_or(u32::MAX, |d| d.healthy_nodes);
         let done = s.healthy_nodes + k <= before.healthy_nodes;
         if s.healthy_nodes < lowest {
             blip.during = Some(s);
         }
-        if done {
-            break;
-        }
-    }
+        done
+    })
+    .await;
     for node in flapping {
         proxiers[node].recover();
     }
+    poll_status(pcs, |s| {
+        let done = s.healthy_nodes >= before.healthy_nodes;
+        blip.after = Some(s);
+        done
+    })
+    .await;
+    blip
+}
+
+/// Hands the ProxyConfig's status to `seen` every 200 ms until it returns true, for at most
+/// [`BLIP_WAIT`].
+async fn poll_status(pcs: &Api<ProxyConfig>, mut seen: impl FnMut(ProxyConfigStatus) -> bool) {
     let start = Instant::now();
     while start.elapsed() < BLIP_WAIT {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let Some(s) = status().await else { continue };
-        let done = s.healthy_nodes >= before.healthy_nodes;
-        blip.after = Some(s);
-        if done {
-            break;
+        if let Some(status) = pcs.get(PC).await.ok().and_then(|pc| pc.status)
+            && seen(status)
+        {
+            return;
         }
     }
-    blip
 }
 
 /// How long the apiserver is down in the outage fault (issue 15).
