@@ -69,9 +69,9 @@ KUBECONFIG=$STATE/kubeconfig KIPVS_OPERATOR=$KIPVS_OPERATOR KIPVS_PROXIER=$KIPVS
   OUT=${KIPVS_E2E_OUT:-$STATE/logs}/proxiers tests/operator/e2e-proxiers.sh
 T_PROXIERS=$(date +%s)
 
-step "operator at fleet scale, with faults: ${KIPVS_FLEET_NODES:=500} nodes (hack/fleet.sh --check --faults)"
+step "operator at fleet scale, with faults: ${KIPVS_FLEET_NODES:=500} nodes, 1% each failing, silent, flapping /livez (hack/fleet.sh --check --faults)"
 KUBECONFIG=$STATE/kubeconfig KIPVS_CP_STATE=$STATE OUT=${KIPVS_E2E_OUT:-$STATE/logs}/fleet \
-  hack/fleet.sh "$KIPVS_FLEET_NODES" --check --faults
+  hack/fleet.sh "$KIPVS_FLEET_NODES" --check --faults --fail-share 0.01 --silent-share 0.01 --flap-share 0.01
 T_END=$(date +%s)
 echo "test-operator: passed in $((T_END - T0))s (build $((T_BUILD - T0))s, control plane $((T_CP - T_BUILD))s," \
   "e2e $((T_E2E - T_CP))s, e2e with proxiers $((T_PROXIERS - T_E2E))s, fleet $((T_END - T_PROXIERS))s)"

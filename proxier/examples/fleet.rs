@@ -14,8 +14,19 @@
 //! (`kipvs.io/canary=true`); every 100th node (index % 100 == 99) is tainted
 //! `ToBeDeletedByClusterAutoscaler` and the one before it (98) is NotReady: both are skipped.
 //! Each proxier answers a new revision after a delay from its node-name hash (0.1-1 s): Pending,
-//! then Applied (or Failed for the `--fail-share` of nodes on the second revision; `--silent-share`
-//! never answer the second revision).
+//! then Applied (or Failed for the `--fail-share` of nodes on every revision after the first;
+//! the `--silent-share` never answer the second revision, whose `applyTimeout` is then 15 s,
+//! and answer the later ones).
+//!
+//! With `--flap-share`, that share of nodes (apart from the failing and silent ones) blips
+//! `/livez` once the second revision is complete and its `applyTimeout` (then 15 s) has passed
+//! for every node: their sync hangs past the health timeout, so the proxier's own
+//! [`ProxyHealth`] turns unhealthy and its status writer reports `healthy: false`, until the
+//! harness lets them sync again. Health is latched per revision (`operator/src/rollout.rs`): a
+//! node unhealthy after its stage completed is reported, not a failure. `--check` fails unless
+//! the operator saw the blip (the revision's healthy count drops by the flapping nodes, the
+//! Available condition is False) without recording a failure for any of them or touching the
+//! revision (still the last good one, not bad), and counts them healthy again afterwards.
 //!
 //! With `--faults` (needs `--cp-state`), two more revisions roll out under a fault, each once
 //! the `fleet` stage has started: the operator is killed (SIGKILL) and restarted 2 s later, as
@@ -34,7 +45,7 @@
 //!
 //! usage: `fleet --nodes N --operator BIN --operator-log FILE --operator-metrics ADDR
 //!         [--pid-file FILE] [--cp-state DIR] [--check] [--faults] [--max-first-write 5s]
-//!         [--quiet 20s] [--fail-share 0.0] [--silent-share 0.0]` (KUBECONFIG selects the
+//!         [--quiet 20s] [--fail-share 0.0] [--silent-share 0.0] [--flap-share 0.0]` (KUBECONFIG selects the
 //!         cluster; the CRDs must be installed; the operator inherits the environment)
 
 use futures::{StreamExt, stream};
@@ -48,13 +59,14 @@ use kipvs_crds::{
 use kipvs_proxier::engine::status::{StatusReport, SyncResult};
 use kipvs_proxier::serve::health::ProxyHealth;
 use kipvs_proxier::serve::status::report_status;
+use kipvs_proxier::source::Retry;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -75,6 +87,7 @@ struct Args {
     quiet: Duration,
     fail_share: f64,
     silent_share: f64,
+    flap_share: f64,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -91,6 +104,7 @@ fn args() -> anyhow::Result<Args> {
         quiet: Duration::from_secs(20),
         fail_share: 0.0,
         silent_share: 0.0,
+        flap_share: 0.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -128,6 +142,7 @@ impl Args {
             "--quiet" => a.quiet = kipvs_crds::duration::parse(&value)?,
             "--fail-share" => a.fail_share = value.parse()?,
             "--silent-share" => a.silent_share = value.parse()?,
+            "--flap-share" => a.flap_share = value.parse()?,
             _ => anyhow::bail!("unknown flag {flag}"),
         }
         Ok(())
@@ -154,6 +169,8 @@ struct Proxier {
     report: watch::Sender<Option<NodeProxyConfigStatus>>,
     health: ProxyHealth,
     status: Mutex<StatusReport>,
+    /// Its sync hangs (a `/livez` blip): syncs do nothing until it recovers.
+    hung: AtomicBool,
 }
 
 impl Proxier {
@@ -177,6 +194,9 @@ impl Proxier {
     /// A clean sync ended now (`Engine::sync`): health updated, and the status published if
     /// the reducer says so. Returns whether it was.
     fn synced(&self) -> bool {
+        if self.hung.load(Ordering::Relaxed) {
+            return false;
+        }
         self.health.updated();
         let mut status = self.status.lock().expect("status");
         let changed = status.synced(&SyncResult::Clean, std::time::SystemTime::now());
@@ -190,6 +210,23 @@ impl Proxier {
         status.status().is_some_and(|s| {
             s.observed_revision.as_deref() == Some(revision) && s.phase == Some(NodePhase::Applied)
         })
+    }
+
+    /// Its sync hangs: a change is queued and not synced, and the health timeout is cut to
+    /// [`BLIP_TIMEOUT`] so that `/livez` turns unhealthy soon (a real proxier's is
+    /// 2 × syncPeriod); its status writer then reports `healthy: false`.
+    fn hang(&self) {
+        self.hung.store(true, Ordering::Relaxed);
+        self.health.configure(BLIP_TIMEOUT, false);
+        self.health.queued_update();
+    }
+
+    /// The hung sync ends: the health timeout back to [`HEALTH_TIMEOUT`], and a clean sync
+    /// (healthy again).
+    fn recover(&self) {
+        self.health.configure(HEALTH_TIMEOUT, false);
+        self.hung.store(false, Ordering::Relaxed);
+        self.synced();
     }
 
     fn publish(&self, status: &StatusReport, changed: bool) {
@@ -212,6 +249,8 @@ struct Seen {
     status_writes: usize,
     /// When a revision first reached the canary.
     canary: HashMap<String, Instant>,
+    /// When a revision was last written to a node.
+    last_write: HashMap<String, Instant>,
     /// Per revision: nodes that reported it Applied.
     applied: HashMap<String, usize>,
 }
@@ -304,7 +343,7 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..n {
         let node = name(i);
         let (report, receiver) = watch::channel(None);
-        let health = ProxyHealth::new(Duration::from_secs(60), false);
+        let health = ProxyHealth::new(HEALTH_TIMEOUT, false);
         health.updated();
         tokio::spawn(report_status(
             client.clone(),
@@ -318,6 +357,7 @@ async fn main() -> anyhow::Result<()> {
                 report,
                 health,
                 status: Mutex::default(),
+                hung: AtomicBool::new(false),
             }),
         );
     }
@@ -330,15 +370,28 @@ async fn main() -> anyhow::Result<()> {
         let seen = seen.clone();
         let proxiers = proxiers.clone();
         let (fail, silent) = (args.fail_share, args.silent_share);
-        let mut events = watcher(npcs.clone(), watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
+        // Retried as the proxier's own NodeProxyConfig watch is (`source::Retry`: back within
+        // a few seconds of the apiserver), not with kube-runtime's default backoff, which
+        // waits up to 30 s more after an outage.
+        let mut events = watcher(npcs.clone(), watcher::Config::default()).boxed();
+        let mut retry = Retry::new("fleet NodeProxyConfig watch");
         let mut revision_index: HashMap<String, usize> = HashMap::new();
         tokio::spawn(async move {
-            // A watch error (the apiserver is down) is retried by the watcher's backoff.
             while let Some(event) = events.next().await {
-                let Ok(npc) = event else { continue };
+                let npc = match event {
+                    Ok(watcher::Event::Apply(npc) | watcher::Event::InitApply(npc)) => {
+                        retry.succeeded();
+                        npc
+                    }
+                    Ok(_) => {
+                        retry.succeeded();
+                        continue;
+                    }
+                    Err(e) => {
+                        retry.failed(&e, "the assignments seen").await;
+                        continue;
+                    }
+                };
                 let node = npc.name_any();
                 let revision = npc.spec.revision.clone();
                 let generation = npc.metadata.generation.unwrap_or_default();
@@ -360,6 +413,7 @@ async fn main() -> anyhow::Result<()> {
                         .writes
                         .entry((node.clone(), revision.clone()))
                         .or_default() += 1;
+                    seen.last_write.insert(revision.clone(), Instant::now());
                     if node == name(0) {
                         seen.canary
                             .entry(revision.clone())
@@ -370,7 +424,7 @@ async fn main() -> anyhow::Result<()> {
                     continue;
                 };
                 let s = share(&node);
-                if index >= 1 && s < silent {
+                if index == 1 && s < silent {
                     continue;
                 }
                 let failed = index >= 1 && s >= silent && s < silent + fail;
@@ -428,14 +482,27 @@ async fn main() -> anyhow::Result<()> {
     for (round, (scheduler, fault)) in rounds.into_iter().enumerate() {
         let label = format!("revision {}", round + 1);
         // Under a fault the last stage goes in smaller steps, so that the fault lands inside it,
-        // and the failure budget is exactly the nodes told to fail or stay silent: one node
+        // and the failure budget is exactly the nodes told to fail: one node
         // counted failed because of the fault marks the revision bad (a rollback).
         let fleet_step = if fault.is_some() { "10%" } else { "25%" };
+        let told_to_fail = |i: usize| {
+            let s = share(&name(i));
+            s >= args.silent_share && s < args.silent_share + args.fail_share
+        };
+        let silent = |i: usize| share(&name(i)) < args.silent_share;
+        // The flap round's nodes must be past their apply timeout for a blip to be a failure
+        // at all (before it, an unhealthy node is still in flight).
+        // Silent nodes fail by it too (the round would otherwise wait 5 minutes for them).
+        let flap_round = round == 1 && args.flap_share > 0.0;
+        let short_timeout = round == 1 && (args.flap_share > 0.0 || args.silent_share > 0.0);
+        let apply_timeout = if short_timeout {
+            FLAP_APPLY_TIMEOUT
+        } else {
+            "5m"
+        };
         let budget = match fault {
             None => n,
-            Some(_) => (0..n)
-                .filter(|i| !skipped(*i) && share(&name(*i)) < args.silent_share + args.fail_share)
-                .count(),
+            Some(_) => (0..n).filter(|i| !skipped(*i) && told_to_fail(*i)).count(),
         };
         let body = json!({
             "apiVersion": "kipvs.io/v1alpha1", "kind": "ProxyConfig",
@@ -443,7 +510,7 @@ async fn main() -> anyhow::Result<()> {
             "spec": {
                 "nodeSelector": {"matchLabels": {"kipvs.io/fleet": "yes"}},
                 "config": {"ipvs": {"scheduler": scheduler}},
-                "rollout": {"failureBudget": budget, "stages": [
+                "rollout": {"failureBudget": budget, "applyTimeout": apply_timeout, "stages": [
                     {"name": "canary", "nodeSelector": {"matchLabels": {"kipvs.io/canary": "true"}}, "minNodes": 1},
                     {"name": "early", "size": "10%", "maxUnavailable": "100%"},
                     {"name": "fleet", "maxUnavailable": fleet_step}
@@ -466,9 +533,8 @@ async fn main() -> anyhow::Result<()> {
         let reconciles_before = reconciles(&args.operator_log);
         // Wait for the canary's write, then for every eligible, answering node to apply; a
         // fault lands once the last stage has started.
-        let answering = |i: usize| {
-            !skipped(i) && (round == 0 || share(&name(i)) >= args.silent_share + args.fail_share)
-        };
+        let answering =
+            |i: usize| !(skipped(i) || round >= 1 && told_to_fail(i) || round == 1 && silent(i));
         let expected_applied = (0..n).filter(|i| answering(*i)).count();
         let deadline = start + Duration::from_secs(600);
         let mut first_write = None;
@@ -668,6 +734,26 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         }
+        if flap_round && all_applied.is_some() {
+            let flapping: Vec<String> = (0..n)
+                .filter(|i| answering(*i))
+                .map(name)
+                .filter(|node| {
+                    let s = share(node);
+                    let from = args.silent_share + args.fail_share;
+                    s >= from && s < from + args.flap_share
+                })
+                .collect();
+            let blip = flap(&pcs, &proxiers, &flapping, &revision, &seen).await;
+            rows.push(format!(
+                "| {label} | /livez blip of {} node(s) after the revision completed and their \
+                 applyTimeout {FLAP_APPLY_TIMEOUT} passed (latched health): healthy during, \
+                 after | {} |",
+                flapping.len(),
+                blip.describe()
+            ));
+            failures.extend(blip.problems(&label, &flapping, &revision));
+        }
         if all_applied.is_none() {
             break; // later revisions would not complete either (the size, or a rollback)
         }
@@ -739,6 +825,170 @@ async fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// The health timeout of a simulated proxier (a real one's is 2 × syncPeriod).
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+/// The health timeout of a proxier whose sync hangs in a `/livez` blip.
+const BLIP_TIMEOUT: Duration = Duration::from_millis(500);
+/// The flap round's applyTimeout: the blip comes once it has passed for every node.
+const FLAP_APPLY_TIMEOUT: &str = "15s";
+/// How long the harness waits for the operator to see a blip begin, or end.
+const BLIP_WAIT: Duration = Duration::from_secs(30);
+
+/// What the operator's status said during and after a `/livez` blip.
+#[derive(Default)]
+struct Blip {
+    /// Healthy nodes before the blip.
+    before: u32,
+    /// The status with the fewest healthy nodes seen while the nodes were unhealthy.
+    during: Option<ProxyConfigStatus>,
+    /// The status once they were healthy again (or the last one seen).
+    after: Option<ProxyConfigStatus>,
+}
+
+impl Blip {
+    fn describe(&self) -> String {
+        let one = |s: &Option<ProxyConfigStatus>| {
+            s.as_ref().map_or("-".to_owned(), |s| {
+                let available = s
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Available")
+                    .map_or("-".to_owned(), |c| format!("{} {}", c.status, c.reason));
+                format!(
+                    "{}/{} healthy, Available {available}, {} failure(s) recorded",
+                    s.healthy_nodes,
+                    s.total_nodes,
+                    s.failures.len()
+                )
+            })
+        };
+        format!(
+            "{} healthy before; {}; {}",
+            self.before,
+            one(&self.during),
+            one(&self.after)
+        )
+    }
+
+    /// What the operator got wrong about the blip of `flapping` on `revision`.
+    fn problems(&self, label: &str, flapping: &[String], revision: &str) -> Vec<String> {
+        let mut problems = Vec::new();
+        let healthy = self.before;
+        let k = flapping.len() as u32;
+        match &self.during {
+            Some(s) if s.healthy_nodes + k <= healthy => {
+                let available = s.conditions.iter().find(|c| c.type_ == "Available");
+                if available.is_none_or(|c| c.status != "False") {
+                    problems.push(format!(
+                        "{label}: blip: {k} node(s) unhealthy and Available is {:?}",
+                        available.map(|c| (&c.status, &c.reason))
+                    ));
+                }
+            }
+            s => problems.push(format!(
+                "{label}: blip: the operator never counted the {k} unhealthy node(s) out of \
+                 {healthy} healthy (fewest seen: {:?})",
+                s.as_ref().map(|s| s.healthy_nodes)
+            )),
+        }
+        for s in self.during.iter().chain(&self.after) {
+            let counted: Vec<&str> = s
+                .failures
+                .iter()
+                .filter(|f| flapping.contains(&f.node))
+                .map(|f| f.node.as_str())
+                .collect();
+            if !counted.is_empty() {
+                problems.push(format!(
+                    "{label}: blip after the stage completed counted as failure of {counted:?} \
+                     (health is latched per revision)"
+                ));
+            }
+            if s.last_good_revision.as_deref() != Some(revision)
+                || s.bad_revisions.iter().any(|b| b == revision)
+            {
+                problems.push(format!(
+                    "{label}: blip changed the verdict: lastGoodRevision {:?}, badRevisions {:?}",
+                    s.last_good_revision, s.bad_revisions
+                ));
+            }
+        }
+        if self
+            .after
+            .as_ref()
+            .is_none_or(|s| s.healthy_nodes < healthy)
+        {
+            problems.push(format!(
+                "{label}: blip: healthy not back to {healthy} after the nodes recovered ({:?})",
+                self.after.as_ref().map(|s| s.healthy_nodes)
+            ));
+        }
+        problems
+    }
+}
+
+/// A `/livez` blip of `flapping` once `revision` is complete: waits until its applyTimeout
+/// has passed since its last write (before it, an unhealthy node is in flight, not failed),
+/// hangs their syncs until the operator's status shows them unhealthy (or [`BLIP_WAIT`]),
+/// then lets them recover and waits until it counts them healthy again.
+async fn flap(
+    pcs: &Api<ProxyConfig>,
+    proxiers: &HashMap<String, Arc<Proxier>>,
+    flapping: &[String],
+    revision: &str,
+    seen: &Mutex<Seen>,
+) -> Blip {
+    let timeout = kipvs_crds::duration::parse(FLAP_APPLY_TIMEOUT).expect("a duration");
+    let last_write = seen.lock().expect("seen").last_write.get(revision).copied();
+    if let Some(at) = last_write {
+        tokio::time::sleep_until((at + timeout + Duration::from_secs(1)).into()).await;
+    }
+    let Some(before) = pcs.get(PC).await.ok().and_then(|pc| pc.status) else {
+        return Blip::default();
+    };
+    let mut blip = Blip {
+        before: before.healthy_nodes,
+        ..Blip::default()
+    };
+    let k = flapping.len() as u32;
+    for node in flapping {
+        proxiers[node].hang();
+    }
+    poll_status(pcs, |s| {
+        let lowest = blip.during.as_ref().map_or(u32::MAX, |d| d.healthy_nodes);
+        let done = s.healthy_nodes + k <= before.healthy_nodes;
+        if s.healthy_nodes < lowest {
+            blip.during = Some(s);
+        }
+        done
+    })
+    .await;
+    for node in flapping {
+        proxiers[node].recover();
+    }
+    poll_status(pcs, |s| {
+        let done = s.healthy_nodes >= before.healthy_nodes;
+        blip.after = Some(s);
+        done
+    })
+    .await;
+    blip
+}
+
+/// Hands the ProxyConfig's status to `seen` every 200 ms until it returns true, for at most
+/// [`BLIP_WAIT`].
+async fn poll_status(pcs: &Api<ProxyConfig>, mut seen: impl FnMut(ProxyConfigStatus) -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < BLIP_WAIT {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Some(status) = pcs.get(PC).await.ok().and_then(|pc| pc.status)
+            && seen(status)
+        {
+            return;
+        }
+    }
 }
 
 /// How long the apiserver is down in the outage fault (issue 15).

@@ -144,7 +144,7 @@ impl SourceHandle {
 ///
 /// Logs: the first failure of a run at WARN, the following ones at DEBUG, the recovery at
 /// INFO with the number of failures and how long they lasted.
-pub(crate) struct Retry {
+pub struct Retry {
     what: &'static str,
     unreachable: ResetTimerBackoff<ExponentialBackoff>,
     answered: DefaultBackoff,
