@@ -216,6 +216,37 @@ fn set_element_batches_over_netlink_read_back_through_nft() {
             .await
             .unwrap();
         assert_eq!(nft.observe().await.unwrap().elements, elements);
+
+        // More elements of one set than one message holds (a netlink attribute's length is 16
+        // bits: 3,500 IPv6 ClusterIP elements are ~126 KiB): several messages, one batch, every
+        // element there; then all deleted in one batch.
+        let many: BTreeSet<SetElement> = (0..3_500u16)
+            .map(|i| {
+                let address = format!("fd00:10:96::{i:x}");
+                SetElement::ClusterIp(key(&address, Protocol::Tcp, 443))
+            })
+            .collect();
+        let add_many = Transaction {
+            rules: None,
+            delete: vec![],
+            add: many.iter().collect(),
+        };
+        let batch = nft_elements::batch(&add_many).unwrap();
+        assert_eq!(batch.len(), 2 + 4, "begin, 4 messages of <= 1,000, end");
+        socket.apply(batch).await.unwrap();
+        let mut expected = elements.clone();
+        expected.extend(many.iter().copied());
+        assert_eq!(nft.observe().await.unwrap().elements, expected);
+        let delete_many = Transaction {
+            rules: None,
+            delete: many.iter().collect(),
+            add: vec![],
+        };
+        socket
+            .apply(nft_elements::batch(&delete_many).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(nft.observe().await.unwrap().elements, elements);
         nft.delete_table().await.unwrap();
     });
 }

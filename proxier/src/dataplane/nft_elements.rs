@@ -72,12 +72,25 @@ pub fn key(element: &SetElement) -> Option<Vec<u8>> {
     })
 }
 
+/// The most elements in one `NEWSETELEM`/`DELSETELEM` message. A netlink attribute's length
+/// is 16 bits: the element list of one message must stay under 64 KiB, and an element takes at
+/// most 44 bytes (a 32-byte key in three nested attribute headers). Above it a set's elements
+/// go in several messages of the same batch, still one transaction.
+pub const ELEMENTS_PER_MESSAGE: usize = 1_000;
+
+/// The most elements of one batch: its datagram must fit the socket's send buffer (the kernel
+/// refuses a larger one with `EMSGSIZE`; the default buffer is 208 KiB). Larger transactions,
+/// which only a full sync of a large table makes, are left to `nft -f`.
+pub const ELEMENTS_PER_BATCH: usize = 4_000;
+
 /// The nfnetlink batch of an element-only transaction: batch begin, the deletions then the
-/// additions (one message per set and verb, like [`super::nft::transaction`]), batch end;
-/// flags and sequence numbers are set when sent ([`SetElements::apply`]). `None` when `tx`
-/// rewrites the rules or holds an element [`key`] does not encode: `nft -f` applies it.
+/// additions (per set and verb, like [`super::nft::transaction`], in messages of at most
+/// [`ELEMENTS_PER_MESSAGE`]), batch end; flags and sequence numbers are set when sent
+/// ([`SetElements::apply`]). `None` when `tx` rewrites the rules, holds more than
+/// [`ELEMENTS_PER_BATCH`] elements, or holds an element [`key`] does not encode: `nft -f`
+/// applies it.
 pub fn batch(tx: &Transaction<'_>) -> Option<Vec<NetlinkMessage<NetfilterMessage>>> {
-    if tx.rules.is_some() {
+    if tx.rules.is_some() || tx.delete.len() + tx.add.len() > ELEMENTS_PER_BATCH {
         return None;
     }
     let control = |message: ControlMessage| {
@@ -95,7 +108,16 @@ pub fn batch(tx: &Transaction<'_>) -> Option<Vec<NetlinkMessage<NetfilterMessage
                 .or_default()
                 .push(ListAttribute::Element(vec![key]));
         }
-        for (set, elements) in by_set {
+        let chunks = by_set.into_iter().flat_map(|(set, mut elements)| {
+            let mut chunks = Vec::new();
+            while elements.len() > ELEMENTS_PER_MESSAGE {
+                let rest = elements.split_off(ELEMENTS_PER_MESSAGE);
+                chunks.push((set, std::mem::replace(&mut elements, rest)));
+            }
+            chunks.push((set, elements));
+            chunks
+        });
+        for (set, elements) in chunks {
             let message = SetElementMessage {
                 attributes: vec![
                     SetElementList::Table(TABLE.to_owned()),
@@ -184,7 +206,7 @@ impl SetElements {
                     if offset == 0 {
                         waiting = 0;
                     } else if offset < last {
-                        waiting -= 1;
+                        waiting = waiting.saturating_sub(1);
                     }
                 }
             }
