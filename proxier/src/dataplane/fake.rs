@@ -3,7 +3,7 @@
 use super::settings::{FakeKernel, KernelSettings};
 use super::{Dataplane, DataplaneError, Op, OpFailure};
 use crate::dataplane::conntrack::{Listing, UdpEntry};
-use crate::model::{ObservedState, ObservedVirtualServer, VirtualServerKey};
+use crate::model::{ObservedState, ObservedVirtualServer, SetElement, VirtualServerKey};
 use futures::future::BoxFuture;
 use kipvs_crds::config::ProxierConfiguration;
 use std::collections::{BTreeMap, BTreeSet};
@@ -95,6 +95,10 @@ impl Dataplane for FakeDataplane {
 
     async fn observe_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
         Ok(self.state.bound_addresses.clone())
+    }
+
+    async fn observe_set_elements(&mut self) -> Result<BTreeSet<SetElement>, DataplaneError> {
+        Ok(self.state.set_elements.clone())
     }
 
     async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {

@@ -7,7 +7,7 @@ use super::{Dataplane, DataplaneError, Op, OpFailure, Ownership, diff, nft_trans
 use crate::dataplane::nft::{self, Nft};
 use crate::dataplane::nft_elements::{self, SetElements};
 use crate::model::{
-    DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
+    DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol, SetElement,
     VirtualServerKey, VirtualServerSpec,
 };
 use futures::{StreamExt, TryStreamExt};
@@ -338,6 +338,10 @@ impl Dataplane for KernelDataplane {
 
     async fn observe_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
         self.bound_addresses().await
+    }
+
+    async fn observe_set_elements(&mut self) -> Result<BTreeSet<SetElement>, DataplaneError> {
+        Ok(self.nft.observe().await?.elements)
     }
 
     async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {

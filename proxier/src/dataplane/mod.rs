@@ -573,6 +573,12 @@ pub trait Dataplane {
         &mut self,
     ) -> impl Future<Output = Result<BTreeSet<IpAddr>, DataplaneError>> + Send;
 
+    /// The elements of kipvs's nftables sets (what [`Dataplane::observe`] reports as
+    /// `set_elements`): the re-read of elements a failed transaction left in doubt.
+    fn observe_set_elements(
+        &mut self,
+    ) -> impl Future<Output = Result<BTreeSet<SetElement>, DataplaneError>> + Send;
+
     /// The node's addresses on every interface but `kube-ipvs0`: externalIPs and load-balancer
     /// IPs among them are not bound on `kube-ipvs0` (kube-proxy's rule; kubernetes#88212).
     fn other_interface_addresses(

@@ -13,12 +13,12 @@
 //! Failures stay local: a failed op leaves only the cache entry it concerns in doubt (a
 //! virtual server, an address, a set element, the rules), never the whole cache. Entries in
 //! doubt are retried with their own backoff ([`RETRY_FIRST`] doubling to [`RETRY_MAX`]):
-//! until due, incremental syncs leave them out; when due, a virtual server or an address is
-//! re-read from the kernel first: a failed netlink request may have been applied (its answer
-//! lost: `ENOBUFS`, a socket error, a timeout; see [`crate::dataplane::batch`]). Set elements
-//! keep the cached state before the failed op: a transaction (an nfnetlink batch or `nft -f`)
-//! applies whole or not at all. Every other change stays incremental; the periodic full sync
-//! re-observes everything and retries every entry.
+//! until due, incremental syncs leave them out; when due, the entry is re-read from the kernel
+//! first: a failed netlink request may have been applied (its answer lost: `ENOBUFS`, a socket
+//! error, a timeout; see [`crate::dataplane::batch`]), and so may an element batch whose
+//! answers were lost (it is then replayed through `nft -f`, whose deletion of an element
+//! already gone fails the whole transaction). Every other change stays incremental; the
+//! periodic full sync re-observes everything and retries every entry.
 //!
 //! Order: the ops of a sync go to the dataplane in [`diff_scoped`]'s order. An endpoint change
 //! of an existing virtual server reaches IPVS before the main nftables transaction (an `nft`
@@ -283,13 +283,14 @@ impl<D: Dataplane> Syncer<D> {
             })
             .copied()
             .collect();
-        let mut addresses = Vec::new();
+        let (mut addresses, mut elements) = (Vec::new(), Vec::new());
         for (entry, backoff) in &self.in_doubt {
             let due = backoff.due <= start;
             entry.set_in(&mut scope, due);
             match (due, entry) {
                 (true, Entry::VirtualServer(key)) => refresh.push(*key),
                 (true, Entry::Address(address)) => addresses.push(*address),
+                (true, Entry::SetElement(element)) => elements.push(*element),
                 _ => {}
             }
         }
@@ -300,6 +301,9 @@ impl<D: Dataplane> Syncer<D> {
         }
         if !addresses.is_empty() {
             self.refresh_addresses(&addresses).await?;
+        }
+        if !elements.is_empty() {
+            self.refresh_set_elements(&elements).await?;
         }
         let expired = self.expired(start);
         let cache = self.cache.as_ref().expect("checked");
@@ -329,6 +333,24 @@ impl<D: Dataplane> Syncer<D> {
                 cache.bound_addresses.insert(*address);
             } else {
                 cache.bound_addresses.remove(address);
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-read whether each of `elements` is in its nftables set into the cache (one read of
+    /// the table: only when a retry is due).
+    async fn refresh_set_elements(
+        &mut self,
+        elements: &[SetElement],
+    ) -> Result<(), DataplaneError> {
+        let present = self.dataplane.observe_set_elements().await?;
+        let cache = self.cache.as_mut().expect("refresh needs a cache");
+        for element in elements {
+            if present.contains(element) {
+                cache.set_elements.insert(*element);
+            } else {
+                cache.set_elements.remove(element);
             }
         }
         Ok(())
@@ -928,6 +950,32 @@ mod tests {
         assert!(syncer.dataplane().state.bound_addresses.contains(&address));
         assert_eq!(syncer.in_doubt().count(), 0);
         assert_eq!(syncer.dataplane().full_observes, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_set_element_deletion_whose_answer_was_lost_is_re_read_before_its_retry() {
+        let element = SetElement::ServiceIp("10.96.0.10".parse().unwrap());
+        let mut desired = state(&["10.244.1.2:8080"]);
+        desired.set_elements.insert(element);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        syncer.sync(&desired).await.unwrap();
+        // The element goes: deleted, but the answer is lost.
+        syncer.dataplane_mut().lost_answers = vec![Op::DeleteSetElement(element)];
+        let mut gone = desired.clone();
+        gone.set_elements.remove(&element);
+        let touched = Scope {
+            set_elements: [element].into(),
+            ..Default::default()
+        };
+        let report = syncer.sync_touched(&gone, &touched).await.unwrap();
+        assert_eq!(report.failures.len(), 1, "{:?}", report.failures);
+        // Due: re-read (gone), so nothing is deleted again (a deletion of a missing element
+        // fails) and the entry leaves doubt.
+        tokio::time::advance(RETRY_FIRST).await;
+        let report = syncer.sync_touched(&gone, &Scope::default()).await.unwrap();
+        assert!(report.ops.is_empty(), "{:?}", report.ops);
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(syncer.in_doubt().count(), 0);
     }
 
     #[tokio::test]
