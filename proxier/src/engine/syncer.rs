@@ -170,6 +170,17 @@ impl Entry {
     }
 }
 
+/// Make `cache` hold each of `items` exactly when `kernel` does (the re-read of entries in doubt).
+fn copy_membership<T: Ord + Copy>(cache: &mut BTreeSet<T>, kernel: &BTreeSet<T>, items: &[T]) {
+    for item in items {
+        if kernel.contains(item) {
+            cache.insert(*item);
+        } else {
+            cache.remove(item);
+        }
+    }
+}
+
 /// When an entry in doubt is retried next, and the delay before the retry after that.
 #[derive(Clone, Copy, Debug)]
 struct Backoff {
@@ -328,13 +339,7 @@ impl<D: Dataplane> Syncer<D> {
     async fn refresh_addresses(&mut self, addresses: &[IpAddr]) -> Result<(), DataplaneError> {
         let bound = self.dataplane.observe_addresses().await?;
         let cache = self.cache.as_mut().expect("refresh needs a cache");
-        for address in addresses {
-            if bound.contains(address) {
-                cache.bound_addresses.insert(*address);
-            } else {
-                cache.bound_addresses.remove(address);
-            }
-        }
+        copy_membership(&mut cache.bound_addresses, &bound, addresses);
         Ok(())
     }
 
@@ -346,13 +351,7 @@ impl<D: Dataplane> Syncer<D> {
     ) -> Result<(), DataplaneError> {
         let present = self.dataplane.observe_set_elements().await?;
         let cache = self.cache.as_mut().expect("refresh needs a cache");
-        for element in elements {
-            if present.contains(element) {
-                cache.set_elements.insert(*element);
-            } else {
-                cache.set_elements.remove(element);
-            }
-        }
+        copy_membership(&mut cache.set_elements, &present, elements);
         Ok(())
     }
 
