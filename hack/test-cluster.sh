@@ -74,7 +74,7 @@ k() { kubectl --kubeconfig "$KC" "$@"; }
 say "control plane (kube-apiserver $K8S) up in $(awk "BEGIN{printf \"%.1f\", $(now) - $t0}") s"
 skipped() { say "SKIPPED on kube-apiserver $K8S (needs 1.24): $*"; }
 
-"$KIPVS_PROXIER" run --kubeconfig "$KC" --node "$NODE" --dataplane=fake --healthz-bind-address "$HZ" \
+RUST_LOG=info,kipvs_proxier::ops=debug,kube_client::client::builder=off "$KIPVS_PROXIER" run --kubeconfig "$KC" --node "$NODE" --dataplane=fake --healthz-bind-address "$HZ" \
   --metrics-bind-address "$MP" --grpc-health-bind-address "$GP" --health-check-bind-ip 127.0.0.1 \
   > "$STATE/proxier.log" 2>&1 &
 proxier_pid=$!

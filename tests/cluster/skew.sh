@@ -12,7 +12,7 @@ skew_metric() { curl -s -m 2 "http://$1/metrics" | awk -v n="$2" '$1 == n { prin
 skew_start() { # NAME KUBECONFIG PORT_OFFSET: start a proxier; its metrics address in $skew_mp
   local hz=127.0.0.1:$((PORT_BASE + $3)) gp=127.0.0.1:$((PORT_BASE + $3 + 2))
   skew_mp=127.0.0.1:$((PORT_BASE + $3 + 1))
-  "$KIPVS_PROXIER" run --kubeconfig "$2" --node "$1" --dataplane=fake --healthz-bind-address "$hz" \
+  RUST_LOG=info,kipvs_proxier::ops=debug,kube_client::client::builder=off "$KIPVS_PROXIER" run --kubeconfig "$2" --node "$1" --dataplane=fake --healthz-bind-address "$hz" \
     --metrics-bind-address "$skew_mp" --grpc-health-bind-address "$gp" --health-check-bind-ip 127.0.0.2 \
     > "$STATE/$1.log" 2>&1 &
   skew_pids="${skew_pids:-} $!"

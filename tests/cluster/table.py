@@ -2,8 +2,9 @@
 """The fake dataplane's table, replayed from a `kipvs-proxier run --dataplane fake` log.
 
 The proxier logs every kernel operation it applies (`op=AddRealServer vs="TCP 10.96.0.60:80"
-rs=10.244.1.10:8080 weight=1`, ...) and every failed one (`failed op=...`); replaying the applied
-ones in order gives what its dataplane holds.
+rs=10.244.1.10:8080 weight=1`, ...; at debug level: the suite runs it with
+`RUST_LOG=info,kipvs_proxier::ops=debug`) and every failed one (`failed op=...`); replaying the
+applied ones in order gives what its dataplane holds.
 
 usage: table.py LOG [VS]   prints "VS -> RS weight" lines, sorted; with VS ("TCP 10.96.0.60:80"),
                            only that virtual server's real servers as "RS=WEIGHT ..." on one line

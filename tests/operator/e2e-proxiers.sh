@@ -125,7 +125,7 @@ for n in "${NODES[@]}"; do
   ip=$(ip_of "$n")
   extra=()
   [ "$n" = pnode-0 ] && extra=(--fake-missing-scheduler sed)
-  RUST_LOG=info,kube=warn "$KIPVS_PROXIER" run --kubeconfig "$KUBECONFIG" --node "$n" --dataplane=fake \
+  RUST_LOG=info,kipvs_proxier::ops=debug,kube=warn "$KIPVS_PROXIER" run --kubeconfig "$KUBECONFIG" --node "$n" --dataplane=fake \
     --healthz-bind-address "$ip:$PORT" --metrics-bind-address "$ip:$((PORT + 1))" --health-check-bind-ip "$ip" \
     "${extra[@]}" > "$OUT/proxier-$n.log" 2>&1 &
   PIDS+=($!)

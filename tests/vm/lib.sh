@@ -50,7 +50,7 @@ proxier_log() { echo "$W/proxier.$(cat "$W/proxier.n" 2>/dev/null || echo 0).log
 proxier_source() { if [ -n "${KIPVS_KUBECONFIG:-}" ]; then echo "--kubeconfig $KIPVS_KUBECONFIG"; else echo "--manifests $M"; fi; }
 proxier_start() { # start `kipvs-proxier run` in the background; log to $W/proxier.N.log
   n=$(( $(cat "$W/proxier.n" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$W/proxier.n"
-  NO_COLOR=1 "$KIPVS" run --node "$NODE" $(proxier_source) ${KIPVS_CONFIG:+--config "$KIPVS_CONFIG"} \
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info,kipvs_proxier::ops=debug,kube_client::client::builder=off} "$KIPVS" run --node "$NODE" $(proxier_source) ${KIPVS_CONFIG:+--config "$KIPVS_CONFIG"} \
     > "$W/proxier.$n.log" 2>&1 &
   echo $! > "$W/proxier.pid"
   say "started kipvs-proxier run (pid $!, log $W/proxier.$n.log)"

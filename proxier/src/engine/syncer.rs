@@ -29,6 +29,13 @@
 //! servers: one nfnetlink batch, about a millisecond), and its virtual server's masquerade and
 //! firewall elements when they change (the real servers then wait for the main transaction).
 //! The reasons: `dataplane::position`.
+//!
+//! Logging: every sync ends with one `sync complete` line at info level (kind, op count,
+//! failures, durations). Each applied op is one `op=…` line at debug level under the target
+//! [`OPS_LOG`] (`RUST_LOG=info,kipvs_proxier::ops=debug` shows them); a failed op is a warning.
+//! A cold start of 10k Services is 60k ops: at info level those lines were a tenth of its time
+//! in the test VM and 60k log lines per node restart; kube-proxy logs no line per rule or
+//! real server at its default verbosity either.
 
 use crate::dataplane::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::{
@@ -55,6 +62,10 @@ pub struct SyncReport {
     /// What the UDP conntrack cleanup did ([`crate::dataplane::conntrack`]); zero when it did not run.
     pub conntrack: CleanupReport,
 }
+
+/// The tracing target of the per-op lines (`op=AddRealServer vs="TCP 10.96.0.10:80" rs=…`),
+/// logged at debug level before the ops are applied.
+pub const OPS_LOG: &str = "kipvs_proxier::ops";
 
 /// How soon a cache entry a failed op left in doubt is retried first.
 pub const RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -405,7 +416,7 @@ impl<D: Dataplane> Syncer<D> {
         kind: &str,
     ) -> Result<SyncReport, DataplaneError> {
         for op in &ops {
-            tracing::info!("{op}");
+            tracing::debug!(target: OPS_LOG, "{op}");
         }
         let applying = Instant::now();
         let failures = if ops.is_empty() {

@@ -23,7 +23,7 @@ E=/payload/tests/e2e
 TRAFFIC=/payload/bin/e2e_traffic
 KIPVS_KUBECONFIG=$E/kubeconfig
 # each dataplane stage's duration (nftables transaction, IPVS stages), to see where a slow sync spends it
-export RUST_LOG=info,kipvs_proxier::dataplane::kernel=debug,kube_client::client::builder=off
+export RUST_LOG=info,kipvs_proxier::ops=debug,kipvs_proxier::dataplane::kernel=debug,kube_client::client::builder=off
 cmd=$1; shift
 case $cmd in
   ping) echo pong ;;
