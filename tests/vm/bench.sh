@@ -26,8 +26,9 @@ restore=$(awk "BEGIN{print $t1 - $t0}")
 check "ipvsadm -R programmed the whole table" in_ns restore "[ \$(ipvsadm -Sn | wc -l) -eq $((vs + rs)) ]"
 say "ipvsadm -R: $restore s"
 
+say "kipvs-proxier starts at $(date -u +%T.%N)"
 t0=$(now)
-NO_COLOR=1 RUST_LOG=info,kipvs_proxier::dataplane=debug ip netns exec bench-kipvs "$KIPVS" run --once \
+NO_COLOR=1 RUST_LOG=info,kipvs_proxier::dataplane=debug,kipvs_proxier::engine=debug ip netns exec bench-kipvs "$KIPVS" run --once \
   --node bench-node --manifests "$B" > "$W/bench.log" 2>&1
 t1=$(now)
 total=$(awk "BEGIN{print $t1 - $t0}")
@@ -49,7 +50,8 @@ say "  binding $vs addresses on kube-ipvs0 $bind s; nftables $nft s; whole apply
 say "  observe + diff + op log $(awk "BEGIN{print $sync - $apply - $ct}") s; conntrack cleanup $ct s; whole sync $sync s;"
 load=$(sed -n 's/.*loaded manifests.* duration_us=\([0-9]*\).*/\1/p' "$W/bench.log" | tail -n1 | awk '{ printf "%.3f", $1 / 1e6 }')
 say "  whole process $total s: outside the sync (start, parse, plan, sysctls, exit) $(awk "BEGIN{print $total - $sync}") s,"
-say "  of which reading the manifests $load s"
+say "  of which reading the manifests $load s; its log:"
+sed 's/^[0-9-]*T//' "$W/bench.log" | cut -c1-200 | indent
 echo "RATIO kipvs/ipvsadm-R (IPVS programming) = $(awk "BEGIN{printf \"%.2f\", $ipvs / $restore}")"
 echo "RATIO kipvs/ipvsadm-R (whole process, incl. binding) = $(awk "BEGIN{printf \"%.2f\", $total / $restore}")"
 

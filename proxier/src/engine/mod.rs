@@ -260,6 +260,7 @@ impl<D: Dataplane> Engine<D> {
             }
         }
         let observer = self.observer.clone();
+        let planning = Instant::now();
         let (replanned, trigger_times) = {
             let mut store = self.source.store.lock().expect("store lock");
             let trigger_times = store.take_trigger_times();
@@ -267,6 +268,12 @@ impl<D: Dataplane> Engine<D> {
             observer.store_updated(&store);
             (replanned, trigger_times)
         };
+        if matches!(replanned, Replanned::All) {
+            tracing::debug!(
+                duration_us = planning.elapsed().as_micros() as u64,
+                "re-planned every Service"
+            );
+        }
         let config = self.planner.config();
         self.syncer.ownership = Ownership {
             node_ips: self.planner.node_ips().iter().copied().collect(),

@@ -558,19 +558,29 @@ impl ManifestsSource {
         handle: &SourceHandle,
         last: Option<&Loaded>,
     ) -> io::Result<Option<Loaded>> {
-        let fingerprint = fingerprint(&self.path)?;
+        let started = std::time::Instant::now();
+        // Each file is read once: for the fingerprint, and parsed if that changed.
+        let mut hasher = DefaultHasher::new();
+        let contents: Vec<(PathBuf, io::Result<Vec<u8>>)> = files(&self.path)?
+            .into_iter()
+            .map(|file| {
+                let bytes = std::fs::read(&file);
+                (&file, bytes.as_ref().ok()).hash(&mut hasher);
+                (file, bytes)
+            })
+            .collect();
+        let fingerprint = hasher.finish();
         if last.is_some_and(|l| l.fingerprint == fingerprint) {
             return Ok(None);
         }
-        let started = std::time::Instant::now();
         let mut loaded = Loaded {
             fingerprint,
             good: BTreeMap::new(),
         };
         let mut snapshot = Snapshot::default();
         let mut invalid = 0;
-        for file in files(&self.path)? {
-            let reason = match std::fs::read(&file) {
+        for (file, bytes) in contents {
+            let reason = match bytes {
                 Ok(bytes) => match parse_file(&file, &bytes) {
                     (s, errors) if errors.is_empty() => {
                         loaded.good.insert(file, bytes.into());
@@ -642,30 +652,14 @@ impl ManifestsSource {
     }
 }
 
-/// What [`ManifestsSource::load_into`] loaded: the fingerprint of the files and the last good
+/// What [`ManifestsSource::load_into`] loaded: a fingerprint of the manifests' names and
+/// contents (to notice edits of any size or timestamp) and the last good
 /// content of each, as the file's bytes (parsed again only when the file goes bad: the text
 /// is a few times smaller than the objects it holds).
 #[derive(Clone, Debug)]
 pub struct Loaded {
     fingerprint: u64,
     good: BTreeMap<PathBuf, Arc<[u8]>>,
-}
-
-/// A fingerprint of the manifests' contents, to notice edits (of any size or timestamp).
-fn fingerprint(path: &Path) -> io::Result<u64> {
-    let mut hasher = DefaultHasher::new();
-    let mut files = vec![path.to_path_buf()];
-    if path.is_dir() {
-        files = std::fs::read_dir(path)?
-            .map(|e| e.map(|e| e.path()))
-            .collect::<io::Result<_>>()?;
-        files.sort();
-    }
-    for f in files {
-        f.hash(&mut hasher);
-        std::fs::read(&f)?.hash(&mut hasher);
-    }
-    Ok(hasher.finish())
 }
 
 #[cfg(test)]
