@@ -6,13 +6,15 @@
 # Each runs in a network namespace of its own, as on a node that never ran IPVS: a namespace has its
 # own IPVS table and its own trash of deleted real servers. The kernel keeps a deleted real server
 # in that trash for one to two minutes (ip_vs_ctl.c, IP_VS_DEST_TRASH_PERIOD) and every
-# AddRealServer walks the whole trash first (ip_vs_trash_get_dest), so a table programmed right
-# after `ipvsadm -C` of the same table pays for 20k trashed real servers. The last step measures
-# that: `ipvsadm -R` again into kipvs' namespace, flushed.
+# AddRealServer first walks the trash for a match to reuse (ip_vs_trash_get_dest: the whole trash
+# when there is none), so a table programmed right after `ipvsadm -C` pays for the 20k trashed real
+# servers. The last step measures that: `ipvsadm -R` again into kipvs' namespace, flushed.
 . /payload/tests/lib.sh
 B=/payload/manifests/bench
 say "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
-t0=$(now); "$KIPVS" plan --node bench-node --manifests "$B" > "$W/table" 2> "$W/plan.log"; t1=$(now)
+t0=$(now); "$KIPVS" plan --node bench-node --manifests "$B" > "$W/table" 2> "$W/plan.log" ||
+  { bad "kipvs-proxier plan failed: $(tail -n 3 "$W/plan.log")"; finish; }
+t1=$(now)
 vs=$(grep -c '^-A' "$W/table"); rs=$(grep -c '^-a' "$W/table")
 say "plan: $vs virtual servers, $rs real servers in $(awk "BEGIN{print $t1 - $t0}") s"
 for ns in restore kipvs; do
@@ -47,7 +49,7 @@ ipvs=$(awk "BEGIN{print $vss + $rss}")
 sync=$(field_s duration_us); apply=$(field_s apply_us); ct=$(field_s conntrack_us)
 say "kipvs-proxier: virtual servers $vss s + real servers $rss s = $ipvs s of IPVS programming;"
 say "  binding $vs addresses on kube-ipvs0 $bind s; nftables $nft s; whole apply $apply s;"
-say "  observe + diff + op log $(awk "BEGIN{print $sync - $apply - $ct}") s; conntrack cleanup $ct s; whole sync $sync s;"
+say "  observe + diff $(awk "BEGIN{print $sync - $apply - $ct}") s; conntrack cleanup $ct s; whole sync $sync s;"
 load=$(sed -n 's/.*loaded manifests.* duration_us=\([0-9]*\).*/\1/p' "$W/bench.log" | tail -n1 | awk '{ printf "%.3f", $1 / 1e6 }')
 say "  whole process $total s: outside the sync (start, parse, plan, sysctls, exit) $(awk "BEGIN{print $total - $sync}") s,"
 say "  of which reading the manifests $load s; its log:"
@@ -57,5 +59,6 @@ echo "RATIO kipvs/ipvsadm-R (whole process, incl. binding) = $(awk "BEGIN{printf
 
 in_ns kipvs "ipvsadm -C"
 t0=$(now); ip netns exec bench-kipvs ipvsadm -R < "$W/table"; t1=$(now)
+check "ipvsadm -R programmed the whole table again" in_ns kipvs "[ \$(ipvsadm -Sn | wc -l) -eq $((vs + rs)) ]"
 say "ipvsadm -R again, into kipvs' namespace just flushed ($rs real servers in the kernel's trash): $(awk "BEGIN{print $t1 - $t0}") s"
 finish
