@@ -8,12 +8,14 @@
 //! [`FakeDataplane`] with the binary's [`Syncer`] (observe, diff, apply, cache), ROUNDS times
 //! with a fresh planner and syncer each round. It prints one `figure value unit` line each:
 //! the store build, the peak RSS holding the store, the first plan, the peak RSS after holding and planning (`VmHWM`, before
-//! any sync), the first sync, the peak RSS after it, and the median of the rounds' plan,
-//! sync and plan + sync.
+//! any sync), the first sync, the peak RSS after it, and the median of the rounds' plan, diff
+//! (every op of the table against an empty kernel: [`diff`]), plan + diff (issue 12's "full
+//! plan + diff"), sync and plan + sync.
 
-use kipvs_proxier::dataplane::Ownership;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
+use kipvs_proxier::dataplane::{Ownership, diff};
 use kipvs_proxier::engine::syncer::Syncer;
+use kipvs_proxier::model::ObservedState;
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -174,21 +176,37 @@ fn main() {
     }
     drop((first, planner));
 
-    let (mut plans, mut syncs, mut totals) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut plans, mut diffs, mut plan_diffs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut syncs, mut totals) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let (mut planner, mut syncer) = (cluster::planner(), syncer());
         let at = Instant::now();
         store.mark_all_dirty();
         planner.replan(&mut store);
         let planned = at.elapsed();
+        // The issue's "full plan + diff": every op of the table against an empty kernel.
+        let at = Instant::now();
+        let ops = diff(
+            planner.desired(),
+            &ObservedState::default(),
+            &Ownership::default(),
+        );
+        let diffed = at.elapsed();
+        assert!(!std::hint::black_box(&ops).is_empty());
+        drop(ops);
+        let at = Instant::now();
         let report = rt.block_on(syncer.sync(planner.desired())).expect("sync");
         assert!(report.failures.is_empty());
-        let total = at.elapsed();
+        let synced = at.elapsed();
         plans.push(ms(planned));
-        syncs.push(ms(total - planned));
-        totals.push(ms(total));
+        diffs.push(ms(diffed));
+        plan_diffs.push(ms(planned + diffed));
+        syncs.push(ms(synced));
+        totals.push(ms(planned + synced));
     }
     println!("plan {:.1} ms", median(plans));
+    println!("diff {:.1} ms", median(diffs));
+    println!("plan_and_diff {:.1} ms", median(plan_diffs));
     println!("sync {:.1} ms", median(syncs));
     println!("plan_and_sync {:.1} ms", median(totals));
 }
