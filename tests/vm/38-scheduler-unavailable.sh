@@ -5,7 +5,7 @@
 #  2. every other Service keeps being synced incrementally: an endpoint change of web afterwards is applied by
 #     incremental syncs (the log's `sync complete kind=incremental`), not by a full observe per sync;
 #  3. the NodeProxyConfig status (logged in manifests mode) is not rewritten per failed sync: at most one
-#     status line while the annotation is in force (counters are published at most once a minute).
+#     status line while the annotation is in force (counters are published at most once every 5 minutes: COUNTERS_REFRESH).
 . /payload/tests/lib.sh
 modprobe ip_vs_twos 2>/dev/null && skip "this kernel has the twos scheduler"
 proxier_ensure; wait_converged 30 >/dev/null

@@ -36,6 +36,8 @@ t1=$(now)
 total=$(awk "BEGIN{print $t1 - $t0}")
 check "kipvs-proxier programmed the same table" \
   in_ns kipvs "ipvsadm -Sn | sort | cmp -s - \$(sort $W/table > $W/t.sorted; echo $W/t.sorted)"
+check "kipvs-proxier bound the $vs ClusterIPs on kube-ipvs0" \
+  in_ns kipvs "[ \$(ip -4 addr show dev kube-ipvs0 | grep -c ' inet ') -eq $vs ]"
 stage_s() { # PATTERN: seconds the kernel dataplane spent in the logged steps matching PATTERN
   awk -v pat="$1" '$0 ~ pat { for (i = 1; i <= NF; i++) if ($i ~ /^duration_us=/) { sub("duration_us=", "", $i); t += $i } }
     END { printf "%.3f", t / 1e6 }' "$W/bench.log"
