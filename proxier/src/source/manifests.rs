@@ -30,7 +30,6 @@ use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -249,31 +248,29 @@ impl Loader {
     }
 
     /// A JSON file's one document, checked to be JSON but not parsed. What the header's reader
-    /// refuses (a duplicate key) is parsed into a `Value` instead, where the last value wins.
+    /// refuses (a duplicate key, `items` that are not an array) is parsed into a `Value`
+    /// instead, read as a YAML document is (a duplicate key: the last value wins).
     fn load_json_document(&mut self, raw: &RawValue) {
         if raw.get().trim() == "null" {
             return;
         }
-        let Some(header) = Header::of_json(raw) else {
+        let Some(mut header) = Header::of_json(raw) else {
             return self.load_document(1, parsed(raw));
         };
-        if header.is_list() {
-            let items = header
-                .items
-                .and_then(|items| serde_json::from_str::<Vec<&RawValue>>(items.get()).ok());
-            if let Some(items) = items {
-                for (i, item) in items.into_iter().enumerate() {
-                    let (item_header, object) = match Header::of_json(item) {
-                        Some(item_header) => (item_header, Object::Json(item)),
-                        None => {
-                            let value = parsed(item);
-                            (Header::of_any_value(&value), Object::Value(value))
-                        }
-                    };
-                    self.load_object(1, Some(i), item_header.in_list(&header), object);
-                }
-                return;
+        if header.is_list()
+            && let Some(items) = header.items.take()
+        {
+            for (i, item) in items.into_iter().enumerate() {
+                let (item_header, object) = match Header::of_json(item) {
+                    Some(item_header) => (item_header, Object::Json(item)),
+                    None => {
+                        let value = parsed(item);
+                        (Header::of_any_value(&value), Object::Value(value))
+                    }
+                };
+                self.load_object(1, Some(i), item_header.in_list(&header), object);
             }
+            return;
         }
         self.load_object(1, None, header, Object::Json(raw));
     }
@@ -367,7 +364,7 @@ impl Object<'_> {
 
 /// What the loader looks at before deserializing an object: whether it is one, its
 /// `apiVersion` and `kind` (`None` when absent, empty when not strings), its name (for errors)
-/// and, in a JSON list, the text of its `items`.
+/// and, in a JSON document, the text of each of its `items` (read with the header: one pass).
 #[derive(Default)]
 struct Header<'a> {
     is_object: bool,
@@ -375,10 +372,12 @@ struct Header<'a> {
     kind: Option<String>,
     namespace: Option<String>,
     name: Option<String>,
-    items: Option<&'a RawValue>,
+    items: Option<Vec<&'a RawValue>>,
 }
 
-/// The fields of a JSON object that [`Header`] reads (a value of another type reads as absent).
+/// The fields of a JSON object that [`Header`] reads (a value of another type reads as absent,
+/// except `items`: one that is not an array fails the header, and the document is read as a
+/// parsed tree instead, as YAML is).
 #[derive(Deserialize)]
 struct JsonHeader<'a> {
     #[serde(rename = "apiVersion", default, deserialize_with = "present")]
@@ -388,7 +387,7 @@ struct JsonHeader<'a> {
     #[serde(borrow)]
     metadata: Option<&'a RawValue>,
     #[serde(borrow)]
-    items: Option<&'a RawValue>,
+    items: Option<Vec<&'a RawValue>>,
 }
 
 /// A field that is there, `null` included (`Option<Value>` alone reads `null` as absent).
@@ -441,7 +440,7 @@ impl<'a> Header<'a> {
     }
 
     /// A JSON object's header, read from its text (`raw` is valid JSON: it was parsed once);
-    /// `None` when the reader refuses it (a duplicate key).
+    /// `None` when the reader refuses it (a duplicate key, `items` that are not an array).
     fn of_json(raw: &'a RawValue) -> Option<Self> {
         if !raw.get().trim_start().starts_with('{') {
             return Some(Header::default());
@@ -612,7 +611,7 @@ impl ManifestsSource {
             let reason = match bytes {
                 Ok(bytes) => match parse_file(&file, &bytes) {
                     (s, errors) if errors.is_empty() => {
-                        loaded.good.insert(file, bytes.into());
+                        loaded.good.insert(file, bytes);
                         snapshot.extend(s);
                         continue;
                     }
@@ -688,7 +687,7 @@ impl ManifestsSource {
 #[derive(Clone, Debug)]
 pub struct Loaded {
     fingerprint: u64,
-    good: BTreeMap<PathBuf, Arc<[u8]>>,
+    good: BTreeMap<PathBuf, Vec<u8>>,
 }
 
 #[cfg(test)]
@@ -943,6 +942,12 @@ metadata: {name: also-good, namespace: default}
         assert_eq!((items.services.len(), errors), (1, vec![]));
         let (one, errors) = load_str("d.json", twice);
         assert_eq!((one.services.len(), errors), (1, vec![]));
+        // A list whose items are not an array is an object of a kind the proxier ignores.
+        let (odd, errors) = load_str(
+            "i.json",
+            r#"{"apiVersion": "v1", "kind": "ServiceList", "items": "no"}"#,
+        );
+        assert_eq!((odd, errors), (Snapshot::default(), vec![]));
         // A lone object, and a null document (nothing).
         let (one, errors) = load_str(
             "o.json",
