@@ -6,6 +6,7 @@ use crate::dataplane::conntrack::{Listing, UdpEntry};
 use crate::model::{ObservedState, ObservedVirtualServer, SetElement, VirtualServerKey};
 use futures::future::BoxFuture;
 use kipvs_crds::config::ProxierConfiguration;
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -112,40 +113,46 @@ impl Dataplane for FakeDataplane {
     }
 
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
-        let mut failures = Vec::new();
-        for op in ops {
-            if let Op::AddVirtualServer(_, spec) | Op::UpdateVirtualServer(_, spec) = op
-                && self.missing_schedulers.contains(&*spec.scheduler)
-            {
-                failures.push(OpFailure {
+        // In op order: the failures of ops whose scheduler this kernel lacks (they change
+        // nothing), and the results of the others.
+        let failures = RefCell::new(Vec::new());
+        let missing_scheduler = |op: &Op| {
+            let (Op::AddVirtualServer(_, spec) | Op::UpdateVirtualServer(_, spec)) = op else {
+                return false;
+            };
+            if !self.missing_schedulers.contains(&*spec.scheduler) {
+                return false;
+            }
+            failures.borrow_mut().push(OpFailure {
+                op: op.clone(),
+                error: DataplaneError::Io {
+                    context: format!("IPVS scheduler {}", spec.scheduler),
+                    source: std::io::Error::from_raw_os_error(2),
+                },
+            });
+            true
+        };
+        let (applied, lost_answers) = (&mut self.applied, &mut self.lost_answers);
+        let available = ops.iter().filter(|op| !missing_scheduler(op));
+        self.state.apply_all(available, |op, result| match result {
+            Ok(()) if lost_answers.contains(op) => {
+                lost_answers.retain(|lost| lost != op);
+                applied.push(op.clone());
+                failures.borrow_mut().push(OpFailure {
                     op: op.clone(),
                     error: DataplaneError::Io {
-                        context: format!("IPVS scheduler {}", spec.scheduler),
-                        source: std::io::Error::from_raw_os_error(2),
+                        context: "netlink answers".into(),
+                        source: std::io::Error::from_raw_os_error(libc::ENOBUFS),
                     },
                 });
-                continue;
             }
-            match self.state.apply(op) {
-                Ok(()) if self.lost_answers.contains(op) => {
-                    self.lost_answers.retain(|lost| lost != op);
-                    self.applied.push(op.clone());
-                    failures.push(OpFailure {
-                        op: op.clone(),
-                        error: DataplaneError::Io {
-                            context: "netlink answers".into(),
-                            source: std::io::Error::from_raw_os_error(libc::ENOBUFS),
-                        },
-                    });
-                }
-                Ok(()) => self.applied.push(op.clone()),
-                Err(e) => failures.push(OpFailure {
-                    op: op.clone(),
-                    error: e.into(),
-                }),
-            }
-        }
-        failures
+            Ok(()) => applied.push(op.clone()),
+            Err(e) => failures.borrow_mut().push(OpFailure {
+                op: op.clone(),
+                error: e.into(),
+            }),
+        });
+        failures.into_inner()
     }
 
     async fn udp_conntrack(

@@ -342,6 +342,45 @@ fn arb_observed() -> impl Strategy<Value = ObservedState> {
         })
 }
 
+/// Any op on the keys, addresses and elements the other strategies draw from, with runs of
+/// set-element additions (as a diff emits them).
+fn arb_op() -> impl Strategy<Value = Vec<Op>> {
+    let element = prop_oneof![
+        arb_key().prop_map(SetElement::ClusterIp),
+        (30000u16..30200).prop_map(SetElement::HealthCheckNodePort),
+    ];
+    let real_server = prop::sample::select(vec![
+        sa("10.244.1.2:80"),
+        sa("10.244.1.3:80"),
+        sa("[fd00:244::2]:80"),
+    ]);
+    let address = prop::sample::select(vec!["10.96.0.1", "fd00::1"])
+        .prop_map(|a| a.parse::<IpAddr>().unwrap());
+    prop_oneof![
+        address.clone().prop_map(|a| vec![Op::BindAddress(a)]),
+        address.prop_map(|a| vec![Op::UnbindAddress(a)]),
+        prop::collection::vec(element.clone().prop_map(Op::AddSetElement), 1..6),
+        element.prop_map(|e| vec![Op::DeleteSetElement(e)]),
+        arb_rules().prop_map(|r| vec![Op::WriteRules(r)]),
+        (arb_key(), arb_spec()).prop_map(|(k, s)| vec![Op::AddVirtualServer(k, s)]),
+        (arb_key(), arb_spec()).prop_map(|(k, s)| vec![Op::UpdateVirtualServer(k, s)]),
+        arb_key().prop_map(|k| vec![Op::DeleteVirtualServer(k)]),
+        (
+            arb_key(),
+            prop::collection::vec((real_server, 0u32..3, 0u8..3), 1..5)
+        )
+            .prop_map(|(vs, rss)| {
+                rss.into_iter()
+                    .map(|(rs, weight, kind)| match kind {
+                        0 => Op::AddRealServer { vs, rs, weight },
+                        1 => Op::UpdateRealServer { vs, rs, weight },
+                        _ => Op::DeleteRealServer { vs, rs },
+                    })
+                    .collect()
+            }),
+    ]
+}
+
 /// A real server kept only because it drains: not desired, TCP, with connections.
 fn draining(k: &VirtualServerKey, rs: &ObservedRealServer) -> bool {
     k.protocol == Protocol::Tcp && rs.active_connections + rs.inactive_connections > 0
@@ -382,6 +421,57 @@ proptest! {
             }
         }
         prop_assert!(diff(&d, got, &ownership).is_empty());
+        // The ops come in the order `position` gives, with the virtual servers whose real
+        // servers wait for the nftables transaction read back from the ops themselves.
+        let after_nft: BTreeSet<VirtualServerKey> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::AddVirtualServer(key, _) => Some(*key),
+                Op::AddSetElement(e) | Op::DeleteSetElement(e) => e.virtual_server(),
+                _ => None,
+            })
+            .collect();
+        let early_hairpin = !ops.iter().any(|op| matches!(op, Op::WriteRules(_)));
+        let place = |op: &Op| {
+            let waits = real_server_op(op).is_some_and(|vs| after_nft.contains(vs));
+            position(op, waits, early_hairpin)
+        };
+        prop_assert!(ops.is_sorted_by_key(place), "{:?}", ops);
+    }
+
+    /// `apply_all` leaves the state and gives the results of one `apply` per op, in order,
+    /// whether a run of set-element additions is merged in bulk (against a small set) or
+    /// inserted one by one (against a set 16 times its size).
+    #[test]
+    fn applying_all_at_once_is_applying_each(
+        o in arb_observed(),
+        ports in prop::collection::btree_set(30000u16..30200, 0..120),
+        ops in prop::collection::vec(arb_op(), 0..20).prop_map(|runs| runs.concat()),
+    ) {
+        let mut o = o;
+        o.set_elements.extend(ports.into_iter().map(SetElement::HealthCheckNodePort));
+        let mut each = o.clone();
+        let expected: Vec<_> = ops.iter().map(|op| format!("{op}: {:?}", each.apply(op))).collect();
+        let mut all = o;
+        let mut got = Vec::new();
+        all.apply_all(&ops, |op, result| got.push(format!("{op}: {result:?}")));
+        prop_assert_eq!(got, expected);
+        prop_assert_eq!(all, each);
+    }
+
+    /// Keys asked in ascending order are found as by a B-tree search, whether the map is walked
+    /// alongside them (many keys) or searched (few).
+    #[test]
+    fn ascending_lookups_find_what_a_search_finds(
+        map in prop::collection::btree_map(0u16..400, any::<u8>(), 0..200),
+        keys in prop::collection::btree_set(0u16..400, 0..60),
+    ) {
+        let set: BTreeSet<u16> = map.keys().copied().collect();
+        let (mut get, mut contains) = (ascending_get(&map, keys.len()), ascending_contains(&set, keys.len()));
+        for key in &keys {
+            prop_assert_eq!(get(key), map.get(key));
+            prop_assert_eq!(contains(key), set.contains(key));
+        }
     }
 
     /// The diff of any state against itself is empty.
@@ -411,4 +501,37 @@ fn node_port_ownership_follows_the_configured_range() {
         diff(&DesiredState::default(), &o, &ownership),
         [Op::DeleteVirtualServer(stale)]
     );
+}
+
+/// The real servers of an existing virtual server go ahead of the nftables transaction, except
+/// when that virtual server's own elements change in it: then they wait for it (a masquerade
+/// element must be in place before the remote endpoint that needs it takes traffic).
+#[test]
+fn real_servers_wait_for_their_own_virtual_servers_elements_only() {
+    let (changed, same) = (
+        key("10.96.0.1", 80, Protocol::Tcp),
+        key("10.96.0.2", 80, Protocol::Tcp),
+    );
+    let before = desired(
+        &[
+            (changed, &[("10.244.1.2:80", 1)]),
+            (same, &[("10.244.1.2:80", 1)]),
+        ],
+        &[],
+    );
+    let mut after = desired(
+        &[
+            (changed, &[("10.244.1.2:80", 1), ("10.244.2.2:80", 1)]),
+            (same, &[("10.244.1.2:80", 1), ("10.244.2.2:80", 1)]),
+        ],
+        &[],
+    );
+    after.set_elements.insert(SetElement::External(changed));
+    let ops = diff(&after, &ObservedState::from(&before), &Ownership::default());
+    let at = |wanted: &Op| ops.iter().position(|op| op == wanted).unwrap();
+    let rs = sa("10.244.2.2:80");
+    let element = at(&Op::AddSetElement(SetElement::External(changed)));
+    let add = |vs| Op::AddRealServer { vs, rs, weight: 1 };
+    assert!(at(&add(same)) < element, "{ops:?}");
+    assert!(at(&add(changed)) > element, "{ops:?}");
 }

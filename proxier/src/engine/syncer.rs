@@ -434,12 +434,13 @@ impl<D: Dataplane> Syncer<D> {
             // Ops on an entry in doubt are not folded in: it is re-read (or re-diffed) when
             // retried.
             let mut out_of_step = Vec::new();
-            for op in ops.iter().filter(|op| !failed.contains(&Entry::of(op))) {
-                if let Err(e) = cache.apply(op) {
+            let folded = ops.iter().filter(|op| !failed.contains(&Entry::of(op)));
+            cache.apply_all(folded, |op, result| {
+                if let Err(e) = result {
                     tracing::debug!("cache out of step ({e}) after {op}; will re-read it");
                     out_of_step.push(Entry::of(op));
                 }
-            }
+            });
             failed.extend(out_of_step);
         }
         self.in_doubt
