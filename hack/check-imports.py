@@ -5,9 +5,11 @@ Reads every `crate::a::b` path (outside comments) and `super::x` path in proxier
 when the module graph has a cycle, between files or between the top-level folders, when `plan/`
 imports `dataplane/`, when `model/` imports anything outside itself, or when `plan/` or `model/`
 names a Kubernetes crate (`k8s_openapi`, `kube`: the planning core reads only the domain values
-of `model/objects.rs`, converted at the store's boundary by `source/convert.rs`). Edges from a
-module to its own ancestors (a child naming its parent `mod.rs`) are part of Rust's nesting and
-ignored. A file's unit tests (from its `#[cfg(test)]` line on) are left out: a test module is a
+of `model/objects.rs`, converted at the store's boundary by `source/convert.rs`). Edges between a
+folder's `mod.rs` and its own files count like any other: a child naming an item of its parent
+(`super::SourceHandle`), and a `mod.rs` naming its child (`use store::Store`, `pub use
+keys::VirtualServerKey`), so a file that imports its parent while the parent imports it back is a
+cycle (a `mod` line alone is not an import). A file's unit tests (from its `#[cfg(test)]` line on) are left out: a test module is a
 leaf nothing imports, and may build its fixtures from Kubernetes objects through the converter.
 Usage: hack/check-imports.py [proxier/src] [-v: print the edges]
 """
@@ -53,8 +55,14 @@ for name, path in mods.items():
     targets = [m.group(1) for m in re.finditer(r"\bcrate::((?:\w+::)*\w+)", code)]
     if parent:
         targets += [parent + "::" + m.group(1) for m in re.finditer(r"\bsuper::((?:\w+::)*\w+)", code)]
+    if path.endswith("mod.rs"):  # a folder's module naming its own files by their bare names
+        for child in (c for c in mods if c.rsplit("::", 1)[0] == name and "::" in c):
+            bare = child.rsplit("::", 1)[1]
+            targets += [child + "::" + m.group(1)
+                        for m in re.finditer(r"(?<![\w:])" + bare + r"::((?:\w+::)*\w+)", code)]
+            targets += [child] * bool(re.search(r"(?<![\w:])" + bare + r"::\{", code))
     for t in filter(None, map(resolve, targets)):
-        if t != name and not name.startswith(t + "::"):
+        if t != name:
             edges.add((name, t))
 
 

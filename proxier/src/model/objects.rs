@@ -8,7 +8,7 @@
 //! read the API objects itself; everything else about an object that planning does not read
 //! (other metadata, labels, annotations, status) is dropped.
 
-use super::Protocol;
+use super::keys::Protocol;
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;

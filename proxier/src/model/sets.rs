@@ -2,7 +2,7 @@
 //! Service and the parameters of the constant rules ([`NftRules`]). How they are encoded for
 //! `nft` (and read back) is the dataplane's business ([`crate::dataplane::nft`]).
 
-use super::VirtualServerKey;
+use super::keys::VirtualServerKey;
 use ipnet::IpNet;
 use serde::Serialize;
 use std::fmt;

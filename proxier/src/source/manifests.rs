@@ -18,9 +18,7 @@
 
 use super::SourceHandle;
 use super::node_config::{Assigned, assigned_from};
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::DynamicObject;
+use super::store::Snapshot;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -32,37 +30,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::watch;
-
-/// The objects read from the manifests, in file and document order.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Snapshot {
-    /// `v1` Services.
-    pub services: Vec<Service>,
-    /// `discovery.k8s.io/v1` EndpointSlices.
-    pub endpoint_slices: Vec<EndpointSlice>,
-    /// `v1` Nodes.
-    pub nodes: Vec<Node>,
-    /// `kipvs.io/v1alpha1` NodeProxyConfigs (the manifests mode follows the one named after
-    /// the node, as the Kubernetes mode follows the API's).
-    pub node_proxy_configs: Vec<DynamicObject>,
-}
-
-impl Snapshot {
-    /// Append `other`'s objects (the next file's).
-    pub fn extend(&mut self, other: Snapshot) {
-        self.services.extend(other.services);
-        self.endpoint_slices.extend(other.endpoint_slices);
-        self.nodes.extend(other.nodes);
-        self.node_proxy_configs.extend(other.node_proxy_configs);
-    }
-
-    /// The Node named `name`, if the manifests hold one.
-    pub fn node(&self, name: &str) -> Option<&Node> {
-        self.nodes
-            .iter()
-            .find(|node| node.metadata.name.as_deref() == Some(name))
-    }
-}
 
 /// A document or object that could not be loaded.
 #[derive(Clone, Debug, PartialEq, Eq)]

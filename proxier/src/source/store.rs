@@ -16,10 +16,10 @@
 
 use super::convert;
 use crate::model::objects::{Interner, NodeInfo, ServiceInfo, SliceInfo};
-use crate::source::manifests::Snapshot;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::DynamicObject;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
@@ -76,6 +76,38 @@ pub struct ChangeCounts {
     pub services: u64,
     /// EndpointSlice adds, updates and deletes.
     pub endpoint_slices: u64,
+}
+
+/// Every object of a source at once, in the source's order: what [`Store::replace_all`] takes
+/// (the manifests source reads one per poll, in file and document order).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    /// `v1` Services.
+    pub services: Vec<Service>,
+    /// `discovery.k8s.io/v1` EndpointSlices.
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// `v1` Nodes.
+    pub nodes: Vec<Node>,
+    /// `kipvs.io/v1alpha1` NodeProxyConfigs (the manifests mode follows the one named after
+    /// the node, as the Kubernetes mode follows the API's).
+    pub node_proxy_configs: Vec<DynamicObject>,
+}
+
+impl Snapshot {
+    /// Append `other`'s objects (the next file's).
+    pub fn extend(&mut self, other: Snapshot) {
+        self.services.extend(other.services);
+        self.endpoint_slices.extend(other.endpoint_slices);
+        self.nodes.extend(other.nodes);
+        self.node_proxy_configs.extend(other.node_proxy_configs);
+    }
+
+    /// The Node named `name`, if the manifests hold one.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes
+            .iter()
+            .find(|node| node.metadata.name.as_deref() == Some(name))
+    }
 }
 
 /// Objects by key, plus the dirty set. Starts all-dirty.
