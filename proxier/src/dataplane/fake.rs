@@ -27,6 +27,8 @@ pub struct FakeDataplane {
     pub missing_schedulers: BTreeSet<String>,
     /// The fake node's UDP conntrack entries; [`Dataplane::delete_conntrack`] removes from it.
     pub conntrack: BTreeSet<UdpEntry>,
+    /// Every scheduler [`Dataplane::check_scheduler`] was asked about, in order.
+    pub scheduler_checks: Vec<String>,
     /// How many times the whole state was observed ([`Dataplane::observe`]).
     pub full_observes: usize,
     /// Ops whose next application succeeds but is reported failed with `ENOBUFS`, as when the
@@ -103,6 +105,7 @@ impl Dataplane for FakeDataplane {
     }
 
     async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
+        self.scheduler_checks.push(scheduler.to_owned());
         let mut config = ProxierConfiguration::default();
         config.ipvs.scheduler = scheduler.to_owned();
         self.kernel_settings().check(&config).await

@@ -655,6 +655,16 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         assert_eq!(report.ops.len(), 1, "{:?}", report.ops);
         assert!(report.failures.is_empty());
         assert_eq!(engine.dataplane().full_observes, observes);
+        // The annotated Service's endpoint changes: re-planned with the configured scheduler
+        // again, and the kernel was asked about `twos` once in all.
+        let moved = annotated.replace("10.244.1.2", "10.244.1.9");
+        let not_ready = other.replace("true", "false");
+        std::fs::write(file, format!("{moved}\n---\n{not_ready}")).unwrap();
+        source.load_into(handle, seen.as_ref()).unwrap();
+        let report = engine.sync().await.unwrap();
+        assert_eq!(report.ops.len(), 2, "{:?}", report.ops);
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(engine.dataplane().scheduler_checks, ["twos"]);
     }
 
     /// Start-up as `run()` does it on a real node: the first sync reads the node's other
