@@ -3,9 +3,11 @@
 //! [`SourceHandle`].
 //!
 //! - Each watcher lists, then watches; on `410 Gone` or a broken watch it lists again. A list
-//!   is buffered and replaces that kind in the store at once when complete
-//!   ([`Store::replace_services`], [`Store::replace_slices`]), so objects deleted while the
-//!   watch was down go away then, and unchanged ones cost nothing.
+//!   goes into the store as it comes, [`LIST_BATCH`] objects at a time (each converted to the
+//!   store's compact form, so a list of 50k Services is never held as Kubernetes objects), and
+//!   when it is complete the objects it did not hold are deleted ([`Store::retain_services`],
+//!   [`Store::retain_slices`]): objects deleted while the watch was down go away then, a list
+//!   that breaks off deletes nothing, and unchanged objects cost nothing.
 //! - Errors never clear the store: while the API server is unreachable the last known
 //!   objects stay, so nothing is deleted from the kernel. Each watcher retries with the
 //!   backoff of [`Retry`] (a few seconds while the API server is away, client-go's 0.8 s to
@@ -21,7 +23,7 @@
 //! Services and EndpointSlices are filtered as kube-proxy filters them
 //! ([`PROXY_LABEL_SELECTOR`]); the Node by the field selector `metadata.name=<node>`.
 
-use super::store::{Store, object_key};
+use super::store::{ObjectKey, Store, object_key};
 use super::{Retry, SourceHandle, is_not_found};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -41,6 +43,11 @@ pub const PROXY_LABEL_SELECTOR: &str =
 /// The EndpointSlice resource the proxier needs, as named in logs and metrics.
 pub const ENDPOINT_SLICES_RESOURCE: &str = "endpointslices.discovery.k8s.io/v1";
 
+/// How many objects of a list in progress are held before they go into the store (kube's
+/// watcher lists in pages of 500). A list of 50k Services held whole, as Kubernetes objects, was
+/// several times the store it becomes.
+const LIST_BATCH: usize = 500;
+
 /// A kind the source watches and how it goes into the store.
 trait Kind:
     Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
@@ -53,7 +60,9 @@ trait Kind:
     const OPTIONAL: bool;
     fn apply(store: &mut Store, object: Self);
     fn delete(store: &mut Store, object: &Self);
-    fn replace(store: &mut Store, objects: Vec<Self>);
+    /// Delete the objects of this kind whose keys ([`object_key`]) a complete list did not
+    /// hold.
+    fn retain(store: &mut Store, listed: &BTreeSet<ObjectKey>);
 }
 
 impl Kind for Service {
@@ -66,8 +75,8 @@ impl Kind for Service {
     fn delete(store: &mut Store, object: &Self) {
         store.delete_service(&object_key(&object.metadata));
     }
-    fn replace(store: &mut Store, objects: Vec<Self>) {
-        store.replace_services(objects);
+    fn retain(store: &mut Store, listed: &BTreeSet<ObjectKey>) {
+        store.retain_services(listed);
     }
 }
 
@@ -81,8 +90,8 @@ impl Kind for EndpointSlice {
     fn delete(store: &mut Store, object: &Self) {
         store.delete_slice(&object_key(&object.metadata));
     }
-    fn replace(store: &mut Store, objects: Vec<Self>) {
-        store.replace_slices(objects);
+    fn retain(store: &mut Store, listed: &BTreeSet<ObjectKey>) {
+        store.retain_slices(listed);
     }
 }
 
@@ -96,8 +105,10 @@ impl Kind for Node {
     fn delete(store: &mut Store, _: &Self) {
         store.set_node(None);
     }
-    fn replace(store: &mut Store, objects: Vec<Self>) {
-        store.set_node(objects.into_iter().next());
+    fn retain(store: &mut Store, listed: &BTreeSet<ObjectKey>) {
+        if store.node().is_some_and(|node| !listed.contains(&object_key(&node.metadata))) {
+            store.set_node(None);
+        }
     }
 }
 
@@ -152,19 +163,33 @@ impl KubeSource {
         let api = Api::<K>::all(self.client.clone());
         let mut events = watcher::watcher(api, config).boxed();
         let mut retry = Retry::new(K::WATCH);
-        let mut listing: Vec<K> = Vec::new();
+        // A list in progress: the keys listed so far, and the objects not yet in the store.
+        let (mut listed, mut batch) = (BTreeSet::new(), Vec::new());
         let mut unavailable = false;
         while let Some(event) = events.next().await {
             if event.is_ok() {
                 retry.succeeded();
             }
             match event {
-                Ok(Event::Init) => listing.clear(),
-                Ok(Event::InitApply(object)) => listing.push(object),
+                Ok(Event::Init) => {
+                    listed.clear();
+                    batch.clear();
+                }
+                Ok(Event::InitApply(object)) => {
+                    listed.insert(object_key(object.meta()));
+                    batch.push(object);
+                    if batch.len() == LIST_BATCH {
+                        let objects = std::mem::take(&mut batch);
+                        handle.update(|store| objects.into_iter().for_each(|o| K::apply(store, o)));
+                    }
+                }
                 Ok(Event::InitDone) => {
-                    let objects = std::mem::take(&mut listing);
-                    tracing::info!(kind = K::NAME, count = objects.len(), "listed");
-                    handle.update(|store| K::replace(store, objects));
+                    let (objects, listed) = (std::mem::take(&mut batch), std::mem::take(&mut listed));
+                    tracing::info!(kind = K::NAME, count = listed.len(), "listed");
+                    handle.update(|store| {
+                        objects.into_iter().for_each(|o| K::apply(store, o));
+                        K::retain(store, &listed);
+                    });
                     if unavailable {
                         tracing::info!(
                             resource = ENDPOINT_SLICES_RESOURCE,

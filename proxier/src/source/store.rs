@@ -246,37 +246,42 @@ impl Store {
     /// Make the store hold exactly `services` (a relist of that kind): Services not listed
     /// are deleted; only those that differ mark their Services dirty.
     pub fn replace_services(&mut self, services: Vec<Service>) {
-        let listed: BTreeSet<ObjectKey> =
-            services.iter().map(|s| object_key(&s.metadata)).collect();
-        let gone: Vec<ObjectKey> = self
-            .services
-            .keys()
+        self.retain_services(&services.iter().map(|s| object_key(&s.metadata)).collect());
+        for s in services {
+            self.upsert_service(s);
+        }
+    }
+
+    /// Delete the Services whose keys are not in `listed` (the end of a list whose objects
+    /// were upserted as they came).
+    pub fn retain_services(&mut self, listed: &BTreeSet<ObjectKey>) {
+        let gone: Vec<ObjectKey> = (self.services.keys())
             .filter(|k| !listed.contains(*k))
             .cloned()
             .collect();
         for k in &gone {
             self.delete_service(k);
         }
-        for s in services {
-            self.upsert_service(s);
-        }
     }
 
     /// Make the store hold exactly `slices` (a relist of that kind): EndpointSlices not listed
     /// are deleted; only those that differ mark their Services dirty.
     pub fn replace_slices(&mut self, slices: Vec<EndpointSlice>) {
-        let listed: BTreeSet<ObjectKey> = slices.iter().map(|s| object_key(&s.metadata)).collect();
-        let gone: Vec<ObjectKey> = self
-            .slices
-            .keys()
+        self.retain_slices(&slices.iter().map(|s| object_key(&s.metadata)).collect());
+        for s in slices {
+            self.upsert_slice(s);
+        }
+    }
+
+    /// Delete the EndpointSlices whose keys are not in `listed` (the end of a list whose
+    /// objects were upserted as they came).
+    pub fn retain_slices(&mut self, listed: &BTreeSet<ObjectKey>) {
+        let gone: Vec<ObjectKey> = (self.slices.keys())
             .filter(|k| !listed.contains(*k))
             .cloned()
             .collect();
         for k in &gone {
             self.delete_slice(k);
-        }
-        for s in slices {
-            self.upsert_slice(s);
         }
     }
 
