@@ -19,13 +19,9 @@ rounds=${2:-3}
 out=$root/target/bench-engine
 base_tree=$out/tree
 
-cleanup() { git worktree remove --force "$base_tree" >/dev/null 2>&1 || true; }
-[ "${KEEP_BASELINE:-0}" = 1 ] || trap cleanup EXIT
-if [ "$(git -C "$base_tree" rev-parse HEAD 2>/dev/null)" != "$(git rev-parse "$baseline^{commit}")" ]; then
-    cleanup
-    mkdir -p "$out"
-    git worktree add --detach "$base_tree" "$baseline" >/dev/null
-fi
+. hack/lib/baseline.sh
+trap baseline_cleanup EXIT
+baseline_checkout "$baseline" "$base_tree"
 mkdir -p "$base_tree/proxier/examples/scale"
 for f in proxier/examples/scale/*.rs; do # copy only on change (keeps the build's fingerprints)
     cmp -s "$f" "$base_tree/$f" || cp "$f" "$base_tree/$f"

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 
 /// An IPVS table and a `kube-ipvs0` address list held in memory.
 ///
-/// Ops change the state through [`ObservedState::apply`], with the kernel's errors.
+/// Ops change the state through [`ObservedState::apply_all`], with the kernel's errors.
 #[derive(Clone, Debug, Default)]
 pub struct FakeDataplane {
     /// The current table; tests may edit it (e.g. set connection counts).
@@ -181,6 +181,32 @@ impl Dataplane for FakeDataplane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Failures come in op order, whatever the op that fails: a lost answer to a set-element
+    /// addition (done by a run of them) and a virtual server refused for its scheduler.
+    #[test]
+    fn failures_come_in_op_order() {
+        let element = SetElement::HealthCheckNodePort(30000);
+        let key = VirtualServerKey {
+            address: [10, 96, 0, 1].into(),
+            port: 80,
+            protocol: crate::model::Protocol::Tcp,
+        };
+        let spec = crate::model::VirtualServerSpec {
+            scheduler: "sed".into(),
+            persistence_timeout: None,
+            sched_flags: 0,
+        };
+        let ops = [Op::AddSetElement(element), Op::AddVirtualServer(key, spec)];
+        let mut fake = FakeDataplane {
+            missing_schedulers: ["sed".to_string()].into(),
+            lost_answers: vec![ops[0].clone()],
+            ..Default::default()
+        };
+        let failures = futures::executor::block_on(fake.apply(&ops));
+        let failed: Vec<&str> = failures.iter().map(|f| f.op.name()).collect();
+        assert_eq!(failed, ["AddSetElement", "AddVirtualServer"]);
+    }
 
     #[test]
     fn missing_scheduler_fails_the_check_only_for_that_scheduler() {

@@ -221,8 +221,8 @@ pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Owners
 
 /// [`diff`] restricted to `scope` (what an incremental sync touched), in O(size of those
 /// entries · log n); a scope of at least `1 / BULK_RATIO` of a state's entries walks that
-/// state alongside it instead, O(n) (a full diff). Real servers listed in `expired_drains` are deleted even though they
-/// still have connections (their maximum drain time passed). The nftables rules are compared
+/// state alongside it instead, O(n) (a full diff). Real servers listed in `expired_drains` are
+/// deleted even though they still have connections (their maximum drain time passed). The nftables rules are compared
 /// (by their comments) whatever the scope; kipvs owns its whole table, so every observed set
 /// element in scope that is not desired is deleted.
 pub fn diff_scoped(
@@ -236,7 +236,7 @@ pub fn diff_scoped(
     // keep the order they are pushed in, and the places are joined at the end. A virtual
     // server's real-server ops wait for the main nftables transaction when it is new or when
     // its own set elements change, which the element loop, run first, records. (A sort of the
-    // whole list by position, as before, took a third of a full diff of 50k Services.)
+    // whole list by position took a third of a full diff of 50k Services.)
     let mut places: [Vec<Op>; PLACES] = Default::default();
     let rules_change =
         nft::rule_comments(&desired.nft_rules) != observed.nft_rule_comments.as_slice();
@@ -368,7 +368,7 @@ fn position(op: &Op, after_nft: bool, early_hairpin: bool) -> usize {
         Op::AddSetElement(_) => 8,
         Op::AddVirtualServer(..) => 9,
         Op::AddRealServer { .. } | Op::UpdateRealServer { .. } => 10,
-        Op::BindAddress(_) => 11,
+        Op::BindAddress(_) => PLACES - 1, // the last place: PLACES counts them
     }
 }
 
@@ -387,8 +387,8 @@ pub fn nft_transaction(ops: &[Op]) -> crate::dataplane::nft::Transaction<'_> {
 }
 
 /// Real servers of the virtual servers `keys` that are draining in `observed`: present at
-/// weight 0 in a desired virtual server that no longer wants them. Cost: O(real servers of
-/// `keys` · log n), so a sync looks only at the virtual servers it touched; O(n) for a full
+/// weight 0 in a desired virtual server that no longer wants them. Cost: O(`keys` · log n +
+/// their real servers), so a sync looks only at the virtual servers it touched; O(n) for a full
 /// sync (the states are walked alongside `keys`, as [`diff_scoped`] does).
 pub fn draining<'a>(
     desired: &'a DesiredState,
@@ -516,20 +516,20 @@ impl ObservedState {
                 // Adding a present element succeeds: a run of additions is a union, built in
                 // one pass when it is large against the set (a full sync adds 268k elements
                 // for 50k Services, one B-tree insert each took a third of the fold).
-                let mut run = vec![op];
-                while let Some(op) = ops.next_if(|op| matches!(op, Op::AddSetElement(_))) {
-                    run.push(op);
+                // Each op is done before the next is pulled (`ops` may be a filter with effects
+                // of its own, as the fake dataplane's).
+                let mut run = Vec::new();
+                let mut next = Some(op);
+                while let Some(op @ Op::AddSetElement(element)) = next {
+                    run.push(*element);
+                    done(op, Ok(()));
+                    next = ops.next_if(|op| matches!(op, Op::AddSetElement(_)));
                 }
-                let elements = run.iter().filter_map(|op| match op {
-                    Op::AddSetElement(e) => Some(*e),
-                    _ => None,
-                });
                 if run.len() * BULK_RATIO >= self.set_elements.len() {
-                    self.set_elements.append(&mut elements.collect());
+                    self.set_elements.append(&mut run.into_iter().collect());
                 } else {
-                    self.set_elements.extend(elements);
+                    self.set_elements.extend(run);
                 }
-                run.into_iter().for_each(|op| done(op, Ok(())));
                 continue;
             }
             let Some(key) = real_server_op(op) else {
@@ -556,10 +556,10 @@ impl ObservedState {
 /// full diff or sync meets the 268k set elements of 50k Services).
 const BULK_RATIO: usize = 16;
 
-/// Looks up keys given in ascending order in `map`: one B-tree search each when they are few
-/// against the map, or by walking the map alongside them when they are many
-/// ([`BULK_RATIO`] of `keys`, how many will be asked). Keys asked out of order are a bug: a
-/// walk would miss them.
+/// Looks up keys given in strictly ascending order (no key twice) in `map`, `keys` of them in
+/// all: one B-tree search each when they are few against the map, or by walking the map
+/// alongside them when they are at least `1 / BULK_RATIO` of its size. A key asked out of
+/// order or twice is a bug: a walk would not find it.
 fn ascending_get<'a, K: Ord, V>(
     map: &'a BTreeMap<K, V>,
     keys: usize,
@@ -596,8 +596,8 @@ fn real_server_op(op: &Op) -> Option<&VirtualServerKey> {
     }
 }
 
-/// Apply the real-server op `op` to its virtual server `vs`, with the kernel's errors
-/// ([`ObservedState::apply`]); other ops are ignored.
+/// Apply the real-server op `op` (one [`real_server_op`] names a virtual server for) to its
+/// virtual server `vs`, with the kernel's errors ([`ObservedState::apply`]).
 fn apply_to_real_servers(vs: &mut ObservedVirtualServer, op: &Op) -> Result<(), ipvs::Error> {
     match op {
         Op::DeleteRealServer { rs, .. } => {
@@ -619,7 +619,7 @@ fn apply_to_real_servers(vs: &mut ObservedVirtualServer, op: &Op) -> Result<(), 
                 .ok_or(ipvs::Error::NotFound)?
                 .weight = *weight;
         }
-        _ => {}
+        _ => unreachable!("{op} is not a real-server op: callers check with real_server_op"),
     }
     Ok(())
 }

@@ -106,7 +106,10 @@ impl Kind for Node {
         store.set_node(None);
     }
     fn retain(store: &mut Store, listed: &BTreeSet<ObjectKey>) {
-        if store.node().is_some_and(|node| !listed.contains(&object_key(&node.metadata))) {
+        if store
+            .node()
+            .is_some_and(|node| !listed.contains(&object_key(&node.metadata)))
+        {
             store.set_node(None);
         }
     }
@@ -184,7 +187,8 @@ impl KubeSource {
                     }
                 }
                 Ok(Event::InitDone) => {
-                    let (objects, listed) = (std::mem::take(&mut batch), std::mem::take(&mut listed));
+                    let (objects, listed) =
+                        (std::mem::take(&mut batch), std::mem::take(&mut listed));
                     tracing::info!(kind = K::NAME, count = listed.len(), "listed");
                     handle.update(|store| {
                         objects.into_iter().for_each(|o| K::apply(store, o));
