@@ -14,13 +14,13 @@
 # to each. The in-memory dataplane then holds a copy of the table and a log of every op, so the
 # process's peak after the sync is not the node's and is not shown.
 # Usage: hack/bench-api.sh [SERVICES]   env: BASELINE, CLUSTER_STATE (kept when given), CP_PORT
-# (36443), CP_ETCD_PORT (43790), KEEP_BASELINE=1 (keep the baseline worktree and its build)
+# (30443), CP_ETCD_PORT (31790), KEEP_BASELINE=1 (keep the baseline worktree and its build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/host-tools.sh && host_tools
 . hack/lib/baseline.sh
 services=${1:-50000}
-export CP_PORT=${CP_PORT:-36443} CP_ETCD_PORT=${CP_ETCD_PORT:-43790}
+export CP_PORT=${CP_PORT:-30443} CP_ETCD_PORT=${CP_ETCD_PORT:-31790}
 out=$PWD/target/bench-api
 mkdir -p "$out"
 state=${CLUSTER_STATE:-$(mktemp -d /tmp/kipvs-bench-api.XXXXXX)}
@@ -40,8 +40,9 @@ cp target/release/kipvs-proxier "$out/proxier-now"
 [ -f "$state/kubeconfig" ] && kubectl --kubeconfig "$state/kubeconfig" get --raw /readyz >/dev/null 2>&1 ||
     hack/control-plane.sh start "$state" >&2
 export KUBECONFIG=$state/kubeconfig
-have=$(kubectl get services -A --no-headers 2>/dev/null | grep -c ' svc-' || true)
-if [ "$have" -lt "$services" ]; then
+count() { kubectl get "$1" -A --no-headers 2>/dev/null | grep -c ' svc-' || true; }
+have=$(count services) slices=$(count endpointslices)
+if [ "$have" -lt "$services" ] || [ "$slices" -lt "$services" ]; then
     echo "creating $services Services and their EndpointSlices (the apiserver holds $have)" >&2
     hack/gen-manifests.py "$services" 10 "$out/cluster.json"
     python3 - "$out/cluster.json" "$out" <<'EOF'
@@ -59,14 +60,17 @@ EOF
     for p in 1 2 3 4; do kubectl create -f "$out/create-$p.json" 2>&1 | grep -v ' created$\|AlreadyExists' & done
     wait
 fi
-echo "the apiserver holds $(kubectl get services -A --no-headers | grep -c ' svc-') bench Services" >&2
+have=$(count services) slices=$(count endpointslices)
+echo "the apiserver holds $have bench Services and $slices of their EndpointSlices" >&2
+[ "$have" -ge "$services" ] && [ "$slices" -ge "$services" ] || { echo "bench-api: objects missing" >&2; exit 1; }
 
 measure() { # name -> "name listed_mib listed_s planned_mib planned_s"
     local name=$1 pid start line listed=() planned=()
     start=$(date +%s.%N)
-    exec 3< <(RUST_LOG=info,kipvs_proxier::engine=debug "$out/proxier-$name" run --once --dataplane=fake \
-        --kubeconfig "$KUBECONFIG" --node bench-node --healthz-bind-address 127.0.0.1:0 \
-        --metrics-bind-address 127.0.0.1:0 2>&1 & echo "pid $!")
+    # The first line is the pid of the process that becomes the proxier (exec keeps it).
+    exec 3< <(echo "pid $BASHPID"; RUST_LOG=info,kipvs_proxier::engine=debug exec "$out/proxier-$name" \
+        run --once --dataplane=fake --kubeconfig "$KUBECONFIG" --node bench-node \
+        --healthz-bind-address 127.0.0.1:0 --metrics-bind-address 127.0.0.1:0 2>&1)
     read -r _ pid <&3
     hwm() { awk '/^VmHWM:/ {printf "%.0f", $2 / 1024}' "/proc/$pid/status"; }
     elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$start" "$(date +%s.%N)"; }

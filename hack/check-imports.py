@@ -43,6 +43,28 @@ def top(m):
     return m.split("::")[0]
 
 
+def uses(code, prefix):
+    """The paths named after `prefix::` (a regex) in `code`: `a::b` as "a::b", each path of a group
+    `{a, b::c}` (nested groups roughly: their items as paths of their own), and `*` as ""."""
+    found = []
+    for m in re.finditer(prefix + r"::(\{|\*|(?:\w+::)*\w+)", code):
+        if m.group(1) == "*":
+            found.append("")
+        elif m.group(1) == "{":
+            depth, i = 1, m.end()
+            while depth and i < len(code):
+                depth += {"{": 1, "}": -1}.get(code[i], 0)
+                i += 1
+            found += re.findall(r"(?:\w+::)*\w+", code[m.end():i - 1])
+        else:
+            found.append(m.group(1))
+    return found
+
+
+def under(base, paths):
+    return [base + "::" + p if p else base for p in paths]
+
+
 edges, kube_crates = set(), set()
 for name, path in mods.items():
     with open(os.path.join(root, path)) as f:
@@ -52,15 +74,13 @@ for name, path in mods.items():
         kube_crates.update(
             (name, m.group(1)) for m in re.finditer(r"\b(k8s_openapi|kube)::", code))
     parent = name.rsplit("::", 1)[0] if "::" in name else None
-    targets = [m.group(1) for m in re.finditer(r"\bcrate::((?:\w+::)*\w+)", code)]
+    targets = [p for p in uses(code, r"\bcrate") if p]
     if parent:
-        targets += [parent + "::" + m.group(1) for m in re.finditer(r"\bsuper::((?:\w+::)*\w+)", code)]
+        targets += under(parent, uses(code, r"\bsuper"))
     if path.endswith("mod.rs"):  # a folder's module naming its own files by their bare names
         for child in (c for c in mods if c.rsplit("::", 1)[0] == name and "::" in c):
             bare = child.rsplit("::", 1)[1]
-            targets += [child + "::" + m.group(1)
-                        for m in re.finditer(r"(?<![\w:])" + bare + r"::((?:\w+::)*\w+)", code)]
-            targets += [child] * bool(re.search(r"(?<![\w:])" + bare + r"::\{", code))
+            targets += under(child, uses(code, r"(?<![\w:])(?:self::)?" + bare))
     for t in filter(None, map(resolve, targets)):
         if t != name:
             edges.add((name, t))

@@ -27,7 +27,8 @@
 #
 # env: KIPVS_PROXIER (binary; default: cargo build, target/debug/kipvs-proxier), CLUSTER_STATE (state dir,
 #      default a temporary one, removed unless KEEP=1), CP_PORT/CP_ETCD_PORT (apiserver and etcd ports, default
-#      26443/33790: not hack/control-plane.sh's defaults, so that a control plane started by hand keeps running),
+#      26443/24790: not hack/control-plane.sh's defaults, so that a control plane started by hand keeps running,
+#      and below the kernel's ephemeral port range, so that no outgoing connection holds one),
 #      CPCACHE (hack/control-plane.sh), PORT_BASE (first of nine local ports: healthz, metrics and gRPC
 #      health of the main proxier, then of the two in tests/cluster/skew.sh; default 20256).
 set -euo pipefail
@@ -36,7 +37,7 @@ cd "$(dirname "$0")/.."
 export RUST_BACKTRACE=0
 STATE=${CLUSTER_STATE:-$(mktemp -d /tmp/kipvs-cluster.XXXXXX)}
 mkdir -p "$STATE"
-export CP_PORT=${CP_PORT:-26443} CP_ETCD_PORT=${CP_ETCD_PORT:-33790}
+export CP_PORT=${CP_PORT:-26443} CP_ETCD_PORT=${CP_ETCD_PORT:-24790}
 PORT_BASE=${PORT_BASE:-20256}
 HZ=127.0.0.1:$PORT_BASE MP=127.0.0.1:$((PORT_BASE + 1)) GP=127.0.0.1:$((PORT_BASE + 2))
 NODE=test-node

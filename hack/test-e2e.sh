@@ -33,15 +33,17 @@
 # Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
 #
 # usage: hack/test-e2e.sh
-# env:   CP_PORT/CP_ETCD_PORT (46443/53790), E2E_AGENT_PORT (host loopback port forwarded to the agent, 47000),
+# env:   CP_PORT/CP_ETCD_PORT (28443/29790), E2E_AGENT_PORT (host loopback port forwarded to the agent, 27000),
 #        E2E_SAMPLES (40), KEEP=1 (keep the state dir), VMCACHE, CPCACHE
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 . hack/lib/host-tools.sh && host_tools # kubectl, curl, nft (for the VM image), ...
 export RUST_BACKTRACE=0
-export CP_PORT=${CP_PORT:-46443} CP_ETCD_PORT=${CP_ETCD_PORT:-53790}
-AGENT_PORT=${E2E_AGENT_PORT:-47000}
+# Below the kernel's ephemeral port range (32768-60999): an outgoing connection (the apiserver's to
+# etcd) once took 47000 as its own port just before QEMU was to forward it, and the run failed.
+export CP_PORT=${CP_PORT:-28443} CP_ETCD_PORT=${CP_ETCD_PORT:-29790}
+AGENT_PORT=${E2E_AGENT_PORT:-27000}
 SAMPLES=${E2E_SAMPLES:-40}
 say() { printf 'e2e: %s\n' "$*"; }
 K8S=$(hack/control-plane.sh version)

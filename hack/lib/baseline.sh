@@ -7,7 +7,8 @@
 #   build).
 baseline_checkout() {
     baseline_tree=$2
-    if [ "$(git -C "$baseline_tree" rev-parse HEAD 2>/dev/null)" != "$(git rev-parse "$1^{commit}")" ]; then
+    if [ ! -e "$baseline_tree/.git" ] ||
+        [ "$(git -C "$baseline_tree" rev-parse HEAD 2>/dev/null)" != "$(git rev-parse "$1^{commit}")" ]; then
         git worktree remove --force "$baseline_tree" >/dev/null 2>&1 || true
         mkdir -p "$(dirname "$baseline_tree")"
         git worktree add --detach "$baseline_tree" "$1" >/dev/null

@@ -27,6 +27,8 @@ const NODE: &str = "test-node";
 enum Reply {
     /// A list of `kind` (the item kind) at resource version `rv`.
     List(&'static str, Vec<Value>, &'static str),
+    /// A page of a list of `kind` at `rv`, with the `continue` token of the next page.
+    Page(&'static str, Vec<Value>, &'static str, &'static str),
     /// A watch stream: these events, then the end of the stream.
     Watch(Vec<Value>),
     /// An error status.
@@ -157,6 +159,12 @@ fn answer(reply: Reply) -> Response<Body> {
     let (code, body) = match reply {
         Reply::List(kind, items, rv) => {
             let list = json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items});
+            (200, list.to_string())
+        }
+        Reply::Page(kind, items, rv, next) => {
+            let metadata = json!({"resourceVersion": rv, "continue": next});
+            let list =
+                json!({"kind": kind, "apiVersion": "v1", "metadata": metadata, "items": items});
             (200, list.to_string())
         }
         Reply::Watch(events) => {
@@ -405,6 +413,74 @@ async fn relist_after_410_replaces_and_an_outage_deletes_nothing() {
     );
     f.engine.sync().await.unwrap();
     assert_eq!(f.virtual_servers(), 1);
+}
+
+/// A relist whose second page fails changes nothing: no sync sees half a list (its first page,
+/// more Services than the source converts at a time, is not in the store, and nothing the page
+/// lacked is deleted); the next complete list replaces the Services at once. client-go's
+/// informers do the same (a relist is one `Replace`).
+#[tokio::test(start_paused = true)]
+async fn a_relist_that_breaks_off_changes_nothing() {
+    let f = fixture();
+    let listed = vec![
+        service("web", "10.96.0.10", "1"),
+        service("db", "10.96.0.11", "1"),
+    ];
+    f.api
+        .push("services", Reply::List("ServiceList", listed, "1"));
+    f.api.push(
+        "endpointslices",
+        Reply::List("EndpointSliceList", vec![], "1"),
+    );
+    f.api
+        .push("nodes", Reply::List("NodeList", vec![node("1")], "1"));
+    tokio::time::timeout(Duration::from_secs(5), f.handle.wait_ready())
+        .await
+        .expect("ready");
+    assert_eq!(f.services(), ["db", "web"]);
+
+    // The watch expires; the relist's first page holds 600 Services, its second page fails.
+    f.api.push(
+        "services",
+        Reply::Watch(vec![
+            json!({"type": "ERROR", "object": status(410, "Expired")}),
+        ]),
+    );
+    let page: Vec<Value> = (0..600)
+        .map(|i| {
+            service(
+                &format!("svc-{i:03}"),
+                &format!("10.96.{}.{}", 1 + i / 200, i % 200),
+                "7",
+            )
+        })
+        .collect();
+    f.api
+        .push("services", Reply::Page("ServiceList", page, "7", "next"));
+    f.api.push("services", Reply::Status(500, "InternalError"));
+    f.requests("services", 4).await; // list, watch, the relist's two pages
+    let second = &f.api.requests("services")[3];
+    assert!(second.contains("continue=next"), "{second}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(f.services(), ["db", "web"], "half a list reached the store");
+
+    // The list again, complete: it replaces the Services at once.
+    f.api.push(
+        "services",
+        Reply::List(
+            "ServiceList",
+            vec![
+                service("web", "10.96.0.10", "1"),
+                service("cache", "10.96.0.13", "9"),
+            ],
+            "9",
+        ),
+    );
+    f.until("the complete relist", |s| {
+        s.service(&("default".into(), "cache".into())).is_some()
+    })
+    .await;
+    assert_eq!(f.services(), ["cache", "web"]);
 }
 
 #[tokio::test(start_paused = true)]

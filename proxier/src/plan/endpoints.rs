@@ -7,7 +7,8 @@
 //! topology), adapted to the design brief: while a ready endpoint exists, serving+terminating
 //! ones stay programmed at weight 0.
 
-use super::{Problem, port_number};
+use super::context::port_number;
+use super::outcome::Problem;
 use crate::model::Protocol;
 use crate::model::RealServers;
 use crate::model::objects::{AddressType, EndpointAddress, EndpointInfo, SliceInfo};

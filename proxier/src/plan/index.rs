@@ -20,7 +20,8 @@
 //! real servers of its ClusterIP one). Service plans are kept as exact-size vectors, and a
 //! claim names its Service through one shared key.
 
-use super::{NoLocalEndpoints, Plan, Problem, ServicePlan};
+use super::outcome::{NoLocalEndpoints, Plan, Problem};
+use super::service::ServicePlan;
 use crate::model::{
     DesiredState, HealthCheckNodePort, NftRules, Scope, SetElement, VirtualServer, VirtualServerKey,
 };

@@ -64,25 +64,21 @@
 //! server or health-check port wins); [`plan`] does both for a whole snapshot. An incremental
 //! sync can keep the [`ServicePlan`]s and re-plan only the Services that changed.
 
+mod context;
 mod endpoints;
 mod index;
+mod outcome;
 mod service;
 
+pub use context::{PlanContext, SCHED_FLAG_MH_PORT};
 pub use index::{DesiredIndex, IndexBuilder, ServiceKey, Touched};
+pub use outcome::{NoLocalEndpoints, Plan, Problem};
 pub use service::{ServicePlan, plan_service};
 
-use crate::model::NftRules;
 use crate::model::objects::{NodeInfo, ServiceInfo, SliceInfo};
-use crate::model::{DesiredState, SchedFlags, VirtualServerSpec};
-use ipnet::IpNet;
-use kipvs_crds::{Gate, NodePortAddress, ProxierConfiguration};
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
+use kipvs_crds::ProxierConfiguration;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
-
-/// `IP_VS_SVC_F_SCHED_MH_PORT` (= `IP_VS_SVC_F_SCHED2`, 0x10): the `mh` scheduler hashes the
-/// source port too. kube-proxy sets it (`FlagSourceHash`) whenever the scheduler is `mh`.
-pub const SCHED_FLAG_MH_PORT: SchedFlags = 0x10;
 
 /// Everything [`plan`] reads.
 #[derive(Clone, Copy, Debug)]
@@ -109,263 +105,6 @@ pub struct PlanInput<'a> {
     pub other_interface_addresses: &'a [IpAddr],
     /// The proxier configuration (scheduler, feature gates, `nodePortAddresses`).
     pub config: &'a ProxierConfiguration,
-}
-
-/// The outcome of [`plan`]: the desired IPVS state, what was wrong with the input, and the
-/// counts behind two metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Plan {
-    /// Virtual servers, addresses to bind and health-check node ports.
-    pub desired: DesiredState,
-    /// Objects (or configuration) that could not be planned fully, in a stable order.
-    pub problems: Vec<Problem>,
-    /// Services whose traffic policy asks for local endpoints while this node has none
-    /// although the Service has endpoints elsewhere
-    /// (`kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}`).
-    pub no_local_endpoints: NoLocalEndpoints,
-    /// Services with at least one virtual server served by the KEP-1669 fallback
-    /// (serving+terminating endpoints at weight 1 because none is ready).
-    pub terminating_fallback_services: usize,
-}
-
-/// Counts of Services with a Local traffic policy and no local endpoint, by policy, as
-/// kube-proxy's `sync_proxy_rules_no_local_endpoints_total` counts them: each Service once, and
-/// only if it has endpoints somewhere.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NoLocalEndpoints {
-    /// `internalTrafficPolicy: Local`: the ClusterIP virtual servers have no real server.
-    pub internal: usize,
-    /// `externalTrafficPolicy: Local`: the external virtual servers use the cluster-wide
-    /// endpoints instead (quirk Q2).
-    pub external: usize,
-}
-
-/// Something wrong with one object of the input (or with the configuration), and what was
-/// left out because of it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    /// Kind of the object: `Service`, `EndpointSlice` or `ProxierConfiguration`.
-    pub kind: &'static str,
-    /// Namespace; empty for the configuration.
-    pub namespace: String,
-    /// Object name; empty for the configuration.
-    pub name: String,
-    /// What is wrong, naming the field, e.g. `spec.clusterIPs[0] "10.0.0.300" is not a valid
-    /// IP address`.
-    pub message: String,
-}
-
-impl Problem {
-    /// A problem with the namespaced object `namespace/name`.
-    pub(crate) fn of(kind: &'static str, namespace: &str, name: &str, message: String) -> Self {
-        Problem {
-            kind,
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            message,
-        }
-    }
-
-    fn config(message: String) -> Self {
-        Problem {
-            kind: "ProxierConfiguration",
-            namespace: String::new(),
-            name: String::new(),
-            message,
-        }
-    }
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.namespace.is_empty(), self.name.is_empty()) {
-            (_, true) => write!(f, "{}: {}", self.kind, self.message),
-            (true, false) => write!(f, "{} {}: {}", self.kind, self.name, self.message),
-            (false, false) => write!(
-                f,
-                "{} {}/{}: {}",
-                self.kind, self.namespace, self.name, self.message
-            ),
-        }
-    }
-}
-
-/// What every Service plan shares: derived once per [`plan`] from the node and configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanContext {
-    node_name: String,
-    zone: Option<String>,
-    node_port_ips: Vec<IpAddr>,
-    other_interface_addresses: BTreeSet<IpAddr>,
-    vs_spec: VirtualServerSpec,
-    terminating_endpoints: bool,
-    load_balancer_ip_mode: bool,
-    nft_rules: NftRules,
-    unavailable_schedulers: BTreeSet<String>,
-}
-
-impl PlanContext {
-    /// Derives the shared settings, reporting configuration problems.
-    ///
-    /// NodePort addresses are the `node_ips` that `nodePortAddresses` selects, per IP family
-    /// as kube-proxy's `NewNodePortAddresses` and IPVS `syncProxyRules` do
-    /// (`pkg/proxy/util/nodeport_addresses.go`, `TestGetNodeAddresses`):
-    /// - `"primary"` stands for the Node's primary IPs ([`NodeInfo::primary_ips`]) as `/32` and
-    ///   `/128` CIDRs (`cmd/kube-proxy/app/server.go`); with the Node unknown it is a problem
-    ///   and no NodePort virtual server is planned;
-    /// - a family with no CIDR of its own, or with a zero-length one (`0.0.0.0/0`, `::/0`),
-    ///   matches every node IP of that family except loopback and IPv6 link-local ones
-    ///   (kube-proxy's `isValidForSet`; `TestGetNodeIPs`, `TestIpIsValidForSet`);
-    /// - otherwise a node IP is used if one of its family's CIDRs contains it and it is not
-    ///   loopback.
-    ///
-    /// The node's zone is [`NodeInfo::zone`].
-    /// Addresses on other interfaces start empty (see
-    /// [`with_other_interface_addresses`](Self::with_other_interface_addresses)).
-    pub fn new(
-        node_name: &str,
-        node: Option<&NodeInfo>,
-        node_ips: &[IpAddr],
-        config: &ProxierConfiguration,
-    ) -> (Self, Vec<Problem>) {
-        let mut problems = Vec::new();
-        let selectors = config.parsed_node_port_addresses().unwrap_or_else(|e| {
-            problems.push(Problem::config(format!("{e}; using every node IP")));
-            Vec::new()
-        });
-        let cidrs: Option<Vec<IpNet>> = match selectors.as_slice() {
-            [NodePortAddress::Primary] => match node {
-                Some(node) => Some(
-                    node.primary_ips
-                        .iter()
-                        .copied()
-                        .filter(|ip| !ip.is_loopback())
-                        .map(IpNet::from)
-                        .collect(),
-                ),
-                None => {
-                    problems.push(Problem::config(format!(
-                        "nodePortAddresses: \"primary\" needs the Node object {node_name:?}, which is \
-                         not known; no NodePort virtual servers"
-                    )));
-                    None
-                }
-            },
-            selectors => Some(
-                selectors
-                    .iter()
-                    .filter_map(|selector| match selector {
-                        NodePortAddress::Cidr(net) => Some(*net),
-                        NodePortAddress::Primary => None,
-                    })
-                    .collect(),
-            ),
-        };
-        let node_port_ips: BTreeSet<IpAddr> = match cidrs {
-            None => BTreeSet::new(),
-            Some(cidrs) => node_ips
-                .iter()
-                .copied()
-                .filter(|ip| node_port_address_selected(ip, &cidrs))
-                .collect(),
-        };
-        let cluster_cidrs = config.parsed_cluster_cidrs().unwrap_or_else(|e| {
-            problems.push(Problem::config(format!(
-                "{e}; no ClusterIP traffic is masqueraded for coming from outside the cluster"
-            )));
-            Vec::new()
-        });
-        let zone = node.and_then(|node| node.zone.clone());
-        let context = PlanContext {
-            node_name: node_name.to_owned(),
-            zone,
-            node_port_ips: node_port_ips.into_iter().collect(),
-            other_interface_addresses: BTreeSet::new(),
-            vs_spec: scheduler_spec(config.ipvs.effective_scheduler()),
-            terminating_endpoints: config.gate_enabled(Gate::ProxyTerminatingEndpoints),
-            load_balancer_ip_mode: config.gate_enabled(Gate::LoadBalancerIPMode),
-            nft_rules: NftRules::new(cluster_cidrs, config.nftables.masquerade_all),
-            unavailable_schedulers: BTreeSet::new(),
-        };
-        (context, problems)
-    }
-
-    /// Sets the addresses found on the node's interfaces other than `kube-ipvs0`. An externalIP
-    /// or VIP-mode load-balancer IP among them still gets its virtual servers but is not bound
-    /// on `kube-ipvs0` (kube-proxy's IPVS `syncProxyRules`: `syncService(..., bindAddr =
-    /// !nodeAddressSet.Has(ip))`), so that an address the node already owns is not taken over
-    /// and later removed by kipvs. Cluster IPs are always bound.
-    pub fn with_other_interface_addresses(
-        mut self,
-        addresses: impl IntoIterator<Item = IpAddr>,
-    ) -> Self {
-        self.other_interface_addresses = addresses.into_iter().collect();
-        self
-    }
-
-    /// The same context on a node whose kernel lacks these IPVS schedulers (probed): a
-    /// Service annotated with one of them is a [`Problem`] and gets `ipvs.scheduler`.
-    pub fn with_unavailable_schedulers(mut self, schedulers: &BTreeSet<String>) -> Self {
-        self.unavailable_schedulers = schedulers.clone();
-        self
-    }
-
-    /// Whether this node lacks the IPVS scheduler `scheduler` (see
-    /// [`with_unavailable_schedulers`](Self::with_unavailable_schedulers)).
-    pub fn scheduler_unavailable(&self, scheduler: &str) -> bool {
-        self.unavailable_schedulers.contains(scheduler)
-    }
-
-    /// The addresses NodePort virtual servers are created on, sorted.
-    pub fn node_port_ips(&self) -> &[IpAddr] {
-        &self.node_port_ips
-    }
-
-    /// The parameters of the nftables rules (`clusterCIDR`, `nftables.masqueradeAll`).
-    pub fn nft_rules(&self) -> &NftRules {
-        &self.nft_rules
-    }
-
-    /// The node's zone (`topology.kubernetes.io/zone`), if it has one.
-    pub fn zone(&self) -> Option<&str> {
-        self.zone.as_deref()
-    }
-}
-
-/// Whether `ip` takes NodePort virtual servers under the `nodePortAddresses` CIDRs (see
-/// [`PlanContext::new`]).
-fn node_port_address_selected(ip: &IpAddr, cidrs: &[IpNet]) -> bool {
-    let own_family: Vec<&IpNet> = cidrs
-        .iter()
-        .filter(|net| net.addr().is_ipv4() == ip.is_ipv4())
-        .collect();
-    let match_all = own_family.is_empty() || own_family.iter().any(|net| net.prefix_len() == 0);
-    if ip.is_loopback() {
-        false
-    } else if match_all {
-        !is_ipv6_link_local(ip)
-    } else {
-        own_family.iter().any(|net| net.contains(ip))
-    }
-}
-
-/// `fe80::/10`.
-fn is_ipv6_link_local(ip: &IpAddr) -> bool {
-    matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
-}
-
-/// The virtual-server settings of a scheduler: its name, no persistence, and the source-port
-/// hashing flag for `mh` (kube-proxy's `FlagSourceHash`).
-fn scheduler_spec(scheduler: &str) -> VirtualServerSpec {
-    VirtualServerSpec {
-        scheduler: scheduler.into(),
-        persistence_timeout: None,
-        sched_flags: if scheduler == "mh" {
-            SCHED_FLAG_MH_PORT
-        } else {
-            0
-        },
-    }
 }
 
 /// Plans every Service of a snapshot: [`plan_service`] for each (in namespace/name order, with
@@ -427,13 +166,9 @@ pub fn merge<'a>(service_plans: impl IntoIterator<Item = &'a ServicePlan>) -> Pl
     index.to_plan()
 }
 
-/// A port number from the API's `int32`, if it is in 1..=65535.
-fn port_number(value: i32) -> Option<u16> {
-    u16::try_from(value).ok().filter(|&port| port != 0)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::context::port_number;
     use super::*;
 
     fn ips(list: &[&str]) -> Vec<IpAddr> {

@@ -1,7 +1,8 @@
 //! Planning one Service: its virtual servers, bind addresses and health-check node port.
 
+use super::context::{PlanContext, port_number, scheduler_spec};
 use super::endpoints::{self, Endpoint, Selection, Topology};
-use super::{PlanContext, Problem, port_number, scheduler_spec};
+use super::outcome::Problem;
 use crate::model::objects::{
     ClusterIps, Ingress, IpMode, Parsed, SCHEDULER_ANNOTATION, ServiceInfo, ServiceTypeField,
     SliceInfo,

@@ -3,11 +3,13 @@
 //! [`SourceHandle`].
 //!
 //! - Each watcher lists, then watches; on `410 Gone` or a broken watch it lists again. A list
-//!   goes into the store as it comes, [`LIST_BATCH`] objects at a time (each converted to the
-//!   store's compact form, so a list of 50k Services is never held as Kubernetes objects), and
-//!   when it is complete the objects it did not hold are deleted ([`Store::retain_services`],
-//!   [`Store::retain_slices`]): objects deleted while the watch was down go away then, a list
-//!   that breaks off deletes nothing, and unchanged objects cost nothing.
+//!   replaces that kind in the store at once when complete ([`Store::replace_services`],
+//!   [`Store::replace_slices`]), as client-go's informers deliver a relist as one `Replace`: no
+//!   sync sees half a list, a list that breaks off changes nothing, objects deleted while the
+//!   watch was down go away then, and unchanged objects cost nothing. Until then the list is
+//!   held converted to what the store keeps ([`Store::convert_service`]), [`LIST_BATCH`]
+//!   objects at a time, never whole as Kubernetes objects (50k Services and their
+//!   EndpointSlices held so took the process to 677 MiB; `hack/bench-api.sh`).
 //! - Errors never clear the store: while the API server is unreachable the last known
 //!   objects stay, so nothing is deleted from the kernel. Each watcher retries with the
 //!   backoff of [`Retry`] (a few seconds while the API server is away, client-go's 0.8 s to
@@ -23,7 +25,7 @@
 //! Services and EndpointSlices are filtered as kube-proxy filters them
 //! ([`PROXY_LABEL_SELECTOR`]); the Node by the field selector `metadata.name=<node>`.
 
-use super::store::{ObjectKey, Store, object_key};
+use super::store::{ConvertedService, ConvertedSlice, Store, object_key};
 use super::{Retry, SourceHandle, is_not_found};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -43,10 +45,20 @@ pub const PROXY_LABEL_SELECTOR: &str =
 /// The EndpointSlice resource the proxier needs, as named in logs and metrics.
 pub const ENDPOINT_SLICES_RESOURCE: &str = "endpointslices.discovery.k8s.io/v1";
 
-/// How many objects of a list in progress are held before they go into the store (kube's
-/// watcher lists in pages of 500). A list of 50k Services held whole, as Kubernetes objects, was
-/// several times the store it becomes.
+/// How many objects of a list in progress are held as Kubernetes objects before they are
+/// converted (kube's watcher lists in pages of 500).
 const LIST_BATCH: usize = 500;
+
+/// Convert the objects of `batch` into `listed`, under the store's lock (their strings are
+/// shared with the store's); the store's objects are not changed, so nobody is told.
+fn convert_into<K: Kind>(
+    handle: &SourceHandle,
+    batch: &mut Vec<K>,
+    listed: &mut Vec<K::Converted>,
+) {
+    let mut store = handle.store.lock().expect("store lock");
+    listed.extend(batch.drain(..).map(|object| K::convert(&mut store, object)));
+}
 
 /// A kind the source watches and how it goes into the store.
 trait Kind:
@@ -60,9 +72,12 @@ trait Kind:
     const OPTIONAL: bool;
     fn apply(store: &mut Store, object: Self);
     fn delete(store: &mut Store, object: &Self);
-    /// Delete the objects of this kind whose keys ([`object_key`]) a complete list did not
-    /// hold.
-    fn retain(store: &mut Store, listed: &BTreeSet<ObjectKey>);
+    /// What a listed object is held as until its list completes: what the store keeps of it.
+    type Converted: Send;
+    /// Convert a listed object (under the store's lock: its strings are shared with the store's).
+    fn convert(store: &mut Store, object: Self) -> Self::Converted;
+    /// Make the store hold exactly the objects of a complete list.
+    fn replace(store: &mut Store, listed: Vec<Self::Converted>);
 }
 
 impl Kind for Service {
@@ -75,8 +90,12 @@ impl Kind for Service {
     fn delete(store: &mut Store, object: &Self) {
         store.delete_service(&object_key(&object.metadata));
     }
-    fn retain(store: &mut Store, listed: &BTreeSet<ObjectKey>) {
-        store.retain_services(listed);
+    type Converted = ConvertedService;
+    fn convert(store: &mut Store, object: Self) -> ConvertedService {
+        store.convert_service(&object)
+    }
+    fn replace(store: &mut Store, listed: Vec<ConvertedService>) {
+        store.replace_services(listed);
     }
 }
 
@@ -90,8 +109,12 @@ impl Kind for EndpointSlice {
     fn delete(store: &mut Store, object: &Self) {
         store.delete_slice(&object_key(&object.metadata));
     }
-    fn retain(store: &mut Store, listed: &BTreeSet<ObjectKey>) {
-        store.retain_slices(listed);
+    type Converted = ConvertedSlice;
+    fn convert(store: &mut Store, object: Self) -> ConvertedSlice {
+        store.convert_slice(&object)
+    }
+    fn replace(store: &mut Store, listed: Vec<ConvertedSlice>) {
+        store.replace_slices(listed);
     }
 }
 
@@ -105,13 +128,12 @@ impl Kind for Node {
     fn delete(store: &mut Store, _: &Self) {
         store.set_node(None);
     }
-    fn retain(store: &mut Store, listed: &BTreeSet<ObjectKey>) {
-        if store
-            .node()
-            .is_some_and(|node| !listed.contains(&object_key(&node.metadata)))
-        {
-            store.set_node(None);
-        }
+    type Converted = Node;
+    fn convert(_: &mut Store, object: Self) -> Node {
+        object
+    }
+    fn replace(store: &mut Store, listed: Vec<Node>) {
+        store.set_node(listed.into_iter().next());
     }
 }
 
@@ -166,8 +188,8 @@ impl KubeSource {
         let api = Api::<K>::all(self.client.clone());
         let mut events = watcher::watcher(api, config).boxed();
         let mut retry = Retry::new(K::WATCH);
-        // A list in progress: the keys listed so far, and the objects not yet in the store.
-        let (mut listed, mut batch) = (BTreeSet::new(), Vec::new());
+        // A list in progress: its objects converted so far, and those not converted yet.
+        let (mut listed, mut batch) = (Vec::new(), Vec::new());
         let mut unavailable = false;
         while let Some(event) = events.next().await {
             if event.is_ok() {
@@ -179,21 +201,16 @@ impl KubeSource {
                     batch.clear();
                 }
                 Ok(Event::InitApply(object)) => {
-                    listed.insert(object_key(object.meta()));
                     batch.push(object);
                     if batch.len() == LIST_BATCH {
-                        let objects = std::mem::take(&mut batch);
-                        handle.update(|store| objects.into_iter().for_each(|o| K::apply(store, o)));
+                        convert_into::<K>(handle, &mut batch, &mut listed);
                     }
                 }
                 Ok(Event::InitDone) => {
-                    let (objects, listed) =
-                        (std::mem::take(&mut batch), std::mem::take(&mut listed));
+                    convert_into::<K>(handle, &mut batch, &mut listed);
+                    let listed = std::mem::take(&mut listed);
                     tracing::info!(kind = K::NAME, count = listed.len(), "listed");
-                    handle.update(|store| {
-                        objects.into_iter().for_each(|o| K::apply(store, o));
-                        K::retain(store, &listed);
-                    });
+                    handle.update(|store| K::replace(store, listed));
                     if unavailable {
                         tracing::info!(
                             resource = ENDPOINT_SLICES_RESOURCE,

@@ -3,7 +3,8 @@
 //!
 //! Every source writes here — the manifests source with [`Store::replace_all`] on each file
 //! change, the Kubernetes source with per-object upserts and deletes from its watches (and
-//! `replace_all` on a relist) — and the sync loop takes [`Store::take_dirty`] to re-plan
+//! [`Store::replace_services`] / [`Store::replace_slices`] of a whole list, converted as it
+//! came: [`Store::convert_service`]) — and the sync loop takes [`Store::take_dirty`] to re-plan
 //! only what changed. A write that changes nothing marks nothing dirty, so a relist of an
 //! unchanged cluster costs no planning.
 //!
@@ -76,6 +77,23 @@ pub struct ChangeCounts {
     pub services: u64,
     /// EndpointSlice adds, updates and deletes.
     pub endpoint_slices: u64,
+}
+
+/// A Service converted for the store ([`Store::convert_service`]): what the store keeps of it,
+/// under its namespace/name.
+#[derive(Debug)]
+pub struct ConvertedService {
+    key: ObjectKey,
+    info: Box<ServiceInfo>,
+}
+
+/// An EndpointSlice converted for the store ([`Store::convert_slice`]), with its
+/// `endpoints.kubernetes.io/last-change-trigger-time`.
+#[derive(Debug)]
+pub struct ConvertedSlice {
+    key: ObjectKey,
+    info: Box<SliceInfo>,
+    trigger_time: Option<SystemTime>,
 }
 
 /// Every object of a source at once, in the source's order: what [`Store::replace_all`] takes
@@ -155,12 +173,25 @@ impl Default for Store {
 }
 
 impl Store {
+    /// Convert `service` into what the store keeps of it (its strings shared with the store's),
+    /// to put in later ([`Store::replace_services`]); the store's objects are not changed.
+    pub fn convert_service(&mut self, service: &Service) -> ConvertedService {
+        ConvertedService {
+            key: object_key(&service.metadata),
+            info: Box::new(convert::service(service, &mut self.strings)),
+        }
+    }
+
     /// Add or replace a Service; marks it dirty if it changed.
     pub fn upsert_service(&mut self, service: Service) {
-        let key = object_key(&service.metadata);
-        let service = convert::service(&service, &mut self.strings);
-        if self.services.get(&key).map(|s| &**s) != Some(&service) {
-            self.services.insert(key.clone(), Box::new(service));
+        let converted = self.convert_service(&service);
+        self.put_service(converted);
+    }
+
+    /// [`upsert_service`](Self::upsert_service) of a converted Service.
+    fn put_service(&mut self, ConvertedService { key, info }: ConvertedService) {
+        if self.services.get(&key) != Some(&info) {
+            self.services.insert(key.clone(), info);
             self.dirty.insert(key);
             self.count_service_change();
         }
@@ -174,13 +205,31 @@ impl Store {
         }
     }
 
+    /// Convert `slice` into what the store keeps of it, with its trigger time, to put in later
+    /// ([`Store::replace_slices`]); the store's objects are not changed.
+    pub fn convert_slice(&mut self, slice: &EndpointSlice) -> ConvertedSlice {
+        ConvertedSlice {
+            key: object_key(&slice.metadata),
+            info: Box::new(convert::slice(slice, &mut self.strings)),
+            trigger_time: trigger_time(slice),
+        }
+    }
+
     /// Add or replace an EndpointSlice; marks its Service (old and new, if the label moved)
     /// dirty if it changed.
     pub fn upsert_slice(&mut self, slice: EndpointSlice) {
-        let key = object_key(&slice.metadata);
-        let trigger_time = trigger_time(&slice);
-        let slice = convert::slice(&slice, &mut self.strings);
-        if self.slices.get(&key).map(|s| &**s) == Some(&slice) {
+        let converted = self.convert_slice(&slice);
+        self.put_slice(converted);
+    }
+
+    /// [`upsert_slice`](Self::upsert_slice) of a converted EndpointSlice.
+    fn put_slice(&mut self, converted: ConvertedSlice) {
+        let ConvertedSlice {
+            key,
+            info,
+            trigger_time,
+        } = converted;
+        if self.slices.get(&key) == Some(&info) {
             return;
         }
         if self.slices.contains_key(&key) {
@@ -189,14 +238,14 @@ impl Store {
             self.count_slice_change();
         }
         self.trigger_times.extend(trigger_time);
-        if let Some(service) = slice_service(&slice) {
+        if let Some(service) = slice_service(&info) {
             let keys = self.slices_by_service.entry(service.clone()).or_default();
             if let Err(at) = keys.binary_search(&key) {
                 keys.insert(at, key.clone());
             }
             self.dirty.insert(service);
         }
-        self.slices.insert(key, Box::new(slice));
+        self.slices.insert(key, info);
     }
 
     /// Remove an EndpointSlice; marks its Service dirty if it existed.
@@ -239,49 +288,45 @@ impl Store {
     pub fn replace_all(&mut self, snapshot: Snapshot, node_name: &str) {
         let node = snapshot.node(node_name).cloned();
         self.set_node(node);
-        self.replace_services(snapshot.services);
-        self.replace_slices(snapshot.endpoint_slices);
+        let services = snapshot.services.iter();
+        let services = services.map(|s| self.convert_service(s)).collect();
+        self.replace_services(services);
+        let slices = snapshot.endpoint_slices.iter();
+        let slices = slices.map(|s| self.convert_slice(s)).collect();
+        self.replace_slices(slices);
     }
 
-    /// Make the store hold exactly `services` (a relist of that kind): Services not listed
-    /// are deleted; only those that differ mark their Services dirty.
-    pub fn replace_services(&mut self, services: Vec<Service>) {
-        self.retain_services(&services.iter().map(|s| object_key(&s.metadata)).collect());
-        for s in services {
-            self.upsert_service(s);
-        }
-    }
-
-    /// Delete the Services whose keys are not in `listed` (the end of a list whose objects
-    /// were upserted as they came).
-    pub fn retain_services(&mut self, listed: &BTreeSet<ObjectKey>) {
+    /// Make the store hold exactly `services` (a source's whole list of them): Services not
+    /// listed are deleted; only those that differ mark their Services dirty.
+    pub fn replace_services(&mut self, services: Vec<ConvertedService>) {
+        let listed: BTreeSet<&ObjectKey> = services.iter().map(|s| &s.key).collect();
         let gone: Vec<ObjectKey> = (self.services.keys())
-            .filter(|k| !listed.contains(*k))
+            .filter(|k| !listed.contains(k))
             .cloned()
             .collect();
+        drop(listed);
         for k in &gone {
             self.delete_service(k);
         }
-    }
-
-    /// Make the store hold exactly `slices` (a relist of that kind): EndpointSlices not listed
-    /// are deleted; only those that differ mark their Services dirty.
-    pub fn replace_slices(&mut self, slices: Vec<EndpointSlice>) {
-        self.retain_slices(&slices.iter().map(|s| object_key(&s.metadata)).collect());
-        for s in slices {
-            self.upsert_slice(s);
+        for s in services {
+            self.put_service(s);
         }
     }
 
-    /// Delete the EndpointSlices whose keys are not in `listed` (the end of a list whose
-    /// objects were upserted as they came).
-    pub fn retain_slices(&mut self, listed: &BTreeSet<ObjectKey>) {
+    /// Make the store hold exactly `slices` (a source's whole list of them): EndpointSlices
+    /// not listed are deleted; only those that differ mark their Services dirty.
+    pub fn replace_slices(&mut self, slices: Vec<ConvertedSlice>) {
+        let listed: BTreeSet<&ObjectKey> = slices.iter().map(|s| &s.key).collect();
         let gone: Vec<ObjectKey> = (self.slices.keys())
-            .filter(|k| !listed.contains(*k))
+            .filter(|k| !listed.contains(k))
             .cloned()
             .collect();
+        drop(listed);
         for k in &gone {
             self.delete_slice(k);
+        }
+        for s in slices {
+            self.put_slice(s);
         }
     }
 
