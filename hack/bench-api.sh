@@ -14,13 +14,13 @@
 # to each. The in-memory dataplane then holds a copy of the table and a log of every op, so the
 # process's peak after the sync is not the node's and is not shown.
 # Usage: hack/bench-api.sh [SERVICES]   env: BASELINE, CLUSTER_STATE (kept when given), CP_PORT
-# (30443), CP_ETCD_PORT (31790), KEEP_BASELINE=1 (keep the baseline worktree and its build)
+# (22443), CP_ETCD_PORT (25790; below the ephemeral and NodePort ranges), KEEP_BASELINE=1 (keep the baseline worktree and its build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . hack/lib/host-tools.sh && host_tools
 . hack/lib/baseline.sh
 services=${1:-50000}
-export CP_PORT=${CP_PORT:-30443} CP_ETCD_PORT=${CP_ETCD_PORT:-31790}
+export CP_PORT=${CP_PORT:-22443} CP_ETCD_PORT=${CP_ETCD_PORT:-25790}
 out=$PWD/target/bench-api
 mkdir -p "$out"
 state=${CLUSTER_STATE:-$(mktemp -d /tmp/kipvs-bench-api.XXXXXX)}

@@ -9,7 +9,8 @@ of `model/objects.rs`, converted at the store's boundary by `source/convert.rs`)
 folder's `mod.rs` and its own files count like any other: a child naming an item of its parent
 (`super::SourceHandle`), and a `mod.rs` naming its child (`use store::Store`, `pub use
 keys::VirtualServerKey`), so a file that imports its parent while the parent imports it back is a
-cycle (a `mod` line alone is not an import). A file's unit tests (from its `#[cfg(test)]` line on) are left out: a test module is a
+cycle (a `mod` line alone is not an import). Groups (`super::{a, b::{c}}`) and globs (`a::*`) are
+read as the paths they name. A file's unit tests (from its `#[cfg(test)]` line on) are left out: a test module is a
 leaf nothing imports, and may build its fixtures from Kubernetes objects through the converter.
 Usage: hack/check-imports.py [proxier/src] [-v: print the edges]
 """
@@ -43,21 +44,46 @@ def top(m):
     return m.split("::")[0]
 
 
+def group(text):
+    """The paths of a use group's body, `a, b::c, d::{e, f::*}` -> a, b::c, d::e, d::f (a glob
+    names the module it is in; `self` and `x as y` read as the path before them)."""
+    items, depth, item = [], 0, ""
+    for ch in text:
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(item)
+            item = ""
+        else:
+            item += ch
+    paths = []
+    for item in items + [item]:
+        item = item.strip()
+        nested = re.match(r"((?:\w+::)*)\{(.*)\}$", item, re.S)
+        if nested:
+            paths += [nested.group(1) + p for p in group(nested.group(2))]
+        elif re.match(r"\w", item):
+            paths.append(re.match(r"(?:\w+::)*\w+", item).group(0))
+        elif item == "*":
+            paths.append("")
+    return [p.rstrip(":") for p in paths]
+
+
 def uses(code, prefix):
-    """The paths named after `prefix::` (a regex) in `code`: `a::b` as "a::b", each path of a group
-    `{a, b::c}` (nested groups roughly: their items as paths of their own), and `*` as ""."""
+    """The paths named after `prefix::` (a regex) in `code`: `a::b` as "a::b", a group
+    `a::{b, c::{d}}` as its paths ("a::b", "a::c::d"), and a glob `a::*` as "a" (`*` alone: "")."""
     found = []
-    for m in re.finditer(prefix + r"::(\{|\*|(?:\w+::)*\w+)", code):
-        if m.group(1) == "*":
-            found.append("")
-        elif m.group(1) == "{":
+    for m in re.finditer(prefix + r"::((?:\w+::)*)(\{|\*|\w+)", code):
+        head, last = m.group(1), m.group(2)
+        if last == "{":
             depth, i = 1, m.end()
             while depth and i < len(code):
                 depth += {"{": 1, "}": -1}.get(code[i], 0)
                 i += 1
-            found += re.findall(r"(?:\w+::)*\w+", code[m.end():i - 1])
+            found += [head + p if p else head.rstrip(":") for p in group(code[m.end():i - 1])]
+        elif last == "*":
+            found.append(head.rstrip(":"))
         else:
-            found.append(m.group(1))
+            found.append(head + last)
     return found
 
 

@@ -11,7 +11,7 @@ use kipvs_proxier::engine::Engine;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
 use kipvs_proxier::serve::metrics::{self, Metrics};
 use kipvs_proxier::source::SourceHandle;
-use kipvs_proxier::source::kube::{ENDPOINT_SLICES_RESOURCE, KubeSource};
+use kipvs_proxier::source::kube::{ENDPOINT_SLICES_RESOURCE, KubeSource, LIST_BATCH};
 use kipvs_proxier::source::store::Store;
 use kube::client::Body;
 use serde_json::{Value, json};
@@ -438,15 +438,17 @@ async fn a_relist_that_breaks_off_changes_nothing() {
         .await
         .expect("ready");
     assert_eq!(f.services(), ["db", "web"]);
+    let changes = f.handle.store.lock().unwrap().change_totals();
 
-    // The watch expires; the relist's first page holds 600 Services, its second page fails.
+    // The watch expires; the relist's first page holds more Services than the source converts
+    // at a time, its second page fails.
     f.api.push(
         "services",
         Reply::Watch(vec![
             json!({"type": "ERROR", "object": status(410, "Expired")}),
         ]),
     );
-    let page: Vec<Value> = (0..600)
+    let page: Vec<Value> = (0..LIST_BATCH + 100)
         .map(|i| {
             service(
                 &format!("svc-{i:03}"),
@@ -463,6 +465,7 @@ async fn a_relist_that_breaks_off_changes_nothing() {
     assert!(second.contains("continue=next"), "{second}");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(f.services(), ["db", "web"], "half a list reached the store");
+    assert_eq!(f.handle.store.lock().unwrap().change_totals(), changes);
 
     // The list again, complete: it replaces the Services at once.
     f.api.push(

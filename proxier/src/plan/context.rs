@@ -14,14 +14,15 @@ use std::net::IpAddr;
 /// source port too. kube-proxy sets it (`FlagSourceHash`) whenever the scheduler is `mh`.
 pub const SCHED_FLAG_MH_PORT: SchedFlags = 0x10;
 
-/// What every Service plan shares: derived once per [`plan`] from the node and configuration.
+/// What every Service plan shares: derived once per [`plan`](super::plan) from the node and configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanContext {
     /// This node's name (endpoints with this `nodeName` are local).
     pub(super) node_name: String,
     /// This node's `topology.kubernetes.io/zone` label, if any.
-    pub(super) zone: Option<String>,
-    /// The addresses NodePorts are served on (`nodePortAddresses` applied to the node IPs).
+    zone: Option<String>,
+    /// The addresses NodePorts are served on (`nodePortAddresses` applied to the node IPs),
+    /// also the node IPs whose own traffic a `loadBalancerSourceRanges` range may admit.
     pub(super) node_port_ips: Vec<IpAddr>,
     /// Addresses on the node's other interfaces: an externalIP or load-balancer IP among them
     /// is not bound on `kube-ipvs0`.
@@ -33,9 +34,9 @@ pub struct PlanContext {
     /// The `LoadBalancerIPMode` gate.
     pub(super) load_balancer_ip_mode: bool,
     /// The constant nftables rules' parameters.
-    pub(super) nft_rules: NftRules,
+    nft_rules: NftRules,
     /// Schedulers this node's kernel lacks (a Service naming one gets `vs_spec`'s).
-    pub(super) unavailable_schedulers: BTreeSet<String>,
+    unavailable_schedulers: BTreeSet<String>,
 }
 
 impl PlanContext {

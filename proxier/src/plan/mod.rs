@@ -1,5 +1,5 @@
 //! `plan()`: Services, EndpointSlices, the own Node and the configuration in; the IPVS table
-//! kipvs wants ([`DesiredState`]) out.
+//! kipvs wants ([`DesiredState`](crate::model::DesiredState)) out.
 //!
 //! Pure and total: no I/O, no clock, and no input makes it fail. Whatever is wrong with an
 //! object becomes a [`Problem`] naming the object, and everything else is still planned (one

@@ -4,7 +4,7 @@
 use crate::model::DesiredState;
 use std::fmt;
 
-/// The outcome of [`plan`]: the desired IPVS state, what was wrong with the input, and the
+/// The outcome of [`plan`](super::plan): the desired IPVS state, what was wrong with the input, and the
 /// counts behind two metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {

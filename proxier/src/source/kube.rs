@@ -47,7 +47,7 @@ pub const ENDPOINT_SLICES_RESOURCE: &str = "endpointslices.discovery.k8s.io/v1";
 
 /// How many objects of a list in progress are held as Kubernetes objects before they are
 /// converted (kube's watcher lists in pages of 500).
-const LIST_BATCH: usize = 500;
+pub const LIST_BATCH: usize = 500;
 
 /// Convert the objects of `batch` into `listed`, under the store's lock (their strings are
 /// shared with the store's); the store's objects are not changed, so nobody is told.
@@ -194,6 +194,9 @@ impl KubeSource {
         while let Some(event) = events.next().await {
             if event.is_ok() {
                 retry.succeeded();
+            } else {
+                // A failed list starts again with `Init`: free what it held during the backoff.
+                (listed, batch) = (Vec::new(), Vec::new());
             }
             match event {
                 Ok(Event::Init) => {
