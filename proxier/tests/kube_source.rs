@@ -277,6 +277,22 @@ impl Fixture {
         );
     }
 
+    /// Answer the next Service list with `web` (unchanged) and `cache` (new, at `rv`), and wait
+    /// until that list replaced the Services.
+    async fn relist_web_and_cache(&self, rv: &'static str) {
+        let listed = vec![
+            service("web", "10.96.0.10", "1"),
+            service("cache", "10.96.0.13", rv),
+        ];
+        self.api
+            .push("services", Reply::List("ServiceList", listed, rv));
+        self.until("the relist", |s| {
+            s.service(&("default".into(), "cache".into())).is_some()
+        })
+        .await;
+        assert_eq!(self.services(), ["cache", "web"]);
+    }
+
     fn virtual_servers(&self) -> usize {
         self.engine.dataplane().state.virtual_servers.len()
     }
@@ -343,22 +359,7 @@ async fn relist_after_410_replaces_and_an_outage_deletes_nothing() {
     })
     .await;
     assert_eq!(f.services(), ["api", "web"]);
-    f.api.push(
-        "services",
-        Reply::List(
-            "ServiceList",
-            vec![
-                service("web", "10.96.0.10", "1"),
-                service("cache", "10.96.0.13", "5"),
-            ],
-            "5",
-        ),
-    );
-    f.until("the relist", |s| {
-        s.service(&("default".into(), "cache".into())).is_some()
-    })
-    .await;
-    assert_eq!(f.services(), ["cache", "web"]);
+    f.relist_web_and_cache("5").await;
     let verbs: Vec<String> = f
         .api
         .requests("services")
@@ -468,22 +469,7 @@ async fn a_relist_that_breaks_off_changes_nothing() {
     assert_eq!(f.handle.store.lock().unwrap().change_totals(), changes);
 
     // The list again, complete: it replaces the Services at once.
-    f.api.push(
-        "services",
-        Reply::List(
-            "ServiceList",
-            vec![
-                service("web", "10.96.0.10", "1"),
-                service("cache", "10.96.0.13", "9"),
-            ],
-            "9",
-        ),
-    );
-    f.until("the complete relist", |s| {
-        s.service(&("default".into(), "cache".into())).is_some()
-    })
-    .await;
-    assert_eq!(f.services(), ["cache", "web"]);
+    f.relist_web_and_cache("9").await;
 }
 
 #[tokio::test(start_paused = true)]
