@@ -1,6 +1,6 @@
 //! Reading kube-proxy's own configuration file as a [`ProxierConfiguration`], so that a
 //! cluster can move from kube-proxy's IPVS mode to kipvs with its `kube-proxy` ConfigMap
-//! unchanged (issue 3, "Migration").
+//! unchanged.
 //!
 //! [`ProxierConfiguration::load_any`] reads, by the document's `apiVersion` and `kind` (the way
 //! every Kubernetes component configuration file is told apart):

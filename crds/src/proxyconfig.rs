@@ -467,7 +467,7 @@ pub fn parse_selector(
 /// A label key as Kubernetes validates it (`IsQualifiedName`): an optional DNS subdomain
 /// prefix of at most 253 characters and `/`, then a name of 1-63 alphanumerics, `-`, `_`, `.`,
 /// beginning and ending with an alphanumeric. A selector with any other key matches no Node
-/// ever, which would silently empty a stage (issue 15), so it is an invalid spec.
+/// ever, which would silently empty a stage, so it is an invalid spec.
 fn check_label_key(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),

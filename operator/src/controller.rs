@@ -120,9 +120,9 @@ impl Context {
     ///
     /// One task waits on the stores for all reconciles, the others on this context's cell:
     /// kube-runtime's `Store::wait_until_ready` keeps a single waker (a oneshot receiver), so of
-    /// several reconciles waiting at once only the last one was woken, and a ProxyConfig's
-    /// reconcile stayed pending for good (found by the fleet harness: after an apiserver outage
-    /// the restarted operator never reconciled one of two ProxyConfigs again).
+    /// several reconciles waiting at once only the last one would be woken, and a ProxyConfig's
+    /// reconcile would stay pending for good (after an apiserver outage a restarted operator
+    /// would never reconcile one of two ProxyConfigs again; `hack/fleet.sh --faults` checks it).
     pub async fn stores_ready(&self) -> bool {
         self.ready
             .get_or_try_init(|| async {
@@ -553,10 +553,9 @@ mod tests {
         (store, writer)
     }
 
-    /// Review finding (issue 15): a write left out because the node's NodeProxyConfig changed
-    /// after the decision read it (here: the node moved to another ProxyConfig, which wrote
-    /// it) triggered nothing for this ProxyConfig, whose status then waited for the resync
-    /// (5 minutes).
+    /// A write left out because the node's NodeProxyConfig changed after the decision read it
+    /// (here: the node moved to another ProxyConfig, which wrote it) reconciles this
+    /// ProxyConfig again at once, so its status does not wait for the resync (5 minutes).
     #[tokio::test]
     async fn a_write_left_out_because_the_node_moved_reconciles_again_at_once() {
         let (service, _server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();

@@ -2,9 +2,9 @@
 //!
 //! The operator watches ProxyConfigs as [`StoredProxyConfig`]: metadata always, the spec and the
 //! status each decoded on their own. A typed watch of [`ProxyConfig`] fails the whole list or
-//! watch when one object does not decode (issue 15: `soakDuration: 100000000h` passed an older
-//! schema and blinded the operator to every ProxyConfig, and a restarted operator could not
-//! even list them). Here such an object is one [`StoredProxyConfig`] whose spec is an error,
+//! watch when one object does not decode (a `soakDuration: 100000000h` that an older schema
+//! let through would blind the operator to every ProxyConfig, and a restarted operator could
+//! not even list them). Here such an object is one [`StoredProxyConfig`] whose spec is an error,
 //! which the controller reports on the object itself (Degraded `InvalidSpec`, an Event) while
 //! the others are reconciled.
 

@@ -4,7 +4,7 @@
 //!
 //! 1. **Relevance** ([`node_relevance`], [`npc_relevance`]): a change must touch what a decision
 //!    reads. A proxier refreshing `status.lastSyncTime` or a kubelet heartbeat triggers nothing
-//!    (issue 15: with N nodes such refreshes arrive every 60/N s).
+//!    (with N nodes such refreshes arrive every 60/N s).
 //! 2. **Concern** ([`Concerned`]): a relevant change reconciles only the ProxyConfigs whose
 //!    decision can change with it, not every ProxyConfig:
 //!    - the ProxyConfig that controls the node's NodeProxyConfig (its controller ownerReference,
@@ -43,8 +43,8 @@ pub fn node_relevance(node: &Node) -> Option<u64> {
 /// What a NodeProxyConfig change must look like to matter: its spec (`metadata.generation`),
 /// its controller, deletion, and the proxier's verdict (observed revision, phase, health). Not
 /// `status.lastSyncTime`, `message` or `syncErrors`: a proxier refreshing its status must not
-/// trigger reconciles (issue 15: with N nodes such refreshes arrived every 60/N s and, behind a
-/// resetting debounce, starved the controller).
+/// trigger reconciles (with N nodes such refreshes arrive every 60/N s and, behind a resetting
+/// debounce, would starve the controller).
 pub fn npc_relevance(npc: &NodeProxyConfig) -> Option<u64> {
     let view = NpcView::from_npc(npc);
     let status = npc.status.as_ref();

@@ -2,8 +2,7 @@
 //!
 //! A reconcile decides and hands its writes over ([`WriterState::submit`]); it does not wait
 //! for them, so the next decision (a spec change's canary, a stage completing) is never
-//! queued behind the previous decision's ~1,000 applies (issue 15: at 5,000 nodes a new
-//! revision's first write came 6.6 s after the apply, presumably behind them).
+//! queued behind the previous decision's applies (a stage of a 5,000-node fleet is ~1,000).
 //!
 //! - **Work queue keyed by node, latest wins.** Each ProxyConfig's queued (not yet sent)
 //!   writes are replaced by those of its latest decision: a write the latest decision still
@@ -780,9 +779,9 @@ mod tests {
         assert!(matches!(&a2.write, Write::Assign { revision, .. } if &**revision == "r2"));
     }
 
-    /// Review finding (issue 15): a decision taken while a's retry was in flight did not ask
-    /// for a (the overlay showed it) and, submitted after the retry failed, cancelled it;
-    /// a was written again only at the next resync (up to 5 minutes).
+    /// A decision taken while a's retry is in flight does not ask for a (the overlay shows
+    /// it) and, submitted after the retry failed, cancels it; the failed retry triggers the
+    /// owner's reconcile, which asks for a again instead of waiting for the next resync.
     #[test]
     fn a_retry_cancelled_by_a_decision_taken_while_it_was_in_flight_is_asked_for_again() {
         let mut state = WriterState::default();
@@ -796,8 +795,8 @@ mod tests {
         // The decision: a is in flight, laid over the stores, so it is not asked for.
         let overlay = state.overlay(&HashMap::new(), Timestamp::now());
         assert_eq!(overlay.len(), 1);
-        // The retry fails again: the owner is to be reconciled (the old code said no: the
-        // node was failing already).
+        // The retry fails again: the owner is to be reconciled, although the node was failing
+        // already.
         assert!(
             state.finish(retry, Err(rejected("apiserver busy")), due),
             "a failed retry triggers the owner's reconcile"
@@ -811,9 +810,9 @@ mod tests {
         assert_eq!(queue(&state), pairs(&[("a", "r1")]));
     }
 
-    /// Review finding (issue 15): after an ambiguous failure (a 504 on a write that was
-    /// committed later, or is still being committed) a newer revision's write was sent at
-    /// once, and the older one could land after it.
+    /// After an ambiguous failure (a 504 on a write that may be committed later, or is still
+    /// being committed) a newer revision's write waits, so that the older one cannot land
+    /// after it.
     #[test]
     fn a_node_in_doubt_gets_no_other_write_until_the_doubt_is_resolved() {
         let mut state = WriterState::default();
@@ -872,9 +871,9 @@ mod tests {
         assert!(state.take(later).is_ok(), "nothing in doubt");
     }
 
-    /// Review finding (issue 15): a ProxyConfig deleted and recreated under the same name
-    /// inherited the old one's queued writes, which were then dropped as the deleted owner's
-    /// when their turn came, and nothing asked for them again.
+    /// A ProxyConfig deleted and recreated under the same name does not inherit the old one's
+    /// queued writes (they would be dropped as the deleted owner's when their turn came, and
+    /// nothing would ask for them again).
     #[test]
     fn a_proxyconfig_recreated_under_the_same_name_queues_its_own_writes() {
         let mut state = WriterState::default();

@@ -669,10 +669,9 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 
     /// Start-up as `run()` does it on a real node: the first sync reads the node's other
     /// addresses (never none: `lo`, `eth0`), which asks the planner for a full re-plan, and
-    /// its store is all-dirty. The first change after that must be incremental; it was a
-    /// full re-plan and a full observe of the kernel (the planner took only one of the two
-    /// "everything" flags). A NodeProxyConfig revision put in force before the first sync
-    /// did the same.
+    /// its store is all-dirty. The first change after that is incremental, not a full
+    /// re-plan and a full observe of the kernel (both "everything" flags are taken), also
+    /// after a NodeProxyConfig revision put in force before the first sync.
     #[tokio::test]
     async fn the_first_change_after_start_up_is_incremental() {
         let m = Manifests::new("first", &WEB.replace("READY", "true"));

@@ -11,9 +11,9 @@
 //!   configuration stays in force, and the revision in force assigned again (a rollback) is
 //!   reported `Applied` again after the next sync.
 //! - After `Applied`, failed syncs are counted in `syncErrors` (the last error in `message`) and
-//!   `lastSyncTime` follows the syncs. What the status publishes, and when (issue 15: the status
-//!   is for people and the operator's decisions, never a heartbeat — 5,000 proxiers refreshing
-//!   `lastSyncTime` once a minute are 45-83 writes a second that nothing acts on):
+//!   `lastSyncTime` follows the syncs. What the status publishes, and when (the status is for
+//!   people and the operator's decisions, never a heartbeat: 5,000 proxiers refreshing
+//!   `lastSyncTime` once a minute would be ~83 writes a second that nothing acts on):
 //!   - a change of phase or revision: at once;
 //!   - a new error (the first failed sync after a status that reported none): at once;
 //!   - the counters (`syncErrors`, `message`) when they changed, at most once per

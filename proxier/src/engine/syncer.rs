@@ -22,8 +22,7 @@
 //!
 //! Order: the ops of a sync go to the dataplane in [`diff_scoped`]'s order. An endpoint change
 //! of an existing virtual server reaches IPVS before the main nftables transaction (an `nft`
-//! process that took median 1.3 s, up to 11.8 s, in the end to end's VM, when it holds rules or
-//! intervals), so a new endpoint takes traffic at once and an old one leaves before its set
+//! process, which can take seconds on a loaded node, when it holds rules or intervals), so a new endpoint takes traffic at once and an old one leaves before its set
 //! elements do. What must be in nftables before traffic uses a real server still goes first:
 //! a new endpoint's hairpin element (an element-only transaction of its own ahead of the real
 //! servers: one nfnetlink batch, about a millisecond), and its virtual server's masquerade and
@@ -34,9 +33,9 @@
 //! failures, durations). Each op is one `op=…` line at debug level under the target
 //! [`OPS_LOG`] (`RUST_LOG=info,kipvs_proxier::ops=debug` shows them), logged before the ops go
 //! to the kernel; a failed op is then a warning (`failed op=…`).
-//! A cold start of 10k Services is 60k ops: at info level those lines took 1.2 s of its 14 s in
-//! the test VM (`hack/bench-vm.sh`), and 60k log lines per node restart; kube-proxy logs no line
-//! per rule or real server at its default verbosity either.
+//! A cold start of 10k Services is 60k ops: at info level that is 60k log lines per node
+//! restart, written before the ops reach the kernel; kube-proxy logs no line per rule or real
+//! server at its default verbosity either.
 
 use crate::dataplane::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::{
@@ -83,8 +82,8 @@ pub const API_SERVER_SERVICE: &str = "default/kubernetes";
 /// bound addresses and set elements, and the nftables rules those elements need) before all
 /// others, each group keeping its stage order: the dataplane applies them as stages of their
 /// own, then the rest. Entries of the two groups are disjoint, so the safe order holds within
-/// each. Cost: O(virtual servers + set elements + ops), once per full sync: a few ms at 50k
-/// Services (1.5M ops), where sorting the ops by group took 177 ms.
+/// each. Cost: O(virtual servers + set elements + ops), once per full sync (one pass, not a
+/// sort of the ops).
 pub fn first_the_api_server(desired: &DesiredState, ops: &mut Vec<Op>) {
     let prefix = format!("{API_SERVER_SERVICE}:");
     let keys: BTreeSet<VirtualServerKey> = desired
@@ -291,7 +290,7 @@ impl<D: Dataplane> Syncer<D> {
         let mut scope = touched.clone();
         // A touched virtual server that loses a real server is re-read first: whether that real
         // server drains or goes depends on its connections, which the cache only knows as of its
-        // last observation (found by the end to end, hack/test-e2e.sh).
+        // last observation.
         let cache = self.cache.as_ref().expect("checked");
         let mut refresh: Vec<VirtualServerKey> = touched
             .virtual_servers
@@ -740,8 +739,8 @@ mod tests {
         assert_eq!(syncer.dataplane.conntrack, [foreign].into());
     }
 
-    /// Found by the end to end (hack/test-e2e.sh): a connection opened after the cache was
-    /// taken must still make the incremental sync drain the real server, not delete it.
+    /// A connection opened after the cache was taken still makes the incremental sync drain
+    /// the real server, not delete it.
     #[tokio::test]
     async fn incremental_removal_drains_a_real_server_whose_connections_came_after_the_cache() {
         let both = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);

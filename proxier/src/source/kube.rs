@@ -8,8 +8,8 @@
 //!   sync sees half a list, a list that breaks off changes nothing, objects deleted while the
 //!   watch was down go away then, and unchanged objects cost nothing. Until then the list is
 //!   held converted to what the store keeps ([`Store::convert_service`]), [`LIST_BATCH`]
-//!   objects at a time, never whole as Kubernetes objects (50k Services and their
-//!   EndpointSlices held so took the process to 677 MiB; `hack/bench-api.sh`).
+//!   objects at a time, never whole as Kubernetes objects (which for 50k Services and their
+//!   EndpointSlices is several times the memory; `hack/bench-api.sh` measures it).
 //! - Errors never clear the store: while the API server is unreachable the last known
 //!   objects stay, so nothing is deleted from the kernel. Each watcher retries with the
 //!   backoff of [`Retry`] (a few seconds while the API server is away, client-go's 0.8 s to

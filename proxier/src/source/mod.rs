@@ -138,9 +138,8 @@ impl SourceHandle {
 ///   lists again after the first step (0.8–1.6 s).
 ///
 /// Both reset after an event (and after 2 min without a failure). kube-runtime's
-/// `StreamBackoff` (`default_backoff()`), used before, cannot tell these apart: after a 30 s
-/// outage it waited its grown 25–60 s step before the relist the `410` asks for, so watches
-/// resumed 34–48 s after the API server was back (issue 14).
+/// `StreamBackoff` (`default_backoff()`) cannot tell these apart: after an outage it waits
+/// the step it grew during the outage (tens of seconds) before the relist the `410` asks for.
 ///
 /// Logs: the first failure of a run at WARN, the following ones at DEBUG, the recovery at
 /// INFO with the number of failures and how long they lasted.

@@ -1,4 +1,4 @@
-//! Following the node's own `NodeProxyConfig` (issue 6): which configuration is in force, how
+//! Following the node's own `NodeProxyConfig`: which configuration is in force, how
 //! a new revision is checked and applied live, and how the proxier reports on it.
 //!
 //! - **Precedence**: the NodeProxyConfig's `spec.config` over the local `--config` file over
@@ -172,8 +172,8 @@ pub fn assigned_by(object: &Value) -> Assigned {
     }
 }
 
-/// The revision to report for `config`, assigned under `spec_revision` (issue 15: a hand edit
-/// of `spec.config` that keeps `spec.revision` must show). The operator names a revision by its
+/// The revision to report for `config`, assigned under `spec_revision` (a hand edit of
+/// `spec.config` that keeps `spec.revision` must show). The operator names a revision by its
 /// content ([`config_revision`]); when `spec_revision` has that form and this version read the
 /// whole of `spec.config`, the revision of the content is reported, so content that does not
 /// match its name is visible as another observed revision (and logged). Otherwise
