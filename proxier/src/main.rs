@@ -86,13 +86,58 @@ enum DataplaneKind {
     Fake,
 }
 
+/// How to reach the Kubernetes API server (ignored with --manifests).
+///
+/// The default, the in-cluster configuration, reaches it through the `kubernetes` Service's
+/// ClusterIP: on a node where kipvs is the only service proxy nothing programs that address
+/// before kipvs has synced, so such clusters name the API server itself, with `--master` (or
+/// `KIPVS_MASTER`, as the DaemonSet in `config/` sets it from the ConfigMap `kipvs-apiserver`) or
+/// a kubeconfig naming the control-plane endpoint (kubeadm's kube-proxy kubeconfig works as it is).
+#[derive(clap::Args)]
+struct ApiArgs {
+    /// kubeconfig for the Kubernetes API; default: in-cluster config, then $KUBECONFIG or
+    /// ~/.kube/config.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The API server's address, `https://host:port` or `host:port` (kube-proxy's `--master`):
+    /// replaces the server of the kubeconfig or of the in-cluster configuration, whose
+    /// credentials and CA stay in use.
+    #[arg(long, env = "KIPVS_MASTER", value_parser = parse_master)]
+    master: Option<http::Uri>,
+}
+
+/// `--master`: a URL, or `host:port` / `host` taken as `https://`.
+fn parse_master(text: &str) -> Result<http::Uri, String> {
+    let text = text.trim();
+    let url = if text.contains("://") {
+        text.to_owned()
+    } else {
+        format!("https://{text}")
+    };
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{text:?} is not an API server address: {e}"))?;
+    // `http` leaves a port that is not a number unchecked.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let after_host = authority
+        .rsplit_once(']')
+        .map_or(authority, |(_, rest)| rest);
+    let port_ok = after_host
+        .rsplit_once(':')
+        .is_none_or(|(_, port)| port.parse::<u16>().is_ok());
+    match (uri.scheme_str(), uri.host()) {
+        (Some("https" | "http"), Some(_)) if port_ok => Ok(uri),
+        _ => Err(format!(
+            "{text:?} is not an API server address (expected https://host:port or host:port)"
+        )),
+    }
+}
+
 /// The Kubernetes API and the proxier's own servers (`run` only).
 #[derive(clap::Args)]
 struct ClusterArgs {
-    /// kubeconfig for the Kubernetes API source; default: in-cluster config, then
-    /// $KUBECONFIG or ~/.kube/config. Ignored with --manifests.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    api: ApiArgs,
     /// `ip:port` of /healthz and /livez (overrides healthzBindAddress).
     #[arg(long)]
     healthz_bind_address: Option<String>,
@@ -131,10 +176,8 @@ enum Command {
     Inspect {
         #[command(flatten)]
         source: SourceArgs,
-        /// kubeconfig when reading the Kubernetes API (no --manifests); default: in-cluster
-        /// config, then $KUBECONFIG or ~/.kube/config.
-        #[arg(long)]
-        kubeconfig: Option<PathBuf>,
+        #[command(flatten)]
+        api: ApiArgs,
         /// Output format.
         #[arg(long, value_enum, default_value = "text")]
         format: InspectFormat,
@@ -184,9 +227,10 @@ fn manifests_source(args: &SourceArgs) -> anyhow::Result<ManifestsSource> {
     })
 }
 
-/// A client from `--kubeconfig`, or the default (in-cluster, then $KUBECONFIG / ~/.kube/config).
-async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+/// A client from `--kubeconfig`, or the default (in-cluster, then $KUBECONFIG / ~/.kube/config),
+/// with its server replaced by `--master` when given.
+async fn kube_client(api: &ApiArgs) -> anyhow::Result<kube::Client> {
+    let mut config = match &api.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -194,12 +238,11 @@ async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> 
         }
         None => kube::Config::infer().await?,
     };
+    if let Some(master) = &api.master {
+        config.cluster_url = master.clone();
+    }
+    tracing::info!(server = %config.cluster_url, "Kubernetes API server");
     Ok(kube::Client::try_from(config)?)
-}
-
-/// Bind `addr` for one of the proxier's servers, naming it in the error.
-fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
-    health::bind(addr).with_context(|| format!("binding the {what} server to {addr}"))
 }
 
 /// What [`start`] started.
@@ -250,16 +293,26 @@ async fn start(
             .with_context(|| format!("--metrics-bind-address {a:?}"))?,
         None => config.metrics_socket_addr()?,
     };
+    // Each server binds in a task of its own, retried while its port is taken: programming never
+    // waits for it (kube-proxy's healthz and metrics servers do the same).
     let never = std::future::pending::<()>;
-    let listener = bind(healthz_addr, "healthz")?;
-    tokio::spawn(health::serve(listener, health.routes(&metrics), never()));
-    let listener = bind(metrics_addr, "metrics")?;
-    tokio::spawn(health::serve(listener, metrics.routes(), never()));
+    let routes = health.routes(&metrics);
+    let m = metrics.clone();
+    tokio::spawn(async move {
+        let listener = health::bind_retrying(healthz_addr, "healthz", || m.bind_failed("healthz"));
+        health::serve(listener.await, routes, never()).await;
+    });
+    let (routes, m) = (metrics.routes(), metrics.clone());
+    tokio::spawn(async move {
+        let listener = health::bind_retrying(metrics_addr, "metrics", || m.bind_failed("metrics"));
+        health::serve(listener.await, routes, never()).await;
+    });
     tracing::info!(%healthz_addr, %metrics_addr, "serving /healthz, /livez and /metrics");
     if let Some(addr) = cluster.grpc_health_bind_address {
-        let listener = bind(addr, "gRPC health")?;
-        let health = health.clone();
+        let (health, m) = (health.clone(), metrics.clone());
         tokio::spawn(async move {
+            let what = "gRPC health";
+            let listener = health::bind_retrying(addr, what, || m.bind_failed(what)).await;
             if let Err(e) = grpc::serve(listener, health, never()).await {
                 tracing::error!("gRPC health server failed: {e}");
             }
@@ -281,7 +334,7 @@ async fn start(
             follow: Follow::Manifests(assigned),
         });
     }
-    let client = kube_client(cluster.kubeconfig.as_deref()).await?;
+    let client = kube_client(&cluster.api).await?;
     let source = KubeSource {
         client: client.clone(),
         node_name: args.node.clone(),
@@ -356,7 +409,7 @@ fn follow_node_config(
 /// The desired state for `args`: from the manifests, or listed from the Kubernetes API.
 async fn desired_state(
     args: &SourceArgs,
-    kubeconfig: Option<&Path>,
+    api: &ApiArgs,
 ) -> anyhow::Result<kipvs_proxier::model::DesiredState> {
     let config = load_config(args.config.as_deref())?;
     let handle = SourceHandle::gated();
@@ -367,7 +420,7 @@ async fn desired_state(
             .with_context(|| format!("reading {}", source.path.display()))?;
     } else {
         let source = KubeSource {
-            client: kube_client(kubeconfig).await?,
+            client: kube_client(api).await?,
             node_name: args.node.clone(),
         };
         let listing = tokio::spawn(source.run(handle.clone()));
@@ -491,11 +544,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Inspect {
             source: args,
-            kubeconfig,
+            api,
             format,
             dataplane,
         } => {
-            let desired = desired_state(&args, kubeconfig.as_deref()).await?;
+            let desired = desired_state(&args, &api).await?;
             let observed = match dataplane {
                 DataplaneKind::Kernel => {
                     let mut kernel = connect_kernel().await?;
@@ -603,6 +656,29 @@ async fn main() -> std::process::ExitCode {
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_master;
+
+    #[test]
+    fn master_is_a_url_or_a_host_and_port() {
+        let url = |text| parse_master(text).map(|u| u.to_string());
+        assert_eq!(
+            url("https://10.0.0.1:6443").unwrap(),
+            "https://10.0.0.1:6443/"
+        );
+        assert_eq!(url("10.0.0.1:6443").unwrap(), "https://10.0.0.1:6443/");
+        assert_eq!(
+            url(" cp.example:6443 ").unwrap(),
+            "https://cp.example:6443/"
+        );
+        assert_eq!(url("[fd00::1]:6443").unwrap(), "https://[fd00::1]:6443/");
+        for bad in ["", "ftp://x:1", "https://", "10.0.0.1:port"] {
+            assert!(url(bad).is_err(), "{bad:?} is refused: {:?}", url(bad));
         }
     }
 }

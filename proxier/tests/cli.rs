@@ -120,3 +120,118 @@ fn json_format_lists_bind_addresses() {
     assert!(text.contains("10.244.1.2:8080"), "{text}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// A port taken by another process (kube-controller-manager on 10257, kube-proxy still stopping
+/// on 10256) does not stop the proxier: it programs, and binds the server once the port is free.
+#[test]
+fn a_taken_server_port_is_retried_while_the_proxier_programs() {
+    use std::io::{BufRead, BufReader};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    let dir = scratch("taken-port");
+    std::fs::write(dir.join("good.yaml"), GOOD).unwrap();
+    let free = || {
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let grpc = taken.local_addr().unwrap();
+    let (healthz, metrics) = (free(), free());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kipvs-proxier"))
+        .args([
+            "run",
+            "--node",
+            "node-1",
+            "--dataplane",
+            "fake",
+            "--manifests",
+        ])
+        .arg(&dir)
+        .arg(format!("--healthz-bind-address={healthz}"))
+        .arg(format!("--metrics-bind-address={metrics}"))
+        .arg(format!("--grpc-health-bind-address={grpc}"))
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kipvs-proxier");
+    let (lines_tx, lines) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let wait_for = |needle: &str, within: Duration| {
+        let deadline = Instant::now() + within;
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(line) => seen.push(line),
+                Err(_) => break,
+            }
+        }
+        panic!(
+            "no {needle:?} within {within:?}; stderr so far:\n{}",
+            seen.join("\n")
+        );
+    };
+    let warning = wait_for(
+        "cannot bind the gRPC health server",
+        Duration::from_secs(20),
+    );
+    assert!(warning.contains(&grpc.to_string()), "{warning}");
+    wait_for("sync complete", Duration::from_secs(20));
+    assert!(
+        TcpStream::connect(healthz).is_ok(),
+        "healthz serves meanwhile"
+    );
+    drop(taken);
+    wait_for("bound the gRPC health server", Duration::from_secs(15));
+    assert!(
+        TcpStream::connect(grpc).is_ok(),
+        "the gRPC health port is served now"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The DaemonSet in `config/` runs on every node, kubeadm control-plane nodes included: none of
+/// its ports may be one a kubeadm control-plane node or its kubelet already uses (kube-proxy's
+/// 10249 and 10256 are kipvs's own, as it replaces kube-proxy; a taken port is retried).
+#[test]
+fn the_daemonset_uses_no_port_of_a_kubeadm_control_plane_node() {
+    const TAKEN: [(u16, &str); 8] = [
+        (6443, "kube-apiserver"),
+        (2379, "etcd"),
+        (2380, "etcd peer"),
+        (10248, "kubelet healthz"),
+        (10250, "kubelet"),
+        (10255, "kubelet read-only"),
+        (10257, "kube-controller-manager"),
+        (10259, "kube-scheduler"),
+    ];
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../config/proxier/daemonset.yaml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let ports: Vec<u16> = text
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .flat_map(|line| line.split(|c: char| !c.is_ascii_digit()))
+        .filter(|s| (4..=5).contains(&s.len()))
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    assert!(
+        ports.contains(&10266),
+        "the gRPC health port is read: {ports:?}"
+    );
+    for (port, owner) in TAKEN {
+        assert!(!ports.contains(&port), "{path} uses {port}, {owner}'s port");
+    }
+}

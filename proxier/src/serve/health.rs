@@ -320,6 +320,43 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(1024)
 }
 
+/// How long one of the proxier's servers whose address cannot be bound waits before the next
+/// attempt: kube-proxy retries its healthz and metrics servers every 5 s (`wait.Until`).
+pub const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Binds `addr` for the server named `what` (`"healthz"`, `"metrics"`, `"gRPC health"`),
+/// retrying every [`BIND_RETRY`] while it fails, e.g. while another process holds the port (kube-proxy
+/// still stopping on 10256, another agent on the gRPC port). Programming does not wait for it:
+/// the caller runs this in a task of its own, as kube-proxy serves healthz and metrics beside its
+/// proxier. `failed` is called after each failed attempt (a metric); the first failure and every
+/// twelfth after it (a minute) are logged as warnings.
+pub async fn bind_retrying(addr: SocketAddr, what: &str, failed: impl Fn()) -> TcpListener {
+    let mut attempts = 0u64;
+    loop {
+        match bind(addr) {
+            Ok(listener) => {
+                if attempts > 0 {
+                    tracing::info!(%addr, attempts, "bound the {what} server");
+                }
+                return listener;
+            }
+            Err(error) => {
+                failed();
+                if attempts.is_multiple_of(12) {
+                    tracing::warn!(
+                        %addr,
+                        %error,
+                        "cannot bind the {what} server; retrying every {}s, programming goes on",
+                        BIND_RETRY.as_secs()
+                    );
+                }
+                attempts += 1;
+                tokio::time::sleep(BIND_RETRY).await;
+            }
+        }
+    }
+}
+
 /// Serve `routes` on `listener` until `shutdown` resolves (then finish open requests).
 pub async fn serve<F>(
     listener: TcpListener,

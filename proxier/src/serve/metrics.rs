@@ -19,6 +19,7 @@
 //! | `kipvs_real_servers_draining_oldest_seconds` | gauge | age of the oldest drain at the last sync (0 when none) |
 //! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP conntrack entries deleted ([`crate::dataplane::conntrack`]) |
 //! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed), the name of a failed op (`AddRealServer`, ...), or `conntrack` (a UDP conntrack listing or delete failed) |
+//! | `kipvs_server_bind_failures_total{server}` | counter | failed attempts to bind `healthz`, `metrics` or `gRPC health` (retried every 5 s while programming goes on) |
 //! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
 //! | `kipvs_manifests_invalid_files` | gauge | manifests files (`run --manifests`) that cannot be read or do not load as they are; each keeps its last good content |
 //! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
@@ -59,6 +60,7 @@ pub struct Metrics {
     draining: IntGauge,
     draining_oldest: Gauge,
     sync_errors: IntCounterVec,
+    bind_failures: IntCounterVec,
     conntrack_deleted: IntCounter,
     terminating_fallback: IntGauge,
     api_unavailable: IntGaugeVec,
@@ -168,6 +170,12 @@ impl Metrics {
                 "kipvs_real_servers_draining_oldest_seconds",
                 "Age of the oldest draining real server in seconds (0 when none drains)",
             ),
+            bind_failures: counter_vec(
+                "kipvs_server_bind_failures_total",
+                "Failed attempts to bind one of the proxier's servers (healthz, metrics, gRPC \
+                 health), retried every 5 s",
+                "server",
+            ),
             sync_errors: counter_vec(
                 "kipvs_sync_errors_total",
                 "Sync errors by cause: observe, or the name of the failed op",
@@ -215,6 +223,11 @@ impl Metrics {
             counted: Arc::default(),
             registry: r,
         }
+    }
+
+    /// Counts one failed attempt to bind the server named `server` (`"healthz"`, ...).
+    pub fn bind_failed(&self, server: &str) {
+        self.bind_failures.with_label_values(&[server]).inc();
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
