@@ -23,10 +23,10 @@
 #
 # Everything else comes from Debian's archive through apt, without changing the machine: the Go 1.19 toolchain
 # and rsync (which kubernetes' Makefile needs) are `apt-get download`ed and unpacked with `dpkg -x` into the
-# cache. A cold build takes ~6.5 min of CPU on 2 cores and leaves only the two binaries plus a stamp.
+# cache (hack/lib/k8s-build.sh, shared with the scripts that build other Kubernetes commands).
 #
-# 1.24 (../shared/k8s/README.md): `make WHAT=cmd/kube-apiserver GOFLAGS=-tags=providerless` (the tarball leaves
-# out the legacy cloud providers' generated clients), KUBE_GIT_COMMIT set (not a git work tree), no patch.
+# 1.24: `k8s_build cmd/kube-apiserver` (hack/lib/k8s-build.sh: ../shared/k8s/README.md's recipe, cached per
+# tarball and command; a cold build takes ~6.5 min of CPU on 2 cores) and etcd in the same bin/.
 #
 # 1.20: `apt-get source` runs against a private sources list + package lists in the cache (no deb-src line is
 # added to /etc/apt). Why these steps (found by ../shared/reference/test-infrastructure.md, "Task 2"):
@@ -43,45 +43,24 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$ROOT/hack/lib/host-tools.sh" && host_tools # curl, openssl (a fresh machine may lack them)
+. "$ROOT/hack/lib/k8s-build.sh" # k8s_tarball, k8s_build (the 1.24 build), k8s_go_tools, k8s_make
 CPCACHE=${CPCACHE:-$HOME/.cache/kipvs-cp}
 CP_PORT=${CP_PORT:-16443}
 CP_ETCD_PORT=${CP_ETCD_PORT:-23790}
 FORMAT=3 # bump when the 1.20 build steps below change what ends up in $CPCACHE/bin
-FORMAT_124=1 # the same for the 1.24 build
 export DEBIAN_FRONTEND=noninteractive
 
 log() { printf 'control-plane: %s\n' "$*" >&2; }
 quiet_apt() { grep -v -e unsandboxed -e 'pkgAcquire::Run' >&2 || true; }
 
-# The Kubernetes 1.24 source tarball, if any: $KIPVS_K8S_SRC, or shared/k8s next to this checkout, or next to
-# the main checkout when this is a `git worktree` (prints nothing when there is none).
-k8s_tarball() {
-  local d dirs=()
-  if [ -n "${KIPVS_K8S_SRC:-}" ]; then
-    dirs=("$KIPVS_K8S_SRC")
-  else
-    dirs=("$ROOT/../shared/k8s")
-    local common
-    common=$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
-    [ -n "$common" ] && dirs+=("$(dirname "$common")/../shared/k8s")
-  fi
-  for d in "${dirs[@]}"; do
-    compgen -G "$d/kubernetes-*.tar.xz" > /dev/null && { ls "$d"/kubernetes-*.tar.xz | head -n1; return; }
-  done
-  return 0
-}
-
-# Which apiserver `start` runs (1.24 or 1.20), and where its binaries and stamp are: sets VERSION, TARBALL,
-# BIN, STAMP.
+# Which apiserver `start` runs (1.24 or 1.20), and where its binaries are: sets VERSION and BIN (and STAMP
+# for 1.20; the 1.24 build keeps one stamp per command, hack/lib/k8s-build.sh).
 select_version() {
-  TARBALL=""
-  if [ "${KIPVS_K8S_VERSION:-}" != 1.20 ]; then TARBALL=$(k8s_tarball); fi
-  if [ -n "$TARBALL" ]; then
+  local tarball=""
+  if [ "${KIPVS_K8S_VERSION:-}" != 1.20 ]; then tarball=$(k8s_tarball); fi
+  if [ -n "$tarball" ]; then
     VERSION=1.24
-    local sum
-    sum=$(sha256sum "$TARBALL" | cut -c1-16)
-    BIN=$CPCACHE/k8s-$sum/bin
-    STAMP=$CPCACHE/k8s-$sum/stamp
+    BIN=$(k8s_cache)/bin
   else
     VERSION=1.20
     BIN=$CPCACHE/bin
@@ -89,41 +68,17 @@ select_version() {
   fi
 }
 
-# fetch_tools W: Go 1.19, rsync (through a wrapper, so nothing else sees its LD_LIBRARY_PATH) and etcd from
-# Debian's archive, unpacked under W/tools; etcd copied to W/bin.
-fetch_tools() {
-  local W=$1 d
-  (cd "$W" && apt-get download -qq etcd-server golang-1.19-go golang-1.19-src rsync libpopt0 2>&1 | quiet_apt)
-  for d in golang-1.19-go golang-1.19-src rsync libpopt0; do dpkg -x "$W/$d"_*.deb "$W/tools"; done
-  mkdir -p "$W/tools/bin" "$W/etcdx"
-  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$W/tools/usr/lib/x86_64-linux-gnu:$W/tools/lib/x86_64-linux-gnu" \
-    "$W/tools/usr/bin/rsync" > "$W/tools/bin/rsync"
-  chmod +x "$W/tools/bin/rsync"
-  dpkg -x "$W"/etcd-server_*.deb "$W/etcdx" && cp "$W/etcdx/usr/bin/etcd" "$W/bin/"
+# fetch_etcd W DEST: Debian's etcd-server downloaded into W/debs, its etcd copied to DEST/etcd.
+fetch_etcd() {
+  local W=$1 D=$2
+  deb_fetch "$W/debs" etcd-server
+  rm -rf "$W/etcdx" && mkdir -p "$W/etcdx" "$D" && dpkg -x "$W"/debs/etcd-server_*.deb "$W/etcdx"
+  cp "$W/etcdx/usr/bin/etcd" "$D/etcd.new" && mv "$D/etcd.new" "$D/etcd" && rm -rf "$W/etcdx"
 }
 
-# make_apiserver W K ENV...: kubernetes' Makefile in K with the fetched Go, output in W/bin/kube-apiserver.
-make_apiserver() {
-  local W=$1 K=$2; shift 2
-  log "building kube-apiserver (several minutes; log: $W/build.log)"
-  (cd "$K" && env PATH="$W/tools/bin:$W/tools/usr/lib/go-1.19/bin:$PATH" GOROOT="$W/tools/usr/lib/go-1.19" \
-    GOPROXY=off CGO_ENABLED=0 GOTOOLCHAIN=local GOCACHE="$W/gocache" KUBE_GIT_TREE_STATE=clean \
-    KUBE_BUILD_PLATFORMS=linux/amd64 "$@" >"$W/build.log" 2>&1) ||
-    { tail -n 40 "$W/build.log" >&2; log "build failed (log: $W/build.log)"; exit 1; }
-  cp "$K/_output/bin/kube-apiserver" "$W/bin/"
-}
-
-# install_bins W T0 FORMAT: W/bin becomes $BIN, with its stamp; the work directory goes.
-install_bins() {
-  local W=$1 t0=$2
-  rm -rf "$BIN" && mkdir -p "$(dirname "$BIN")" && mv "$W/bin" "$BIN"
-  { echo "format=$3"; "$BIN/kube-apiserver" --version; "$BIN/etcd" --version | head -n1; } > "$STAMP"
-  cd "$CPCACHE" && rm -rf "$W"
-  log "built in $(( $(date +%s) - t0 ))s: $(sed -n 2p "$STAMP")"
-}
-
-built() { # built FORMAT: the cached binaries are there and were built by these steps
-  [ -f "$STAMP" ] && head -n1 "$STAMP" | grep -qx "format=$1" && [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ]
+# The 1.20 binaries are there and were built by these steps.
+built() {
+  [ -f "$STAMP" ] && head -n1 "$STAMP" | grep -qx "format=$FORMAT" && [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ]
 }
 
 build() {
@@ -132,26 +87,12 @@ build() {
 }
 
 build_124() {
-  built "$FORMAT_124" && return 0
-  local t0 W K
-  t0=$(date +%s)
-  W=$(dirname "$BIN")/work
-  log "kube-apiserver 1.24 from $TARBALL (cached in $(dirname "$BIN"))"
-  rm -rf "$W" && mkdir -p "$W/tools" "$W/bin" "$W/src"
-  chmod 777 "$W" # apt's download sandbox user (_apt) writes here
-  fetch_tools "$W"
-  log "unpacking the kubernetes source"
-  tar -xJf "$TARBALL" -C "$W/src"
-  K=$W/src
-  [ -f "$K/Makefile" ] || K=$(dirname "$(find "$W/src" -maxdepth 2 -name Makefile | head -n1)")
-  make_apiserver "$W" "$K" KUBE_GIT_COMMIT=ab451280a0ea817bd9d6b4f3c06204e3f9a37e75 \
-    KUBE_GIT_VERSION=v1.24.0-alpha.1+ab451280a0ea81 KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=24 \
-    make WHAT=cmd/kube-apiserver GOFLAGS=-tags=providerless
-  install_bins "$W" "$t0" "$FORMAT_124"
+  k8s_build cmd/kube-apiserver > /dev/null
+  [ -x "$BIN/etcd" ] || fetch_etcd "$(dirname "$BIN")/build" "$BIN"
 }
 
 build_120() {
-  built "$FORMAT" && return 0
+  built && return 0
   local t0 W src
   t0=$(date +%s)
   W=$CPCACHE/work
@@ -175,7 +116,8 @@ build_120() {
   apt-get "${APTSRC[@]}" update -qq 2>&1 | quiet_apt
   apt-get "${APTSRC[@]}" source -qq --download-only kubernetes 2>&1 | quiet_apt
   apt-get download -qq golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev 2>&1 | quiet_apt
-  fetch_tools "$W"
+  k8s_go_tools "$W"
+  fetch_etcd "$W" "$W/bin"
   log "unpacking kubernetes source"
   tar xzf kubernetes_*.orig.tar.gz
   local K
@@ -195,9 +137,14 @@ build_120() {
   [ -n "$patched" ] || { log "build: go-openapi's zero-value check not found; the patch needs updating"; exit 1; }
   for f in $patched; do sed -i "s/data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data))/data == nil/" "$f"; done
   log "patched the null check in: ${patched//$K\//}"
-  make_apiserver "$W" "$K" GOFLAGS= KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20 \
+  log "building kube-apiserver (several minutes; log: $W/build.log)"
+  k8s_make "$W" "$K" "$W/build.log" GOFLAGS= KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20 \
     make WHAT=cmd/kube-apiserver
-  install_bins "$W" "$t0" "$FORMAT"
+  cp "$K/_output/bin/kube-apiserver" "$W/bin/"
+  rm -rf "$BIN" && mkdir -p "$(dirname "$BIN")" && mv "$W/bin" "$BIN"
+  { echo "format=$FORMAT"; "$BIN/kube-apiserver" --version; "$BIN/etcd" --version | head -n1; } > "$STAMP"
+  cd "$CPCACHE" && rm -rf "$W"
+  log "built in $(( $(date +%s) - t0 ))s: $(sed -n 2p "$STAMP")"
 }
 
 start() {
