@@ -250,3 +250,58 @@ fn set_element_batches_over_netlink_read_back_through_nft() {
         nft.delete_table().await.unwrap();
     });
 }
+
+/// The kernel refuses a `firewall-allow` interval that overlaps another of the same load-balancer
+/// IP and port (`EEXIST`), and with it the whole transaction. [`Isolation`] over the real `nft`
+/// finds that element alone: every other Service's elements land, in as few transactions as
+/// its halving takes, and the refused one is absent.
+#[test]
+fn a_refused_interval_is_isolated_and_every_other_element_lands() {
+    use kipvs_proxier::dataplane::isolate::Isolation;
+    use kipvs_proxier::dataplane::{Op, nft_transaction};
+    if !private_netns() {
+        return;
+    }
+    runtime().block_on(async {
+        let nft = Nft::default();
+        let lb = key("10.0.5.100", Protocol::Tcp, 80);
+        let allow = |net: &str| SetElement::FirewallAllow(lb, net.parse().unwrap());
+        let rules = NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false);
+        let tx = Transaction {
+            rules: Some(&rules),
+            delete: vec![],
+            add: vec![],
+        };
+        nft.apply(&transaction(&tx)).await.unwrap();
+        let inner = allow("10.0.5.100/32");
+        let mut ops = vec![
+            Op::AddSetElement(SetElement::Firewall(lb)),
+            Op::AddSetElement(allow("10.0.0.0/8")),
+        ];
+        let others: Vec<SetElement> = (1..=40)
+            .map(|i| SetElement::ClusterIp(key(&format!("10.96.0.{i}"), Protocol::Tcp, 80)))
+            .collect();
+        ops.extend(others[..20].iter().map(|e| Op::AddSetElement(*e)));
+        ops.push(Op::AddSetElement(inner));
+        ops.extend(others[20..].iter().map(|e| Op::AddSetElement(*e)));
+
+        // Whole, the kernel refuses it and nothing lands.
+        let err = nft.apply(&transaction(&nft_transaction(&ops))).await;
+        assert!(err.is_err(), "an interval inside another is refused");
+        assert!(nft.observe().await.unwrap().elements.is_empty());
+
+        let mut isolation = Isolation::new(&ops);
+        let mut transactions = 0;
+        while let Some(part) = isolation.next_part() {
+            transactions += 1;
+            let result = nft.apply(&transaction(&nft_transaction(part))).await;
+            isolation.done(result.map_err(Into::into));
+        }
+        let failed: Vec<Op> = isolation.failures().into_iter().map(|f| f.op).collect();
+        assert_eq!(failed, [Op::AddSetElement(inner)]);
+        let mut expected: BTreeSet<SetElement> = others.iter().copied().collect();
+        expected.extend([SetElement::Firewall(lb), allow("10.0.0.0/8")]);
+        assert_eq!(nft.observe().await.unwrap().elements, expected);
+        assert!(transactions <= 2 * 6 + 1, "{transactions} transactions");
+    });
+}

@@ -1,14 +1,15 @@
 //! An in-memory [`Dataplane`] with the kernel's error behaviour, for unit tests.
 
 use super::settings::{FakeKernel, KernelSettings};
-use super::{Dataplane, DataplaneError, Op, OpFailure};
+use super::{Dataplane, DataplaneError, NFT_STAGE, Op, OpFailure, isolate};
 use crate::dataplane::conntrack::{Listing, UdpEntry};
 use crate::model::{ObservedState, ObservedVirtualServer, SetElement, VirtualServerKey};
 use futures::future::BoxFuture;
+use ipnet::IpNet;
 use kipvs_crds::config::ProxierConfiguration;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 /// An IPVS table and a `kube-ipvs0` address list held in memory.
 ///
@@ -51,6 +52,104 @@ impl FakeDataplane {
         FakeModules {
             missing_schedulers: self.missing_schedulers.clone(),
         }
+    }
+}
+
+impl FakeDataplane {
+    /// The ops of an nftables stage the kernel would refuse: adding a `firewall-allow` interval
+    /// that overlaps another of the same virtual server (present and not deleted in the stage,
+    /// or added before it in the stage), which the kernel's concatenated interval set refuses
+    /// with `EEXIST`. An identical element is no overlap (adding a present element succeeds).
+    fn refused(&self, stage: &[Op]) -> Vec<OpFailure> {
+        let allows = |op: &Op| match op {
+            Op::AddSetElement(SetElement::FirewallAllow(key, net)) => Some((*key, *net)),
+            _ => None,
+        };
+        if !stage.iter().any(|op| allows(op).is_some()) {
+            return Vec::new();
+        }
+        let deleted: BTreeSet<&SetElement> = stage
+            .iter()
+            .filter_map(|op| match op {
+                Op::DeleteSetElement(e) => Some(e),
+                _ => None,
+            })
+            .collect();
+        let mut added: Vec<(VirtualServerKey, IpNet)> = Vec::new();
+        let mut refused = Vec::new();
+        for (op, (key, net)) in stage.iter().filter_map(|op| Some((op, allows(op)?))) {
+            let lowest = IpNet::V4(Default::default());
+            let highest = IpNet::V6(ipnet::Ipv6Net::new(Ipv6Addr::from(u128::MAX), 128).unwrap());
+            let present = self
+                .state
+                .set_elements
+                .range(
+                    SetElement::FirewallAllow(key, lowest)
+                        ..=SetElement::FirewallAllow(key, highest),
+                )
+                .filter(|e| !deleted.contains(e))
+                .filter_map(|e| match e {
+                    SetElement::FirewallAllow(_, other) => Some(*other),
+                    _ => None,
+                });
+            let earlier = added.iter().filter(|(k, _)| *k == key).map(|(_, n)| *n);
+            let overlaps =
+                |other: IpNet| other != net && (other.contains(&net) || net.contains(&other));
+            if present.chain(earlier).any(overlaps) {
+                refused.push(OpFailure {
+                    op: op.clone(),
+                    error: DataplaneError::NftTransaction(
+                        "Could not process rule: File exists".into(),
+                    ),
+                });
+            } else {
+                added.push((key, net));
+            }
+        }
+        refused
+    }
+
+    fn apply_stage(&mut self, ops: &[Op]) -> Vec<OpFailure> {
+        // In op order: the failures of ops whose scheduler this kernel lacks (they change
+        // nothing), and the results of the others.
+        let failures = RefCell::new(Vec::new());
+        let missing_scheduler = |op: &Op| {
+            let (Op::AddVirtualServer(_, spec) | Op::UpdateVirtualServer(_, spec)) = op else {
+                return false;
+            };
+            if !self.missing_schedulers.contains(&*spec.scheduler) {
+                return false;
+            }
+            failures.borrow_mut().push(OpFailure {
+                op: op.clone(),
+                error: DataplaneError::Io {
+                    context: format!("IPVS scheduler {}", spec.scheduler),
+                    source: std::io::Error::from_raw_os_error(2),
+                },
+            });
+            true
+        };
+        let (applied, lost_answers) = (&mut self.applied, &mut self.lost_answers);
+        let available = ops.iter().filter(|op| !missing_scheduler(op));
+        self.state.apply_all(available, |op, result| match result {
+            Ok(()) if lost_answers.contains(op) => {
+                lost_answers.retain(|lost| lost != op);
+                applied.push(op.clone());
+                failures.borrow_mut().push(OpFailure {
+                    op: op.clone(),
+                    error: DataplaneError::Io {
+                        context: "netlink answers".into(),
+                        source: std::io::Error::from_raw_os_error(libc::ENOBUFS),
+                    },
+                });
+            }
+            Ok(()) => applied.push(op.clone()),
+            Err(e) => failures.borrow_mut().push(OpFailure {
+                op: op.clone(),
+                error: e.into(),
+            }),
+        });
+        failures.into_inner()
     }
 }
 
@@ -115,47 +214,32 @@ impl Dataplane for FakeDataplane {
         Ok(self.other_addresses.clone())
     }
 
+    /// Stage by stage, as the kernel dataplane: an nftables stage's refused ops
+    /// ([`FakeDataplane::refused`]) fail alone, as the kernel's [`isolate::Isolation`] leaves
+    /// them, and the virtual servers whose elements they are get [`isolate::withhold`]en.
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
-        // In op order: the failures of ops whose scheduler this kernel lacks (they change
-        // nothing), and the results of the others.
-        let failures = RefCell::new(Vec::new());
-        let missing_scheduler = |op: &Op| {
-            let (Op::AddVirtualServer(_, spec) | Op::UpdateVirtualServer(_, spec)) = op else {
-                return false;
-            };
-            if !self.missing_schedulers.contains(&*spec.scheduler) {
-                return false;
+        let mut failures = Vec::new();
+        let mut withheld = BTreeSet::new();
+        for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
+            if stage[0].stage() == NFT_STAGE {
+                let refused = self.refused(stage);
+                if !refused.is_empty() {
+                    withheld.extend(isolate::elements_failed(&refused));
+                    let rest: Vec<Op> = stage
+                        .iter()
+                        .filter(|op| !refused.iter().any(|f| &f.op == *op))
+                        .cloned()
+                        .collect();
+                    failures.extend(refused);
+                    failures.extend(self.apply_stage(&rest));
+                    continue;
+                }
             }
-            failures.borrow_mut().push(OpFailure {
-                op: op.clone(),
-                error: DataplaneError::Io {
-                    context: format!("IPVS scheduler {}", spec.scheduler),
-                    source: std::io::Error::from_raw_os_error(2),
-                },
-            });
-            true
-        };
-        let (applied, lost_answers) = (&mut self.applied, &mut self.lost_answers);
-        let available = ops.iter().filter(|op| !missing_scheduler(op));
-        self.state.apply_all(available, |op, result| match result {
-            Ok(()) if lost_answers.contains(op) => {
-                lost_answers.retain(|lost| lost != op);
-                applied.push(op.clone());
-                failures.borrow_mut().push(OpFailure {
-                    op: op.clone(),
-                    error: DataplaneError::Io {
-                        context: "netlink answers".into(),
-                        source: std::io::Error::from_raw_os_error(libc::ENOBUFS),
-                    },
-                });
-            }
-            Ok(()) => applied.push(op.clone()),
-            Err(e) => failures.borrow_mut().push(OpFailure {
-                op: op.clone(),
-                error: e.into(),
-            }),
-        });
-        failures.into_inner()
+            let (stage, held) = isolate::withhold(stage, &withheld);
+            failures.extend(held);
+            failures.extend(self.apply_stage(&stage));
+        }
+        failures
     }
 
     async fn udp_conntrack(

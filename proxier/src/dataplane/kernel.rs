@@ -3,7 +3,9 @@
 
 use super::batch::Batcher;
 use super::conntrack::{Conntrack, Listing, UdpEntry};
-use super::{Dataplane, DataplaneError, Op, OpFailure, Ownership, diff, nft_transaction};
+use super::{
+    Dataplane, DataplaneError, NFT_STAGE, Op, OpFailure, Ownership, diff, isolate, nft_transaction,
+};
 use crate::dataplane::nft::{self, Nft};
 use crate::dataplane::nft_elements::{self, SetElements};
 use crate::model::{
@@ -268,9 +270,6 @@ impl KernelDataplane {
     }
 }
 
-/// The stage of the nftables ops ([`Op::stage`]): applied as one transaction.
-const NFT_STAGE: u8 = 3;
-
 impl Dataplane for KernelDataplane {
     async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
         let services = self.ipvs.services().await?;
@@ -366,34 +365,40 @@ impl Dataplane for KernelDataplane {
 
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
         let mut failures = Vec::new();
+        // Virtual servers whose own set elements failed: not added (fail closed).
+        let mut withheld = BTreeSet::new();
         for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
             let started = std::time::Instant::now();
             if stage[0].stage() == NFT_STAGE {
-                // One transaction: it fails as a whole, and so does each of its ops.
-                let via = match self.apply_nft(stage).await {
-                    Ok(via) => via,
-                    Err(error) => {
-                        let message = error.to_string();
-                        failures.extend(stage.iter().map(|op| OpFailure {
-                            op: op.clone(),
-                            error: DataplaneError::NftTransaction(message.clone()),
-                        }));
-                        "nft"
-                    }
-                };
+                // One transaction, split when refused so that only the refused ops fail.
+                let mut via = "nft";
+                let mut isolation = isolate::Isolation::new(stage);
+                while let Some(part) = isolation.next_part() {
+                    let result = self.apply_nft(part).await;
+                    isolation.done(result.map(|how| via = how));
+                }
+                let refused = isolation.failures();
+                withheld.extend(isolate::elements_failed(&refused));
                 tracing::debug!(
                     stage = NFT_STAGE,
                     via,
                     ops = stage.len(),
+                    refused = refused.len(),
                     duration_us = started.elapsed().as_micros() as u64,
                     "applied nftables transaction"
                 );
+                failures.extend(refused);
+                continue;
+            }
+            let (stage, held) = isolate::withhold(stage, &withheld);
+            failures.extend(held);
+            if stage.is_empty() {
                 continue;
             }
             let results = if matches!(stage[0], Op::BindAddress(_) | Op::UnbindAddress(_)) {
-                self.apply_addresses(stage).await
+                self.apply_addresses(&stage).await
             } else {
-                self.apply_ipvs(stage).await
+                self.apply_ipvs(&stage).await
             };
             tracing::debug!(
                 stage = stage[0].stage(),

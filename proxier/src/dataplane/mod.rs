@@ -28,6 +28,7 @@
 pub mod batch;
 pub mod conntrack;
 pub mod fake;
+pub mod isolate;
 pub mod kernel;
 pub mod nft;
 pub mod nft_elements;
@@ -98,6 +99,9 @@ pub enum Op {
     BindAddress(IpAddr),
 }
 
+/// The stage of the nftables ops ([`Op::stage`]): applied as one transaction.
+pub const NFT_STAGE: u8 = 3;
+
 impl Op {
     /// The stage (0..=6) this op belongs to: its kind. Consecutive ops of one stage in a
     /// [`diff`] do not depend on each other, except the nftables ones (stage 3), which go to
@@ -114,6 +118,20 @@ impl Op {
             Op::AddVirtualServer(..) | Op::UpdateVirtualServer(..) => 4,
             Op::AddRealServer { .. } | Op::UpdateRealServer { .. } => 5,
             Op::BindAddress(_) => 6,
+        }
+    }
+
+    /// The virtual server the op concerns, if any (a set element's own virtual server).
+    pub fn virtual_server(&self) -> Option<VirtualServerKey> {
+        match self {
+            Op::UnbindAddress(_) | Op::BindAddress(_) | Op::WriteRules(_) => None,
+            Op::DeleteSetElement(e) | Op::AddSetElement(e) => e.virtual_server(),
+            Op::DeleteVirtualServer(vs)
+            | Op::AddVirtualServer(vs, _)
+            | Op::UpdateVirtualServer(vs, _)
+            | Op::DeleteRealServer { vs, .. }
+            | Op::AddRealServer { vs, .. }
+            | Op::UpdateRealServer { vs, .. } => Some(*vs),
         }
     }
 
@@ -662,6 +680,10 @@ pub enum DataplaneError {
     /// A conntrack request failed.
     #[error("{0}")]
     Conntrack(#[from] crate::dataplane::conntrack::ConntrackError),
+    /// Not applied: the op would let traffic reach this virtual server while one of its own
+    /// nftables elements failed ([`isolate::withhold`]); retried with the element.
+    #[error("withheld: an nftables element of {0} is not in the kernel")]
+    Withheld(VirtualServerKey),
 }
 
 /// Something that holds an IPVS table and the addresses of `kube-ipvs0`.

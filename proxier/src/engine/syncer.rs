@@ -426,7 +426,11 @@ impl<D: Dataplane> Syncer<D> {
         };
         let apply_us = applying.elapsed().as_micros() as u64;
         for f in &failures {
-            tracing::warn!(error = %f.error, "failed {}", f.op);
+            let service =
+                f.op.virtual_server()
+                    .and_then(|k| desired.virtual_servers.get(&k));
+            let service = service.map_or("-", |vs| &*vs.service);
+            tracing::warn!(error = %f.error, service, "failed {}", f.op);
         }
         let mut failed: BTreeSet<Entry> = failures.iter().map(|f| Entry::of(&f.op)).collect();
         if let Some(cache) = &mut self.cache {
@@ -555,7 +559,7 @@ impl<D: Dataplane> Syncer<D> {
 mod tests {
     use super::*;
     use crate::dataplane::fake::FakeDataplane;
-    use crate::model::{Protocol, VirtualServer, VirtualServerSpec};
+    use crate::model::{Protocol, SetElement, VirtualServer, VirtualServerSpec};
 
     const DRAIN: Duration = Duration::from_secs(900);
 
@@ -849,6 +853,70 @@ mod tests {
         assert_eq!(syncer.next_retry(), None);
         assert_eq!(syncer.dataplane().state, ObservedState::from(&desired));
         assert_eq!(syncer.dataplane().full_observes, 1);
+    }
+
+    /// One Service's set element the kernel refuses (a `firewall-allow` interval inside another)
+    /// fails that Service alone: the other Service's elements and virtual servers land in the
+    /// same sync, and the refused Service's load-balancer virtual server is not added (fail
+    /// closed) until its elements are in; it is retried, and lands once the conflict is gone.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_set_element_fails_its_own_service_only_and_closed() {
+        let mut desired = state(&["10.244.1.2:8080"]);
+        let lb = VirtualServerKey {
+            address: "10.0.5.100".parse().unwrap(),
+            port: 80,
+            protocol: Protocol::Tcp,
+        };
+        let mut onprem = desired.virtual_servers[&key(80)].clone();
+        onprem.service = "ns1/onprem:http".into();
+        desired.virtual_servers.insert(lb, onprem.clone());
+        let inner = SetElement::FirewallAllow(lb, "10.0.5.100/32".parse().unwrap());
+        desired.set_elements.extend([
+            SetElement::ClusterIp(key(80)),
+            SetElement::External(lb),
+            SetElement::Firewall(lb),
+            SetElement::FirewallAllow(lb, "10.0.0.0/8".parse().unwrap()),
+            inner,
+        ]);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        let report = syncer.sync(&desired).await.unwrap();
+        let failed: Vec<&Op> = report.failures.iter().map(|f| &f.op).collect();
+        let rs = "10.244.1.2:8080".parse().unwrap();
+        assert_eq!(
+            failed,
+            [
+                &Op::AddSetElement(inner),
+                &Op::AddVirtualServer(lb, onprem.spec.clone()),
+                &Op::AddRealServer {
+                    vs: lb,
+                    rs,
+                    weight: 1
+                },
+            ]
+        );
+        let kernel = &syncer.dataplane().state;
+        assert!(
+            kernel.virtual_servers.contains_key(&key(80)),
+            "the other Service landed"
+        );
+        assert!(
+            !kernel.virtual_servers.contains_key(&lb),
+            "no open load-balancer IP"
+        );
+        let mut landed = desired.set_elements.clone();
+        landed.remove(&inner);
+        assert_eq!(kernel.set_elements, landed);
+
+        // The conflict is gone: the retry adds the virtual server.
+        desired.set_elements.remove(&inner);
+        tokio::time::advance(RETRY_FIRST).await;
+        let report = syncer
+            .sync_touched(&desired, &Scope::default())
+            .await
+            .unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(syncer.dataplane().state, ObservedState::from(&desired));
+        assert_eq!(syncer.in_doubt().count(), 0);
     }
 
     /// A new endpoint of an existing virtual server takes traffic before the main nftables

@@ -141,11 +141,6 @@ pub fn plan_service(
     );
     let external_ips = other_family("spec.externalIPs", external_ips, &mut plan.problems);
 
-    let source_ranges = if service_type == ServiceType::LoadBalancer {
-        source_ranges(&service.source_ranges, |m| plan.problems.push(problem(m)))
-    } else {
-        Vec::new()
-    };
     let load_balancer_ips: Vec<IpAddr> = if service_type == ServiceType::LoadBalancer {
         let vips = load_balancer_vips(&service.ingress, context, |m| {
             plan.problems.push(problem(m));
@@ -153,6 +148,21 @@ pub fn plan_service(
         other_family("status.loadBalancer.ingress", vips, &mut plan.problems)
     } else {
         Vec::new()
+    };
+    let source_ranges = if service_type == ServiceType::LoadBalancer {
+        let ranges = source_ranges(&service.source_ranges, |m| plan.problems.push(problem(m)));
+        for (family, name) in [(IpFamily::V4, "IPv4"), (IpFamily::V6, "IPv6")] {
+            let unfiltered = ranges.family(family).is_none() && !ranges.is_empty();
+            if unfiltered && load_balancer_ips.iter().any(|ip| family.has(ip)) {
+                plan.problems.push(problem(format!(
+                    "spec.loadBalancerSourceRanges has no {name} range: the {name} \
+                     load-balancer IPs are not filtered (as kube-proxy)"
+                )));
+            }
+        }
+        ranges
+    } else {
+        SourceRanges::default()
     };
 
     let mut vs_spec = context.vs_spec.clone();
@@ -328,24 +338,20 @@ pub fn plan_service(
             }
             // loadBalancerSourceRanges restrict the load-balancer IPs only (kube-proxy's
             // KUBE-LOAD-BALANCER-FW); when a node IP is inside a range, the node's own traffic,
-            // which leaves from the load-balancer IP itself, is allowed too (kubernetes#119656).
-            let family_ranges: Vec<IpNet> = source_ranges
-                .iter()
-                .copied()
-                .filter(|net| net.addr().is_ipv4() == ipv4)
-                .collect();
-            if !family_ranges.is_empty() {
+            // which leaves from the load-balancer IP itself, is allowed too (kubernetes#119656),
+            // unless a range holds that IP already (one interval inside another is refused).
+            if let Some(allowed) = source_ranges.family(IpFamily::of(ipv4)) {
                 let node_inside = context
                     .node_port_ips
                     .iter()
-                    .any(|ip| family_ranges.iter().any(|net| net.contains(ip)));
+                    .any(|ip| allowed.iter().any(|net| net.contains(ip)));
                 for &ip in load_balancer_ips.iter().filter(family) {
                     let k = key(ip, number);
                     plan.set_elements.insert(SetElement::Firewall(k));
-                    for &net in &family_ranges {
+                    for &net in allowed {
                         plan.set_elements.insert(SetElement::FirewallAllow(k, net));
                     }
-                    if node_inside {
+                    if node_inside && !allowed.iter().any(|net| net.contains(&ip)) {
                         plan.set_elements
                             .insert(SetElement::FirewallAllow(k, IpNet::from(ip)));
                     }
@@ -453,21 +459,81 @@ fn parse_ips(
         .collect()
 }
 
-/// `spec.loadBalancerSourceRanges`, parsed as kube-proxy's `serviceport.go` does: entries
-/// trimmed, host bits cleared; an invalid entry is reported and skipped; a zero-length range
-/// (`0.0.0.0/0`, `::/0`) means "no restriction", so the result is empty.
-fn source_ranges(texts: &[Parsed<IpNet>], mut report: impl FnMut(String)) -> Vec<IpNet> {
+/// An IP family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    fn of(ipv4: bool) -> Self {
+        if ipv4 { IpFamily::V4 } else { IpFamily::V6 }
+    }
+
+    fn has(self, ip: &IpAddr) -> bool {
+        ip.is_ipv4() == (self == IpFamily::V4)
+    }
+}
+
+/// `spec.loadBalancerSourceRanges` split by IP family, as kube-proxy's `MapCIDRsByIPFamily`
+/// splits them: each family's load-balancer IPs are filtered by that family's ranges only.
+#[derive(Clone, Debug, Default)]
+struct SourceRanges {
+    /// Whether the Service lists any valid range.
+    any: bool,
+    /// The IPv4 ranges, normalised; `None`: not filtered.
+    ipv4: Option<Vec<IpNet>>,
+    /// The IPv6 ranges, normalised; `None`: not filtered.
+    ipv6: Option<Vec<IpNet>>,
+}
+
+impl SourceRanges {
+    /// The allowed ranges of `family`, or `None` when its load-balancer IPs are not filtered.
+    fn family(&self, family: IpFamily) -> Option<&[IpNet]> {
+        match family {
+            IpFamily::V4 => self.ipv4.as_deref(),
+            IpFamily::V6 => self.ipv6.as_deref(),
+        }
+    }
+
+    /// Whether the Service lists no valid range at all.
+    fn is_empty(&self) -> bool {
+        !self.any
+    }
+}
+
+/// `spec.loadBalancerSourceRanges`, parsed as kube-proxy's `serviceport.go` does (entries
+/// trimmed, host bits cleared; an invalid entry is reported and skipped) and split by family
+/// (`MapCIDRsByIPFamily`). A family is not filtered when it has no range, or a zero-length one
+/// (`0.0.0.0/0`, `::/0`: "allow any", for its own family only). A filtered family's ranges are
+/// normalised ([`IpNet::aggregate`]): duplicates, nested and overlapping ranges merged, because
+/// the kernel refuses an element of the interval set `firewall-allow` that overlaps another of
+/// the same load-balancer IP and port (`EEXIST`), and with it the whole transaction.
+fn source_ranges(texts: &[Parsed<IpNet>], mut report: impl FnMut(String)) -> SourceRanges {
     let mut ranges = Vec::new();
     for (i, text) in texts.iter().enumerate() {
         match text {
-            Parsed::Ok(net) if net.prefix_len() == 0 => return Vec::new(),
             Parsed::Ok(net) => ranges.push(net.trunc()),
             Parsed::Invalid(text) => report(format!(
                 "spec.loadBalancerSourceRanges[{i}] {text:?} is not a CIDR; ignored"
             )),
         }
     }
-    ranges
+    let family = |family: IpFamily| {
+        let of_family: Vec<IpNet> = ranges
+            .iter()
+            .copied()
+            .filter(|net| family.has(&net.addr()))
+            .collect();
+        let allows_any = of_family.iter().any(|net| net.prefix_len() == 0);
+        (!of_family.is_empty() && !allows_any).then(|| IpNet::aggregate(&of_family))
+    };
+    SourceRanges {
+        any: !ranges.is_empty(),
+        ipv4: family(IpFamily::V4),
+        ipv6: family(IpFamily::V6),
+    }
 }
 
 /// The VIP-mode load-balancer ingress IPs of a LoadBalancer Service (KEP-1860).
@@ -519,6 +585,7 @@ mod tests {
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use kipvs_crds::ProxierConfiguration;
+    use std::net::IpAddr;
 
     /// [`plan_service`] of API objects, converted as the store does.
     fn plan_api(
@@ -602,5 +669,83 @@ mod tests {
         assert!(only.real_servers.is_empty());
         assert_eq!(plan.virtual_servers.len(), 1);
         assert_eq!(plan.bind_addresses.len(), 1);
+    }
+
+    proptest::proptest! {
+        /// Whatever the source ranges (nested, overlapping, duplicated, of both families, with
+        /// zero-length ones) and wherever the node and ingress IPs lie: the `firewall-allow`
+        /// elements of one virtual server never overlap (the kernel refuses that), every range
+        /// of a filtered family is covered, and a family is filtered exactly when it has ranges
+        /// and none of zero length.
+        #[test]
+        fn firewall_elements_never_overlap_and_lose_no_range(
+            ranges in proptest::collection::vec((proptest::bool::ANY, 0u8..=32, 0u8..=3), 0..6),
+            ingress_host in 0u8..=3,
+            node_host in 0u8..=3,
+        ) {
+            let net = |(v4, len, host): (bool, u8, u8)| -> IpNet {
+                if v4 {
+                    format!("10.{host}.5.100/{len}").parse().unwrap()
+                } else {
+                    format!("fd00:{host}::5:100/{}", len * 4).parse().unwrap()
+                }
+            };
+            let ranges: Vec<IpNet> = ranges.into_iter().map(net).collect();
+            let list: Vec<String> = ranges.iter().map(|r| format!("\"{r}\"")).collect();
+            let yaml = format!(
+                "metadata: {{name: lb, namespace: ns}}\n\
+                 spec: {{type: LoadBalancer, clusterIPs: [10.96.0.1, \"fd00:96::1\"], \
+                 loadBalancerSourceRanges: [{}], ports: [{{port: 80, nodePort: 30080}}]}}\n\
+                 status: {{loadBalancer: {{ingress: [{{ip: 10.{ingress_host}.5.100}}, \
+                 {{ip: \"fd00:{ingress_host}::5:100\"}}]}}}}",
+                list.join(", ")
+            );
+            let node_ips: [IpAddr; 2] = [
+                format!("10.{node_host}.0.5").parse().unwrap(),
+                format!("fd00:{node_host}::5").parse().unwrap(),
+            ];
+            let context =
+                PlanContext::new("test-node", None, &node_ips, &ProxierConfiguration::default()).0;
+            let plan = plan_api(&service(&yaml), &[], &context).unwrap();
+            for ipv4 in [true, false] {
+                let of_family: Vec<IpNet> =
+                    ranges.iter().copied().filter(|r| r.addr().is_ipv4() == ipv4).collect();
+                let filtered =
+                    !of_family.is_empty() && of_family.iter().all(|r| r.prefix_len() > 0);
+                let firewalls: Vec<VirtualServerKey> = plan
+                    .set_elements
+                    .iter()
+                    .filter_map(|e| match e {
+                        SetElement::Firewall(k) if k.address.is_ipv4() == ipv4 => Some(*k),
+                        _ => None,
+                    })
+                    .collect();
+                proptest::prop_assert_eq!(firewalls.len(), usize::from(filtered));
+                for k in firewalls {
+                    let allowed: Vec<IpNet> = plan
+                        .set_elements
+                        .iter()
+                        .filter_map(|e| match e {
+                            SetElement::FirewallAllow(key, net) if *key == k => Some(*net),
+                            _ => None,
+                        })
+                        .collect();
+                    for (i, a) in allowed.iter().enumerate() {
+                        for b in &allowed[i + 1..] {
+                            proptest::prop_assert!(
+                                !a.contains(b) && !b.contains(a),
+                                "{} and {} overlap", a, b
+                            );
+                        }
+                    }
+                    for r in &of_family {
+                        proptest::prop_assert!(
+                            allowed.iter().any(|a| a.contains(&r.trunc())),
+                            "{} is not covered by {:?}", r, allowed
+                        );
+                    }
+                }
+            }
+        }
     }
 }
