@@ -19,7 +19,10 @@
 #                                               only the apiserver (an outage; etcd and its data stay)
 # env:   CPCACHE (~/.cache/kipvs-cp), CP_PORT (apiserver, 16443), CP_ETCD_PORT (client, 23790; peer = +10),
 #        KIPVS_K8S_SRC (directory holding kubernetes-*.tar.xz), KIPVS_K8S_VERSION=1.20 (use the Debian 1.20
-#        build even when the 1.24 source is there)
+#        build even when the 1.24 source is there), CP_BIND_ADDRESS (the apiserver's, 127.0.0.1),
+#        CP_APISERVER_FLAGS (more kube-apiserver flags, e.g. --advertise-address), CP_SERVICE_ACCOUNTS=1 (keep the
+#        ServiceAccount admission plugin: pods get their token volume; needs kube-controller-manager, whose
+#        controllers make each namespace's `default` ServiceAccount; hack/test-node.sh)
 #
 # Everything else comes from Debian's archive through apt, without changing the machine: the Go 1.19 toolchain
 # and rsync (which kubernetes' Makefile needs) are `apt-get download`ed and unpacked with `dpkg -x` into the
@@ -183,18 +186,20 @@ EOT
 
 # apiserver STATE_DIR: start kube-apiserver on the etcd `start` started, wait for /readyz.
 apiserver() {
-  local S=$1 gates=() range=10.96.0.0/16
+  local S=$1 gates=() range=10.96.0.0/16 admission=(--disable-admission-plugins=ServiceAccount)
+  [ "${CP_SERVICE_ACCOUNTS:-0}" != 1 ] || admission=()
   if [ "$VERSION" = 1.24 ]; then # dual-stack Services (GA in 1.23), CEL, EndpointSlice hints, TCP+UDP LoadBalancers
     range=$range,fd00:10:96::/112
     gates=(--feature-gates=CustomResourceValidationExpressions=true,TopologyAwareHints=true,MixedProtocolLBService=true)
   fi
-  "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$CP_ETCD_PORT" --bind-address=127.0.0.1 \
+  # shellcheck disable=SC2086 # CP_APISERVER_FLAGS: words
+  "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$CP_ETCD_PORT" --bind-address="${CP_BIND_ADDRESS:-127.0.0.1}" \
     --secure-port="$CP_PORT" --cert-dir="$S/certs" --service-cluster-ip-range=$range \
     --token-auth-file="$S/tokens.csv" --authorization-mode=RBAC \
     --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$S/sa.key" \
     --service-account-signing-key-file="$S/sa.key" --api-audiences=https://kubernetes.default.svc \
-    --enable-priority-and-fairness=false --disable-admission-plugins=ServiceAccount "${gates[@]}" \
-    --allow-privileged=true \
+    --enable-priority-and-fairness=false "${admission[@]}" "${gates[@]}" \
+    --allow-privileged=true ${CP_APISERVER_FLAGS:-} \
     >> "$S/apiserver.log" 2>&1 &
   echo $! > "$S/apiserver.pid"
   local i ok=""
@@ -238,5 +243,5 @@ case "${1:-}" in
     stop_pid "$2/apiserver.pid" ;;
   start-apiserver) [ -d "${2:-}" ] || { echo "usage: $0 start-apiserver STATE_DIR" >&2; exit 2; }
     select_version; apiserver "$(realpath "$2")" ;;
-  *) sed -n '2,21p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,25p' "$0" >&2; exit 2 ;;
 esac
