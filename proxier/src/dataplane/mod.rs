@@ -180,11 +180,15 @@ impl fmt::Display for Op {
 ///
 /// A virtual server is owned when its address is bound on `kube-ipvs0`, or is about to be
 /// (ClusterIPs, externalIPs, VIP-mode load-balancer IPs: only kipvs binds there; counting the
-/// addresses about to be bound keeps ownership stable across the sync that binds them), or
-/// when it is a NodePort
-/// virtual server (a node IP and a port in the node-port range), and it is not inside
-/// `ipvs.excludeCIDRs` (kube-proxy's `cleanLegacyService` rule). Owned virtual servers that are
-/// not desired are deleted; others are left alone even if they collide with nothing.
+/// addresses about to be bound keeps ownership stable across the sync that binds them), when it
+/// is a NodePort virtual server (a node IP and a port in the node-port range), or when kipvs's
+/// own nftables table names it (a `cluster-ips`, `external` or `external-local` element: kipvs
+/// adds one for every virtual server it creates, before creating it, and deletes it after the
+/// virtual server, so the record outlives a restart; it is what covers an externalIP or
+/// load-balancer IP that sits on another interface and is therefore not bound on
+/// `kube-ipvs0`), and it is not inside `ipvs.excludeCIDRs` (kube-proxy's `cleanLegacyService`
+/// rule). Owned virtual servers that are not desired are deleted; others are left alone even
+/// if they collide with nothing.
 #[derive(Clone, Debug, Default)]
 pub struct Ownership {
     /// The node IPs NodePort virtual servers are programmed on.
@@ -215,6 +219,13 @@ impl Ownership {
         node_port
             || observed.bound_addresses.contains(&key.address)
             || desired.bind_addresses.contains(&key.address)
+            || [
+                SetElement::ClusterIp,
+                SetElement::External,
+                SetElement::ExternalLocal,
+            ]
+            .into_iter()
+            .any(|element| observed.set_elements.contains(&element(*key)))
     }
 }
 
