@@ -45,20 +45,57 @@ pub struct NodeInfo {
 }
 
 /// Shares equal strings: one allocation per distinct namespace, node name, port name, zone
-/// or scheduler, however many objects name it. Never shrinks (the distinct values of a
-/// cluster are few).
-#[derive(Debug, Default)]
-pub struct Interner(HashSet<Arc<str>>);
+/// or known scheduler, however many objects name it.
+///
+/// Memory follows the live objects: a string no object holds any more is dropped when the
+/// interner has doubled since it last dropped them ([`Interner::intern`]), so churning values
+/// (a port renamed in a loop) cost amortised O(1) per string and never more than about twice
+/// what the live objects name. Text that is not validated first (an annotation's value) is not
+/// interned: the converter keeps its own copy, which goes with its object.
+#[derive(Debug)]
+pub struct Interner {
+    strings: HashSet<Arc<str>>,
+    /// Size at which the next [`Interner::intern`] of a new string drops the unused ones.
+    shrink_at: usize,
+}
+
+/// The smallest [`Interner::shrink_at`]: below it an interner never scans.
+const INTERNER_MIN_SHRINK: usize = 1024;
+
+impl Default for Interner {
+    fn default() -> Self {
+        Interner {
+            strings: HashSet::new(),
+            shrink_at: INTERNER_MIN_SHRINK,
+        }
+    }
+}
 
 impl Interner {
     /// The shared copy of `text`.
     pub fn intern(&mut self, text: &str) -> Arc<str> {
-        if let Some(shared) = self.0.get(text) {
+        if let Some(shared) = self.strings.get(text) {
             return shared.clone();
         }
+        if self.strings.len() >= self.shrink_at {
+            // Only the interner holds these: no object names them any more.
+            self.strings.retain(|s| Arc::strong_count(s) > 1);
+            self.strings.shrink_to_fit();
+            self.shrink_at = (2 * self.strings.len()).max(INTERNER_MIN_SHRINK);
+        }
         let shared: Arc<str> = Arc::from(text);
-        self.0.insert(shared.clone());
+        self.strings.insert(shared.clone());
         shared
+    }
+
+    /// How many distinct strings it holds (live or not yet dropped).
+    pub fn len(&self) -> usize {
+        self.strings.len()
+    }
+
+    /// Whether it holds no string.
+    pub fn is_empty(&self) -> bool {
+        self.strings.is_empty()
     }
 }
 

@@ -5,12 +5,12 @@
 //! Nothing is validated away here: a field that does not parse is kept as text and reported
 //! when planned.
 
-use crate::model::Protocol;
 use crate::model::objects::{
     AddressType, ClusterIps, EndpointAddress, EndpointInfo, Hints, Ingress, Interner, IpMode,
     NodeInfo, Parsed, SCHEDULER_ANNOTATION, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
     ServiceInfo, ServicePortInfo, ServiceTypeField, SliceInfo, SlicePortInfo, ZONE_LABEL,
 };
+use crate::model::{IPVS_SCHEDULERS, Protocol};
 use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -89,7 +89,14 @@ pub fn service(service: &Service, strings: &mut Interner) -> ServiceInfo {
             .annotations
             .as_ref()
             .and_then(|annotations| annotations.get(SCHEDULER_ANNOTATION))
-            .map(|value| strings.intern(value)),
+            .map(|value| {
+                // Any text may be written there: only the schedulers there are get shared.
+                if IPVS_SCHEDULERS.contains(&value.as_str()) {
+                    strings.intern(value)
+                } else {
+                    Arc::from(value.as_str())
+                }
+            }),
         type_,
         cluster_ips,
         external_ips: spec
