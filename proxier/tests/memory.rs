@@ -52,7 +52,7 @@ fn the_heap_returns_to_its_level_after_10000_distinct_annotation_values() {
         node_ips: vec!["192.168.0.10".parse().unwrap()],
     };
     let mut planner = Planner::new(identity, ProxierConfiguration::default());
-    let mut step = |store: &mut Store, planner: &mut Planner, svc: Service| {
+    let step = |store: &mut Store, planner: &mut Planner, svc: Service| {
         store.upsert_service(svc);
         planner.replan(store);
         store.take_trigger_times();
