@@ -263,13 +263,11 @@ impl NftRules {
                     .filter(|net| net.addr().is_ipv6() == f.v6)
                     .collect();
                 if !cidrs.is_empty() {
-                    let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+                    // The CIDRs are in the body (and so in the comment's hash), not in the
+                    // comment: `nft` refuses a comment over 128 bytes.
                     rules.push((
                         "mark-masquerade",
-                        format!(
-                            "{v}: ClusterIP connections from outside the cluster CIDR {}",
-                            list.join(",")
-                        ),
+                        format!("{v}: ClusterIP connections from outside the cluster CIDRs"),
                         vec![
                             matches(destination(), set("cluster-ips")),
                             Statement::Match(Match {
@@ -389,6 +387,9 @@ fn identify(
         })
         .collect()
 }
+
+/// The longest comment `nft` accepts (`NFTNL_UDATA_COMMENT_MAXLEN`), in bytes.
+pub const MAX_COMMENT: usize = 128;
 
 /// The comments of `params`' rules, in chain order: what [`parse_table`] reads back and what a
 /// sync compares with it. Computed once per [`NftRules`] value.
@@ -883,7 +884,7 @@ mod tests {
                 "mark service traffic to masquerade",
                 "IPv4: externalTrafficPolicy Cluster",
                 "IPv4: ClusterIP connections the node opens from a service IP",
-                "IPv4: ClusterIP connections from outside the cluster CIDR 10.244.0.0/16",
+                "IPv4: ClusterIP connections from outside the cluster CIDRs",
                 "IPv6: externalTrafficPolicy Cluster",
                 "IPv6: ClusterIP connections the node opens from a service IP",
                 "masquerade marked traffic (mark 0x4000)",
@@ -900,6 +901,28 @@ mod tests {
             ]
         );
         assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 17);
+    }
+
+    /// However many cluster CIDRs a cluster has, every rule comment fits what `nft` accepts
+    /// (a comment holding the CIDR list made the rules unwritable past ~250 bytes).
+    #[test]
+    fn comments_fit_nft_whatever_the_cluster_cidrs() {
+        let cidrs: Vec<IpNet> = (0..40)
+            .flat_map(|i| {
+                [
+                    format!("10.{i}.0.0/16").parse().unwrap(),
+                    format!("fd00:{i:x}:ffff:ffff::/64").parse().unwrap(),
+                ]
+            })
+            .collect();
+        let rules = NftRules::new(cidrs, false);
+        for comment in rule_comments(&rules) {
+            assert!(
+                comment.len() <= MAX_COMMENT,
+                "{} bytes: {comment}",
+                comment.len()
+            );
+        }
     }
 
     /// An upgrade that changes a rule's body but not its purpose still rewrites the rules: the
