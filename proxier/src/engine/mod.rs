@@ -592,6 +592,78 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         }
     }
 
+    /// Log lines, every level, of this thread's spans and events while the guard lives.
+    fn capture_logs() -> (
+        Arc<std::sync::Mutex<Vec<u8>>>,
+        tracing::subscriber::DefaultGuard,
+    ) {
+        #[derive(Clone)]
+        struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = Capture(logs.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// Issue 23: each change of an invalid `kipvs.io/scheduler` value logged the whole value
+    /// at WARN (a 1,000-character value 5,000 times: ~7 MB of log per node). The value is
+    /// shown truncated, and a change from one invalid value to another is logged at debug.
+    #[tokio::test]
+    async fn an_invalid_scheduler_annotation_is_warned_about_once_and_truncated() {
+        let annotated = |value: &str| {
+            WEB.replace("READY", "true").replace(
+                "metadata: {name: web, namespace: default}",
+                &format!(
+                    "metadata: {{name: web, namespace: default, annotations: {{kipvs.io/scheduler: {value}}}}}"
+                ),
+            )
+        };
+        let m = Manifests::new("long-scheduler", &annotated("rr"));
+        let (file, handle, source) = (&m.file, &m.handle, &m.source);
+        let mut engine = m.engine(FakeDataplane::default());
+        let mut seen = source.load_into(handle, None).unwrap();
+        engine.sync().await.unwrap();
+        let (logs, guard) = capture_logs();
+        for round in 0..5 {
+            let value = format!("x{round}{}", "y".repeat(1_000));
+            std::fs::write(file, annotated(&value)).unwrap();
+            seen = source.load_into(handle, seen.as_ref()).unwrap();
+            engine.sync().await.unwrap();
+        }
+        drop(guard);
+        let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains("kipvs.io/scheduler"))
+            .collect();
+        assert_eq!(lines.len(), 5, "{logs}");
+        assert_eq!(
+            lines.iter().filter(|l| l.contains(" WARN ")).count(),
+            1,
+            "{logs}"
+        );
+        for line in lines {
+            assert!(line.len() < 400, "{line}");
+            assert!(
+                line.contains("\"x") && line.contains("... (938 more bytes)"),
+                "{line}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn a_service_scheduler_the_kernel_lacks_is_probed_once_and_replaced() {
         let annotated = WEB.replace("READY", "true").replace(

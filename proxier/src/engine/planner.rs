@@ -135,7 +135,8 @@ impl Planner {
     }
 
     /// Take the store's changes and re-plan the affected Services; problems of re-planned
-    /// Services are logged as warnings naming them.
+    /// Services are logged naming them ([`log_changed_problems`]; after a full re-plan, every
+    /// problem as a warning).
     pub fn replan(&mut self, store: &mut Store) -> Replanned {
         let dirty = store.take_dirty();
         let node = store.node_info();
@@ -159,13 +160,12 @@ impl Planner {
         if !(dirty.all || replan_all) {
             let mut touched = Touched::default();
             for key in &dirty.services {
+                let before = self.index.problems_of(key);
                 let planned = store
                     .service(key)
                     .and_then(|s| plan::plan_service(s, &store.slices_of(key), &context));
                 touched.extend(self.index.update(key.clone(), planned));
-                for problem in self.index.problems_of(key) {
-                    tracing::warn!("{problem}");
-                }
+                log_changed_problems(&before, &self.index.problems_of(key));
             }
             return Replanned::Touched(touched);
         }
@@ -187,5 +187,21 @@ impl Planner {
             tracing::warn!("{problem}");
         }
         Replanned::All
+    }
+}
+
+/// Logs the problems `after` of a re-planned Service: as warnings those of a field that had
+/// none `before` the re-plan, at debug level the others, so that a field changing from one
+/// invalid value to another (an annotation rewritten in a loop) is warned about once. A
+/// problem's field is its message's first word ([`plan::Problem::message`] names it first).
+fn log_changed_problems(before: &[plan::Problem], after: &[plan::Problem]) {
+    let field = |p: &plan::Problem| p.message.split(' ').next().unwrap_or_default().to_owned();
+    let known: BTreeSet<String> = before.iter().map(field).collect();
+    for problem in after {
+        if known.contains(&field(problem)) {
+            tracing::debug!("{problem}");
+        } else {
+            tracing::warn!("{problem}");
+        }
     }
 }

@@ -167,9 +167,10 @@ pub fn plan_service(
 
     let mut vs_spec = context.vs_spec.clone();
     if let Some(value) = &service.scheduler {
+        let shown = ShortText(value);
         if context.scheduler_unavailable(value) {
             plan.problems.push(problem(format!(
-                "metadata.annotations[{SCHEDULER_ANNOTATION}] {value:?}: this node's kernel lacks \
+                "metadata.annotations[{SCHEDULER_ANNOTATION}] {shown}: this node's kernel lacks \
                  that IPVS scheduler (ip_vs_{value}); using {:?}",
                 vs_spec.scheduler
             )));
@@ -177,7 +178,7 @@ pub fn plan_service(
             vs_spec = scheduler_spec(value);
         } else {
             plan.problems.push(problem(format!(
-                "metadata.annotations[{SCHEDULER_ANNOTATION}] {value:?} is not an IPVS scheduler \
+                "metadata.annotations[{SCHEDULER_ANNOTATION}] {shown} is not an IPVS scheduler \
                  (expected one of {}); using {:?}",
                 IPVS_SCHEDULERS.join(", "),
                 vs_spec.scheduler
@@ -429,6 +430,27 @@ pub fn plan_service(
 }
 
 /// `field[i]` or `field`.
+/// Text from the API shown in a problem: quoted, at most [`ShortText::MAX_CHARS`] characters
+/// and the length of the rest (an annotation can hold 256 KiB, and each change of it is
+/// logged).
+struct ShortText<'a>(&'a str);
+
+impl ShortText<'_> {
+    const MAX_CHARS: usize = 64;
+}
+
+impl std::fmt::Display for ShortText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.char_indices().nth(Self::MAX_CHARS) {
+            None => write!(f, "{:?}", self.0),
+            Some((end, _)) => {
+                let (shown, rest) = self.0.split_at(end);
+                write!(f, "{shown:?}... ({} more bytes)", rest.len())
+            }
+        }
+    }
+}
+
 fn indexed_field(field: &str, index: Option<usize>) -> String {
     match index {
         Some(i) => format!("{field}[{i}]"),

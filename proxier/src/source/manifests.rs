@@ -7,9 +7,11 @@
 //! (`kind: List`, or a typed list such as `ServiceList`, whose items may omit `kind`).
 //!
 //! Kept: `v1` Service, `discovery.k8s.io/v1` EndpointSlice, `v1` Node. Other kinds are ignored
-//! (logged at debug level). Loading is forgiving: a document that does not parse, or an object
-//! that does not deserialize, becomes a [`ManifestError`] naming the file, document and
-//! (when readable) the object, and the rest is still loaded. A YAML document is parsed with
+//! (logged at debug level). Loading is forgiving: a document that does not parse, an object
+//! without what every object has (`metadata.name`), or one that does not deserialize, becomes
+//! a [`ManifestError`] naming the file, document and (when readable) the object, and the rest
+//! is still loaded. A file without any object (empty, or only comments) is an error too: it is
+//! most likely being written (to empty a file, remove it or write an empty `List`). A YAML document is parsed with
 //! serde-saphyr into a `serde_json::Value`, then into the k8s-openapi type; a JSON file's
 //! objects are deserialized straight from its text (after a look at their `apiVersion`,
 //! `kind` and name), as the API source deserializes the apiserver's lists: no tree of values
@@ -156,6 +158,18 @@ impl Loader {
     }
 
     fn load_text(&mut self, text: &str) {
+        if is_blank_or_comments(text) {
+            // A file is replaced by writing it anew: empty, it is most likely being written.
+            self.error(
+                None,
+                None,
+                None,
+                "no objects (a file being written?); to remove a file's objects, remove the file \
+                 or write an empty List"
+                    .into(),
+            );
+            return;
+        }
         if self.file.extension().and_then(|e| e.to_str()) == Some("json") {
             match serde_json::from_str::<&RawValue>(text) {
                 Ok(raw) => self.load_json_document(raw),
@@ -285,6 +299,17 @@ impl Loader {
                 label(),
                 format!(
                     "apiVersion {api_version:?} is not supported for {kind} (expected {expected})"
+                ),
+            );
+            return;
+        }
+        if header.name.as_deref().is_none_or(str::is_empty) {
+            self.error(
+                Some(document),
+                item,
+                label(),
+                format!(
+                    "invalid {kind}: no metadata.name (every object has one: a file cut short?)"
                 ),
             );
             return;
@@ -965,6 +990,75 @@ metadata: {name: also-good, namespace: default}
         source.load_into(&handle, seen.as_ref()).unwrap().unwrap();
         assert_eq!(names(), ["b"]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue 23: a manifests file cut mid-write (a writer that truncates, then writes) loaded
+    /// as valid: cut after an EndpointSlice's `kind` (no metadata) or inside its metadata (no
+    /// name), the nameless slice replaced the real one and its real servers went; cut to 0
+    /// bytes, the file's Services went. Each is an invalid file: its last good content stays.
+    #[test]
+    fn a_file_cut_mid_write_keeps_its_last_good_content() {
+        let dir = std::env::temp_dir().join(format!("kipvs-cut-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let full = include_str!("../../../tests/manifests/cluster/web.yaml");
+        let file = dir.join("web.yaml");
+        std::fs::write(&file, full).unwrap();
+        let source = ManifestsSource {
+            path: dir.clone(),
+            node_name: "n".into(),
+            node_configs: None,
+        };
+        let handle = SourceHandle::default();
+        let state = || {
+            let store = handle.store.lock().unwrap();
+            let web = ("default".to_owned(), "web".to_owned());
+            let services: Vec<String> = store.services().map(|(key, _)| key.1.clone()).collect();
+            let slices: Vec<(String, usize)> = store
+                .slices_of(&web)
+                .into_iter()
+                .map(|s| (s.name.to_string(), s.endpoints.len()))
+                .collect();
+            (services, slices)
+        };
+        let mut seen = source.load_into(&handle, None).unwrap();
+        let good = state();
+        assert_eq!(good.0, ["web"]);
+        assert_eq!(good.1, [("web-r7k2p".to_owned(), 3)]);
+        let slice = full.find("kind: EndpointSlice\n").unwrap();
+        let name = full[slice..].find("  name: web-r7k2p").unwrap() + slice;
+        for cut in [0, slice + "kind: EndpointSlice\n".len(), name] {
+            std::fs::write(&file, &full[..cut]).unwrap();
+            seen = source.load_into(&handle, seen.as_ref()).unwrap();
+            assert_eq!(state(), good, "cut at {cut} bytes");
+            let (_, errors) = parse_file(&file, &full.as_bytes()[..cut]);
+            assert_eq!(errors.len(), 1, "cut at {cut} bytes: {errors:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Wherever a file is cut (at a line's end, where a YAML document stays well-formed), no
+    /// object without a name is loaded from it.
+    #[test]
+    fn no_cut_of_a_manifests_file_loads_an_object_without_a_name() {
+        for full in [
+            include_str!("../../../tests/manifests/cluster/web.yaml"),
+            include_str!("../../../tests/manifests/cluster/node.yaml"),
+            include_str!("../../../tests/manifests/cluster/kube-dns.yaml"),
+        ] {
+            for (cut, _) in full.match_indices('\n') {
+                let (snapshot, _) = parse_file(Path::new("cut.yaml"), &full.as_bytes()[..=cut]);
+                let names = snapshot
+                    .services
+                    .iter()
+                    .map(|o| &o.metadata)
+                    .chain(snapshot.endpoint_slices.iter().map(|o| &o.metadata))
+                    .chain(snapshot.nodes.iter().map(|o| &o.metadata))
+                    .map(|m| m.name.as_deref().unwrap_or_default());
+                for name in names {
+                    assert!(!name.is_empty(), "cut after {} bytes", cut + 1);
+                }
+            }
+        }
     }
 
     #[test]
