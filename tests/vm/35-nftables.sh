@@ -9,7 +9,11 @@
 #   - loadBalancerSourceRanges [192.168.100.2/32]: the client is served, client2 (192.168.101.2) and
 #     the node itself are not; a firewalled load-balancer IP whose port equals a healthCheckNodePort
 #     stays closed to client2 while the health check on the node IP answers it;
-#   - the table's rule count does not change when Services are added.
+#   - the table's rule count does not change when Services are added;
+#   - on-premises source ranges (nested, holding the node IP and the load-balancer IP) are merged and
+#     hold: outside sources are dropped; one Service's element that the kernel refuses fails that
+#     Service alone, closed (its load-balancer virtual server is not added until the element is in),
+#     while an unrelated Service in the same sync works.
 . /payload/tests/lib.sh
 proxier_ensure; wait_converged 30 >/dev/null
 rules() { nft list table inet kipvs 2>/dev/null | grep -c 'comment "'; }
@@ -90,9 +94,46 @@ n=0; while ! nft list set inet kipvs firewall-allow 2>/dev/null | grep -q '203.0
 a=$(printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 203.0.113.20 80 2>/dev/null | tail -n1)
 check "with 192.168.100.0/24 (holds the node IP) the node itself is served (got '$a')" [ "$a" = near-0 ]
 
-rm -f "$M/nft.yaml"
+# On-premises source ranges: nested, holding the node IP and the load-balancer IP itself. The kernel
+# refuses an interval inside another, so they are merged; the firewall holds (fails closed).
+cp /payload/tests/nft/firewall.yaml "$W/nft.tmp" && mv "$W/nft.tmp" "$M/firewall.yaml"
+wait_converged 30 >/dev/null || bad "not converged with the on-premises firewall Service"
+allow=$(nft list set inet kipvs firewall-allow | grep -o '203\.0\.113\.30 \. tcp \. 80 \. [0-9./]*' | awk '{print $7}' | sort | tr '\n' ' ')
+check "nested ranges merged: firewall-allow of 203.0.113.30:80 is '$allow'" [ "$allow" = "192.168.100.0/24 203.0.113.0/24 " ]
+a=$(peer "$CLIENT" 203.0.113.30 80)
+check "nested ranges: 192.168.100.2 (inside) is served ('$a')" [ -n "$a" ]
+a=$(peer "$CLIENT2" 203.0.113.30 80)
+check "nested ranges: 192.168.101.2 (outside) is dropped (got '$a')" [ -z "$a" ]
+a=$(printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 203.0.113.30 80 2>/dev/null | tail -n1)
+check "nested ranges: the node (its IP and the LB IP inside a range) is served (got '$a')" [ "$a" = near-0 ]
+
+# One element the kernel refuses stays with its Service: 10.0.0.0/8 put in the set by hand makes the
+# kernel refuse `refused`'s 10.1.0.0/16 (an interval inside another); `bystander`, in the same file
+# and sync, lands, and `refused`'s load-balancer virtual server is not added while its element is out.
+mark0=$(mark)
+nft add element inet kipvs firewall-allow '{ 203.0.113.31 . tcp . 80 . 10.0.0.0/8 }'
+cp /payload/tests/nft/refused.yaml "$W/nft.tmp" && mv "$W/nft.tmp" "$M/refused.yaml"
+n=0; until [ "$(printf 'GET / HTTP/1.0\r\n\r\n' | $CLIENT nc -w 2 10.96.0.44 80 2>/dev/null | tail -n1)" = near-0 ] || [ $n -ge 30 ]; do
+  sleep 1; n=$((n + 1)); done
+a=$(printf 'GET / HTTP/1.0\r\n\r\n' | $CLIENT nc -w 3 10.96.0.44 80 2>/dev/null | tail -n1)
+check "an unrelated Service (bystander 10.96.0.44) answers while refused's element is refused (got '$a')" [ "$a" = near-0 ]
+check "the refused element is reported with its Service" \
+  sh -c "tail -n +$((mark0 + 1)) $(proxier_log) | grep 'failed op=AddSetElement' | grep -q 'default/refused'"
+check "fail closed: no virtual server on 203.0.113.31:80 while its firewall element is out" \
+  sh -c "! ipvsadm -Ln -t 203.0.113.31:80 >/dev/null 2>&1"
+a=$(peer "$CLIENT2" 203.0.113.31 80)
+check "fail closed: 192.168.101.2 (outside 10.1.0.0/16) gets no answer from 203.0.113.31 (got '$a')" [ -z "$a" ]
+nft delete element inet kipvs firewall-allow '{ 203.0.113.31 . tcp . 80 . 10.0.0.0/8 }'
+n=0; until ipvsadm -Ln -t 203.0.113.31:80 >/dev/null 2>&1 || [ $n -ge 60 ]; do sleep 0.5; n=$((n + 1)); done
+check "the conflict gone, the retry adds the virtual server (after ${n} polls of 0.5 s)" ipvsadm -Ln -t 203.0.113.31:80
+check "with its firewall element 10.1.0.0/16" \
+  sh -c "nft list set inet kipvs firewall-allow | grep -q '203.0.113.31 . tcp . 80 . 10.1.0.0/16'"
+a=$(peer "$CLIENT2" 203.0.113.31 80)
+check "192.168.101.2 (outside 10.1.0.0/16) is still dropped (got '$a')" [ -z "$a" ]
+
+rm -f "$M/nft.yaml" "$M/firewall.yaml" "$M/refused.yaml"
 wait_converged 30 >/dev/null || bad "not converged after removing the test Services"
-left=$(nft list table inet kipvs | grep -cE '10\.96\.0\.4[0-3]|203\.0\.113\.2[01]|10\.244\.(9\.9|1\.9)')
+left=$(nft list table inet kipvs | grep -cE '10\.96\.0\.4[0-5]|203\.0\.113\.(2[01]|3[01])|10\.244\.(9\.9|1\.9)')
 check "their set elements are gone ($left left)" [ "$left" = 0 ]
 pkill -f 'httpd -p 2222' 2>/dev/null
 finish
