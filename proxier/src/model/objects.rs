@@ -188,6 +188,9 @@ pub struct ServiceInfo {
     pub namespace: Arc<str>,
     /// `metadata.name` (`""` when unset).
     pub name: Arc<str>,
+    /// `metadata.creationTimestamp`, in seconds since the Unix epoch (`None` when unset, as in
+    /// hand-written manifests): the older Service wins a contested virtual server.
+    pub created: Option<i64>,
     /// Labelled `service.kubernetes.io/service-proxy-name` (handed to another proxy).
     pub other_proxy: bool,
     /// The `kipvs.io/scheduler` annotation, if set.

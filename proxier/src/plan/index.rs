@@ -5,8 +5,11 @@
 //! to that Service's size (plus `log n` map operations), never to the number of Services.
 //! This is what makes a sync's cost follow the change (issue 3, "Incremental sync").
 //!
-//! Conflicts are resolved as [`merge`](super::merge) always did: when several Services claim
-//! one virtual server or health-check node port, the first in namespace/name order keeps it.
+//! Conflicts are resolved by [`Rank`]: when several Services claim one virtual server or
+//! health-check node port, a claim through `spec.externalIPs` yields to one through a ClusterIP
+//! or load-balancer ingress (an externalIP cannot take another Service's address, the
+//! CVE-2020-8554 class), then the older Service keeps it (`creationTimestamp`), then the first in
+//! namespace/name order.
 //! The decision is taken once per virtual server and covers everything derived from it: the
 //! set elements naming that virtual server (masquerade, firewall, allowed source ranges) are
 //! the winner's only, so a losing Service's traffic policy or source ranges never reach the
@@ -61,6 +64,18 @@ struct Own {
     slot: Slot,
     /// Its elements of [`DERIVED`] (not in [`Stored::set_elements`]).
     derived: u8,
+    /// Only `spec.externalIPs` asks for it ([`ServicePlan::external_ip_virtual_servers`]).
+    external_ip: bool,
+}
+
+/// How strongly a Service claims a virtual server or health-check node port: the lowest wins,
+/// and among equal ranks the first Service in namespace/name order. A claim through
+/// `spec.externalIPs` comes after any other; then the older Service (`creationTimestamp`, unset
+/// counting as the newest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank {
+    external_ip: bool,
+    created: i64,
 }
 
 /// Where a Service's plan keeps the entry of one of its virtual servers.
@@ -81,6 +96,8 @@ enum Slot {
 /// servers this Service wins (those live in the desired state).
 #[derive(Clone, Debug)]
 struct Stored {
+    /// `creationTimestamp` in seconds (`i64::MAX` when unset).
+    created: i64,
     /// Its virtual servers, sorted.
     virtual_servers: Vec<Own>,
     bind_addresses: Box<[IpAddr]>,
@@ -113,6 +130,7 @@ impl Stored {
             }),
         };
         Stored {
+            created: new.created.unwrap_or(i64::MAX),
             virtual_servers: new
                 .virtual_servers
                 .keys()
@@ -120,6 +138,7 @@ impl Stored {
                     vs,
                     slot: Slot::Won,
                     derived: derived_bits(elements, vs),
+                    external_ip: new.external_ip_virtual_servers.contains(&vs),
                 })
                 .collect(),
             bind_addresses: new.bind_addresses.iter().copied().collect(),
@@ -130,6 +149,22 @@ impl Stored {
             no_local_endpoints_external: new.no_local_endpoints_external,
             terminating_fallback: new.terminating_fallback,
             problems: new.problems.clone().into_boxed_slice(),
+        }
+    }
+
+    /// How it claims its virtual server at `at`.
+    fn rank(&self, at: usize) -> Rank {
+        Rank {
+            external_ip: self.virtual_servers[at].external_ip,
+            created: self.created,
+        }
+    }
+
+    /// How it claims its health-check node port.
+    fn health_check_rank(&self) -> Rank {
+        Rank {
+            external_ip: false,
+            created: self.created,
         }
     }
 
@@ -230,28 +265,27 @@ fn counted<T: Ord + Copy>(mut values: Vec<T>) -> Vec<(T, usize)> {
     runs
 }
 
-/// The Services claiming one virtual server or health-check node port, in key order (the
-/// first wins). Almost always one: a sorted `Vec` costs one small allocation where a
-/// `BTreeSet` allocates a whole node, and each names its Service by the key its plan is
+/// The Services claiming one virtual server or health-check node port, in [`Rank`] then key
+/// order (the first wins). Almost always one: a sorted `Vec` costs one small allocation where
+/// a `BTreeSet` allocates a whole node, and each names its Service by the key its plan is
 /// stored under (shared, not copied).
 #[derive(Clone, Debug, Default)]
-struct Claims(Vec<Arc<ServiceKey>>);
+struct Claims(Vec<(Rank, Arc<ServiceKey>)>);
 
 impl Claims {
     fn first(&self) -> Option<&ServiceKey> {
-        self.0.first().map(|key| &**key)
+        self.0.first().map(|(_, key)| &**key)
     }
 
-    fn insert(&mut self, key: &Arc<ServiceKey>) {
-        if let Err(at) = self.0.binary_search(key) {
-            self.0.insert(at, key.clone());
+    fn insert(&mut self, rank: Rank, key: &Arc<ServiceKey>) {
+        let claim = (rank, key.clone());
+        if let Err(at) = self.0.binary_search(&claim) {
+            self.0.insert(at, claim);
         }
     }
 
     fn remove(&mut self, key: &ServiceKey) {
-        if let Ok(at) = self.0.binary_search_by(|k| (**k).cmp(key)) {
-            self.0.remove(at);
-        }
+        self.0.retain(|(_, k)| **k != *key);
     }
 }
 
@@ -416,7 +450,7 @@ impl DesiredIndex {
             touched.virtual_servers.insert(vs);
             let claims = self.vs_claims.entry(vs).or_default();
             let previous = claims.first().cloned();
-            claims.insert(key);
+            claims.insert(stored.rank(at), key);
             if claims.first() != Some(&**key) {
                 stored.lose(at, entry, &self.desired.virtual_servers);
                 continue;
@@ -456,7 +490,7 @@ impl DesiredIndex {
         }
         if let Some((port, health_check)) = stored.health_check_node_port.as_deref() {
             let claims = self.health_check_claims.entry(*port).or_default();
-            claims.insert(key);
+            claims.insert(stored.health_check_rank(), key);
             if claims.first() == Some(&**key) {
                 self.desired
                     .health_check_node_ports
@@ -487,8 +521,28 @@ impl DesiredIndex {
         );
     }
 
+    /// Moves the entry of the virtual server `vs` from the Service `from`, which holds it, to
+    /// the first of its claims, which outranks `from`, with the set elements derived from it.
+    fn hand_over(&mut self, vs: &VirtualServerKey, from: &ServiceKey) {
+        let entry = self.desired.virtual_servers.remove(vs).expect("won");
+        self.real_servers -= entry.real_servers.len();
+        let plan = self.plans.get_mut(from).expect("planned");
+        let at = plan.position(vs);
+        for element in plan.vs_elements(at) {
+            self.desired.set_elements.remove(&element);
+        }
+        plan.virtual_servers[at].slot = Slot::Lost(Box::new(entry));
+        let winner = self.vs_claims[vs].first().expect("claimed").clone();
+        let plan = self.plans.get_mut(&winner).expect("planned");
+        let entry = plan.take_entry(vs, &self.desired);
+        self.real_servers += entry.real_servers.len();
+        self.desired.virtual_servers.insert(*vs, entry);
+        let elements: Vec<SetElement> = plan.vs_elements(plan.position(vs)).collect();
+        self.desired.set_elements.extend(elements);
+    }
+
     /// The problems of Service `key`: its own, then the virtual servers and health-check node
-    /// ports it lost to an earlier Service.
+    /// ports it lost to another Service.
     pub fn problems_of(&self, key: &ServiceKey) -> Vec<Problem> {
         let Some(plan) = self.plans.get(key) else {
             return Vec::new();
@@ -559,16 +613,17 @@ pub struct IndexBuilder {
     /// The index so far: its desired virtual servers and counts.
     index: DesiredIndex,
     plans: Vec<(Arc<ServiceKey>, Stored)>,
-    /// Every claim of a virtual server, with the claiming Service (its position in `plans`).
-    claims: Vec<(VirtualServerKey, u32)>,
+    /// Every claim of a virtual server, with its rank and the claiming Service (its position
+    /// in `plans`).
+    claims: Vec<(VirtualServerKey, Rank, u32)>,
     /// The set elements of the virtual servers won.
     vs_elements: Vec<SetElement>,
     /// Every claim of a bind address.
     addresses: Vec<IpAddr>,
     /// Every claim of a shared set element ([`Stored::shared_elements`]).
     elements: Vec<SetElement>,
-    /// Every claim of a health-check node port, with the claiming Service.
-    health_checks: Vec<(u16, u32)>,
+    /// Every claim of a health-check node port, with its rank and the claiming Service.
+    health_checks: Vec<(u16, Rank, u32)>,
 }
 
 impl IndexBuilder {
@@ -588,9 +643,9 @@ impl IndexBuilder {
         let mut stored = Stored::new(&plan);
         let desired = &mut self.index.desired.virtual_servers;
         for (at, (vs, entry)) in plan.virtual_servers.into_iter().enumerate() {
-            self.claims.push((vs, service));
+            self.claims.push((vs, stored.rank(at), service));
             if desired.contains_key(&vs) {
-                // Lost to an earlier Service.
+                // Lost to an earlier Service (until [`IndexBuilder::finish`] ranks the claims).
                 stored.lose(at, entry, desired);
                 continue;
             }
@@ -601,7 +656,8 @@ impl IndexBuilder {
         self.addresses.extend(stored.bind_addresses.iter().copied());
         self.elements.extend(stored.shared_elements());
         if let Some((port, _)) = stored.health_check_node_port.as_deref() {
-            self.health_checks.push((*port, service));
+            self.health_checks
+                .push((*port, stored.health_check_rank(), service));
         }
         self.index.count(&stored, true);
         self.plans.push((Arc::new(key), stored));
@@ -618,16 +674,32 @@ impl IndexBuilder {
             elements,
             mut health_checks,
         } = self;
-        // Stable: the claims of one virtual server stay in key order, the winner first.
-        claims.sort_by_key(|&(vs, _)| vs);
+        // The claims of one virtual server in rank, then key order: the winner first. Where the
+        // winner is not the first in key order (who took the entry in `push`), the entry is
+        // handed over once every plan is in.
+        claims.sort_unstable();
         let mut vs_claims: Vec<(VirtualServerKey, Claims)> = Vec::new();
-        for (vs, service) in claims {
+        let mut first_pushed: Vec<u32> = Vec::new();
+        for (vs, rank, service) in claims {
             let key = plans[service as usize].0.clone();
             match vs_claims.last_mut() {
-                Some((last, claims)) if *last == vs => claims.0.push(key),
-                _ => vs_claims.push((vs, Claims(vec![key]))),
+                Some((last, claims)) if *last == vs => {
+                    claims.0.push((rank, key));
+                    let first = first_pushed.last_mut().expect("one per virtual server");
+                    *first = (*first).min(service);
+                }
+                _ => {
+                    vs_claims.push((vs, Claims(vec![(rank, key)])));
+                    first_pushed.push(service);
+                }
             }
         }
+        let hand_overs: Vec<(VirtualServerKey, Arc<ServiceKey>)> = vs_claims
+            .iter()
+            .zip(first_pushed)
+            .filter(|((_, claims), first)| claims.first() != Some(&*plans[*first as usize].0))
+            .map(|((vs, _), first)| (*vs, plans[first as usize].0.clone()))
+            .collect();
         index.vs_claims = vs_claims.into_iter().collect();
         // Inserted as the plans came (in no order of their own): refilled.
         compact_map(&mut index.desired.virtual_servers);
@@ -640,11 +712,11 @@ impl IndexBuilder {
         let addresses = counted(addresses);
         index.desired.bind_addresses = addresses.iter().map(|(address, _)| *address).collect();
         index.address_claims = addresses.into_iter().collect();
-        health_checks.sort_by_key(|&(port, _)| port);
-        for (port, service) in health_checks {
+        health_checks.sort_unstable();
+        for (port, rank, service) in health_checks {
             let (key, plan) = &plans[service as usize];
             let claims = index.health_check_claims.entry(port).or_default();
-            claims.0.push(key.clone());
+            claims.0.push((rank, key.clone()));
             if claims.0.len() == 1 {
                 let (_, health_check) = plan.health_check_node_port.as_deref().expect("claimed");
                 index
@@ -654,6 +726,9 @@ impl IndexBuilder {
             }
         }
         index.plans = plans.into_iter().collect();
+        for (vs, from) in hand_overs {
+            index.hand_over(&vs, &from);
+        }
         index
     }
 }
@@ -734,7 +809,68 @@ mod tests {
                 }))
                 .collect(),
             problems: vec![],
+            ..ServicePlan::default()
         }
+    }
+
+    /// A Service whose externalIP is another Service's ClusterIP or load-balancer IP does not
+    /// take that virtual server (and its elements: source ranges, traffic policy), whatever the
+    /// names and the order of updates; among equal claims the older Service keeps it.
+    #[test]
+    fn an_external_ip_never_takes_a_cluster_ip_or_load_balancer_virtual_server() {
+        let owner = {
+            let mut plan = plan_for("z", "lb", &[(80, 1)], &[], None);
+            plan.created = Some(2_000);
+            plan
+        };
+        let thief = {
+            let mut plan = plan_for("a", "thief", &[(80, 0)], &[], None);
+            plan.created = Some(1_000);
+            plan.external_ip_virtual_servers = plan.virtual_servers.keys().copied().collect();
+            plan
+        };
+        let z = ("z".to_owned(), "lb".to_owned());
+        let a = ("a".to_owned(), "thief".to_owned());
+        let owned = |index: &DesiredIndex| {
+            let vs = index.desired().virtual_servers.values().next().unwrap();
+            (vs.service.to_string(), index.desired().set_elements.clone())
+        };
+        let expected = (
+            "z/lb:p".to_owned(),
+            owner.set_elements.iter().copied().collect::<BTreeSet<_>>(),
+        );
+        for order in [[&a, &z], [&z, &a]] {
+            let mut index = DesiredIndex::default();
+            for key in order {
+                let plan = if key == &a { &thief } else { &owner };
+                index.update(key.clone(), Some(plan.clone()));
+            }
+            assert_eq!(owned(&index), expected, "{order:?}");
+            let problems: Vec<String> = index
+                .problems_of(&a)
+                .iter()
+                .map(|p| p.to_string())
+                .collect();
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(
+                problems[0].contains("already used by z/lb:p"),
+                "{problems:?}"
+            );
+        }
+        let mut builder = IndexBuilder::default();
+        builder.push(a.clone(), Some(thief.clone()));
+        builder.push(z.clone(), Some(owner.clone()));
+        assert_eq!(owned(&builder.finish()), expected);
+
+        // Two equal claims (neither an externalIP): the older Service, not the first name.
+        let mut older = owner.clone();
+        older.created = Some(500);
+        let mut newer = thief.clone();
+        newer.external_ip_virtual_servers.clear();
+        let mut index = DesiredIndex::default();
+        index.update(a.clone(), Some(newer.clone()));
+        index.update(z.clone(), Some(older.clone()));
+        assert_eq!(owned(&index).0, "z/lb:p");
     }
 
     /// Two Services on one virtual server with different traffic policies and source ranges:
@@ -795,6 +931,27 @@ mod tests {
         }
     }
 
+    /// `index` with every lost entry written out ([`Slot::SameAs`] as the [`Slot::Lost`] it
+    /// stands for): the builder shares fewer lost entries than updates do when a claim that
+    /// outranks the first in key order takes a virtual server over.
+    fn shared_as_lost(index: &DesiredIndex) -> DesiredIndex {
+        let mut index = index.clone();
+        for plan in index.plans.values_mut() {
+            for at in 0..plan.virtual_servers.len() {
+                if let Slot::SameAs(other) = plan.virtual_servers[at].slot {
+                    let Own { vs, slot, .. } = &plan.virtual_servers[other as usize];
+                    let entry = match slot {
+                        Slot::Won => index.desired.virtual_servers[vs].clone(),
+                        Slot::Lost(entry) => (**entry).clone(),
+                        Slot::SameAs(_) => unreachable!("a SameAs slot names a won one"),
+                    };
+                    plan.virtual_servers[at].slot = Slot::Lost(Box::new(entry));
+                }
+            }
+        }
+        index
+    }
+
     fn arb_update() -> impl Strategy<Value = (usize, Option<ServicePlan>)> {
         let names = ["a", "b", "c", "d"];
         (
@@ -808,12 +965,23 @@ mod tests {
                     ),
                     prop::collection::vec(1u8..4, 0..3),
                     prop::option::of(prop::sample::select(vec![30000u16, 30001])),
+                    prop::option::of(0i64..3),
+                    prop::collection::btree_set(prop::sample::select(vec![80u16, 81, 82]), 0..2),
                 ),
             ),
         )
             .prop_map(move |(i, content)| {
-                let plan =
-                    content.map(|(vss, addrs, hc)| plan_for("ns", names[i], &vss, &addrs, hc));
+                let plan = content.map(|(vss, addrs, hc, created, external_ip)| {
+                    let mut plan = plan_for("ns", names[i], &vss, &addrs, hc);
+                    plan.created = created;
+                    plan.external_ip_virtual_servers = plan
+                        .virtual_servers
+                        .keys()
+                        .filter(|k| external_ip.contains(&k.port))
+                        .copied()
+                        .collect();
+                    plan
+                });
                 (i, plan)
             })
     }
@@ -837,7 +1005,7 @@ mod tests {
                 builder.push(key(*i), plan.clone());
             }
             let built = builder.finish();
-            prop_assert_eq!(format!("{built:?}"), format!("{updated:?}"));
+            prop_assert_eq!(format!("{:?}", shared_as_lost(&built)), format!("{:?}", shared_as_lost(&updated)));
             prop_assert_eq!(built.to_plan(), updated.to_plan());
         }
 

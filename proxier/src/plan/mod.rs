@@ -154,8 +154,9 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
 }
 
 /// Combines Service plans into one [`Plan`]. A virtual server or health-check node port
-/// claimed by several Services stays with the first in namespace/name order; the others get a
-/// [`Problem`]. Bind addresses are united; the no-local-endpoints and fallback flags are
+/// claimed by several Services goes by [`DesiredIndex`]'s precedence (a claim through
+/// `spec.externalIPs` yields to any other, then the older Service, then namespace/name order);
+/// the others get a [`Problem`]. Bind addresses are united; the no-local-endpoints and fallback flags are
 /// counted. (The same rules as [`DesiredIndex`], which keeps the union up to date.)
 pub fn merge<'a>(service_plans: impl IntoIterator<Item = &'a ServicePlan>) -> Plan {
     let mut index = DesiredIndex::default();

@@ -28,8 +28,16 @@ pub struct ServicePlan {
     pub namespace: String,
     /// Service name.
     pub name: String,
+    /// `metadata.creationTimestamp` in seconds since the Unix epoch (`None` when unset): of two
+    /// Services claiming one virtual server the same way, the older keeps it.
+    pub created: Option<i64>,
     /// The Service's virtual servers.
     pub virtual_servers: BTreeMap<VirtualServerKey, VirtualServer>,
+    /// Those of its virtual servers that only `spec.externalIPs` asks for (not its ClusterIP or
+    /// load-balancer ingress): they yield to any Service that has the address as ClusterIP or
+    /// load-balancer ingress, so an externalIP cannot take over another Service's traffic
+    /// (CVE-2020-8554).
+    pub external_ip_virtual_servers: BTreeSet<VirtualServerKey>,
     /// Addresses of its virtual servers to bind on `kube-ipvs0` (cluster IPs, and the external
     /// IPs and VIP-mode load-balancer IPs that are not on another interface).
     pub bind_addresses: BTreeSet<IpAddr>,
@@ -76,6 +84,7 @@ pub fn plan_service(
     let mut plan = ServicePlan {
         namespace: service.namespace.to_string(),
         name: service.name.to_string(),
+        created: service.created,
         ..ServicePlan::default()
     };
     let problem =
@@ -332,6 +341,9 @@ pub fn plan_service(
             let family = |ip: &&IpAddr| ip.is_ipv4() == ipv4;
             for &ip in external_ips.iter().chain(&load_balancer_ips).filter(family) {
                 add(&mut plan, ip, number, external);
+                if !load_balancer_ips.contains(&ip) && !cluster_ips.contains(&ip) {
+                    plan.external_ip_virtual_servers.insert(key(ip, number));
+                }
                 if !context.other_interface_addresses.contains(&ip) {
                     plan.bind_addresses.insert(ip);
                 }

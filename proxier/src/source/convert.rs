@@ -81,6 +81,7 @@ pub fn service(service: &Service, strings: &mut Interner) -> ServiceInfo {
     ServiceInfo {
         namespace,
         name,
+        created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         other_proxy: meta
             .labels
             .as_ref()
