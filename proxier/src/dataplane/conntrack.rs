@@ -313,28 +313,78 @@ pub enum ConntrackError {
     /// The socket could not be opened or the request not sent.
     #[error("ctnetlink: {0}")]
     Socket(String),
-    /// The kernel refused the request (`EPERM` without `CAP_NET_ADMIN`, `EOPNOTSUPP` without
-    /// the `nf_conntrack_netlink` module).
+    /// The kernel refused the request (`EPERM` without `CAP_NET_ADMIN`).
     #[error("ctnetlink: {0}")]
     Kernel(std::io::Error),
+    /// The kernel has no ctnetlink: the `NETLINK_NETFILTER` socket cannot be opened (no
+    /// `nfnetlink`), or the kernel answers `EOPNOTSUPP`/`EPROTONOSUPPORT`, or `EINVAL` before any
+    /// request succeeded (what `nfnetlink` answers for a subsystem it lacks: no
+    /// `nf_conntrack_netlink` module). Only the UDP conntrack cleanup needs it: it is skipped,
+    /// and everything else is programmed.
+    #[error(
+        "ctnetlink unavailable ({0}): UDP conntrack cleanup skipped (load nf_conntrack_netlink)"
+    )]
+    Unavailable(String),
 }
 
-/// A `NETLINK_NETFILTER` socket for conntrack requests, its connection task spawned on Tokio.
+impl ConntrackError {
+    /// Whether the kernel has no ctnetlink ([`ConntrackError::Unavailable`]): nothing to retry.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, ConntrackError::Unavailable(_))
+    }
+}
+
+/// A `NETLINK_NETFILTER` socket for conntrack requests, its connection task spawned on Tokio;
+/// or, on a kernel without ctnetlink, none: every request then fails with
+/// [`ConntrackError::Unavailable`], logged once as a warning.
 #[derive(Clone, Debug)]
 pub struct Conntrack {
-    handle: ConnectionHandle<NetfilterMessage>,
+    /// The socket, or why there is none.
+    handle: Result<ConnectionHandle<NetfilterMessage>, String>,
+    /// Set when the unavailability has been logged.
+    warned: std::sync::Arc<std::sync::Once>,
+    /// Whether a request has succeeded (then `EINVAL` is an error of that request).
+    worked: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// What opening a `NETLINK_NETFILTER` socket gives.
+type Opened = (
+    netlink_proto::Connection<NetfilterMessage>,
+    ConnectionHandle<NetfilterMessage>,
+    futures::channel::mpsc::UnboundedReceiver<(NetlinkMessage<NetfilterMessage>, NetlinkAddr)>,
+);
+
 impl Conntrack {
-    /// Opens the socket; must be called within a Tokio runtime.
-    ///
-    /// Errors: [`ConntrackError::Socket`] when the socket cannot be opened.
-    pub fn connect() -> Result<Conntrack, ConntrackError> {
-        let (connection, handle, _) =
-            netlink_proto::new_connection::<NetfilterMessage>(NETLINK_NETFILTER)
-                .map_err(|e| ConntrackError::Socket(e.to_string()))?;
-        tokio::spawn(connection);
-        Ok(Conntrack { handle })
+    /// Opens the socket; must be called within a Tokio runtime. Never fails: a kernel without
+    /// ctnetlink gives a `Conntrack` whose requests fail with [`ConntrackError::Unavailable`]
+    /// (the proxier must not stop programming for the UDP cleanup alone).
+    pub fn connect() -> Conntrack {
+        Conntrack::with_socket(netlink_proto::new_connection::<NetfilterMessage>(
+            NETLINK_NETFILTER,
+        ))
+    }
+
+    /// A `Conntrack` over the outcome of opening its socket.
+    fn with_socket(opened: std::io::Result<Opened>) -> Conntrack {
+        let handle = opened
+            .map(|(connection, handle, _)| {
+                tokio::spawn(connection);
+                handle
+            })
+            .map_err(|e| e.to_string());
+        Conntrack {
+            handle,
+            warned: std::sync::Arc::new(std::sync::Once::new()),
+            worked: std::sync::Arc::default(),
+        }
+    }
+
+    /// `error`, logged as a warning the first time ctnetlink turns out to be unavailable.
+    fn noted(&self, error: ConntrackError) -> ConntrackError {
+        if error.is_unavailable() {
+            self.warned.call_once(|| tracing::warn!("{error}"));
+        }
+        error
     }
 
     /// Sends `message` and collects the replies; an error reply becomes the error.
@@ -342,8 +392,11 @@ impl Conntrack {
         &self,
         message: NetlinkMessage<NetfilterMessage>,
     ) -> Result<Vec<NetlinkMessage<NetfilterMessage>>, ConntrackError> {
-        let mut replies = self
+        let handle = self
             .handle
+            .as_ref()
+            .map_err(|reason| self.noted(ConntrackError::Unavailable(reason.clone())))?;
+        let mut replies = handle
             .clone()
             .request(message, NetlinkAddr::new(0, 0))
             .map_err(|e| ConntrackError::Socket(e.to_string()))?;
@@ -352,12 +405,22 @@ impl Conntrack {
             if let NetlinkPayload::Error(e) = &reply.payload
                 && let Some(code) = e.code
             {
-                return Err(ConntrackError::Kernel(std::io::Error::from_raw_os_error(
-                    -code.get(),
-                )));
+                let error = std::io::Error::from_raw_os_error(-code.get());
+                let worked = self.worked.load(std::sync::atomic::Ordering::Relaxed);
+                return Err(match error.raw_os_error() {
+                    Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT) => {
+                        self.noted(ConntrackError::Unavailable(error.to_string()))
+                    }
+                    Some(libc::EINVAL) if !worked => {
+                        self.noted(ConntrackError::Unavailable(error.to_string()))
+                    }
+                    _ => ConntrackError::Kernel(error),
+                });
             }
             out.push(reply);
         }
+        self.worked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(out)
     }
 
@@ -432,6 +495,27 @@ mod tests {
     use super::*;
     use crate::model::{VirtualServer, VirtualServerSpec};
     use netlink_packet_core::{NetlinkDeserializable, Parseable};
+
+    /// Issue 23: on a kernel without ctnetlink the proxier exited at start
+    /// (`connecting to the kernel …: ctnetlink: Protocol not supported`). The socket that
+    /// cannot be opened gives a `Conntrack` whose requests are `Unavailable`: the cleanup is
+    /// skipped, the rest is programmed.
+    #[tokio::test]
+    async fn without_ctnetlink_requests_are_unavailable_not_fatal() {
+        let conntrack = Conntrack::with_socket(Err(std::io::Error::from_raw_os_error(
+            libc::EPROTONOSUPPORT,
+        )));
+        let error = conntrack.udp_entries(Listing::All).await.unwrap_err();
+        assert!(error.is_unavailable(), "{error}");
+        assert!(
+            error.to_string().contains("Protocol not supported"),
+            "{error}"
+        );
+        let one = entry("10.0.0.1:5353", "10.96.0.10:53", "10.244.1.5:53");
+        let failed = conntrack.delete(&[one]).await;
+        assert_eq!(failed.len(), 1);
+        assert!(failed[0].1.is_unavailable());
+    }
 
     fn entry(client: &str, destination: &str, reply_source: &str) -> UdpEntry {
         UdpEntry {

@@ -84,9 +84,7 @@ impl KernelDataplane {
             link_index,
             nft: Nft::default(),
             set_elements: None,
-            conntrack: conntrack_cleanup_enabled()
-                .then(Conntrack::connect)
-                .transpose()?,
+            conntrack: conntrack_cleanup_enabled().then(Conntrack::connect),
         })
     }
 

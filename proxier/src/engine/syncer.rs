@@ -496,7 +496,8 @@ impl<D: Dataplane> Syncer<D> {
     /// every UDP entry; after a sync that added or deleted a UDP real server or deleted a UDP
     /// virtual server (a Service back from zero endpoints gets no entry made while it had
     /// none), or one whose cleanup failed, among the entries to those virtual servers only; a
-    /// no-op otherwise. Failures are logged and counted, never fail the sync.
+    /// no-op otherwise. Failures are logged and counted, never fail the sync; on a kernel
+    /// without ctnetlink every cleanup is skipped and counted as failed (logged once).
     async fn clean_conntrack(
         &mut self,
         desired: &DesiredState,
@@ -526,6 +527,14 @@ impl<D: Dataplane> Syncer<D> {
         };
         let entries = match self.dataplane.udp_conntrack(listing).await {
             Ok(entries) => entries,
+            // No ctnetlink in this kernel (logged once where found): skipped, nothing to retry.
+            Err(DataplaneError::Conntrack(error)) if error.is_unavailable() => {
+                self.udp_changed.clear();
+                return CleanupReport {
+                    deleted: 0,
+                    failed: 1,
+                };
+            }
             Err(error) => {
                 tracing::warn!(%error, "cannot list UDP conntrack entries; retried next sync");
                 return CleanupReport {
