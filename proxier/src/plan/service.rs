@@ -1,13 +1,15 @@
 //! Planning one Service: its virtual servers, bind addresses and health-check node port.
 
 use super::context::{PlanContext, port_number, scheduler_spec};
-use super::endpoints::{self, Endpoint, Selection, Topology};
+use super::endpoints::{self, Endpoint, EndpointsByPort, Selection, Topology};
 use super::outcome::Problem;
 use crate::model::objects::{
-    ClusterIps, Ingress, IpMode, Parsed, SCHEDULER_ANNOTATION, ServiceInfo, ServiceTypeField,
-    SliceInfo,
+    ClusterIps, Ingress, IpMode, Parsed, SCHEDULER_ANNOTATION, ServiceInfo, ServicePortInfo,
+    ServiceTypeField, SliceInfo,
 };
-use crate::model::{HealthCheckNodePort, VirtualServer, VirtualServerKey};
+use crate::model::{
+    HealthCheckNodePort, Protocol, VirtualServer, VirtualServerKey, VirtualServerSpec,
+};
 use crate::model::{IPVS_SCHEDULERS, SetElement};
 use ipnet::IpNet;
 use std::collections::btree_map::Entry;
@@ -78,7 +80,7 @@ pub fn plan_service(
     slices: &[&SliceInfo],
     context: &PlanContext,
 ) -> Option<ServicePlan> {
-    if service.other_proxy {
+    if service.other_proxy || matches!(service.cluster_ips, ClusterIps::Headless) {
         return None;
     }
     let mut plan = ServicePlan {
@@ -87,349 +89,38 @@ pub fn plan_service(
         created: service.created,
         ..ServicePlan::default()
     };
-    let problem =
-        |message: String| Problem::of("Service", &service.namespace, &service.name, message);
-
-    let service_type = match &service.type_ {
-        ServiceTypeField::ExternalName => return None,
-        ServiceTypeField::ClusterIp => ServiceType::ClusterIp,
-        ServiceTypeField::NodePort => ServiceType::NodePort,
-        ServiceTypeField::LoadBalancer => ServiceType::LoadBalancer,
-        ServiceTypeField::Unknown(other) => {
-            plan.problems.push(problem(format!(
-                "unknown spec.type {other:?}; treated as ClusterIP"
-            )));
-            ServiceType::ClusterIp
-        }
-    };
-
-    // Cluster IPs: `clusterIPs` (dual-stack aware), or the legacy `clusterIP`.
-    let (indexed, texts) = match &service.cluster_ips {
-        ClusterIps::Headless => return None,
-        ClusterIps::Unset => {
-            plan.problems.push(problem(
-                "spec.clusterIP is not set; the Service is skipped (as kube-proxy does)".to_owned(),
-            ));
-            return Some(plan);
-        }
-        ClusterIps::Ips { indexed, ips } => (*indexed, ips),
-    };
-    let field = if indexed {
-        "spec.clusterIPs"
-    } else {
-        "spec.clusterIP"
-    };
-    let cluster_ips = parse_ips(
-        texts,
-        |i| indexed_field(field, indexed.then_some(i)),
-        |m| plan.problems.push(problem(m)),
-    );
-    if cluster_ips.is_empty() {
+    let service_type = service_type(service, &mut plan)?;
+    let Some(addresses) = Addresses::of(service, service_type, context, &mut plan) else {
         return Some(plan);
-    }
-    // The Service's IP families are those of its cluster IPs; external addresses of another
-    // family are ignored (kube-proxy runs one proxier per family).
-    let in_service_families = |ip: &IpAddr| cluster_ips.iter().any(|c| c.is_ipv4() == ip.is_ipv4());
-
-    // Every dropped address is a Problem (a single-stack IPv4 Service with an IPv6 externalIP
-    // must not lose it without a word).
-    let other_family = |field: &str, ips: Vec<IpAddr>, problems: &mut Vec<Problem>| {
-        let (kept, dropped): (Vec<IpAddr>, Vec<IpAddr>) =
-            ips.into_iter().partition(in_service_families);
-        for ip in dropped {
-            problems.push(problem(format!(
-                "{field} {ip} is not of the Service's IP families (spec.clusterIPs); ignored"
-            )));
-        }
-        kept
     };
-    let external_ips = parse_ips(
-        &service.external_ips,
-        |i| indexed_field("spec.externalIPs", Some(i)),
-        |m| plan.problems.push(problem(m)),
-    );
-    let external_ips = other_family("spec.externalIPs", external_ips, &mut plan.problems);
-
-    let load_balancer_ips: Vec<IpAddr> = if service_type == ServiceType::LoadBalancer {
-        let vips = load_balancer_vips(&service.ingress, context, |m| {
-            plan.problems.push(problem(m));
-        });
-        other_family("status.loadBalancer.ingress", vips, &mut plan.problems)
-    } else {
-        Vec::new()
-    };
-    let source_ranges = if service_type == ServiceType::LoadBalancer {
-        let ranges = source_ranges(&service.source_ranges, |m| plan.problems.push(problem(m)));
-        for (family, name) in [(IpFamily::V4, "IPv4"), (IpFamily::V6, "IPv6")] {
-            let unfiltered = ranges.family(family).is_none() && !ranges.is_empty();
-            if unfiltered && load_balancer_ips.iter().any(|ip| family.has(ip)) {
-                plan.problems.push(problem(format!(
-                    "spec.loadBalancerSourceRanges has no {name} range: the {name} \
-                     load-balancer IPs are not filtered (as kube-proxy)"
-                )));
-            }
-        }
-        ranges
-    } else {
-        SourceRanges::default()
-    };
-
-    let mut vs_spec = context.vs_spec.clone();
-    if let Some(value) = &service.scheduler {
-        let shown = ShortText(value);
-        if context.scheduler_unavailable(value) {
-            plan.problems.push(problem(format!(
-                "metadata.annotations[{SCHEDULER_ANNOTATION}] {shown}: this node's kernel lacks \
-                 that IPVS scheduler (ip_vs_{value}); using {:?}",
-                vs_spec.scheduler
-            )));
-        } else if IPVS_SCHEDULERS.contains(&&**value) {
-            vs_spec = scheduler_spec(value);
-        } else {
-            plan.problems.push(problem(format!(
-                "metadata.annotations[{SCHEDULER_ANNOTATION}] {shown} is not an IPVS scheduler \
-                 (expected one of {}); using {:?}",
-                IPVS_SCHEDULERS.join(", "),
-                vs_spec.scheduler
-            )));
-        }
-    }
-    if let Some(timeout) = service.client_ip_affinity {
-        vs_spec.persistence_timeout = Some(match timeout {
-            None => DEFAULT_AFFINITY_TIMEOUT_SECONDS,
-            Some(t) if (1..=MAX_AFFINITY_TIMEOUT_SECONDS).contains(&t) => t.unsigned_abs(),
-            Some(t) => {
-                plan.problems.push(problem(format!(
-                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range \
-                     (1..{MAX_AFFINITY_TIMEOUT_SECONDS}); using {DEFAULT_AFFINITY_TIMEOUT_SECONDS}"
-                )));
-                DEFAULT_AFFINITY_TIMEOUT_SECONDS
-            }
-        });
-    }
-
+    let spec = virtual_server_spec(service, context, &mut plan);
     let endpoints = endpoints::collect(
         slices,
         &context.node_name,
         context.zone(),
         &mut plan.problems,
     );
-
     let has_node_ports = service_type != ServiceType::ClusterIp;
     // externalTrafficPolicy only applies to externally reachable Services (kube-proxy's
     // `ExternallyAccessible`: NodePort, LoadBalancer, or any externalIPs).
     let externally_accessible = has_node_ports || !service.external_ips.is_empty();
-    let external_local = externally_accessible && service.external_local;
-    let internal_local = service.internal_local;
-
+    let policy = Policy {
+        external_local: externally_accessible && service.external_local,
+        internal_local: service.internal_local,
+    };
     for (i, port) in service.ports.iter().enumerate() {
-        let protocol = match &port.protocol {
-            Ok(protocol) => *protocol,
-            Err(message) => {
-                plan.problems
-                    .push(problem(format!("spec.ports[{i}]: {message}; port skipped")));
-                continue;
-            }
-        };
-        let Some(number) = port_number(port.port) else {
-            plan.problems.push(problem(format!(
-                "spec.ports[{i}].port {} is out of range; port skipped",
-                port.port
-            )));
+        let Some(port) = PortPlan::of(i, port, has_node_ports, spec.clone(), &mut plan) else {
             continue;
         };
-        let node_port = match port.node_port.filter(|_| has_node_ports) {
-            None | Some(0) => None,
-            Some(value) => {
-                let parsed = port_number(value);
-                if parsed.is_none() {
-                    plan.problems.push(problem(format!(
-                        "spec.ports[{i}].nodePort {value} is out of range; no NodePort virtual servers"
-                    )));
-                }
-                parsed
-            }
-        };
-        let port_name = &port.name;
-        let service_port: Arc<str> = if port_name.is_empty() {
-            format!("{}/{}", plan.namespace, plan.name).into()
-        } else {
-            format!("{}/{}:{port_name}", plan.namespace, plan.name).into()
-        };
         let port_endpoints = endpoints
-            .get(&(port_name.clone(), protocol))
+            .get(&(port.name.clone(), port.protocol))
             .map_or(&[][..], Vec::as_slice);
-
         for ipv4 in [true, false] {
-            let family_cluster_ips: Vec<IpAddr> = cluster_ips
-                .iter()
-                .copied()
-                .filter(|ip| ip.is_ipv4() == ipv4)
-                .collect();
-            if family_cluster_ips.is_empty() {
-                continue;
-            }
-            let in_family: Vec<&Endpoint> = port_endpoints
-                .iter()
-                .filter(|e| e.address.is_ipv4() == ipv4)
-                .collect();
-            // Topology hints narrow the cluster-wide set only (kube-proxy's
-            // CategorizeEndpoints: "topology ignored for Local endpoints").
-            let cluster = endpoints::select(
-                in_family.iter().copied(),
-                context.terminating_endpoints,
-                Topology::from_hints(in_family.iter().copied()),
-            );
-            let local = endpoints::select(
-                in_family.iter().copied().filter(|e| e.local),
-                context.terminating_endpoints,
-                Topology::All,
-            );
-            let no_local = local.is_empty() && !cluster.is_empty();
-            let internal = if internal_local { &local } else { &cluster };
-            let external = if external_local && !local.is_empty() {
-                &local
-            } else {
-                &cluster
-            };
-            plan.no_local_endpoints_internal |= internal_local && no_local;
-            plan.no_local_endpoints_external |= external_local && no_local;
-
-            let add =
-                |plan: &mut ServicePlan, address: IpAddr, port: u16, selection: &Selection| {
-                    let key = VirtualServerKey {
-                        address,
-                        port,
-                        protocol,
-                    };
-                    let virtual_server = VirtualServer {
-                        spec: vs_spec.clone(),
-                        real_servers: selection.real_servers.clone(),
-                        service: service_port.clone(),
-                    };
-                    plan.terminating_fallback |= selection.fallback;
-                    match plan.virtual_servers.entry(key) {
-                        Entry::Vacant(entry) => {
-                            entry.insert(virtual_server);
-                        }
-                        Entry::Occupied(entry) if *entry.get() == virtual_server => {}
-                        Entry::Occupied(entry) => plan.problems.push(problem(format!(
-                            "virtual server {key} is defined twice (for {} and spec.ports[{i}]); \
-                         the first definition is used",
-                            entry.get().service
-                        ))),
-                    }
-                };
-            let key = |address: IpAddr, port: u16| VirtualServerKey {
-                address,
-                port,
-                protocol,
-            };
-            let external_element = |k| {
-                if external_local {
-                    SetElement::ExternalLocal(k)
-                } else {
-                    SetElement::External(k)
-                }
-            };
-            for &ip in &family_cluster_ips {
-                add(&mut plan, ip, number, internal);
-                plan.bind_addresses.insert(ip);
-                plan.set_elements
-                    .insert(SetElement::ClusterIp(key(ip, number)));
-            }
-            let family = |ip: &&IpAddr| ip.is_ipv4() == ipv4;
-            for &ip in external_ips.iter().chain(&load_balancer_ips).filter(family) {
-                add(&mut plan, ip, number, external);
-                if !load_balancer_ips.contains(&ip) && !cluster_ips.contains(&ip) {
-                    plan.external_ip_virtual_servers.insert(key(ip, number));
-                }
-                if !context.other_interface_addresses.contains(&ip) {
-                    plan.bind_addresses.insert(ip);
-                }
-                plan.set_elements.insert(external_element(key(ip, number)));
-            }
-            // loadBalancerSourceRanges restrict the load-balancer IPs only (kube-proxy's
-            // KUBE-LOAD-BALANCER-FW); when a node IP is inside a range, the node's own traffic,
-            // which leaves from the load-balancer IP itself, is allowed too (kubernetes#119656),
-            // unless a range holds that IP already (one interval inside another is refused).
-            if let Some(allowed) = source_ranges.family(IpFamily::of(ipv4)) {
-                let node_inside = context
-                    .node_port_ips
-                    .iter()
-                    .any(|ip| allowed.iter().any(|net| net.contains(ip)));
-                for &ip in load_balancer_ips.iter().filter(family) {
-                    let k = key(ip, number);
-                    plan.set_elements.insert(SetElement::Firewall(k));
-                    for &net in allowed {
-                        plan.set_elements.insert(SetElement::FirewallAllow(k, net));
-                    }
-                    if node_inside && !allowed.iter().any(|net| net.contains(&ip)) {
-                        plan.set_elements
-                            .insert(SetElement::FirewallAllow(k, IpNet::from(ip)));
-                    }
-                }
-            }
-            if let Some(node_port) = node_port {
-                for &ip in context.node_port_ips.iter().filter(family) {
-                    add(&mut plan, ip, node_port, external);
-                    plan.set_elements
-                        .insert(external_element(key(ip, node_port)));
-                }
-            }
-            // Hairpin: a local endpoint that reaches itself through the Service.
-            for e in in_family
-                .iter()
-                .filter(|e| e.local && (e.ready || e.serving))
-            {
-                plan.set_elements
-                    .insert(SetElement::Hairpin(e.address.ip()));
-            }
+            port.plan_family(&mut plan, &addresses, port_endpoints, policy, context, ipv4);
         }
     }
-
-    if service_type == ServiceType::LoadBalancer && external_local {
-        match service.health_check_node_port {
-            None | Some(0) => {}
-            Some(value) => match port_number(value) {
-                Some(port) => {
-                    // Distinct local ready endpoint IPs over all ports, as kube-proxy's
-                    // `LocalReadyEndpoints` (terminating ones do not count: 503 when only
-                    // terminating endpoints are left, per the design brief). Each of
-                    // kube-proxy's single-stack proxiers counts its own family; kipvs has one
-                    // health check per port and reports the larger count of the Service's
-                    // families (equal for dual-stack pods).
-                    let local_ready = |ipv4: bool| {
-                        endpoints
-                            .values()
-                            .flatten()
-                            .filter(|e| e.local && e.ready && e.address.is_ipv4() == ipv4)
-                            .map(|e| e.address.ip())
-                            .collect::<BTreeSet<IpAddr>>()
-                            .len()
-                    };
-                    let count = [true, false]
-                        .into_iter()
-                        .filter(|&ipv4| cluster_ips.iter().any(|ip| ip.is_ipv4() == ipv4))
-                        .map(local_ready)
-                        .max()
-                        .unwrap_or(0);
-                    plan.set_elements
-                        .insert(SetElement::HealthCheckNodePort(port));
-                    plan.health_check_node_port = Some((
-                        port,
-                        HealthCheckNodePort {
-                            namespace: plan.namespace.clone(),
-                            name: plan.name.clone(),
-                            local_ready_endpoints: count,
-                        },
-                    ));
-                }
-                None => plan.problems.push(problem(format!(
-                    "spec.healthCheckNodePort {value} is out of range; no health check"
-                ))),
-            },
-        }
+    if service_type == ServiceType::LoadBalancer && policy.external_local {
+        health_check(service, &addresses.cluster_ips, &endpoints, &mut plan);
     }
     // The addresses on kube-ipvs0: new connections to their other ports are rejected.
     let service_ips: Vec<SetElement> = plan
@@ -441,7 +132,453 @@ pub fn plan_service(
     Some(plan)
 }
 
-/// `field[i]` or `field`.
+impl ServicePlan {
+    /// Reports `message` as a problem of this Service.
+    fn report(&mut self, message: String) {
+        let problem = Problem::of("Service", &self.namespace, &self.name, message);
+        self.problems.push(problem);
+    }
+}
+
+/// `spec.type`: `None` for ExternalName; an unknown type is reported and planned as ClusterIP.
+fn service_type(service: &ServiceInfo, plan: &mut ServicePlan) -> Option<ServiceType> {
+    Some(match &service.type_ {
+        ServiceTypeField::ExternalName => return None,
+        ServiceTypeField::ClusterIp => ServiceType::ClusterIp,
+        ServiceTypeField::NodePort => ServiceType::NodePort,
+        ServiceTypeField::LoadBalancer => ServiceType::LoadBalancer,
+        ServiceTypeField::Unknown(other) => {
+            plan.report(format!("unknown spec.type {other:?}; treated as ClusterIP"));
+            ServiceType::ClusterIp
+        }
+    })
+}
+
+/// The traffic policies that apply to a Service.
+#[derive(Clone, Copy, Debug)]
+struct Policy {
+    /// `externalTrafficPolicy: Local`, on an externally reachable Service.
+    external_local: bool,
+    /// `internalTrafficPolicy: Local`.
+    internal_local: bool,
+}
+
+/// The addresses of a Service, each valid and of one of its IP families (those of its cluster
+/// IPs: kube-proxy runs one proxier per family).
+struct Addresses {
+    /// `spec.clusterIPs` (dual-stack aware), or the legacy `spec.clusterIP`.
+    cluster_ips: Vec<IpAddr>,
+    /// `spec.externalIPs`.
+    external_ips: Vec<IpAddr>,
+    /// The VIP-mode load-balancer ingress IPs (LoadBalancer Services only).
+    load_balancer_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges` (LoadBalancer Services only).
+    source_ranges: SourceRanges,
+}
+
+impl Addresses {
+    /// The addresses of `service`, every invalid or other-family one reported and left out;
+    /// `None` when it has no valid cluster IP (nothing is planned then).
+    fn of(
+        service: &ServiceInfo,
+        service_type: ServiceType,
+        context: &PlanContext,
+        plan: &mut ServicePlan,
+    ) -> Option<Self> {
+        let (indexed, texts) = match &service.cluster_ips {
+            ClusterIps::Headless => return None,
+            ClusterIps::Unset => {
+                plan.report(
+                    "spec.clusterIP is not set; the Service is skipped (as kube-proxy does)"
+                        .to_owned(),
+                );
+                return None;
+            }
+            ClusterIps::Ips { indexed, ips } => (*indexed, ips),
+        };
+        let field = if indexed {
+            "spec.clusterIPs"
+        } else {
+            "spec.clusterIP"
+        };
+        let cluster_ips = parse_ips(
+            texts,
+            |i| indexed_field(field, indexed.then_some(i)),
+            |m| plan.report(m),
+        );
+        if cluster_ips.is_empty() {
+            return None;
+        }
+        // Every dropped address is a Problem (a single-stack IPv4 Service with an IPv6
+        // externalIP must not lose it without a word).
+        let other_family = |field: &str, ips: Vec<IpAddr>, plan: &mut ServicePlan| {
+            let (kept, dropped): (Vec<IpAddr>, Vec<IpAddr>) = ips
+                .into_iter()
+                .partition(|ip| cluster_ips.iter().any(|c| c.is_ipv4() == ip.is_ipv4()));
+            for ip in dropped {
+                plan.report(format!(
+                    "{field} {ip} is not of the Service's IP families (spec.clusterIPs); ignored"
+                ));
+            }
+            kept
+        };
+        let external_ips = parse_ips(
+            &service.external_ips,
+            |i| indexed_field("spec.externalIPs", Some(i)),
+            |m| plan.report(m),
+        );
+        let external_ips = other_family("spec.externalIPs", external_ips, plan);
+        let load_balancer = service_type == ServiceType::LoadBalancer;
+        let load_balancer_ips = if load_balancer {
+            let vips = load_balancer_vips(&service.ingress, context, |m| plan.report(m));
+            other_family("status.loadBalancer.ingress", vips, plan)
+        } else {
+            Vec::new()
+        };
+        let source_ranges = if load_balancer {
+            let ranges = source_ranges(&service.source_ranges, |m| plan.report(m));
+            for (family, name) in [(IpFamily::V4, "IPv4"), (IpFamily::V6, "IPv6")] {
+                let unfiltered = ranges.family(family).is_none() && !ranges.is_empty();
+                if unfiltered && load_balancer_ips.iter().any(|ip| family.has(ip)) {
+                    plan.report(format!(
+                        "spec.loadBalancerSourceRanges has no {name} range: the {name} \
+                         load-balancer IPs are not filtered (as kube-proxy)"
+                    ));
+                }
+            }
+            ranges
+        } else {
+            SourceRanges::default()
+        };
+        Some(Addresses {
+            cluster_ips,
+            external_ips,
+            load_balancer_ips,
+            source_ranges,
+        })
+    }
+}
+
+/// The scheduler and persistence of a Service's virtual servers: `ipvs.scheduler`, or the
+/// `kipvs.io/scheduler` annotation when it names a scheduler this node's kernel has, and
+/// `sessionAffinity: ClientIP` as persistence (its timeout, or the API default).
+fn virtual_server_spec(
+    service: &ServiceInfo,
+    context: &PlanContext,
+    plan: &mut ServicePlan,
+) -> VirtualServerSpec {
+    let mut spec = context.vs_spec.clone();
+    if let Some(value) = &service.scheduler {
+        let shown = ShortText(value);
+        if context.scheduler_unavailable(value) {
+            plan.report(format!(
+                "metadata.annotations[{SCHEDULER_ANNOTATION}] {shown}: this node's kernel lacks \
+                 that IPVS scheduler (ip_vs_{value}); using {:?}",
+                spec.scheduler
+            ));
+        } else if IPVS_SCHEDULERS.contains(&&**value) {
+            spec = scheduler_spec(value);
+        } else {
+            plan.report(format!(
+                "metadata.annotations[{SCHEDULER_ANNOTATION}] {shown} is not an IPVS scheduler \
+                 (expected one of {}); using {:?}",
+                IPVS_SCHEDULERS.join(", "),
+                spec.scheduler
+            ));
+        }
+    }
+    if let Some(timeout) = service.client_ip_affinity {
+        spec.persistence_timeout = Some(match timeout {
+            None => DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+            Some(t) if (1..=MAX_AFFINITY_TIMEOUT_SECONDS).contains(&t) => t.unsigned_abs(),
+            Some(t) => {
+                plan.report(format!(
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range \
+                     (1..{MAX_AFFINITY_TIMEOUT_SECONDS}); using {DEFAULT_AFFINITY_TIMEOUT_SECONDS}"
+                ));
+                DEFAULT_AFFINITY_TIMEOUT_SECONDS
+            }
+        });
+    }
+    spec
+}
+
+/// One port of a Service (`spec.ports[index]`), valid, and what its virtual servers share.
+struct PortPlan {
+    index: usize,
+    name: Arc<str>,
+    protocol: Protocol,
+    number: u16,
+    node_port: Option<u16>,
+    spec: VirtualServerSpec,
+    /// `namespace/name[:port]`, as kube-proxy names a service port.
+    service_port: Arc<str>,
+}
+
+impl PortPlan {
+    /// `spec.ports[index]`, or `None` (reported) when its protocol or port is invalid; an
+    /// invalid `nodePort` is reported and the port has no NodePort virtual servers.
+    fn of(
+        index: usize,
+        port: &ServicePortInfo,
+        has_node_ports: bool,
+        spec: VirtualServerSpec,
+        plan: &mut ServicePlan,
+    ) -> Option<Self> {
+        let protocol = match &port.protocol {
+            Ok(protocol) => *protocol,
+            Err(message) => {
+                plan.report(format!("spec.ports[{index}]: {message}; port skipped"));
+                return None;
+            }
+        };
+        let Some(number) = port_number(port.port) else {
+            plan.report(format!(
+                "spec.ports[{index}].port {} is out of range; port skipped",
+                port.port
+            ));
+            return None;
+        };
+        let node_port = match port.node_port.filter(|_| has_node_ports) {
+            None | Some(0) => None,
+            Some(value) => {
+                let parsed = port_number(value);
+                if parsed.is_none() {
+                    plan.report(format!(
+                        "spec.ports[{index}].nodePort {value} is out of range; no NodePort virtual servers"
+                    ));
+                }
+                parsed
+            }
+        };
+        let service_port: Arc<str> = if port.name.is_empty() {
+            format!("{}/{}", plan.namespace, plan.name).into()
+        } else {
+            format!("{}/{}:{}", plan.namespace, plan.name, port.name).into()
+        };
+        Some(PortPlan {
+            index,
+            name: port.name.clone(),
+            protocol,
+            number,
+            node_port,
+            spec,
+            service_port,
+        })
+    }
+
+    fn key(&self, address: IpAddr, port: u16) -> VirtualServerKey {
+        VirtualServerKey {
+            address,
+            port,
+            protocol: self.protocol,
+        }
+    }
+
+    /// Adds the virtual server `address:port` with `selection`'s real servers; a second
+    /// definition of one virtual server (two ports of the Service on one port number) is
+    /// reported and the first kept.
+    fn add(&self, plan: &mut ServicePlan, address: IpAddr, port: u16, selection: &Selection) {
+        let key = self.key(address, port);
+        let virtual_server = VirtualServer {
+            spec: self.spec.clone(),
+            real_servers: selection.real_servers.clone(),
+            service: self.service_port.clone(),
+        };
+        plan.terminating_fallback |= selection.fallback;
+        match plan.virtual_servers.entry(key) {
+            Entry::Vacant(entry) => {
+                entry.insert(virtual_server);
+            }
+            Entry::Occupied(entry) if *entry.get() == virtual_server => {}
+            Entry::Occupied(entry) => {
+                let message = format!(
+                    "virtual server {key} is defined twice (for {} and spec.ports[{}]); \
+                     the first definition is used",
+                    entry.get().service,
+                    self.index
+                );
+                plan.report(message);
+            }
+        }
+    }
+
+    /// The virtual servers, bind addresses and set elements of this port in one IP family:
+    /// ClusterIPs with the internal endpoints, externalIPs, load-balancer IPs and NodePorts
+    /// with the external ones, the firewall of the load-balancer IPs and the hairpin elements
+    /// of the local endpoints.
+    fn plan_family(
+        &self,
+        plan: &mut ServicePlan,
+        addresses: &Addresses,
+        endpoints: &[Endpoint],
+        policy: Policy,
+        context: &PlanContext,
+        ipv4: bool,
+    ) {
+        let family = |ip: &&IpAddr| ip.is_ipv4() == ipv4;
+        if !addresses.cluster_ips.iter().any(|ip| family(&ip)) {
+            return;
+        }
+        let in_family: Vec<&Endpoint> = endpoints
+            .iter()
+            .filter(|e| e.address.is_ipv4() == ipv4)
+            .collect();
+        // Topology hints narrow the cluster-wide set only (kube-proxy's CategorizeEndpoints:
+        // "topology ignored for Local endpoints").
+        let cluster = endpoints::select(
+            in_family.iter().copied(),
+            context.terminating_endpoints,
+            Topology::from_hints(in_family.iter().copied()),
+        );
+        let local = endpoints::select(
+            in_family.iter().copied().filter(|e| e.local),
+            context.terminating_endpoints,
+            Topology::All,
+        );
+        let no_local = local.is_empty() && !cluster.is_empty();
+        let internal = if policy.internal_local {
+            &local
+        } else {
+            &cluster
+        };
+        let external = if policy.external_local && !local.is_empty() {
+            &local
+        } else {
+            &cluster
+        };
+        plan.no_local_endpoints_internal |= policy.internal_local && no_local;
+        plan.no_local_endpoints_external |= policy.external_local && no_local;
+        let external_element = |k| {
+            if policy.external_local {
+                SetElement::ExternalLocal(k)
+            } else {
+                SetElement::External(k)
+            }
+        };
+        for &ip in addresses.cluster_ips.iter().filter(family) {
+            self.add(plan, ip, self.number, internal);
+            plan.bind_addresses.insert(ip);
+            plan.set_elements
+                .insert(SetElement::ClusterIp(self.key(ip, self.number)));
+        }
+        let outside = addresses
+            .external_ips
+            .iter()
+            .chain(&addresses.load_balancer_ips);
+        for &ip in outside.filter(family) {
+            self.add(plan, ip, self.number, external);
+            if !context.other_interface_addresses.contains(&ip) {
+                plan.bind_addresses.insert(ip);
+            }
+            let key = self.key(ip, self.number);
+            plan.set_elements.insert(external_element(key));
+            if !addresses.load_balancer_ips.contains(&ip) && !addresses.cluster_ips.contains(&ip) {
+                plan.external_ip_virtual_servers.insert(key);
+            }
+        }
+        self.firewall(plan, addresses, context, ipv4);
+        if let Some(node_port) = self.node_port {
+            for &ip in context.node_port_ips.iter().filter(family) {
+                self.add(plan, ip, node_port, external);
+                plan.set_elements
+                    .insert(external_element(self.key(ip, node_port)));
+            }
+        }
+        // Hairpin: a local endpoint that reaches itself through the Service.
+        for e in in_family
+            .iter()
+            .filter(|e| e.local && (e.ready || e.serving))
+        {
+            plan.set_elements
+                .insert(SetElement::Hairpin(e.address.ip()));
+        }
+    }
+
+    /// `loadBalancerSourceRanges` restrict the load-balancer IPs only (kube-proxy's
+    /// KUBE-LOAD-BALANCER-FW); when a node IP is inside a range, the node's own traffic, which
+    /// leaves from the load-balancer IP itself, is allowed too (kubernetes#119656), unless a
+    /// range holds that IP already (one interval inside another is refused).
+    fn firewall(
+        &self,
+        plan: &mut ServicePlan,
+        addresses: &Addresses,
+        context: &PlanContext,
+        ipv4: bool,
+    ) {
+        let Some(allowed) = addresses.source_ranges.family(IpFamily::of(ipv4)) else {
+            return;
+        };
+        let node_inside = context
+            .node_port_ips
+            .iter()
+            .any(|ip| allowed.iter().any(|net| net.contains(ip)));
+        let family = |ip: &&IpAddr| ip.is_ipv4() == ipv4;
+        for &ip in addresses.load_balancer_ips.iter().filter(family) {
+            let k = self.key(ip, self.number);
+            plan.set_elements.insert(SetElement::Firewall(k));
+            for &net in allowed {
+                plan.set_elements.insert(SetElement::FirewallAllow(k, net));
+            }
+            if node_inside && !allowed.iter().any(|net| net.contains(&ip)) {
+                plan.set_elements
+                    .insert(SetElement::FirewallAllow(k, IpNet::from(ip)));
+            }
+        }
+    }
+}
+
+/// The health-check node port of a LoadBalancer Service with `externalTrafficPolicy: Local`
+/// (`spec.healthCheckNodePort`; an out-of-range one is reported), counting its local ready
+/// endpoints.
+fn health_check(
+    service: &ServiceInfo,
+    cluster_ips: &[IpAddr],
+    endpoints: &EndpointsByPort,
+    plan: &mut ServicePlan,
+) {
+    let value = match service.health_check_node_port {
+        None | Some(0) => return,
+        Some(value) => value,
+    };
+    let Some(port) = port_number(value) else {
+        plan.report(format!(
+            "spec.healthCheckNodePort {value} is out of range; no health check"
+        ));
+        return;
+    };
+    // Distinct local ready endpoint IPs over all ports, as kube-proxy's `LocalReadyEndpoints`
+    // (terminating ones do not count: 503 when only terminating endpoints are left, per the
+    // design brief). Each of kube-proxy's single-stack proxiers counts its own family; kipvs
+    // has one health check per port and reports the larger count of the Service's families
+    // (equal for dual-stack pods).
+    let local_ready = |ipv4: bool| {
+        endpoints
+            .values()
+            .flatten()
+            .filter(|e| e.local && e.ready && e.address.is_ipv4() == ipv4)
+            .map(|e| e.address.ip())
+            .collect::<BTreeSet<IpAddr>>()
+            .len()
+    };
+    let count = [true, false]
+        .into_iter()
+        .filter(|&ipv4| cluster_ips.iter().any(|ip| ip.is_ipv4() == ipv4))
+        .map(local_ready)
+        .max()
+        .unwrap_or(0);
+    plan.set_elements
+        .insert(SetElement::HealthCheckNodePort(port));
+    plan.health_check_node_port = Some((
+        port,
+        HealthCheckNodePort {
+            namespace: plan.namespace.clone(),
+            name: plan.name.clone(),
+            local_ready_endpoints: count,
+        },
+    ));
+}
+
 /// Text from the API shown in a problem: quoted, at most [`ShortText::MAX_CHARS`] characters
 /// and the length of the rest (an annotation can hold 256 KiB, and each change of it is
 /// logged).
@@ -463,6 +600,7 @@ impl std::fmt::Display for ShortText<'_> {
     }
 }
 
+/// `field[i]` or `field`.
 fn indexed_field(field: &str, index: Option<usize>) -> String {
     match index {
         Some(i) => format!("{field}[{i}]"),
