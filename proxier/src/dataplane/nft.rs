@@ -158,212 +158,273 @@ const FAMILIES: [Family; 2] = [
 impl NftRules {
     /// The rules, in chain order, as `(chain, comment, statements)`: [`NftRules::bodies`] with
     /// each comment made the rule's identity ([`identify`]).
-    fn rules(&self) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
+    fn rules(&self) -> Vec<RuleBody> {
         identify(self.bodies())
     }
 
     /// The rules, in chain order, as `(chain, purpose, statements)`; the purpose names what the
-    /// rule is for and its parameters.
-    fn bodies(&self) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
-        let masquerade = || {
-            Statement::Masquerade(Some(NAT {
-                addr: None,
-                family: None,
-                port: None,
-                flags: Some(HashSet::from([NATFlag::FullyRandom])),
-            }))
+    /// rule is for and its parameters. Within a chain, the family-independent rules come first,
+    /// then IPv4's, then IPv6's.
+    fn bodies(&self) -> Vec<RuleBody> {
+        let each_family = |rules: fn(&Self, Family) -> Vec<RuleBody>| {
+            FAMILIES.into_iter().flat_map(move |f| rules(self, f))
         };
-        let mark = || meta(MetaKey::Mark);
-        let set_mark = || {
-            Statement::Mangle(Mangle {
-                key: mark(),
-                value: Expression::BinaryOperation(Box::new(BinaryOperation::OR(vec![
-                    mark(),
-                    Expression::Number(MASQUERADE_MARK),
-                ]))),
-            })
-        };
-        let marked = || {
-            Expression::BinaryOperation(Box::new(BinaryOperation::AND(
-                mark(),
-                Expression::Number(MASQUERADE_MARK),
-            )))
-        };
-        let jump = |target: &'static str| {
-            vec![Statement::Jump(JumpTarget {
-                target: target.into(),
-            })]
-        };
-        let mut rules = vec![
-            (
-                "nat-prerouting",
-                "mark service traffic to masquerade".to_owned(),
-                jump("mark-masquerade"),
-            ),
-            (
-                "nat-output",
-                "mark service traffic to masquerade".to_owned(),
-                jump("mark-masquerade"),
-            ),
-            (
-                "nat-postrouting",
-                format!("masquerade marked traffic (mark {MASQUERADE_MARK:#x})"),
-                vec![
-                    Statement::Match(Match {
-                        left: marked(),
-                        right: Expression::Number(MASQUERADE_MARK),
-                        op: Operator::EQ,
-                    }),
-                    Statement::Mangle(Mangle {
-                        key: mark(),
-                        value: Expression::BinaryOperation(Box::new(BinaryOperation::XOR(
-                            mark(),
-                            Expression::Number(MASQUERADE_MARK),
-                        ))),
-                    }),
-                    masquerade(),
-                ],
-            ),
-        ];
-        for f in FAMILIES {
-            let set = |name: &str| set_ref(&format!("{name}{}", f.suffix));
-            let destination = || {
-                concat(vec![
-                    payload(f.proto, "daddr"),
-                    meta(MetaKey::L4proto),
-                    payload("th", "dport"),
-                ])
-            };
-            let v = if f.v6 { "IPv6" } else { "IPv4" };
-            rules.push((
-                "mark-masquerade",
-                format!("{v}: externalTrafficPolicy Cluster"),
-                vec![matches(destination(), set("external")), set_mark()],
-            ));
-            if self.masquerade_all() {
-                rules.push((
-                    "mark-masquerade",
-                    format!("{v}: every ClusterIP connection (masqueradeAll)"),
-                    vec![matches(destination(), set("cluster-ips")), set_mark()],
-                ));
-            } else {
-                rules.push((
-                    "mark-masquerade",
-                    format!("{v}: ClusterIP connections the node opens from a service IP"),
-                    vec![
-                        matches(destination(), set("cluster-ips")),
-                        matches(payload(f.proto, "saddr"), set("service-ips")),
-                        set_mark(),
-                    ],
-                ));
-                let cidrs: Vec<IpNet> = self
-                    .cluster_cidrs()
-                    .iter()
-                    .copied()
-                    .filter(|net| net.addr().is_ipv6() == f.v6)
-                    .collect();
-                if !cidrs.is_empty() {
-                    // The CIDRs are in the body (and so in the comment's hash), not in the
-                    // comment: `nft` refuses a comment over 128 bytes.
-                    rules.push((
-                        "mark-masquerade",
-                        format!("{v}: ClusterIP connections from outside the cluster CIDRs"),
-                        vec![
-                            matches(destination(), set("cluster-ips")),
-                            Statement::Match(Match {
-                                left: payload(f.proto, "saddr"),
-                                right: Expression::Named(NamedExpression::Set(
-                                    cidrs
-                                        .into_iter()
-                                        .map(|net| SetItem::Element(prefix(net)))
-                                        .collect(),
-                                )),
-                                op: Operator::NEQ,
-                            }),
-                            set_mark(),
-                        ],
-                    ));
+        let mut rules = Vec::new();
+        for (chain, _) in CHAINS {
+            match chain {
+                "nat-prerouting" | "nat-output" => rules.push((
+                    chain,
+                    "mark service traffic to masquerade".to_owned(),
+                    jump("mark-masquerade"),
+                )),
+                "mark-masquerade" => rules.extend(each_family(Self::mark_masquerade)),
+                "nat-postrouting" => {
+                    rules.push(masquerade_marked());
+                    rules.extend(each_family(Self::nat_postrouting));
                 }
+                "filter-input" => rules.extend(each_family(Self::filter_input)),
+                "filter-output" => rules.extend(each_family(Self::filter_output)),
+                other => unreachable!("chain {other} has no rules"),
             }
+        }
+        rules
+    }
+
+    /// `mark-masquerade`: marks the connections to masquerade (kube-proxy's
+    /// `KUBE-MARK-MASQ` uses): externalTrafficPolicy Cluster, and ClusterIP connections from
+    /// outside the cluster (every one with `masqueradeAll`).
+    fn mark_masquerade(&self, f: Family) -> Vec<RuleBody> {
+        let v = f.name();
+        let chain = "mark-masquerade";
+        let mut rules = vec![(
+            chain,
+            format!("{v}: externalTrafficPolicy Cluster"),
+            vec![matches(f.destination(), f.set("external")), set_mark()],
+        )];
+        if self.masquerade_all() {
             rules.push((
-                "nat-postrouting",
-                format!("{v}: masquerade hairpin traffic (an endpoint reaching itself)"),
-                vec![
-                    matches(
-                        concat(vec![payload(f.proto, "saddr"), payload(f.proto, "daddr")]),
-                        set("hairpin"),
-                    ),
-                    masquerade(),
-                ],
+                chain,
+                format!("{v}: every ClusterIP connection (masqueradeAll)"),
+                vec![matches(f.destination(), f.set("cluster-ips")), set_mark()],
             ));
-            let firewall = || {
+            return rules;
+        }
+        rules.push((
+            chain,
+            format!("{v}: ClusterIP connections the node opens from a service IP"),
+            vec![
+                matches(f.destination(), f.set("cluster-ips")),
+                matches(payload(f.proto, "saddr"), f.set("service-ips")),
+                set_mark(),
+            ],
+        ));
+        let cidrs: Vec<IpNet> = self
+            .cluster_cidrs()
+            .iter()
+            .copied()
+            .filter(|net| net.addr().is_ipv6() == f.v6)
+            .collect();
+        if !cidrs.is_empty() {
+            // The CIDRs are in the body (and so in the comment's hash), not in the comment:
+            // `nft` refuses a comment over 128 bytes.
+            let cluster = cidrs.into_iter().map(|net| SetItem::Element(prefix(net)));
+            rules.push((
+                chain,
+                format!("{v}: ClusterIP connections from outside the cluster CIDRs"),
                 vec![
-                    matches(destination(), set("firewall")),
+                    matches(f.destination(), f.set("cluster-ips")),
                     Statement::Match(Match {
-                        left: concat(vec![
-                            payload(f.proto, "daddr"),
-                            meta(MetaKey::L4proto),
-                            payload("th", "dport"),
-                            payload(f.proto, "saddr"),
-                        ]),
-                        right: set("firewall-allow"),
+                        left: payload(f.proto, "saddr"),
+                        right: Expression::Named(NamedExpression::Set(cluster.collect())),
                         op: Operator::NEQ,
                     }),
-                    Statement::Drop(None),
-                ]
-            };
-            rules.push((
+                    set_mark(),
+                ],
+            ));
+        }
+        rules
+    }
+
+    /// `nat-postrouting`, per family: masquerades hairpin traffic (an endpoint reaching itself
+    /// through its Service, which IPVS would otherwise send back with the endpoint as source).
+    fn nat_postrouting(&self, f: Family) -> Vec<RuleBody> {
+        vec![(
+            "nat-postrouting",
+            format!(
+                "{}: masquerade hairpin traffic (an endpoint reaching itself)",
+                f.name()
+            ),
+            vec![
+                matches(
+                    concat(vec![payload(f.proto, "saddr"), payload(f.proto, "daddr")]),
+                    f.set("hairpin"),
+                ),
+                masquerade(),
+            ],
+        )]
+    }
+
+    /// `filter-input`: the load-balancer firewall, then the health-check node ports, then the
+    /// rejection of new connections to service IPs on ports that are not theirs (kube-proxy's
+    /// `KUBE-IPVS-FILTER`).
+    fn filter_input(&self, f: Family) -> Vec<RuleBody> {
+        let v = f.name();
+        let mut reject = vec![
+            Statement::Match(Match {
+                left: ct_state(),
+                right: Expression::String("new".into()),
+                op: Operator::IN,
+            }),
+            matches(payload(f.proto, "daddr"), f.set("service-ips")),
+        ];
+        for name in ["cluster-ips", "external", "external-local"] {
+            reject.push(Statement::Match(Match {
+                left: f.destination(),
+                right: f.set(name),
+                op: Operator::NEQ,
+            }));
+        }
+        reject.push(Statement::Reject(None));
+        vec![
+            (
                 "filter-input",
                 format!("{v}: drop sources outside loadBalancerSourceRanges"),
-                firewall(),
-            ));
-            rules.push((
-                "filter-output",
-                format!("{v}: drop node traffic outside loadBalancerSourceRanges"),
-                firewall(),
-            ));
+                f.firewall(),
+            ),
             // After the source-range drop, before the reject: health-check ports are accepted
             // on the node's own addresses only (the input hook sees local destinations; service
             // IPs are excluded), so they never open a firewalled load-balancer IP.
-            rules.push((
+            (
                 "filter-input",
                 format!("{v}: accept healthCheckNodePorts on the node's own addresses"),
                 vec![
                     Statement::Match(Match {
                         left: payload(f.proto, "daddr"),
-                        right: set("service-ips"),
+                        right: f.set("service-ips"),
                         op: Operator::NEQ,
                     }),
                     matches(payload("tcp", "dport"), set_ref("health-check-ports")),
                     Statement::Accept(None),
                 ],
-            ));
-            let mut reject = vec![
-                Statement::Match(Match {
-                    left: ct_state(),
-                    right: Expression::String("new".into()),
-                    op: Operator::IN,
-                }),
-                matches(payload(f.proto, "daddr"), set("service-ips")),
-            ];
-            for name in ["cluster-ips", "external", "external-local"] {
-                reject.push(Statement::Match(Match {
-                    left: destination(),
-                    right: set(name),
-                    op: Operator::NEQ,
-                }));
-            }
-            reject.push(Statement::Reject(None));
-            rules.push((
+            ),
+            (
                 "filter-input",
                 format!("{v}: reject new connections to service IPs on other ports"),
                 reject,
-            ));
-        }
-        // Stable: within a chain, rules keep the order they were pushed in.
-        rules.sort_by_key(|(chain, _, _)| CHAINS.iter().position(|c| c.0 == *chain));
-        rules
+            ),
+        ]
     }
+
+    /// `filter-output`: the load-balancer firewall for the node's own connections.
+    fn filter_output(&self, f: Family) -> Vec<RuleBody> {
+        vec![(
+            "filter-output",
+            format!(
+                "{}: drop node traffic outside loadBalancerSourceRanges",
+                f.name()
+            ),
+            f.firewall(),
+        )]
+    }
+}
+
+/// One rule: `(chain, purpose or comment, statements)`.
+type RuleBody = (&'static str, String, Vec<Statement<'static>>);
+
+impl Family {
+    /// `IPv4` or `IPv6`, as the rules' comments name the family.
+    fn name(self) -> &'static str {
+        if self.v6 { "IPv6" } else { "IPv4" }
+    }
+
+    /// This family's set `name` (`external`, `external-v6`, ...).
+    fn set(self, name: &str) -> Expression<'static> {
+        set_ref(&format!("{name}{}", self.suffix))
+    }
+
+    /// `daddr . l4proto . dport`, the key of the sets of virtual servers.
+    fn destination(self) -> Expression<'static> {
+        concat(vec![
+            payload(self.proto, "daddr"),
+            meta(MetaKey::L4proto),
+            payload("th", "dport"),
+        ])
+    }
+
+    /// Drops traffic to a firewalled load-balancer IP and port from a source outside its
+    /// `firewall-allow` ranges.
+    fn firewall(self) -> Vec<Statement<'static>> {
+        vec![
+            matches(self.destination(), self.set("firewall")),
+            Statement::Match(Match {
+                left: concat(vec![
+                    payload(self.proto, "daddr"),
+                    meta(MetaKey::L4proto),
+                    payload("th", "dport"),
+                    payload(self.proto, "saddr"),
+                ]),
+                right: self.set("firewall-allow"),
+                op: Operator::NEQ,
+            }),
+            Statement::Drop(None),
+        ]
+    }
+}
+
+/// `masquerade fully-random`.
+fn masquerade() -> Statement<'static> {
+    Statement::Masquerade(Some(NAT {
+        addr: None,
+        family: None,
+        port: None,
+        flags: Some(HashSet::from([NATFlag::FullyRandom])),
+    }))
+}
+
+/// `meta mark set meta mark | 0x4000`.
+fn set_mark() -> Statement<'static> {
+    Statement::Mangle(Mangle {
+        key: meta(MetaKey::Mark),
+        value: Expression::BinaryOperation(Box::new(BinaryOperation::OR(vec![
+            meta(MetaKey::Mark),
+            Expression::Number(MASQUERADE_MARK),
+        ]))),
+    })
+}
+
+/// `nat-postrouting`'s first rule: masquerades marked traffic and clears the mark (kube-proxy's
+/// `KUBE-POSTROUTING`).
+fn masquerade_marked() -> RuleBody {
+    let marked = Expression::BinaryOperation(Box::new(BinaryOperation::AND(
+        meta(MetaKey::Mark),
+        Expression::Number(MASQUERADE_MARK),
+    )));
+    (
+        "nat-postrouting",
+        format!("masquerade marked traffic (mark {MASQUERADE_MARK:#x})"),
+        vec![
+            Statement::Match(Match {
+                left: marked,
+                right: Expression::Number(MASQUERADE_MARK),
+                op: Operator::EQ,
+            }),
+            Statement::Mangle(Mangle {
+                key: meta(MetaKey::Mark),
+                value: Expression::BinaryOperation(Box::new(BinaryOperation::XOR(
+                    meta(MetaKey::Mark),
+                    Expression::Number(MASQUERADE_MARK),
+                ))),
+            }),
+            masquerade(),
+        ],
+    )
+}
+
+/// `jump target`.
+fn jump(target: &'static str) -> Vec<Statement<'static>> {
+    vec![Statement::Jump(JumpTarget {
+        target: target.into(),
+    })]
 }
 
 /// Gives each rule its identity as its comment: its purpose and a hash of its chain and body
@@ -371,9 +432,7 @@ impl NftRules {
 /// libnftables JSON, 32 bits). The kernel's rules are compared with the wanted ones by comment
 /// ([`rule_comments`]), so a kipvs version that changes a rule's body, even with the same
 /// purpose, rewrites the rules (`WriteRules`) instead of keeping the old body.
-fn identify(
-    bodies: Vec<(&'static str, String, Vec<Statement<'static>>)>,
-) -> Vec<(&'static str, String, Vec<Statement<'static>>)> {
+fn identify(bodies: Vec<RuleBody>) -> Vec<RuleBody> {
     bodies
         .into_iter()
         .map(|(chain, purpose, statements)| {
