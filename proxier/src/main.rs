@@ -513,123 +513,133 @@ async fn shutdown_signal() {
 
 async fn main_inner(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Plan {
-            source: args,
-            format,
-        } => {
-            let local = load_config(args.config.as_deref())?;
-            let handle = SourceHandle::default();
-            let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
-            let source = ManifestsSource {
-                node_configs: Some(assigned_tx),
-                ..manifests_source(&args)?
-            };
-            source
-                .load_into(&handle, None)
-                .with_context(|| format!("reading {}", source.path.display()))?;
-            // The same precedence as `run`: the node's NodeProxyConfig, else the local config.
-            let config = match &*assigned.borrow() {
-                Assigned::Revision { config, .. } => (**config).clone(),
-                _ => local,
-            };
-            let mut planner = Planner::new(identity(&args), config);
-            planner.replan(&mut handle.store.lock().expect("store lock"));
-            let plan = planner.plan();
-            let text = match format {
-                Format::Ipvsadm => format::ipvsadm(&plan.desired),
-                Format::Nft => format::nft(&plan.desired),
-                Format::Json => format::json(&plan.desired),
-            };
-            print!("{text}");
-        }
+        Command::Plan { source, format } => plan(&source, format),
         Command::Inspect {
-            source: args,
+            source,
             api,
             format,
             dataplane,
-        } => {
-            let desired = desired_state(&args, &api).await?;
-            let observed = match dataplane {
-                DataplaneKind::Kernel => {
-                    let mut kernel = connect_kernel().await?;
-                    kernel.observe().await?
-                }
-                DataplaneKind::Fake => Default::default(),
-            };
-            let inspection = inspect::inspect(&desired, &observed);
-            match format {
-                InspectFormat::Text => print!("{}", inspection.text()),
-                InspectFormat::Json => {
-                    println!("{}", serde_json::to_string_pretty(&inspection)?)
-                }
-            }
-        }
-        Command::Cleanup { config } => {
-            let config = load_config(config.as_deref())?;
-            let exclude = config.ipvs.parsed_exclude_cidrs()?;
-            let node_ports = config.parsed_node_port_range()?;
-            let (ops, failures) = connect_kernel().await?.cleanup(exclude, node_ports).await?;
-            for op in &ops {
-                tracing::info!("{op}");
-            }
-            for f in &failures {
-                tracing::error!(error = %f.error, "failed {}", f.op);
-            }
-            tracing::info!(
-                "cleanup: {} ops, {} failed, kube-ipvs0 deleted",
-                ops.len(),
-                failures.len()
-            );
-            anyhow::ensure!(
-                failures.is_empty(),
-                "{} cleanup operations failed",
-                failures.len()
-            );
-        }
+        } => inspect(&source, &api, format, dataplane).await,
+        Command::Cleanup { config } => cleanup(config.as_deref()).await,
         Command::Run {
-            source: args,
+            source,
             cluster,
             once,
-        } => {
-            let config = load_config(args.config.as_deref())?;
-            if let Some(path) = &args.manifests {
-                // Fail early on an unreadable path (the watch would only log it).
-                std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-            }
-            match cluster.dataplane {
-                DataplaneKind::Kernel => {
-                    anyhow::ensure!(
-                        cluster.fake_missing_scheduler.is_empty(),
-                        "--fake-missing-scheduler needs --dataplane=fake"
-                    );
-                    let dataplane = connect_kernel().await?;
-                    let kernel = Kernel {
-                        ipvs: dataplane.ipvs().clone(),
-                        proc_sys: PathBuf::from("/proc/sys"),
-                    };
-                    setup_kernel(&config, &kernel).await?;
-                    let started = start(&args, &cluster, &config).await?;
-                    let kernel = Box::new(kernel);
-                    run_engine(&args, started, config, dataplane, kernel, once).await?;
-                }
-                DataplaneKind::Fake => {
-                    tracing::warn!("fake dataplane: nothing is programmed into the kernel");
-                    let started = start(&args, &cluster, &config).await?;
-                    let dataplane = FakeDataplane {
-                        missing_schedulers: cluster
-                            .fake_missing_scheduler
-                            .iter()
-                            .cloned()
-                            .collect(),
-                        ..Default::default()
-                    };
-                    let kernel = Box::new(dataplane.kernel_settings());
-                    run_engine(&args, started, config, dataplane, kernel, once).await?;
-                }
-            }
-        }
+        } => run(source, cluster, once).await,
+    }
+}
+
+/// `plan`: the desired state of the manifests, printed in `format`.
+fn plan(args: &SourceArgs, format: Format) -> anyhow::Result<()> {
+    let local = load_config(args.config.as_deref())?;
+    let handle = SourceHandle::default();
+    let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
+    let source = ManifestsSource {
+        node_configs: Some(assigned_tx),
+        ..manifests_source(args)?
+    };
+    source
+        .load_into(&handle, None)
+        .with_context(|| format!("reading {}", source.path.display()))?;
+    // The same precedence as `run`: the node's NodeProxyConfig, else the local config.
+    let config = match &*assigned.borrow() {
+        Assigned::Revision { config, .. } => (**config).clone(),
+        _ => local,
+    };
+    let mut planner = Planner::new(identity(args), config);
+    planner.replan(&mut handle.store.lock().expect("store lock"));
+    let plan = planner.plan();
+    let text = match format {
+        Format::Ipvsadm => format::ipvsadm(&plan.desired),
+        Format::Nft => format::nft(&plan.desired),
+        Format::Json => format::json(&plan.desired),
+    };
+    print!("{text}");
+    Ok(())
+}
+
+/// `inspect`: the desired state against the kernel's, by Service.
+async fn inspect(
+    args: &SourceArgs,
+    api: &ApiArgs,
+    format: InspectFormat,
+    dataplane: DataplaneKind,
+) -> anyhow::Result<()> {
+    let desired = desired_state(args, api).await?;
+    let observed = match dataplane {
+        DataplaneKind::Kernel => connect_kernel().await?.observe().await?,
+        DataplaneKind::Fake => Default::default(),
+    };
+    let inspection = inspect::inspect(&desired, &observed);
+    match format {
+        InspectFormat::Text => print!("{}", inspection.text()),
+        InspectFormat::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
     }
     Ok(())
+}
+
+/// `cleanup`: removes what kipvs or kube-proxy's IPVS mode programmed, keeping
+/// `ipvs.excludeCIDRs`.
+///
+/// # Errors
+/// An unreadable configuration, a kernel that cannot be reached, or any failed operation.
+async fn cleanup(config: Option<&Path>) -> anyhow::Result<()> {
+    let config = load_config(config)?;
+    let exclude = config.ipvs.parsed_exclude_cidrs()?;
+    let node_ports = config.parsed_node_port_range()?;
+    let (ops, failures) = connect_kernel().await?.cleanup(exclude, node_ports).await?;
+    for op in &ops {
+        tracing::info!("{op}");
+    }
+    for f in &failures {
+        tracing::error!(error = %f.error, "failed {}", f.op);
+    }
+    tracing::info!(
+        "cleanup: {} ops, {} failed, kube-ipvs0 deleted",
+        ops.len(),
+        failures.len()
+    );
+    anyhow::ensure!(
+        failures.is_empty(),
+        "{} cleanup operations failed",
+        failures.len()
+    );
+    Ok(())
+}
+
+/// `run`: programs the kernel (or the fake dataplane) and keeps it in step.
+async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Result<()> {
+    let config = load_config(args.config.as_deref())?;
+    if let Some(path) = &args.manifests {
+        // Fail early on an unreadable path (the watch would only log it).
+        std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    }
+    match cluster.dataplane {
+        DataplaneKind::Kernel => {
+            anyhow::ensure!(
+                cluster.fake_missing_scheduler.is_empty(),
+                "--fake-missing-scheduler needs --dataplane=fake"
+            );
+            let dataplane = connect_kernel().await?;
+            let kernel = Kernel {
+                ipvs: dataplane.ipvs().clone(),
+                proc_sys: PathBuf::from("/proc/sys"),
+            };
+            setup_kernel(&config, &kernel).await?;
+            let started = start(&args, &cluster, &config).await?;
+            run_engine(&args, started, config, dataplane, Box::new(kernel), once).await
+        }
+        DataplaneKind::Fake => {
+            tracing::warn!("fake dataplane: nothing is programmed into the kernel");
+            let started = start(&args, &cluster, &config).await?;
+            let dataplane = FakeDataplane {
+                missing_schedulers: cluster.fake_missing_scheduler.iter().cloned().collect(),
+                ..Default::default()
+            };
+            let kernel = Box::new(dataplane.kernel_settings());
+            run_engine(&args, started, config, dataplane, kernel, once).await
+        }
+    }
 }
 
 /// mimalloc: planning allocates many small maps; with glibc's malloc a full plan of 50k Services
