@@ -244,6 +244,7 @@ impl<D: Dataplane> Engine<D> {
     /// Errors: only when the dataplane cannot be observed; nothing is changed then.
     ///
     /// The source's observer hears of the taken changes and of the outcome.
+    #[tracing::instrument(name = "engine", skip_all)]
     pub async fn sync(&mut self) -> Result<SyncReport, DataplaneError> {
         let period_over = self
             .last_full_sync

@@ -265,6 +265,7 @@ impl<D: Dataplane> Syncer<D> {
     ///
     /// Errors: only when the dataplane cannot be observed (nothing is changed then); failed
     /// ops are reported in [`SyncReport::failures`] and retried by the next sync.
+    #[tracing::instrument(name = "sync", skip_all, fields(kind = "full"))]
     pub async fn sync(&mut self, desired: &DesiredState) -> Result<SyncReport, DataplaneError> {
         let start = Instant::now();
         let observed = self.dataplane.observe().await?;
@@ -278,6 +279,11 @@ impl<D: Dataplane> Syncer<D> {
 
     /// Incremental sync of what `touched` names, against the cached kernel state; a full
     /// [`sync`](Self::sync) when there is no cache yet.
+    #[tracing::instrument(
+        name = "sync",
+        skip_all,
+        fields(kind = "incremental", virtual_servers = touched.virtual_servers.len())
+    )]
     pub async fn sync_touched(
         &mut self,
         desired: &DesiredState,
