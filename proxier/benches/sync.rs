@@ -17,9 +17,10 @@
 //! `nft`). The rule count at each N is printed: it does not grow with N.
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use kipvs_proxier::dataplane::diff::{Ownership, diff, diff_scoped};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::nft::{self, Nft, transaction};
-use kipvs_proxier::dataplane::{Ownership, diff, diff_scoped, nft_transaction};
+use kipvs_proxier::dataplane::nft_transaction;
 use kipvs_proxier::engine::planner::Replanned;
 use kipvs_proxier::engine::syncer::Syncer;
 use kipvs_proxier::model::ObservedState;

@@ -3,7 +3,7 @@
 //! Data flows one way (see `ARCHITECTURE.md`):
 //! `source` → [`source::store::Store`] (API objects converted by [`source::convert`] into
 //! [`model::objects`]) → [`plan::plan_service`] → [`model::DesiredState`] →
-//! [`dataplane::diff`] → [`dataplane::Op`]s → [`dataplane::Dataplane`].
+//! [`dataplane::diff::diff`] → [`dataplane::Op`]s → [`dataplane::Dataplane`].
 
 pub mod dataplane;
 pub mod engine;

@@ -12,8 +12,8 @@
 //! (every op of the table against an empty kernel: [`diff`]), plan + diff (issue 12's "full
 //! plan + diff"), sync and plan + sync.
 
+use kipvs_proxier::dataplane::diff::{Ownership, diff};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
-use kipvs_proxier::dataplane::{Ownership, diff};
 use kipvs_proxier::engine::syncer::Syncer;
 use kipvs_proxier::model::ObservedState;
 use std::alloc::{GlobalAlloc, Layout};

@@ -215,7 +215,7 @@ impl Dataplane for FakeDataplane {
     }
 
     /// Stage by stage, as the kernel dataplane: an nftables stage's refused ops
-    /// ([`FakeDataplane::refused`]) fail alone, as the kernel's [`isolate::Isolation`] leaves
+    /// (overlapping `firewall-allow` intervals, which the kernel refuses) fail alone, as the kernel's [`isolate::Isolation`] leaves
     /// them, and the virtual servers whose elements they are get [`isolate::withhold`]en.
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
         let mut failures = Vec::new();

@@ -16,7 +16,7 @@ use crate::model::VirtualServerKey;
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 
-/// How many transactions [`isolate`] may spend on one stage: enough to find two refused ops among
+/// How many transactions an [`Isolation`] may spend on one stage: enough to find two refused ops among
 /// a full sync's 270k elements (about `2 · log2(n)` each); past it the remaining parts fail whole
 /// (the next syncs retry only what failed, in smaller transactions).
 pub const ISOLATION_BUDGET: usize = 64;

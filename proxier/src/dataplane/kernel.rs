@@ -3,9 +3,8 @@
 
 use super::batch::Batcher;
 use super::conntrack::{Conntrack, Listing, UdpEntry};
-use super::{
-    Dataplane, DataplaneError, NFT_STAGE, Op, OpFailure, Ownership, diff, isolate, nft_transaction,
-};
+use super::diff::{Ownership, diff};
+use super::{Dataplane, DataplaneError, NFT_STAGE, Op, OpFailure, isolate, nft_transaction};
 use crate::dataplane::nft::{self, Nft};
 use crate::dataplane::nft_elements::{self, SetElements};
 use crate::model::{

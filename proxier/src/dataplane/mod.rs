@@ -1,9 +1,9 @@
 //! Converging the kernel onto the desired state.
 //!
-//! [`diff`] is pure: it compares a [`DesiredState`] with an [`ObservedState`] and returns the
+//! [`diff::diff`] is pure: it compares a [`DesiredState`] with an [`ObservedState`] and returns the
 //! [`Op`]s that make the second equal to the first, in the safe order kpng used (DESIGN-BRIEF,
 //! "Proxier: one direction of flow"), with the endpoint changes of existing virtual servers
-//! ahead of nftables ([`diff_scoped`] has the reasons):
+//! ahead of nftables ([`diff::diff_scoped`] has the reasons):
 //!
 //! 1. unbind addresses from `kube-ipvs0`,
 //! 2. delete (or drain) real servers,
@@ -27,6 +27,7 @@
 
 pub mod batch;
 pub mod conntrack;
+pub mod diff;
 pub mod fake;
 pub mod isolate;
 pub mod kernel;
@@ -37,22 +38,20 @@ pub mod sysctl;
 
 use crate::dataplane::conntrack::{Listing, UdpEntry};
 use crate::model::{
-    DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol,
-    VirtualServerKey, VirtualServerSpec,
+    DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, VirtualServerKey,
+    VirtualServerSpec,
 };
-use crate::model::{NftRules, Scope, SetElement, full_scope};
-use ipnet::IpNet;
+use crate::model::{NftRules, SetElement};
 use serde::Serialize;
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::ops::RangeInclusive;
 
-/// One change to the kernel. Variant order is the order [`diff`] emits them in, but for new
-/// hairpin elements and the IPVS updates of existing virtual servers, which go before the
-/// other nftables ops ([`diff_scoped`]).
+/// One change to the kernel. Variant order is the order [`diff::diff`] emits them in, but for
+/// new hairpin elements and the IPVS updates of existing virtual servers, which go before the
+/// other nftables ops ([`diff::diff_scoped`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum Op {
     /// Remove an address from `kube-ipvs0`.
@@ -104,7 +103,7 @@ pub const NFT_STAGE: u8 = 3;
 
 impl Op {
     /// The stage (0..=6) this op belongs to: its kind. Consecutive ops of one stage in a
-    /// [`diff`] do not depend on each other, except the nftables ones (stage 3), which go to
+    /// [`diff::diff`] do not depend on each other, except the nftables ones (stage 3), which go to
     /// the kernel together as one transaction in the order [`diff`] emits them. A diff can hold
     /// a stage twice (new hairpin elements before the real servers of existing virtual servers,
     /// the other nftables ops after them; those real servers before the new virtual servers',
@@ -176,231 +175,6 @@ impl fmt::Display for Op {
     }
 }
 
-/// Which virtual servers kipvs may delete: it never touches what it does not own.
-///
-/// A virtual server is owned when its address is bound on `kube-ipvs0`, or is about to be
-/// (ClusterIPs, externalIPs, VIP-mode load-balancer IPs: only kipvs binds there; counting the
-/// addresses about to be bound keeps ownership stable across the sync that binds them), when it
-/// is a NodePort virtual server (a node IP and a port in the node-port range), or when kipvs's
-/// own nftables table names it (a `cluster-ips`, `external` or `external-local` element: kipvs
-/// adds one for every virtual server it creates, before creating it, and deletes it after the
-/// virtual server, so the record outlives a restart; it is what covers an externalIP or
-/// load-balancer IP that sits on another interface and is therefore not bound on
-/// `kube-ipvs0`), and it is not inside `ipvs.excludeCIDRs` (kube-proxy's `cleanLegacyService`
-/// rule). Owned virtual servers that are not desired are deleted; others are left alone even
-/// if they collide with nothing.
-#[derive(Clone, Debug, Default)]
-pub struct Ownership {
-    /// The node IPs NodePort virtual servers are programmed on.
-    pub node_ips: BTreeSet<IpAddr>,
-    /// The NodePort range (kube-apiserver `--service-node-port-range`), from the configuration's
-    /// `nodePortRange` only.
-    pub node_port_range: Option<RangeInclusive<u16>>,
-    /// `ipvs.excludeCIDRs`: virtual servers inside these are never deleted.
-    pub exclude_cidrs: Vec<IpNet>,
-}
-
-impl Ownership {
-    /// Whether kipvs owns the observed virtual server `key`.
-    pub fn owns(
-        &self,
-        key: &VirtualServerKey,
-        desired: &DesiredState,
-        observed: &ObservedState,
-    ) -> bool {
-        if self.exclude_cidrs.iter().any(|c| c.contains(&key.address)) {
-            return false;
-        }
-        let node_port = self.node_ips.contains(&key.address)
-            && self
-                .node_port_range
-                .as_ref()
-                .is_some_and(|r| r.contains(&key.port));
-        node_port
-            || observed.bound_addresses.contains(&key.address)
-            || desired.bind_addresses.contains(&key.address)
-            || [
-                SetElement::ClusterIp,
-                SetElement::External,
-                SetElement::ExternalLocal,
-            ]
-            .into_iter()
-            .any(|element| observed.set_elements.contains(&element(*key)))
-    }
-}
-
-/// The operations that turn `observed` into `desired`, in the safe order (see module docs).
-///
-/// - Virtual servers: desired but absent → add; present with a different spec → update;
-///   present, owned ([`Ownership::owns`]) and not desired → delete (with their real servers).
-/// - Real servers of a kept virtual server: absent → add with the desired weight; present with
-///   another weight → update (so a restart never leaves a wanted backend at weight 0,
-///   kubernetes#92019); present and not desired → drained: a TCP real server with active or
-///   inactive connections goes to weight 0 and stays until they end, anything else is deleted
-///   (UDP and SCTP at once, as kube-proxy's `graceful_termination.go`).
-/// - Addresses on `kube-ipvs0`: every bound address that is not desired is unbound (kipvs owns
-///   that interface); every desired address not bound is bound.
-///
-/// Applying the result to `observed` yields `desired` up to draining real servers, and the
-/// diff of a converged state is empty. Cost: O(size of both states); see [`diff_scoped`].
-pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Ownership) -> Vec<Op> {
-    let scope = full_scope(desired, observed);
-    diff_scoped(desired, observed, ownership, &scope, &BTreeSet::new())
-}
-
-/// [`diff`] restricted to `scope` (what an incremental sync touched), in O(size of those
-/// entries · log n); a scope of at least `1 / BULK_RATIO` of a state's entries walks that
-/// state alongside it instead, O(n) (a full diff). Real servers listed in `expired_drains` are
-/// deleted even though they still have connections (their maximum drain time passed). The nftables rules are compared
-/// (by their comments) whatever the scope; kipvs owns its whole table, so every observed set
-/// element in scope that is not desired is deleted.
-pub fn diff_scoped(
-    desired: &DesiredState,
-    observed: &ObservedState,
-    ownership: &Ownership,
-    scope: &Scope,
-    expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
-) -> Vec<Op> {
-    // Each op goes straight to its place in the order ([`position`]): the ops of one place
-    // keep the order they are pushed in, and the places are joined at the end. A virtual
-    // server's real-server ops wait for the main nftables transaction when it is new or when
-    // its own set elements change, which the element loop, run first, records. (A sort of the
-    // whole list by position took a third of a full diff of 50k Services.)
-    let mut places: [Vec<Op>; PLACES] = Default::default();
-    let rules_change =
-        nft::rule_comments(&desired.nft_rules) != observed.nft_rule_comments.as_slice();
-    // New hairpin elements go ahead of the real servers, in a transaction of their own, unless
-    // the rules are (re)written: then the whole table is one transaction before the new
-    // virtual servers anyway.
-    let early_hairpin = !rules_change;
-    let mut push = |op: Op, waits: bool| places[position(&op, waits, early_hairpin)].push(op);
-    if rules_change {
-        push(Op::WriteRules(desired.nft_rules.clone()), false);
-    }
-    // Virtual servers whose own elements (masquerade, firewall) change in this diff.
-    let mut elements_change: Vec<VirtualServerKey> = Vec::new();
-    let n = scope.set_elements.len();
-    let mut wanted = ascending_contains(&desired.set_elements, n);
-    let mut present = ascending_contains(&observed.set_elements, n);
-    for element in &scope.set_elements {
-        let op = match (wanted(element), present(element)) {
-            (true, false) => Op::AddSetElement(*element),
-            (false, true) => Op::DeleteSetElement(*element),
-            _ => continue,
-        };
-        elements_change.extend(element.virtual_server());
-        push(op, false);
-    }
-    elements_change.sort_unstable();
-    elements_change.dedup();
-    for address in &scope.addresses {
-        let wanted = desired.bind_addresses.contains(address);
-        match (wanted, observed.bound_addresses.contains(address)) {
-            (true, false) => push(Op::BindAddress(*address), false),
-            (false, true) => push(Op::UnbindAddress(*address), false),
-            _ => {}
-        }
-    }
-    let n = scope.virtual_servers.len();
-    let (mut wanted, mut present) = (
-        ascending_get(&desired.virtual_servers, n),
-        ascending_get(&observed.virtual_servers, n),
-    );
-    for key in &scope.virtual_servers {
-        let ovs = present(key);
-        let Some(dvs) = wanted(key) else {
-            if ovs.is_some() && ownership.owns(key, desired, observed) {
-                push(Op::DeleteVirtualServer(*key), false);
-            }
-            continue;
-        };
-        let waits = ovs.is_none() || elements_change.binary_search(key).is_ok();
-        match ovs {
-            None => push(Op::AddVirtualServer(*key, dvs.spec.clone()), waits),
-            Some(o) if o.spec != dvs.spec => {
-                push(Op::UpdateVirtualServer(*key, dvs.spec.clone()), waits)
-            }
-            Some(_) => {}
-        }
-        for (rs, &weight) in &dvs.real_servers {
-            let vs = *key;
-            match ovs.and_then(|o| o.real_servers.get(&rs)) {
-                None => push(Op::AddRealServer { vs, rs, weight }, waits),
-                Some(o) if o.weight != weight => {
-                    push(Op::UpdateRealServer { vs, rs, weight }, waits)
-                }
-                Some(_) => {}
-            }
-        }
-        for (rs, ors) in ovs.iter().flat_map(|o| &o.real_servers) {
-            if dvs.real_servers.contains_key(rs) {
-                continue;
-            }
-            let (vs, rs) = (*key, *rs);
-            let connections = ors.active_connections + ors.inactive_connections;
-            let drains = key.protocol == Protocol::Tcp
-                && connections > 0
-                && !expired_drains.contains(&(vs, rs));
-            if !drains {
-                push(Op::DeleteRealServer { vs, rs }, waits);
-            } else if ors.weight != 0 {
-                push(Op::UpdateRealServer { vs, rs, weight: 0 }, waits);
-            }
-        }
-    }
-    let mut ops = Vec::with_capacity(places.iter().map(Vec::len).sum());
-    for place in places {
-        ops.extend(place);
-    }
-    ops
-}
-
-/// How many places [`position`] has.
-const PLACES: usize = 12;
-
-/// Where `op` goes in the order of [`diff`] (see the module docs), `0..PLACES`, given whether
-/// the real-server ops of its virtual server wait for the main nftables transaction
-/// (`after_nft`) and whether new hairpin elements go in a transaction of their own ahead of the
-/// real servers.
-///
-/// Real-server ops of an existing virtual server go before the main transaction so that a new
-/// endpoint takes traffic at once: that transaction can hold what only `nft` applies (rules,
-/// `firewall-allow` intervals), a process that takes seconds on a loaded or emulated CPU (the
-/// end to end measured median 1.3 s, max 11.8 s per run in its VM), and an endpoint change
-/// waiting behind it leaves a Service with fewer real servers than it should have, or none when
-/// the old one went in the same sync. What such an op may not outrun, it waits for:
-/// - its endpoint's `hairpin` element (a connection from that endpoint to its own Service that
-///   IPVS balances onto itself is masqueraded only with it): new hairpin elements go first, in
-///   a transaction of their own that holds elements only, so one nfnetlink batch
-///   ([`nft_elements`]: about a millisecond, no process);
-/// - the elements of its own virtual server (`cluster-ips`, `external`, `external-local`,
-///   `firewall`, `firewall-allow`): while they change, e.g. `externalTrafficPolicy` Local →
-///   Cluster adding remote endpoints that need the masquerade, its real servers wait for the
-///   main transaction;
-/// - a new virtual server waits for its elements (a NodePort takes traffic once added, and a
-///   load-balancer IP with source ranges must not take any before its firewall element);
-///   addresses are bound last, after both.
-///
-/// Removals keep the safe order: the real server goes (stage 1) before its hairpin element
-/// (the main transaction). kube-proxy's IPVS mode is less strict: it adds real servers in its
-/// loop over Services and the `ipset` entries (hairpin among them) after the loop.
-fn position(op: &Op, after_nft: bool, early_hairpin: bool) -> usize {
-    match op {
-        Op::UnbindAddress(_) => 0,
-        Op::DeleteRealServer { .. } => 1,
-        Op::DeleteVirtualServer(_) => 2,
-        Op::AddSetElement(SetElement::Hairpin(_)) if early_hairpin => 3,
-        Op::UpdateVirtualServer(..) => 4,
-        Op::AddRealServer { .. } | Op::UpdateRealServer { .. } if !after_nft => 5,
-        Op::WriteRules(_) => 6,
-        Op::DeleteSetElement(_) => 7,
-        Op::AddSetElement(_) => 8,
-        Op::AddVirtualServer(..) => 9,
-        Op::AddRealServer { .. } | Op::UpdateRealServer { .. } => 10,
-        Op::BindAddress(_) => PLACES - 1, // the last place: PLACES counts them
-    }
-}
-
 /// The nftables ops among `ops` as one [`crate::dataplane::nft::Transaction`] (the others are ignored).
 pub fn nft_transaction(ops: &[Op]) -> crate::dataplane::nft::Transaction<'_> {
     let mut tx = crate::dataplane::nft::Transaction::default();
@@ -413,31 +187,6 @@ pub fn nft_transaction(ops: &[Op]) -> crate::dataplane::nft::Transaction<'_> {
         }
     }
     tx
-}
-
-/// Real servers of the virtual servers `keys` that are draining in `observed`: present at
-/// weight 0 in a desired virtual server that no longer wants them. Cost: O(`keys` · log n +
-/// their real servers), so a sync looks only at the virtual servers it touched; O(n) for a full
-/// sync (the states are walked alongside `keys`, as [`diff_scoped`] does).
-pub fn draining<'a>(
-    desired: &'a DesiredState,
-    observed: &'a ObservedState,
-    keys: &'a BTreeSet<VirtualServerKey>,
-) -> impl Iterator<Item = (VirtualServerKey, SocketAddr)> + 'a {
-    let mut wanted = ascending_get(&desired.virtual_servers, keys.len());
-    let mut present = ascending_get(&observed.virtual_servers, keys.len());
-    keys.iter().flat_map(move |key| {
-        let dvs = wanted(key);
-        let ovs = present(key).into_iter();
-        ovs.flat_map(move |ovs| {
-            ovs.real_servers
-                .iter()
-                .filter(move |(rs, o)| {
-                    o.weight == 0 && dvs.is_some_and(|d| !d.real_servers.contains_key(rs))
-                })
-                .map(move |(rs, _)| (*key, *rs))
-        })
-    })
 }
 
 impl From<&DesiredState> for ObservedState {

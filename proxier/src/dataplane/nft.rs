@@ -988,7 +988,8 @@ mod tests {
     /// comment carries a hash of the body, so the kernel's old rule no longer matches.
     #[test]
     fn changed_rule_body_yields_write_rules() {
-        use crate::dataplane::{Op, Ownership, diff};
+        use crate::dataplane::Op;
+        use crate::dataplane::diff::{Ownership, diff};
         use crate::model::{DesiredState, ObservedState};
         let desired = DesiredState {
             nft_rules: NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false),

@@ -1,7 +1,8 @@
+use super::diff::{Ownership, diff, position};
 use super::fake::FakeDataplane;
 use super::*;
 use crate::model::{
-    DesiredState, ObservedRealServer, ObservedState, VirtualServer, VirtualServerSpec,
+    DesiredState, ObservedRealServer, ObservedState, Protocol, VirtualServer, VirtualServerSpec,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;

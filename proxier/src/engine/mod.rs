@@ -11,8 +11,9 @@ pub mod planner;
 pub mod status;
 pub mod syncer;
 
+use crate::dataplane::diff::Ownership;
 use crate::dataplane::settings::KernelSettings;
-use crate::dataplane::{Dataplane, DataplaneError, Op, Ownership};
+use crate::dataplane::{Dataplane, DataplaneError, Op};
 use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
 use kipvs_crds::config::ProxierConfiguration;

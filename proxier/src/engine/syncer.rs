@@ -1,4 +1,4 @@
-//! Synchronisation: observe the dataplane, [`diff`](crate::dataplane::diff) against the desired state, apply.
+//! Synchronisation: observe the dataplane, [`diff`](crate::dataplane::diff::diff) against the desired state, apply.
 //!
 //! Three kinds of sync, so that cost follows change:
 //! - [`Syncer::sync`] (start, periodic resync): observe the whole kernel table, diff it all.
@@ -38,9 +38,8 @@
 //! server at its default verbosity either.
 
 use crate::dataplane::conntrack::{self, CleanupReport, Listing};
-use crate::dataplane::{
-    Dataplane, DataplaneError, Op, OpFailure, Ownership, diff_scoped, draining,
-};
+use crate::dataplane::diff::{Ownership, diff_scoped, draining};
+use crate::dataplane::{Dataplane, DataplaneError, Op, OpFailure};
 use crate::model::{
     DesiredState, ObservedState, Protocol, Scope, SetElement, VirtualServerKey, full_scope,
 };

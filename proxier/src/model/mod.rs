@@ -1,6 +1,6 @@
 //! The IPVS table kipvs wants and the one the kernel has: the contract between
 //! [`crate::plan`] (which produces a [`DesiredState`]) and [`crate::dataplane`]
-//! (which observes an [`ObservedState`] and converges it with [`crate::dataplane::diff`]).
+//! (which observes an [`ObservedState`] and converges it with [`crate::dataplane::diff::diff`]).
 //!
 //! Everything here is plain data, ordered (`BTreeMap`/`BTreeSet`) so that output and
 //! operation lists are deterministic.
@@ -267,7 +267,7 @@ pub struct ObservedState {
     pub nft_rule_comments: Vec<String>,
 }
 
-/// What a scoped diff ([`crate::dataplane::diff_scoped`]) looks at, and what a plan update
+/// What a scoped diff ([`crate::dataplane::diff::diff_scoped`]) looks at, and what a plan update
 /// touched ([`crate::plan::Touched`]): virtual servers, bind addresses and nftables set elements
 /// (and, for the health-check servers, health-check node ports).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -284,7 +284,7 @@ pub struct Scope {
 }
 
 /// Every virtual server, address and set element of either state: the scope of a full
-/// [`diff`](crate::dataplane::diff).
+/// [`diff`](crate::dataplane::diff::diff).
 pub fn full_scope(desired: &DesiredState, observed: &ObservedState) -> Scope {
     let virtual_servers = desired
         .virtual_servers
