@@ -430,7 +430,7 @@ async fn desired_state(
         listing.abort();
     }
     let mut planner = Planner::new(identity(args), config);
-    planner.replan(&mut handle.store.lock().expect("store lock"));
+    handle.with_store(|store| planner.replan(store));
     Ok(planner.desired().clone())
 }
 
@@ -547,7 +547,7 @@ fn plan(args: &SourceArgs, format: Format) -> anyhow::Result<()> {
         _ => local,
     };
     let mut planner = Planner::new(identity(args), config);
-    planner.replan(&mut handle.store.lock().expect("store lock"));
+    handle.with_store(|store| planner.replan(store));
     let plan = planner.plan();
     let text = match format {
         Format::Ipvsadm => format::ipvsadm(&plan.desired),

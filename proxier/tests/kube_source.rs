@@ -241,7 +241,7 @@ fn fixture() -> Fixture {
 
 impl Fixture {
     fn services(&self) -> Vec<String> {
-        let store = self.handle.store.lock().unwrap();
+        let store = self.handle.read();
         store
             .services()
             .map(|((_, name), _)| name.clone())
@@ -251,7 +251,7 @@ impl Fixture {
     /// Wait (in virtual time, up to two minutes) until `check` holds for the store.
     async fn until(&self, what: &str, check: impl Fn(&Store) -> bool) {
         for _ in 0..12_000 {
-            if check(&self.handle.store.lock().unwrap()) {
+            if check(&self.handle.read()) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -391,7 +391,7 @@ async fn relist_after_410_replaces_and_an_outage_deletes_nothing() {
     assert_eq!(f.engine.dataplane().applied.len(), applied);
     assert_eq!(f.services(), ["cache", "web"]);
     {
-        let store = f.handle.store.lock().unwrap();
+        let store = f.handle.read();
         assert_eq!(store.slices_of(&("default".into(), "web".into())).len(), 1);
         assert!(store.node().is_some());
     }
@@ -439,7 +439,7 @@ async fn a_relist_that_breaks_off_changes_nothing() {
         .await
         .expect("ready");
     assert_eq!(f.services(), ["db", "web"]);
-    let changes = f.handle.store.lock().unwrap().change_totals();
+    let changes = f.handle.read().change_totals();
 
     // The watch expires; the relist's first page holds more Services than the source converts
     // at a time, its second page fails.
@@ -466,7 +466,7 @@ async fn a_relist_that_breaks_off_changes_nothing() {
     assert!(second.contains("continue=next"), "{second}");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(f.services(), ["db", "web"], "half a list reached the store");
-    assert_eq!(f.handle.store.lock().unwrap().change_totals(), changes);
+    assert_eq!(f.handle.read().change_totals(), changes);
 
     // The list again, complete: it replaces the Services at once.
     f.relist_web_and_cache("9").await;

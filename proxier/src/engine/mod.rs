@@ -263,13 +263,13 @@ impl<D: Dataplane> Engine<D> {
         }
         let observer = self.observer.clone();
         let planning = Instant::now();
-        let (replanned, trigger_times) = {
-            let mut store = self.source.store.lock().expect("store lock");
+        let planner = &mut self.planner;
+        let (replanned, trigger_times) = self.source.with_store(|store| {
             let trigger_times = store.take_trigger_times();
-            let replanned = self.planner.replan(&mut store);
-            observer.store_updated(&store);
+            let replanned = planner.replan(store);
+            observer.store_updated(store);
             (replanned, trigger_times)
-        };
+        });
         if matches!(replanned, Replanned::All) {
             tracing::debug!(
                 duration_us = planning.elapsed().as_micros() as u64,

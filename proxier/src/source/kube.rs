@@ -56,8 +56,8 @@ fn convert_into<K: Kind>(
     batch: &mut Vec<K>,
     listed: &mut Vec<K::Converted>,
 ) {
-    let mut store = handle.store.lock().expect("store lock");
-    listed.extend(batch.drain(..).map(|object| K::convert(&mut store, object)));
+    handle
+        .with_store(|store| listed.extend(batch.drain(..).map(|object| K::convert(store, object))));
 }
 
 /// A kind the source watches and how it goes into the store.

@@ -970,7 +970,7 @@ metadata: {name: also-good, namespace: default}
         };
         let handle = SourceHandle::default();
         let names = || -> Vec<String> {
-            let store = handle.store.lock().unwrap();
+            let store = handle.read();
             store.services().map(|(key, _)| key.1.clone()).collect()
         };
         let seen = source.load_into(&handle, None).unwrap();
@@ -1010,7 +1010,7 @@ metadata: {name: also-good, namespace: default}
         };
         let handle = SourceHandle::default();
         let state = || {
-            let store = handle.store.lock().unwrap();
+            let store = handle.read();
             let web = ("default".to_owned(), "web".to_owned());
             let services: Vec<String> = store.services().map(|(key, _)| key.1.clone()).collect();
             let slices: Vec<(String, usize)> = store

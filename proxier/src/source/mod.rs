@@ -34,8 +34,9 @@ pub trait StoreObserver: Send + Sync {
 /// and the observers of changes.
 #[derive(Clone)]
 pub struct SourceHandle {
-    /// Objects; write through [`SourceHandle::update`] so that the engine and observers hear.
-    pub store: Arc<Mutex<Store>>,
+    /// Objects: changed through [`SourceHandle::update`] (the engine and the observers hear),
+    /// read and taken from through [`SourceHandle::with_store`].
+    store: Arc<Mutex<Store>>,
     notify: Arc<Notify>,
     ready: Arc<watch::Sender<bool>>,
     observer: Arc<dyn StoreObserver>,
@@ -85,6 +86,19 @@ impl SourceHandle {
             self.observer.store_updated(&store);
         }
         self.notify.notify_one();
+    }
+
+    /// Run `f` on the store without telling anyone: for what changes no object (reading it,
+    /// converting objects with the store's shared strings, the engine taking the changes it
+    /// plans). A change of objects goes through [`update`](Self::update) instead.
+    pub fn with_store<T>(&self, f: impl FnOnce(&mut Store) -> T) -> T {
+        f(&mut self.store.lock().expect("store lock"))
+    }
+
+    /// The store, read only, locked until the returned guard drops: the read handle of tests and
+    /// reports.
+    pub fn read(&self) -> impl std::ops::Deref<Target = Store> + '_ {
+        self.store.lock().expect("store lock")
     }
 
     /// Tell the observer that the API server does (`true`) or does not any more (`false`) serve
