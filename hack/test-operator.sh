@@ -4,7 +4,9 @@
 # (hack/control-plane.sh builds it once, ~6 min of CPU, then reuses ~/.cache/kipvs-cp), running
 # tests/operator/e2e.sh; then, on the same control plane, the operator with real
 # `kipvs-proxier run --dataplane=fake` processes, one per node (tests/operator/e2e-proxiers.sh);
-# then the fleet harness at CI size with its faults (hack/fleet.sh 500 --check --faults: the operator
+# then the operator started while the apiserver is away, and a leader through an outage
+# (tests/operator/outage.sh: no exit, leads within seconds of the apiserver's return); then the
+# fleet harness at CI size with its faults (hack/fleet.sh 500 --check --faults: the operator
 # killed mid-rollout, the apiserver stopped for 30 s; KIPVS_FLEET_NODES changes N).
 # Stops the control plane on exit.
 #
@@ -69,9 +71,15 @@ KUBECONFIG=$STATE/kubeconfig KIPVS_OPERATOR=$KIPVS_OPERATOR KIPVS_PROXIER=$KIPVS
   OUT=${KIPVS_E2E_OUT:-$STATE/logs}/proxiers tests/operator/e2e-proxiers.sh
 T_PROXIERS=$(date +%s)
 
+step "operator and an absent apiserver: started without it, and an outage while leading (tests/operator/outage.sh)"
+KUBECONFIG=$STATE/kubeconfig KIPVS_OPERATOR=$KIPVS_OPERATOR CP_STATE=$STATE \
+  OUT=${KIPVS_E2E_OUT:-$STATE/logs}/outage tests/operator/outage.sh
+T_OUTAGE=$(date +%s)
+
 step "operator at fleet scale, with faults: ${KIPVS_FLEET_NODES:=500} nodes, 1% each failing, silent, flapping /livez (hack/fleet.sh --check --faults)"
 KUBECONFIG=$STATE/kubeconfig KIPVS_CP_STATE=$STATE OUT=${KIPVS_E2E_OUT:-$STATE/logs}/fleet \
   hack/fleet.sh "$KIPVS_FLEET_NODES" --check --faults --fail-share 0.01 --silent-share 0.01 --flap-share 0.01
 T_END=$(date +%s)
 echo "test-operator: passed in $((T_END - T0))s (build $((T_BUILD - T0))s, control plane $((T_CP - T_BUILD))s," \
-  "e2e $((T_E2E - T_CP))s, e2e with proxiers $((T_PROXIERS - T_E2E))s, fleet $((T_END - T_PROXIERS))s)"
+  "e2e $((T_E2E - T_CP))s, e2e with proxiers $((T_PROXIERS - T_E2E))s, outage $((T_OUTAGE - T_PROXIERS))s," \
+  "fleet $((T_END - T_OUTAGE))s)"

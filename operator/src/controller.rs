@@ -21,7 +21,7 @@ use crate::events::Publisher;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Decision, Input, NodeView, NpcView};
 use crate::stored::StoredProxyConfig;
-use crate::triggers::{Concerned, node_relevance, npc_relevance};
+use crate::triggers::{Concerned, node_triggers, npc_triggers, proxy_config_triggers};
 use crate::writer::{Expected, WRITE_CONCURRENCY, Writer};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
@@ -34,6 +34,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -145,63 +146,68 @@ impl Context {
     }
 }
 
-/// Runs the controller until a shutdown signal: starts the reflectors, waits until they have
-/// listed everything (a decision over a partial list could delete NodeProxyConfigs), then
-/// reconciles.
+/// Runs the controller until `shutdown` completes (then lets the reconciles in flight finish):
+/// starts the reflectors, waits until they have listed everything (a decision over a partial
+/// list could delete NodeProxyConfigs), then reconciles. Dropping the future stops everything
+/// it started, the NodeProxyConfig writers included (leadership lost: no write after it).
 ///
 /// # Errors
 /// A reflector that stopped before it was ready.
-pub async fn run(client: Client, identity: &str, metrics: Metrics) -> anyhow::Result<()> {
+pub async fn run(
+    client: Client,
+    identity: &str,
+    metrics: Metrics,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
     let pc_api: Api<StoredProxyConfig> = Api::all(client.clone());
     let node_api: Api<Node> = Api::all(client.clone());
     let npc_api: Api<NodeProxyConfig> = Api::all(client.clone());
 
+    let (proxy_configs, pc_writer) = reflector::store();
+    let (nodes, node_writer) = reflector::store();
+    let (npcs, npc_writer) = reflector::store();
+    let pc_events = reflector::reflector(pc_writer, watcher(pc_api, watcher::Config::default()));
     // No debounce: kube-runtime's debounce restarts with every trigger, so a steady stream of
     // triggers postpones the reconcile indefinitely. Without it, triggers that arrive while a
     // reconcile of the same ProxyConfig runs are merged into one reconcile right after it, so
     // the controller runs at most back to back and never waits for a quiet moment.
-    let controller = Controller::new(pc_api, watcher::Config::default())
-        .with_config(ControllerConfig::default().debounce(Duration::ZERO));
-    let (nodes, node_writer) = reflector::store();
-    let (npcs, npc_writer) = reflector::store();
+    let controller = Controller::for_stream(
+        proxy_config_triggers(pc_events, proxy_configs.clone(), metrics.clone()),
+        proxy_configs.clone(),
+    )
+    .with_config(ControllerConfig::default().debounce(Duration::ZERO));
     let concerned = Arc::new(Concerned::new(
-        controller.store(),
+        proxy_configs.clone(),
         nodes.clone(),
         npcs.clone(),
     ));
 
     // Each relevant change reconciles the ProxyConfigs it concerns (crate::triggers).
-    let node_events = {
-        let concerned = concerned.clone();
+    let node_events = node_triggers(
         reflector::reflector(node_writer, watcher(node_api, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects()
-            .predicate_filter(node_relevance, Default::default())
-            .filter_map(|node| std::future::ready(node.ok()))
-            .flat_map(move |node| stream::iter(concerned.node(&node)))
-    };
-    let npc_events = reflector::reflector(npc_writer, watcher(npc_api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects()
-        .predicate_filter(npc_relevance, Default::default())
-        .filter_map(|npc| std::future::ready(npc.ok()))
-        .flat_map(move |npc| stream::iter(concerned.npc(&npc)));
+            .default_backoff(),
+        concerned.clone(),
+    );
+    let npc_events = npc_triggers(
+        reflector::reflector(npc_writer, watcher(npc_api, watcher::Config::default()))
+            .default_backoff(),
+        concerned,
+    );
     // A ProxyConfig whose NodeProxyConfig writes start or stop failing reports it.
     let (writer, write_failures) =
-        Writer::new(client.clone(), metrics.clone(), Some(controller.store()));
+        Writer::new(client.clone(), metrics.clone(), Some(proxy_configs.clone()));
     let triggers = stream::select(stream::select(node_events, npc_events), write_failures).boxed();
-    writer.start(WRITE_CONCURRENCY);
+    let _workers = writer.start(WRITE_CONCURRENCY);
 
     let ctx = Arc::new(
-        Context::new(client, identity, controller.store(), nodes, npcs, writer)
-            .with_metrics(metrics),
+        Context::new(client, identity, proxy_configs, nodes, npcs, writer).with_metrics(metrics),
     );
 
     // The trigger stream also drives the Node and NodeProxyConfig reflectors; readiness is
     // awaited inside the first reconciles (see `reconcile`).
     controller
         .reconcile_on(triggers)
-        .shutdown_on_signal()
+        .graceful_shutdown_on(shutdown)
         .run(
             |pc, ctx| async move {
                 let result = reconcile_stored(pc, ctx).await;

@@ -6,8 +6,9 @@
 //!   observed the record (so clock skew between replicas does not matter);
 //! - the holder renews every `retry_period`; every write is an update with the observed
 //!   `resourceVersion`, so two candidates cannot both win a race (the loser gets 409 Conflict);
-//! - a holder that could not renew for `renew_deadline` (shorter than the lease duration) has
-//!   lost: [`Elector::hold`] returns and the operator exits before anyone else may take over;
+//! - a holder whose renewals did not succeed within `renew_deadline` (shorter than the lease
+//!   duration; the deadline bounds the whole series of attempts, as in client-go) has lost:
+//!   [`Elector::hold`] returns and the operator stops writing before anyone else may take over;
 //! - on shutdown the holder releases the Lease (empty holder) so a successor need not wait.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -139,23 +140,38 @@ impl Elector {
         }
     }
 
-    /// Renews the Lease until that fails for longer than the renew deadline; returns then
-    /// (leadership is lost: stop writing at once).
+    /// Renews the Lease every `retry_period` and returns when leadership is lost (stop writing
+    /// at once): another candidate holds the Lease, or a renewal series did not succeed within
+    /// `renew_deadline`.
+    ///
+    /// As client-go's `renew`, the deadline bounds the whole series of attempts that starts
+    /// `retry_period` after the last successful renewal, the attempt in flight included: this
+    /// holder stops at most `retry_period + renew_deadline` after its last renewal, before a
+    /// candidate may take the Lease over (`lease_duration` after it observed that renewal).
     pub async fn hold(&mut self) {
-        let mut last_renewal = Instant::now();
         loop {
             tokio::time::sleep(self.config.retry_period).await;
-            let attempt =
-                tokio::time::timeout(self.config.renew_deadline, self.try_acquire_or_renew()).await;
-            match attempt {
-                Ok(Ok(true)) => last_renewal = Instant::now(),
-                Ok(Ok(false)) => return,
-                Ok(Err(e)) => tracing::warn!(error = %e, "leader election: renewal failed"),
-                Err(_) => tracing::warn!("leader election: renewal timed out"),
+            let deadline = Instant::now() + self.config.renew_deadline;
+            match tokio::time::timeout_at(deadline, self.renew()).await {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(_) => {
+                    tracing::warn!("leader election: no renewal within the renew deadline");
+                    return;
+                }
             }
-            if last_renewal.elapsed() >= self.config.renew_deadline {
-                return;
+        }
+    }
+
+    /// Attempts a renewal every `retry_period` until one gets an answer: `true` when this
+    /// candidate holds the Lease, `false` when another does.
+    async fn renew(&mut self) -> bool {
+        loop {
+            match self.try_acquire_or_renew().await {
+                Ok(held) => return held,
+                Err(e) => tracing::warn!(error = %e, "leader election: renewal failed"),
             }
+            tokio::time::sleep(self.config.retry_period).await;
         }
     }
 

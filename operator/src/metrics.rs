@@ -12,6 +12,10 @@
 //! | `kipvs_operator_write_queue` | gauge | NodeProxyConfig writes decided and not yet sent |
 //! | `kipvs_operator_rollout_nodes{proxyconfig,state}` | gauge | nodes of a ProxyConfig by state: `total`, `updated`, `healthy`, `failed`, `skipped`, `conflicting` |
 //! | `kipvs_operator_rollout_stage{proxyconfig,stage,phase}` | gauge | 1 for the stage being rolled out and its phase; absent when the rollout is complete |
+//! | `kipvs_operator_leader` | gauge | 1 while this replica holds the Lease and runs the controller |
+//! | `kipvs_operator_leadership_lost_total` | counter | times this replica lost the Lease (it stopped writing and is a candidate again) |
+//!
+//! The `proxyconfig` series of a deleted ProxyConfig are removed.
 //!
 //! `/healthz` answers 200 while the process serves; `/readyz` 200 once this replica has reached
 //! the API server and found the CRDs (a standby waiting for the Lease is ready: it is what it
@@ -19,7 +23,10 @@
 
 use kipvs_crds::ProxyConfigStatus;
 use kipvs_exposition::register;
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use warp::Filter;
@@ -44,6 +51,10 @@ pub struct Metrics {
     pub write_errors: IntCounterVec,
     /// NodeProxyConfig writes decided and not yet sent.
     pub write_queue: IntGauge,
+    /// 1 while this replica leads.
+    pub leader: IntGauge,
+    /// Times this replica lost the Lease.
+    pub leadership_lost: IntCounter,
     rollout_nodes: IntGaugeVec,
     rollout_stage: IntGaugeVec,
     ready: Arc<AtomicBool>,
@@ -114,6 +125,22 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            leader: register(
+                &r,
+                IntGauge::new(
+                    "kipvs_operator_leader",
+                    "1 while this replica holds the Lease and runs the controller",
+                )
+                .expect("valid metric"),
+            ),
+            leadership_lost: register(
+                &r,
+                IntCounter::new(
+                    "kipvs_operator_leadership_lost_total",
+                    "Times this replica lost the Lease (it stopped writing and is a candidate again)",
+                )
+                .expect("valid metric"),
+            ),
             rollout_nodes: gauges(
                 "kipvs_operator_rollout_nodes",
                 "Nodes of a ProxyConfig by state (total, updated, healthy, failed, skipped, conflicting)",
@@ -159,23 +186,13 @@ impl Metrics {
 
     /// Drops the stage series of a ProxyConfig (its rollout completed or it was deleted).
     fn forget_stage(&self, name: &str) {
-        let families = self.rollout_stage.clone();
-        for family in prometheus::core::Collector::collect(&families) {
-            for metric in family.get_metric() {
-                // Collected labels come sorted by name: phase, proxyconfig, stage.
-                let value = |key: &str| {
-                    metric
-                        .get_label()
-                        .iter()
-                        .find(|l| l.name() == key)
-                        .map_or("", |l| l.value())
-                };
-                if value("proxyconfig") == name {
-                    let labels = [name, value("stage"), value("phase")];
-                    let _ = self.rollout_stage.remove_label_values(&labels);
-                }
-            }
-        }
+        remove_proxy_configs(&self.rollout_stage, |n| n != name);
+    }
+
+    /// Drops the rollout series of every ProxyConfig for which `live` is false (deleted ones).
+    pub fn retain_rollouts(&self, live: impl Fn(&str) -> bool) {
+        remove_proxy_configs(&self.rollout_nodes, &live);
+        remove_proxy_configs(&self.rollout_stage, &live);
     }
 
     /// Marks this replica ready (see the module docs).
@@ -207,6 +224,22 @@ impl Metrics {
             }
         });
         exposition.or(healthz).unify().or(readyz).unify()
+    }
+}
+
+/// Removes the series of `vec` whose `proxyconfig` label `keep` refuses.
+fn remove_proxy_configs(vec: &IntGaugeVec, keep: impl Fn(&str) -> bool) {
+    for family in prometheus::core::Collector::collect(vec) {
+        for metric in family.get_metric() {
+            let labels: HashMap<&str, &str> = metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("proxyconfig").is_some_and(|name| !keep(name)) {
+                let _ = vec.remove(&labels);
+            }
+        }
     }
 }
 

@@ -17,18 +17,109 @@
 //!
 //!    A ProxyConfig whose selector cannot be read counts as matching every node (it is
 //!    reconciled, and reports its spec as invalid, rather than missed).
+//!
+//! A deletion is a change: a Node or NodeProxyConfig deleted without finalizers comes in its
+//! watch event as it was, without `deletionTimestamp`, so [`mark_deleted`] sets one before the
+//! relevance filter sees it. A deleted ProxyConfig reconciles every other ProxyConfig
+//! ([`proxy_config_triggers`]): it may have conflicted with them on nodes both select, and its
+//! NodeProxyConfigs are orphans that another may adopt.
 
+use crate::metrics::Metrics;
 use crate::rollout::{NodeView, NpcView};
 use crate::stored::StoredProxyConfig;
+use futures::{Stream, StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::NodeProxyConfig;
 use kipvs_crds::proxyconfig::parse_selector;
-use kube::ResourceExt;
 use kube::core::SelectorExt;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+/// A watch event (a stream's item, as reflectors yield them).
+pub type WatchEvent<K> = Result<watcher::Event<K>, watcher::Error>;
+
+/// `event` with its object marked as being deleted when the event is its deletion: the API
+/// server sends an object deleted without finalizers as it was, without `deletionTimestamp`.
+pub fn mark_deleted<K: Resource>(event: watcher::Event<K>) -> watcher::Event<K> {
+    match event {
+        watcher::Event::Delete(mut object) => {
+            let meta = object.meta_mut();
+            if meta.deletion_timestamp.is_none() {
+                meta.deletion_timestamp = Some(Time(Timestamp::now()));
+            }
+            watcher::Event::Delete(object)
+        }
+        event => event,
+    }
+}
+
+/// The ProxyConfigs to reconcile for the Node watch `events` (applied to the stores already):
+/// relevant changes ([`node_relevance`]) and deletions, mapped by [`Concerned::node`].
+pub fn node_triggers(
+    events: impl Stream<Item = WatchEvent<Node>>,
+    concerned: Arc<Concerned>,
+) -> impl Stream<Item = ObjectRef<StoredProxyConfig>> {
+    events
+        .map_ok(mark_deleted)
+        .touched_objects()
+        .predicate_filter(node_relevance, Default::default())
+        .filter_map(|node| std::future::ready(node.ok()))
+        .flat_map(move |node| stream::iter(concerned.node(&node)))
+}
+
+/// The ProxyConfigs to reconcile for the NodeProxyConfig watch `events` (applied to the
+/// stores already): relevant changes ([`npc_relevance`]) and deletions, mapped by
+/// [`Concerned::npc`].
+pub fn npc_triggers(
+    events: impl Stream<Item = WatchEvent<NodeProxyConfig>>,
+    concerned: Arc<Concerned>,
+) -> impl Stream<Item = ObjectRef<StoredProxyConfig>> {
+    events
+        .map_ok(mark_deleted)
+        .touched_objects()
+        .predicate_filter(npc_relevance, Default::default())
+        .filter_map(|npc| std::future::ready(npc.ok()))
+        .flat_map(move |npc| stream::iter(concerned.npc(&npc)))
+}
+
+/// The ProxyConfigs to reconcile for the ProxyConfig watch `events` (applied to `store`
+/// already): a created or changed one itself; on a deletion, every other one. Errors pass
+/// through (the controller backs off). A deletion, and a completed relist (which drops from
+/// the store what was deleted while the watch was down, without a Delete event), also drops
+/// the `metrics` series of every ProxyConfig no longer in the store.
+pub fn proxy_config_triggers(
+    events: impl Stream<Item = WatchEvent<StoredProxyConfig>>,
+    store: Store<StoredProxyConfig>,
+    metrics: Metrics,
+) -> impl Stream<Item = Result<StoredProxyConfig, watcher::Error>> {
+    events.flat_map(move |event| {
+        let live = |name: &str| store.get(&ObjectRef::new(name)).is_some();
+        let triggered = match event {
+            Ok(watcher::Event::Apply(pc) | watcher::Event::InitApply(pc)) => vec![Ok(pc)],
+            Ok(watcher::Event::Delete(_)) => {
+                metrics.retain_rollouts(live);
+                store
+                    .state()
+                    .iter()
+                    .map(|pc| Ok(StoredProxyConfig::clone(pc)))
+                    .collect()
+            }
+            Ok(watcher::Event::InitDone) => {
+                metrics.retain_rollouts(live);
+                Vec::new()
+            }
+            Ok(watcher::Event::Init) => Vec::new(),
+            Err(e) => vec![Err(e)],
+        };
+        stream::iter(triggered)
+    })
+}
 
 /// What a Node change must look like to matter: labels, the autoscaler taint, readiness and
 /// deletion (not heartbeats or images).
@@ -235,6 +326,55 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(names(concerned.npc(&gone)), ["bad", "blue", "green"]);
+    }
+
+    /// Issue 23: a Node deleted mid-rollout (its watch event carries no deletionTimestamp) or
+    /// a deleted ProxyConfig triggered no reconcile; the status stayed stale until the resync.
+    #[tokio::test]
+    async fn deleting_a_node_or_a_proxyconfig_reconciles_the_proxyconfigs_it_concerned() {
+        let (pcs, mut pc_writer) = store(vec![
+            pc("blue", json!({"matchLabels": {"pool": "blue"}})),
+            pc("all", json!({})),
+        ]);
+        let n1 = node("n1", json!({"pool": "blue"}));
+        let (nodes, mut node_writer) = store(vec![n1.clone()]);
+        let (npcs, _) = store(Vec::<NodeProxyConfig>::new());
+        let concerned = Arc::new(Concerned::new(pcs.clone(), nodes, npcs));
+
+        // As the reflector yields them: the list, then the deletion (the store applied it).
+        node_writer.apply_watcher_event(&Event::Delete(n1.clone()));
+        let events = stream::iter([
+            Ok(Event::Init),
+            Ok(Event::InitApply(n1.clone())),
+            Ok(Event::InitDone),
+            Ok(Event::Delete(n1)),
+        ]);
+        let triggered: Vec<_> = node_triggers(events, concerned).collect().await;
+        assert_eq!(names(triggered), ["all", "blue", "all", "blue"]);
+
+        let metrics = Metrics::new();
+        metrics.rollout("blue", &Default::default());
+        metrics.rollout("all", &Default::default());
+        let blue = pc("blue", json!({"matchLabels": {"pool": "blue"}}));
+        pc_writer.apply_watcher_event(&Event::Delete(blue.clone()));
+        let events = stream::iter([
+            Ok(Event::Apply(pc("all", json!({})))),
+            Ok(Event::Delete(blue)),
+        ]);
+        let triggered: Vec<_> = proxy_config_triggers(events, pcs, metrics.clone())
+            .map(|pc| pc.unwrap().name_any())
+            .collect()
+            .await;
+        assert_eq!(
+            triggered,
+            ["all", "all"],
+            "itself when changed, the others on a deletion"
+        );
+        let text = metrics.encode();
+        assert!(!text.contains(r#"proxyconfig="blue""#), "{text}");
+        assert!(
+            text.contains(r#"kipvs_operator_rollout_nodes{proxyconfig="all",state="total"} 0"#)
+        );
     }
 
     #[test]

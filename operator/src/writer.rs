@@ -55,6 +55,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 /// NodeProxyConfig writes in flight at once.
@@ -450,11 +451,15 @@ impl Writer {
         }
     }
 
-    /// Starts `concurrency` workers sending the queued writes.
-    pub fn start(self: &Arc<Self>, concurrency: usize) {
+    /// Starts `concurrency` workers sending the queued writes; they stop when the returned set
+    /// is dropped (a write in flight is abandoned).
+    #[must_use = "dropping the set stops the workers"]
+    pub fn start(self: &Arc<Self>, concurrency: usize) -> JoinSet<()> {
+        let mut workers = JoinSet::new();
         for _ in 0..concurrency {
-            tokio::spawn(self.clone().work());
+            workers.spawn(self.clone().work());
         }
+        workers
     }
 
     async fn work(self: Arc<Self>) {

@@ -235,7 +235,7 @@ async fn first_reconcile_writes_the_status_and_an_event_and_the_writer_the_canar
         "the apply timeout"
     );
 
-    ctx.writer().start(4);
+    let _workers = ctx.writer().start(4);
     let (body, send) = expect_apply(&mut server, "a").await;
     assert_eq!(body["kind"], "NodeProxyConfig");
     assert_eq!(body["metadata"]["ownerReferences"][0]["name"], "fleet");
@@ -325,7 +325,7 @@ async fn unselected_nodes_are_deleted_and_an_already_deleted_one_is_fine() {
         respond(send, 201, &event);
     }
     task.await.unwrap().unwrap();
-    ctx.writer().start(1);
+    let _workers = ctx.writer().start(1);
     let (_, send) = expect(
         &mut server,
         "DELETE",
@@ -361,7 +361,7 @@ async fn a_failed_write_is_retried_with_the_same_object_and_reported_on_the_prox
     respond(send, 201, &json!({}));
     task.await.unwrap().unwrap();
 
-    ctx.writer().start(1);
+    let _workers = ctx.writer().start(1);
     let (first, send) = expect_apply(&mut server, "a").await;
     respond(send, 500, &status(500, "InternalError"));
     let trigger = tokio::time::timeout(Duration::from_secs(2), triggers.next())
@@ -429,7 +429,7 @@ async fn a_lost_status_write_publishes_no_event_and_the_retry_publishes_it_once(
     respond(send, 201, &event);
     task.await.unwrap().unwrap();
     no_request(&mut server, Duration::from_millis(500), "a second Event").await;
-    ctx.writer().start(1);
+    let _workers = ctx.writer().start(1);
     let (body, send) = expect_apply(&mut server, "a").await;
     respond(send, 200, &body);
     no_request(&mut server, Duration::from_millis(500), "a second write").await;
@@ -547,6 +547,28 @@ async fn an_expired_lease_of_another_is_taken_over() {
     assert_eq!(task.await.unwrap(), (false, true));
 }
 
+/// Issue 23: the renew deadline bounds the whole series of renewal attempts, as client-go's
+/// does, not each attempt: after four quick failures an attempt that hangs ends leadership
+/// `retry_period + renew_deadline` (12 s) after the last renewal, before another candidate may
+/// take the Lease (15 s after it saw that renewal). Bounded per attempt, it ended at 20 s.
+#[tokio::test(start_paused = true)]
+async fn the_renew_deadline_bounds_the_whole_series_of_attempts() {
+    let (client, mut server) = mock();
+    let renewed = tokio::time::Instant::now();
+    let task = tokio::spawn(async move {
+        elector(client, "me").hold().await;
+        renewed.elapsed()
+    });
+    for _ in 0..4 {
+        let (_, send) = expect(&mut server, "GET", LEASE, &[]).await;
+        respond(send, 500, &status(500, "InternalError"));
+    }
+    let (_, hung) = expect(&mut server, "GET", LEASE, &[]).await;
+    let lost_after = task.await.unwrap();
+    drop(hung);
+    assert_eq!(lost_after, Duration::from_secs(12));
+}
+
 /// Issue 15: an object the API server stores but the operator cannot decode is reported on
 /// itself (an InvalidSpec Event, Degraded InvalidSpec keeping the previous status) and nothing
 /// else is written.
@@ -638,7 +660,7 @@ async fn the_writes_of_a_deleted_proxyconfig_are_dropped() {
         state.submit(&gone.controller_owner_ref(&()).unwrap(), vec![write("a")]);
         state.submit(&live.controller_owner_ref(&()).unwrap(), vec![write("b")]);
     }
-    writer.start(1);
+    let _workers = writer.start(1);
     let (body, send) = expect_apply(&mut server, "b").await;
     respond(send, 200, &body);
     no_request(

@@ -32,15 +32,16 @@
 //! the `fleet` stage has started: the operator is killed (SIGKILL) and restarted 2 s later, as
 //! the kubelet restarts a container; then the apiserver is stopped for 30 s and started again
 //! (`hack/control-plane.sh stop-apiserver|start-apiserver`). `--check` then also fails unless
-//! the restarted operator resumed the rollout where it was (every stage that had started keeps
+//! the operator never exited of its own (it waits out the outage), the restarted operator
+//! resumed the rollout where it was (every stage that had started keeps
 //! its `startedAt`, every complete one its `healthyAt`), no revision was marked bad (the fault
 //! rounds have no failure budget beyond the nodes told to fail: one node counted failed because
 //! of the fault would roll the revision back), every
 //! answering node ends with the new revision Applied on the apiserver, and every node still got
 //! exactly one NodeProxyConfig spec write (no re-write of finished nodes, no burst).
 //!
-//! The harness runs the operator itself (restarting it whenever it exits, as the kubelet does:
-//! an operator that cannot renew its Lease exits) and samples CPU time and peak RSS of the
+//! The harness runs the operator itself (restarting it whenever it exits, as the kubelet does)
+//! and samples CPU time and peak RSS of the
 //! operator, kube-apiserver and etcd (`/proc`, the control plane's pid files) per round.
 //!
 //! usage: `fleet --nodes N --operator BIN --operator-log FILE --operator-metrics ADDR
@@ -724,13 +725,21 @@ async fn main() -> anyhow::Result<()> {
                 let resumed = resumed(&before, &verdict.stages);
                 rows.push(format!(
                     "| {label} | {} at {at}: resumed (started stages keep startedAt, complete \
-                     ones healthyAt); operator restarts so far | {}; {} |",
+                     ones healthyAt); operator restarts so far (exits of its own) | {}; {} ({}) |",
                     f.describe(),
                     if resumed.is_empty() { "yes" } else { "NO" },
-                    operator.restarts()
+                    operator.restarts(),
+                    operator.exits()
                 ));
                 for r in resumed {
                     failures.push(format!("{label}: after {}: {r}", f.describe()));
+                }
+                if operator.exits() > 0 {
+                    failures.push(format!(
+                        "{label}: the operator exited {} time(s) of its own (it waits out an \
+                         apiserver outage)",
+                        operator.exits()
+                    ));
                 }
             }
         }
@@ -1074,6 +1083,8 @@ async fn control_plane(action: &str, state: &std::path::Path) -> anyhow::Result<
 struct Operator {
     pid: Arc<AtomicU32>,
     restarts: Arc<AtomicUsize>,
+    /// Exits that were not a kill of the harness.
+    exits: Arc<AtomicUsize>,
     kill: mpsc::UnboundedSender<bool>,
     done: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -1089,9 +1100,10 @@ impl Operator {
     ) -> Operator {
         let pid = Arc::new(AtomicU32::new(0));
         let restarts = Arc::new(AtomicUsize::new(0));
+        let exits = Arc::new(AtomicUsize::new(0));
         let (kill, mut killed) = mpsc::unbounded_channel::<bool>();
         let task = {
-            let (pid, restarts) = (pid.clone(), restarts.clone());
+            let (pid, restarts, exits) = (pid.clone(), restarts.clone(), exits.clone());
             tokio::spawn(async move {
                 loop {
                     let child = std::fs::OpenOptions::new()
@@ -1119,7 +1131,10 @@ impl Operator {
                         let _ = std::fs::write(file, id.to_string());
                     }
                     let (status, last) = tokio::select! {
-                        status = child.wait() => (status, false),
+                        status = child.wait() => {
+                            exits.fetch_add(1, Ordering::Relaxed);
+                            (status, false)
+                        }
                         Some(last) = killed.recv() => {
                             let _ = child.start_kill();
                             (child.wait().await, last)
@@ -1141,6 +1156,7 @@ impl Operator {
         Operator {
             pid,
             restarts,
+            exits,
             kill,
             done: Mutex::new(Some(task)),
         }
@@ -1148,6 +1164,10 @@ impl Operator {
 
     fn restarts(&self) -> usize {
         self.restarts.load(Ordering::Relaxed)
+    }
+
+    fn exits(&self) -> usize {
+        self.exits.load(Ordering::Relaxed)
     }
 
     /// SIGKILL (the supervisor restarts it).
