@@ -2,7 +2,9 @@
 //! `metav1.Duration` reads and writes them (Go's `time.ParseDuration` and
 //! `time.Duration.String`).
 //!
-//! Negative durations are rejected: no kipvs setting has a meaning for them.
+//! Negative durations are rejected: no kipvs setting has a meaning for them, and so are
+//! durations of [`MAX`] or more, whose Go form the CRD schemas could not bound
+//! ([`crate::schema::DURATION_PATTERN`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -30,8 +32,8 @@ pub enum DurationError {
         /// The unknown unit.
         unit: String,
     },
-    /// Longer than Go's `time.Duration` can hold (about 292 years).
-    #[error("invalid duration {input:?}: out of range")]
+    /// Longer than [`MAX`].
+    #[error("invalid duration {input:?}: out of range (at most 99999h59m59.999999999s)")]
     Overflow {
         /// The rejected input.
         input: String,
@@ -44,8 +46,12 @@ pub enum DurationError {
     },
 }
 
-/// Go's `time.Duration` is an `int64` count of nanoseconds.
-const MAX_NANOS: u128 = i64::MAX as u128;
+/// The longest duration accepted: just under 100,000 h (about 11 years; Go's `time.Duration`
+/// holds up to about 2,562,047 h). Its Go form has at most 5 digits of hours, which is what
+/// the CRD schemas' pattern bounds.
+pub const MAX: Duration = Duration::new(100_000 * 3600 - 1, 999_999_999);
+
+const MAX_NANOS: u128 = MAX.as_nanos();
 
 fn unit_nanos(unit: &str) -> Option<u128> {
     Some(match unit {
@@ -64,6 +70,9 @@ fn unit_nanos(unit: &str) -> Option<u128> {
 /// Accepts a sequence of decimal numbers, each with an optional fraction and a unit
 /// (`ns`, `us`/`µs`, `ms`, `s`, `m`, `h`), e.g. `"300ms"`, `"1.5h"`, `"2h45m"`, and the bare
 /// `"0"`. A leading `+` is allowed; a leading `-` is rejected unless the value is zero.
+///
+/// # Errors
+/// A syntax error, an unknown unit, a negative duration, or one longer than [`MAX`].
 pub fn parse(input: &str) -> Result<Duration, DurationError> {
     let syntax = |reason| DurationError::Syntax {
         input: input.to_owned(),

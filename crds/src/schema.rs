@@ -10,18 +10,27 @@ use crate::gates::Gate;
 use schemars::{Schema, SchemaGenerator, json_schema};
 use serde_json::{Map, Value, json};
 
-/// A non-negative Go duration (`time.ParseDuration` syntax, optional `+`): `"0"`, `"30s"`,
-/// `"1m30s"`, `"1.5h"`, `"500ms"`, bounded so that everything it accepts
-/// [`crate::duration::parse`] accepts too (Go's `time.Duration` ends at about 2,562,047 h, and
-/// an object the apiserver stores but the operator cannot read must not exist): at most 6
-/// components, integer parts of at most 5 digits for `h`, 7 for `m` and 9 for the smaller units,
-/// fractions of at most 9 digits. The worst case, six `99999.999999999h`, is about 600,000 h.
+/// A non-negative Go duration (`time.ParseDuration` syntax, optional `+`) below
+/// [`crate::duration::MAX`] (100,000 h): `"0"`, `"30s"`, `"1m30s"`, `"1.5h"`, `"500ms"`.
+///
+/// One rule for every field of this type, in the ProxyConfig and the NodeProxyConfig alike:
+/// everything the pattern accepts [`crate::duration::parse`] accepts, and the operator writes
+/// it back in Go's form ([`crate::duration::format`], e.g. `"1h30m0s"`), which the pattern
+/// accepts too. Two forms:
+/// - up to 6 components, integer parts of at most 4 digits for `h`, 5 for `m`, 7 for `s` and 9
+///   for the smaller units, fractions of at most 9 digits: each component is under 10,000 h,
+///   so the sum is under 60,000 h;
+/// - Go's form of larger values: hours of up to 5 digits, then optionally minutes and seconds
+///   below 60 (up to `"99999h59m59.999999999s"`).
 pub const DURATION_PATTERN: &str = concat!(
     r"^\+?(0|(",
-    r"(([0-9]{1,9}(\.[0-9]{0,9})?|\.[0-9]{1,9})(ns|us|µs|μs|ms|s))",
-    r"|(([0-9]{1,7}(\.[0-9]{0,9})?|\.[0-9]{1,9})m)",
-    r"|(([0-9]{1,5}(\.[0-9]{0,9})?|\.[0-9]{1,9})h)",
-    r"){1,6})$"
+    r"(([0-9]{1,9}(\.[0-9]{0,9})?|\.[0-9]{1,9})(ns|us|µs|μs|ms))",
+    r"|(([0-9]{1,7}(\.[0-9]{0,9})?|\.[0-9]{1,9})s)",
+    r"|(([0-9]{1,5}(\.[0-9]{0,9})?|\.[0-9]{1,9})m)",
+    r"|(([0-9]{1,4}(\.[0-9]{0,9})?|\.[0-9]{1,9})h)",
+    r"){1,6}",
+    r"|[0-9]{1,5}h([0-5]?[0-9]m([0-5]?[0-9](\.[0-9]{1,9})?s)?)?",
+    r")$"
 );
 
 /// A percentage from 1% to 100%, as written in a count-or-percentage field (`"10%"`).

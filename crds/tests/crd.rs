@@ -115,25 +115,30 @@ fn duration_pattern_agrees_with_the_parser() {
     }
     // The bounds: the largest values the pattern accepts still parse.
     for input in [
-        "99999.999999999h99999.999999999h99999.999999999h99999.999999999h99999.999999999h99999.999999999h",
-        "9999999m9999999m9999999m9999999m9999999m9999999m",
-        "999999999s999999999s999999999s999999999s999999999s999999999s",
+        "9999.999999999h9999.999999999h9999.999999999h9999.999999999h9999.999999999h9999.999999999h",
+        "99999m99999m99999m99999m99999m99999m",
+        "9999999s9999999s9999999s9999999s9999999s9999999s",
         "999999999ms",
         "300000ms",
         "99999h",
+        "99999h59m59.999999999s",
     ] {
         assert!(pattern.is_match(input), "{input} should match");
         assert!(duration::parse(input).is_ok(), "{input} should parse");
     }
-    // Too large for Go's time.Duration (issue 15: the apiserver stored them, the operator
-    // could not read them): the schema rejects them.
+    // Too large (issue 15: the apiserver stored them, the operator could not read them; issue
+    // 23: the operator wrote 599994h0m0s, which the NodeProxyConfig schema refused): the
+    // schema rejects them.
     for input in [
         "100000000h",
         "2562048h",
         "100000h",
-        "10000000m",
-        "1000000000s",
+        "99999h60m",
+        "10000h10000h",
+        "100000m",
+        "10000000s",
         "1h1h1h1h1h1h1h",
+        "99999h99999h99999h99999h99999h99999h",
     ] {
         assert!(!pattern.is_match(input), "{input:?} should not match");
     }
@@ -146,6 +151,95 @@ fn duration_pattern_agrees_with_the_parser() {
             "{input:?} should not parse"
         );
     }
+}
+
+/// Issue 23, one type, one rule: every duration the schema accepts, the operator reads and
+/// writes back (Go's form, as it writes NodeProxyConfigs) as one the schema and the parser
+/// accept again. `ipvs.syncPeriod: 99999h99999h99999h99999h99999h99999h` passed the ProxyConfig
+/// schema and was written as `599994h0m0s`, which the NodeProxyConfig schema refused; a value
+/// neither can carry does not decode (the operator reports InvalidSpec).
+#[test]
+fn every_duration_the_schema_accepts_is_written_back_as_one_it_accepts() {
+    let pattern = regex::Regex::new(DURATION_PATTERN).unwrap();
+    let round_trip = |input: &str| {
+        assert!(pattern.is_match(input), "{input:?} should match");
+        let parsed = duration::parse(input).unwrap_or_else(|e| panic!("{input:?}: {e}"));
+        let written = duration::format(parsed);
+        assert!(
+            pattern.is_match(&written),
+            "{input:?} is written as {written:?}"
+        );
+        assert_eq!(duration::parse(&written), Ok(parsed), "{written:?}");
+    };
+    for input in [
+        "9999h9999h9999h9999h9999h9999h",
+        "9999.999999999h9999.999999999h9999.999999999h9999.999999999h9999.999999999h9999.999999999h",
+        "99999m99999m99999m99999m99999m99999m",
+        "9999999s9999999s9999999s9999999s9999999s9999999s",
+        "99999h59m59.999999999s",
+        "1.5h",
+        "0",
+    ] {
+        round_trip(input);
+    }
+    // Random strings of the pattern (proptest generates from the regex without its anchors).
+    let body = DURATION_PATTERN
+        .strip_prefix('^')
+        .and_then(|p| p.strip_suffix('$'))
+        .unwrap();
+    let strategy = proptest::string::string_regex(body).unwrap();
+    proptest::test_runner::TestRunner::default()
+        .run(&strategy, |input| {
+            round_trip(&input);
+            Ok(())
+        })
+        .unwrap();
+
+    // The issue's value, and its written form, in either kind's configuration: neither decodes.
+    for value in ["99999h99999h99999h99999h99999h99999h", "599994h0m0s"] {
+        assert!(duration::parse(value).is_err(), "{value}");
+        let pc = serde_json::json!({
+            "apiVersion": "kipvs.io/v1alpha1", "kind": "ProxyConfig", "metadata": {"name": "x"},
+            "spec": {"config": {"ipvs": {"syncPeriod": value}}},
+        });
+        let err = serde_json::from_value::<ProxyConfig>(pc).unwrap_err();
+        assert!(err.to_string().contains("out of range"), "{err}");
+        let npc = serde_json::json!({
+            "apiVersion": "kipvs.io/v1alpha1", "kind": "NodeProxyConfig", "metadata": {"name": "x"},
+            "spec": {"revision": "r", "assignedAt": "2026-01-01T00:00:00Z",
+                     "config": {"ipvs": {"tcpTimeout": value}}},
+        });
+        assert!(
+            serde_json::from_value::<NodeProxyConfig>(npc).is_err(),
+            "{value}"
+        );
+    }
+}
+
+/// One type, one rule: a NodeProxyConfig's `spec.config` has the ProxyConfig's `spec.config`
+/// schema (the same Rust type); the ProxyConfig adds only defaults and its CEL rules (stricter),
+/// so whatever a ProxyConfig carries, a NodeProxyConfig can carry.
+#[test]
+fn the_nodeproxyconfig_config_schema_is_the_proxyconfigs() {
+    fn without(value: &Value, keys: &[&str]) -> Value {
+        match value {
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .filter(|(k, _)| !keys.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), without(v, keys)))
+                    .collect(),
+            ),
+            Value::Array(items) => Value::Array(items.iter().map(|v| without(v, keys)).collect()),
+            other => other.clone(),
+        }
+    }
+    let config = |schema: Value| schema["properties"]["spec"]["properties"]["config"].clone();
+    let pc = config(openapi_schema::<ProxyConfig>());
+    let npc = config(openapi_schema::<NodeProxyConfig>());
+    assert_eq!(
+        without(&pc, &["description", "default", "x-kubernetes-validations"]),
+        without(&npc, &["description", "default"])
+    );
 }
 
 #[test]
