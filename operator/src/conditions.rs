@@ -11,7 +11,6 @@
 //! conventions), so reasons and messages can be refined without faking a transition. Messages
 //! are never empty.
 
-use crate::rollout::list;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::{Stage, StagePhase, StageStatus};
@@ -368,6 +367,15 @@ impl ConditionSet {
             })
             .collect()
     }
+}
+
+/// The first five names of a list, then how many more, for condition and Event messages.
+pub(crate) fn list(names: &[&str]) -> String {
+    let mut text = names.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+    if names.len() > 5 {
+        text.push_str(&format!(" and {} more", names.len() - 5));
+    }
+    text
 }
 
 #[cfg(test)]

@@ -22,8 +22,9 @@
 //! `/livez` once the second revision is complete and its `applyTimeout` (then 15 s) has passed
 //! for every node: their sync hangs past the health timeout, so the proxier's own
 //! [`ProxyHealth`] turns unhealthy and its status writer reports `healthy: false`, until the
-//! harness lets them sync again. Health is latched per revision (`operator/src/rollout.rs`): a
-//! node unhealthy after its stage completed is reported, not a failure. `--check` fails unless
+//! harness lets them sync again. Health is latched per revision
+//! (`operator/src/rollout/stages.rs`): a node unhealthy after its stage completed is reported,
+//! not a failure. `--check` fails unless
 //! the operator saw the blip (the revision's healthy count drops by the flapping nodes, the
 //! Available condition is False) without recording a failure for any of them or touching the
 //! revision (still the last good one, not bad), and counts them healthy again afterwards.

@@ -1,0 +1,136 @@
+//! What one decision reads: the ProxyConfig, and views of the Nodes and NodeProxyConfigs that
+//! keep only what the rules look at.
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kipvs_crds::{
+    NodeProxyConfig, NodeProxyConfigStatus, ProxierConfiguration, ProxyConfigSpec,
+    ProxyConfigStatus,
+};
+use kube::core::Selector;
+use std::collections::{BTreeMap, HashMap};
+
+/// Taint the cluster autoscaler puts on a node it is about to delete (KEP-3836).
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// Why a node is skipped (neither written nor waited for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    /// `metadata.deletionTimestamp` is set.
+    Deleting,
+    /// Tainted `ToBeDeletedByClusterAutoscaler`.
+    ScaleDown,
+    /// The Ready condition is not True.
+    NotReady,
+}
+
+/// What the decision needs of a Node.
+#[derive(Clone, Debug)]
+pub struct NodeView<'a> {
+    /// Node name (= NodeProxyConfig name).
+    pub name: &'a str,
+    /// Node uid.
+    pub uid: Option<&'a str>,
+    /// Node labels.
+    pub labels: &'a BTreeMap<String, String>,
+    /// Set when the node is skipped.
+    pub skip: Option<SkipReason>,
+}
+
+impl<'a> NodeView<'a> {
+    /// Reads name, labels, deletion, the autoscaler taint and the Ready condition of `node`.
+    pub fn from_node(node: &'a Node) -> Self {
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True");
+        let skip = if node.metadata.deletion_timestamp.is_some() {
+            Some(SkipReason::Deleting)
+        } else if tainted {
+            Some(SkipReason::ScaleDown)
+        } else if !ready {
+            Some(SkipReason::NotReady)
+        } else {
+            None
+        };
+        NodeView {
+            name: node.metadata.name.as_deref().unwrap_or_default(),
+            uid: node.metadata.uid.as_deref(),
+            labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+            skip,
+        }
+    }
+}
+
+/// What the decision needs of a NodeProxyConfig.
+#[derive(Clone, Debug)]
+pub struct NpcView<'a> {
+    /// Name of the ProxyConfig that controls it (its controller ownerReference); None when it
+    /// has none or that ProxyConfig no longer exists (an orphan, adopted by the ProxyConfig
+    /// that selects the node).
+    pub owner: Option<&'a str>,
+    /// `spec.revision`.
+    pub revision: &'a str,
+    /// `spec.assignedAt`.
+    pub assigned_at: Timestamp,
+    /// What the proxier reported.
+    pub status: Option<&'a NodeProxyConfigStatus>,
+    /// `spec.config`, to notice hand edits (None: not known, e.g. a write the stores have not
+    /// shown yet).
+    pub config: Option<&'a ProxierConfiguration>,
+}
+
+impl<'a> NpcView<'a> {
+    /// Reads the controller owner, the spec and the status of `npc`.
+    pub fn from_npc(npc: &'a NodeProxyConfig) -> Self {
+        let owner = npc
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true) && o.kind == "ProxyConfig")
+            .map(|o| o.name.as_str());
+        NpcView {
+            owner,
+            revision: &npc.spec.revision,
+            assigned_at: npc.spec.assigned_at.0,
+            status: npc.status.as_ref(),
+            config: Some(&npc.spec.config),
+        }
+    }
+}
+
+/// Everything one decision looks at.
+#[derive(Clone, Debug)]
+pub struct Input<'a> {
+    /// The ProxyConfig's name.
+    pub name: &'a str,
+    /// Its `metadata.generation`.
+    pub generation: Option<i64>,
+    /// Its spec.
+    pub spec: &'a ProxyConfigSpec,
+    /// Its status as last written (the rollout's memory: cursor, timestamps, last good).
+    pub status: Option<&'a ProxyConfigStatus>,
+    /// Its annotations (for [`PROMOTE_ANNOTATION`](kipvs_crds::PROMOTE_ANNOTATION)).
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// Selectors of the other ProxyConfigs, for conflict detection.
+    pub others: &'a [Selector],
+    /// Every Node.
+    pub nodes: &'a [NodeView<'a>],
+    /// Every NodeProxyConfig, by name.
+    pub npcs: &'a HashMap<&'a str, NpcView<'a>>,
+    /// Nodes whose NodeProxyConfig write for this ProxyConfig keeps failing (being retried),
+    /// with the last error ([`crate::writer`]); reported as Degraded `WriteFailed`.
+    pub failing_writes: &'a BTreeMap<String, String>,
+    /// The time of the decision.
+    pub now: Timestamp,
+}

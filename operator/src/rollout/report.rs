@@ -1,0 +1,181 @@
+//! Reports: what the status and Events say about conflicts, availability, failed nodes and
+//! where the rollout stands.
+
+use super::decision::{Decider, count};
+use super::selection::{Health, Member};
+use super::stages::Cursor;
+use crate::conditions::list;
+use kipvs_crds::{NodeFailure, NodePhase, PROMOTE_ANNOTATION, Stage, StagePhase, StageStatus};
+
+/// How many conflicting node names and failures status keeps.
+const MAX_LISTED: usize = 20;
+
+impl<'a> Decider<'a> {
+    /// Conflicting nodes in status (the count, and the first [`MAX_LISTED`] names), with an
+    /// Event when the names change.
+    pub(super) fn report_conflicts(&mut self, conflicts: &[&str]) {
+        self.status.conflicting_node_count = count(conflicts.len());
+        self.status.conflicting_nodes = conflicts
+            .iter()
+            .take(MAX_LISTED)
+            .map(|s| s.to_string())
+            .collect();
+        if !conflicts.is_empty() && self.prev.conflicting_nodes != self.status.conflicting_nodes {
+            self.note(
+                true,
+                "NodeConflict",
+                format!(
+                    "{} node(s) are also selected by another ProxyConfig and are left alone: {}",
+                    conflicts.len(),
+                    list(conflicts)
+                ),
+            );
+        }
+        self.conditions.conflicts(conflicts);
+    }
+
+    /// Available: no node this ProxyConfig controls is failed on the revision it carries.
+    pub(super) fn report_availability(&mut self, members: &[Member<'_>]) {
+        let timeout = self.input.spec.rollout.apply_timeout;
+        let now = self.input.now;
+        let mut failed = Vec::new();
+        let mut healthy = 0;
+        let mut eligible = 0;
+        for m in members.iter().filter(|m| m.view.skip.is_none()) {
+            match m.health(timeout, now) {
+                Some(Health::Healthy) => healthy += 1,
+                Some(Health::Failed) => failed.push(m.view.name),
+                _ => {}
+            }
+            eligible += 1;
+        }
+        let was_available = self
+            .prev
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Available")
+            .is_none_or(|c| c.status == "True");
+        // Nodes failing the rollout have their NodeFailed Events; the others (a node unhealthy
+        // after its stage completed, on a latched or good revision) get this one.
+        let unhealthy: Vec<&str> = failed
+            .iter()
+            .copied()
+            .filter(|n| self.status.failures.iter().all(|f| f.node != *n))
+            .collect();
+        if was_available && !unhealthy.is_empty() {
+            self.note(
+                true,
+                "NodesUnhealthy",
+                format!(
+                    "{} node(s) are unhealthy on the revision they carry (not counted against \
+                     a revision whose stage completed): {}",
+                    unhealthy.len(),
+                    list(&unhealthy)
+                ),
+            );
+        }
+        self.conditions.available(&failed, healthy, eligible);
+    }
+
+    /// Where the rollout stands: complete (the target becomes the last good revision), or the
+    /// stage it waits in and why (too few nodes, a promotion).
+    pub(super) fn report_cursor(
+        &mut self,
+        stages: &[Stage],
+        stage_status: &[StageStatus],
+        cursor: &Cursor,
+        target: &str,
+    ) {
+        if cursor.at == stages.len() {
+            if self.status.last_good_revision.as_deref() != Some(target) {
+                self.status.last_good_revision = Some(target.to_owned());
+                self.status.last_good_config = Some(self.input.spec.config.clone());
+                let message = match self.status.conflicting_node_count {
+                    0 => format!("revision {target} is on every node"),
+                    n => format!(
+                        "revision {target} is on every node this ProxyConfig controls ({n} \
+                         conflicting node(s) are left alone and may run another revision)"
+                    ),
+                };
+                self.note(false, "RolloutComplete", message);
+            }
+            self.status.stage = None;
+            return;
+        }
+        let stage = &stages[cursor.at];
+        self.status.stage = Some(stage.name.clone());
+        if let Some(waiting) = cursor.too_small {
+            let message = format!(
+                "stage {} of revision {target} needs at least {} node(s) (minNodes) and has \
+                 {waiting} that are neither skipped nor conflicting: the rollout waits",
+                stage.name, stage.min_nodes
+            );
+            if self.prev.conditions.iter().all(|c| c.message != message) {
+                self.note(true, "StageTooSmall", message.clone());
+            }
+            self.conditions.stage_too_small(&message);
+        }
+        if stage_status[cursor.at].phase == StagePhase::AwaitingPromotion {
+            let command = format!(
+                "kubectl annotate proxyconfig {} {PROMOTE_ANNOTATION}={}@{target} --overwrite",
+                self.input.name, stage.name
+            );
+            if self.prev.stage.as_deref() != Some(stage.name.as_str())
+                || self.prev.stages.get(cursor.at).map(|s| s.phase)
+                    != Some(StagePhase::AwaitingPromotion)
+            {
+                self.note(
+                    false,
+                    "StageAwaitingPromotion",
+                    format!("stage {} waits for promotion: {command}", stage.name),
+                );
+            }
+            self.conditions.awaiting_promotion(&stage.name, &command);
+        }
+    }
+
+    /// Failed nodes in status, and an Event for each node that newly failed.
+    pub(super) fn report_failures(&mut self, target: &str, failed: &[&Member<'_>]) {
+        let timeout = self.input.spec.rollout.apply_timeout;
+        for m in failed.iter().take(MAX_LISTED) {
+            let status = m.npc.and_then(|n| n.status);
+            let message = match status.filter(|s| s.phase == Some(NodePhase::Failed)) {
+                Some(s) => format!("Failed: {}", s.message.as_deref().unwrap_or("(no message)")),
+                None => format!(
+                    "not applied and healthy within applyTimeout {} (reported: observedRevision {}, phase {}, healthy {})",
+                    kipvs_crds::duration::format(timeout),
+                    status
+                        .and_then(|s| s.observed_revision.as_deref())
+                        .unwrap_or("-"),
+                    status
+                        .and_then(|s| s.phase)
+                        .map_or_else(|| "-".to_owned(), |p| format!("{p:?}")),
+                    status
+                        .and_then(|s| s.healthy)
+                        .map_or_else(|| "-".to_owned(), |h| h.to_string()),
+                ),
+            };
+            let failure = NodeFailure {
+                node: m.view.name.to_owned(),
+                revision: target.to_owned(),
+                message,
+            };
+            if !self
+                .prev
+                .failures
+                .iter()
+                .any(|f| f.node == failure.node && f.revision == failure.revision)
+            {
+                self.note(
+                    true,
+                    "NodeFailed",
+                    format!(
+                        "node {} failed revision {target}: {}",
+                        failure.node, failure.message
+                    ),
+                );
+            }
+            self.status.failures.push(failure);
+        }
+    }
+}
