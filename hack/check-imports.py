@@ -1,36 +1,43 @@
 #!/usr/bin/env python3
-"""The proxier's module layering (ARCHITECTURE.md, "Proxier: folders"), checked from the source.
+"""Module layering of every crate in the workspace, checked from the source.
 
-Reads every `crate::a::b` path (outside comments) and `super::x` path in proxier/src and fails
-when the module graph has a cycle, between files or between the top-level folders, when `plan/`
-imports `dataplane/`, when `model/` imports anything outside itself, or when `plan/` or `model/`
-names a Kubernetes crate (`k8s_openapi`, `kube`: the planning core reads only the domain values
-of `model/objects.rs`, converted at the store's boundary by `source/convert.rs`). Edges between a
-folder's `mod.rs` and its own files count like any other: a child naming an item of its parent
-(`super::SourceHandle`), and a `mod.rs` naming its child (`use store::Store`, `pub use
-keys::VirtualServerKey`), so a file that imports its parent while the parent imports it back is a
-cycle (a `mod` line alone is not an import). Groups (`super::{a, b::{c}}`) and globs (`a::*`) are
-read as the paths they name. A file's unit tests (from its `#[cfg(test)]` line on) are left out: a test module is a
-leaf nothing imports, and may build its fixtures from Kubernetes objects through the converter.
-Usage: hack/check-imports.py [proxier/src] [-v: print the edges]
+For each crate's `src/` (the workspace members of Cargo.toml, or the folders given), reads every
+`crate::a::b` path (outside comments) and `super::x` path and fails when the module graph has a
+cycle, between files or between top-level modules (a folder and what it holds count as one).
+Edges between a folder's `mod.rs` and its own files count like any other: a child naming an item
+of its parent (`super::SourceHandle`), and a `mod.rs` naming its child (`use store::Store`, `pub
+use keys::VirtualServerKey`), so a file that imports its parent while the parent imports it back
+is a cycle (a `mod` line alone is not an import). Groups (`super::{a, b::{c}}`) and globs
+(`a::*`) are read as the paths they name. A file's unit tests (from its `#[cfg(test)]` line on)
+are left out: a test module is a leaf nothing imports. The crate roots (`lib.rs`, `main.rs`,
+`bin/`) declare and re-export modules and are not nodes of the graph.
+
+The proxier adds its layers (ARCHITECTURE.md, "Proxier: folders"): `plan/` does not import
+`dataplane/`, `model/` imports nothing outside itself, and neither `plan/` nor `model/` names a
+Kubernetes crate (`k8s_openapi`, `kube`: the planning core reads only the domain values of
+`model/objects.rs`, converted at the store's boundary by `source/convert.rs`).
+Usage: hack/check-imports.py [CRATE/src ...] [-v: print the edges between top-level modules]
 """
 import os
 import re
 import sys
 
-args = [a for a in sys.argv[1:] if a != "-v"]
-root = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "proxier", "src")
-mods = {}
-for d, _, files in os.walk(root):
-    for f in files:
-        if f.endswith(".rs") and f != "main.rs":
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def modules(root):
+    """The crate's modules below its roots: name (`a::b`) -> path relative to `root`."""
+    mods = {}
+    for d, dirs, files in os.walk(root):
+        if d == root:
+            dirs[:] = [x for x in dirs if x != "bin"]
+        for f in files:
             path = os.path.relpath(os.path.join(d, f), root)
-            name = path[:-3].replace("/mod", "").replace("/", "::")
-            if name != "lib":
-                mods[name] = path
+            if f.endswith(".rs") and path not in ("lib.rs", "main.rs"):
+                mods[path[:-3].replace("/mod", "").replace("/", "::")] = path
+    return mods
 
-
-def resolve(path):
+def resolve(mods, path):
     """The longest module prefix of a `a::b::c` path."""
     parts = path.split("::")
     while parts:
@@ -91,28 +98,26 @@ def under(base, paths):
     return [base + "::" + p if p else base for p in paths]
 
 
-edges, kube_crates = set(), set()
-for name, path in mods.items():
-    with open(os.path.join(root, path)) as f:
-        lines = f.read().split("\n#[cfg(test)]")[0].splitlines()
-        code = "\n".join(l for l in lines if not l.lstrip().startswith("//"))
-    if top(name) in ("plan", "model"):
-        kube_crates.update(
-            (name, m.group(1)) for m in re.finditer(r"\b(k8s_openapi|kube)::", code))
-    parent = name.rsplit("::", 1)[0] if "::" in name else None
-    targets = [p for p in uses(code, r"\bcrate") if p]
-    if parent:
-        targets += under(parent, uses(code, r"\bsuper"))
-    if path.endswith("mod.rs"):  # a folder's module naming its own files by their bare names
-        for child in (c for c in mods if c.rsplit("::", 1)[0] == name and "::" in c):
-            bare = child.rsplit("::", 1)[1]
-            targets += under(child, uses(code, r"(?<![\w:])(?:self::)?" + bare))
-    for t in filter(None, map(resolve, targets)):
-        if t != name:
-            edges.add((name, t))
-
-
-folders = {(top(a), top(b)) for a, b in edges if top(a) != top(b)}
+def imports(root, mods):
+    """The edges (module, module it imports) and the (module, Kubernetes crate) pairs it names."""
+    edges, kube_crates = set(), set()
+    for name, path in mods.items():
+        with open(os.path.join(root, path)) as f:
+            lines = f.read().split("\n#[cfg(test)]")[0].splitlines()
+            code = "\n".join(l for l in lines if not l.lstrip().startswith("//"))
+        kube_crates.update((name, m.group(1)) for m in re.finditer(r"\b(k8s_openapi|kube)::", code))
+        parent = name.rsplit("::", 1)[0] if "::" in name else None
+        targets = [p for p in uses(code, r"\bcrate") if p]
+        if parent:
+            targets += under(parent, uses(code, r"\bsuper"))
+        if path.endswith("mod.rs"):  # a folder's module naming its own files by their bare names
+            for child in (c for c in mods if c.rsplit("::", 1)[0] == name and "::" in c):
+                bare = child.rsplit("::", 1)[1]
+                targets += under(child, uses(code, r"(?<![\w:])(?:self::)?" + bare))
+        for t in filter(None, (resolve(mods, t) for t in targets)):
+            if t != name:
+                edges.add((name, t))
+    return edges, kube_crates
 
 
 def cycles(graph_edges):
@@ -136,15 +141,48 @@ def cycles(graph_edges):
     return found
 
 
-if "-v" in sys.argv:
-    for a, b in sorted(folders):
-        print(f"{a}/ -> {b}/")
-problems = [f"folder cycle: {' -> '.join(c)}" for c in cycles(folders)]
-problems += [f"file cycle: {' -> '.join(c)}" for c in cycles(edges)]
-problems += [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "plan" and top(b) == "dataplane"]
-problems += [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "model" and top(b) != "model"]
-problems += [f"{a} names the Kubernetes crate {c}" for a, c in sorted(kube_crates)]
-for p in problems:
-    print(p)
-print(f"{len(mods)} modules, {len(edges)} imports between them: " + ("FAILED" if problems else "no cycle"))
-sys.exit(1 if problems else 0)
+
+def proxier_layers(edges, kube_crates):
+    """The proxier's layers: plan/ below dataplane/, model/ closed, no Kubernetes crate in either."""
+    problems = [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "plan" and top(b) == "dataplane"]
+    problems += [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "model" and top(b) != "model"]
+    problems += [f"{a} names the Kubernetes crate {c}" for a, c in sorted(kube_crates)
+                 if top(a) in ("plan", "model")]
+    return problems
+
+
+LAYERS = {"proxier": proxier_layers}
+
+
+def check(src, verbose):
+    """The problems of the crate whose sources are in `src`, printed with a summary line."""
+    crate = os.path.basename(os.path.dirname(os.path.abspath(src)))
+    mods = modules(src)
+    edges, kube_crates = imports(src, mods)
+    folders = {(top(a), top(b)) for a, b in edges if top(a) != top(b)}
+    if verbose:
+        for a, b in sorted(folders):
+            print(f"  {crate}: {a} -> {b}")
+    file_cycles = cycles(edges)
+    problems = [f"file cycle: {' -> '.join(c)}" for c in file_cycles]
+    problems += [f"top-level cycle: {' -> '.join(c)}" for c in cycles(folders)
+                 if set(c) not in [set(f) for f in file_cycles]]
+    problems += LAYERS.get(crate, lambda *_: [])(edges, kube_crates)
+    for p in problems:
+        print(f"{crate}: {p}")
+    print(f"{crate}: {len(mods)} modules, {len(edges)} imports between them: "
+          + ("FAILED" if problems else "no cycle"))
+    return problems
+
+
+def workspace_sources():
+    """The `src/` of each workspace member (Cargo.toml `members = [...]`)."""
+    with open(os.path.join(ROOT, "Cargo.toml")) as f:
+        listed = re.search(r"(?m)^members\s*=\s*\[([^\]]*)\]", f.read()).group(1)
+    members = re.findall(r'"([^"]+)"', listed)
+    return [os.path.join(ROOT, m, "src") for m in members]
+
+
+args = [a for a in sys.argv[1:] if a != "-v"]
+failed = [p for src in (args or workspace_sources()) for p in check(src, "-v" in sys.argv)]
+sys.exit(1 if failed else 0)

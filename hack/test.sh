@@ -22,7 +22,7 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-step "proxier module layering (hack/check-imports.py: no import cycle, plan/ and model/ stay below dataplane/)"
+step "module layering of every crate (hack/check-imports.py: no import cycle; the proxier's plan/ and model/ stay below dataplane/)"
 hack/check-imports.py
 step "cargo test --workspace (unit tests, golden vectors, plan vectors, property tests, nftables in a private netns)"
 KIPVS_REQUIRE_NFT=${KIPVS_REQUIRE_NFT:-1} cargo test --workspace --quiet

@@ -10,7 +10,7 @@ use netlink_packet_core::{
 };
 
 use super::stats::{Stats64Attr, StatsAttr, parse_stats_nest, parse_stats64_nest};
-use super::{ADDR_LEN, emit_addr, find_u16, parse_addr, put};
+use super::wire::{ADDR_LEN, emit_addr, find_u16, parse_addr, put};
 use crate::constants::*;
 use crate::types::AddressFamily;
 

@@ -5,7 +5,7 @@ use netlink_packet_core::{
     DecodeError, DefaultNla, ErrorContext, Nla, NlaBuffer, Parseable, parse_u32,
 };
 
-use super::put;
+use super::wire::put;
 use crate::constants::*;
 
 /// One attribute of the `GET_INFO` reply (command `IPVS_CMD_SET_INFO`). Its

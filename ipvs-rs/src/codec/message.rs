@@ -11,8 +11,8 @@ use netlink_packet_generic::{GenlFamily, GenlHeader};
 
 use super::dest::{DestAttr, parse_dest_nest};
 use super::info::InfoAttr;
-use super::put;
 use super::service::{IpvsFlags, ServiceAttr, parse_service_nest};
+use super::wire::put;
 use crate::constants::*;
 use crate::error::Error;
 use crate::types::{

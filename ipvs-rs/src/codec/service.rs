@@ -10,7 +10,7 @@ use netlink_packet_core::{
 };
 
 use super::stats::{Stats64Attr, StatsAttr, parse_stats_nest, parse_stats64_nest};
-use super::{
+use super::wire::{
     ADDR_LEN, emit_addr, emit_nul_string, find_u16, nul_string_len, parse_addr, parse_nul_string,
     put,
 };

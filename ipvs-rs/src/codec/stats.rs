@@ -8,7 +8,7 @@ use netlink_packet_core::{
     parse_u64,
 };
 
-use super::put;
+use super::wire::put;
 
 use crate::constants::*;
 use crate::types::Stats;
