@@ -117,6 +117,10 @@ n=0; until [ "$(printf 'GET / HTTP/1.0\r\n\r\n' | $CLIENT nc -w 2 10.96.0.44 80 
   sleep 1; n=$((n + 1)); done
 a=$(printf 'GET / HTTP/1.0\r\n\r\n' | $CLIENT nc -w 3 10.96.0.44 80 2>/dev/null | tail -n1)
 check "an unrelated Service (bystander 10.96.0.44) answers while refused's element is refused (got '$a')" [ "$a" = near-0 ]
+check "bystander's own elements landed in the same sync as the refusal (cluster-ips 10.96.0.44)" \
+  sh -c "nft list set inet kipvs cluster-ips | grep -q '10.96.0.44 . tcp . 80'"
+check "fail closed: 203.0.113.31 is not bound on kube-ipvs0 while its firewall element is out" \
+  sh -c "! ip -o addr show dev kube-ipvs0 | grep -q ' 203.0.113.31/'"
 check "the refused element is reported with its Service" \
   sh -c "tail -n +$((mark0 + 1)) $(proxier_log) | grep 'failed op=AddSetElement' | grep -q 'default/refused'"
 check "fail closed: no virtual server on 203.0.113.31:80 while its firewall element is out" \

@@ -214,30 +214,34 @@ impl Dataplane for FakeDataplane {
         Ok(self.other_addresses.clone())
     }
 
-    /// Stage by stage, as the kernel dataplane: an nftables stage's refused ops
-    /// (overlapping `firewall-allow` intervals, which the kernel refuses) fail alone, as the kernel's [`isolate::Isolation`] leaves
-    /// them, and the virtual servers whose elements they are get [`isolate::withhold`]en.
+    /// Stage by stage, as the kernel dataplane: an nftables stage's refused ops (overlapping
+    /// `firewall-allow` intervals, which the kernel refuses) fail alone, as the kernel's
+    /// [`isolate::Isolation`] leaves them, and what depends on a failed op is kept back by the
+    /// same [`isolate::Withholding`].
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
         let mut failures = Vec::new();
-        let mut withheld = BTreeSet::new();
+        let mut withholding = isolate::Withholding::default();
         for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
-            if stage[0].stage() == NFT_STAGE {
-                let refused = self.refused(stage);
-                if !refused.is_empty() {
-                    withheld.extend(isolate::elements_failed(&refused));
-                    let rest: Vec<Op> = stage
-                        .iter()
-                        .filter(|op| !refused.iter().any(|f| &f.op == *op))
-                        .cloned()
-                        .collect();
-                    failures.extend(refused);
-                    failures.extend(self.apply_stage(&rest));
-                    continue;
-                }
-            }
-            let (stage, held) = isolate::withhold(stage, &withheld);
+            let (stage, held) = withholding.split(stage);
             failures.extend(held);
-            failures.extend(self.apply_stage(&stage));
+            let refused = if stage.first().is_some_and(|op| op.stage() == NFT_STAGE) {
+                self.refused(&stage)
+            } else {
+                Vec::new()
+            };
+            let stage_failures = if refused.is_empty() {
+                self.apply_stage(&stage)
+            } else {
+                let rest: Vec<Op> = stage
+                    .iter()
+                    .filter(|op| !refused.iter().any(|f| &f.op == *op))
+                    .cloned()
+                    .collect();
+                let failures = self.apply_stage(&rest);
+                refused.into_iter().chain(failures).collect()
+            };
+            withholding.failed(ops, &stage_failures);
+            failures.extend(stage_failures);
         }
         failures
     }

@@ -6,13 +6,13 @@
 //! single element the kernel refuses (an interval that overlaps another, `EEXIST`) would keep
 //! every other Service's elements out of the kernel at every sync. [`Isolation`] splits a refused
 //! transaction in halves until the refused ops are alone, within [`ISOLATION_BUDGET`]
-//! transactions. [`withhold`] then keeps back the ops that would let traffic reach a virtual
-//! server whose own elements failed (a load-balancer IP without its `firewall` element is open
-//! to every source; one without `external` is not masqueraded): they fail with
-//! [`DataplaneError::Withheld`] and are retried with the element.
+//! transactions. [`Withholding`] then keeps back the ops that would let traffic reach a new
+//! virtual server whose firewall elements failed (a load-balancer IP without them is open
+//! to every source): they fail with [`DataplaneError::Withheld`] and are retried with the element.
+//! [`Withholding`] also keeps the set elements of a virtual server whose deletion failed.
 
 use super::{DataplaneError, Op, OpFailure};
-use crate::model::VirtualServerKey;
+use crate::model::{SetElement, VirtualServerKey};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 
@@ -60,7 +60,9 @@ impl<'a> Isolation<'a> {
             return;
         };
         self.spent += 1;
-        if part.len() == 1 || self.spent + self.pending.len() >= ISOLATION_BUDGET {
+        // Rules that do not apply leave no set to add to: the stage fails whole, as one.
+        let rules = part.iter().any(|op| matches!(op, Op::WriteRules(_)));
+        if part.len() == 1 || rules || self.spent + self.pending.len() >= ISOLATION_BUDGET {
             let message = error.to_string();
             self.failures.extend(part.iter().map(|op| OpFailure {
                 op: op.clone(),
@@ -79,46 +81,97 @@ impl<'a> Isolation<'a> {
     }
 }
 
-/// The virtual servers one of whose own set elements (`cluster-ips`, `external`,
-/// `external-local`, `firewall`, `firewall-allow`) failed to be added.
-pub fn elements_failed(failures: &[OpFailure]) -> BTreeSet<VirtualServerKey> {
-    failures
-        .iter()
-        .filter_map(|f| match &f.op {
-            Op::AddSetElement(element) => element.virtual_server(),
-            _ => None,
-        })
-        .collect()
+/// What one application of a diff keeps back, stage after stage, so that a failed op never
+/// leaves a virtual server open or orphaned:
+///
+/// - a **new** virtual server whose `firewall` or `firewall-allow` element failed is not added,
+///   nor its real servers, nor its address bound (fail closed; an existing one keeps what it
+///   has: its `firewall` element, if any, is still in the kernel);
+/// - a virtual server whose deletion failed keeps its own set elements: they are kipvs's record
+///   of owning it ([`Ownership`](super::diff::Ownership)) and its firewall.
+///
+/// The ops kept back fail with [`DataplaneError::Withheld`] and are retried with the op that
+/// caused it. Other failures (a `cluster-ips` or `external` element: masquerade only) hold
+/// nothing back.
+#[derive(Debug, Default)]
+pub struct Withholding {
+    /// New virtual servers whose firewall elements failed.
+    unguarded: BTreeSet<VirtualServerKey>,
+    /// Virtual servers whose deletion failed.
+    undeleted: BTreeSet<VirtualServerKey>,
 }
 
-/// Splits `stage` into the ops to apply and those withheld because they would let traffic reach
-/// a virtual server of `withheld`: adding it, and adding real servers to it. Updates, drains and
-/// deletions go on. Borrows `stage` when nothing is withheld.
-pub fn withhold<'a>(
-    stage: &'a [Op],
-    withheld: &BTreeSet<VirtualServerKey>,
-) -> (Cow<'a, [Op]>, Vec<OpFailure>) {
-    let held = |op: &Op| match op {
-        Op::AddVirtualServer(key, _) | Op::AddRealServer { vs: key, .. } => withheld.contains(key),
-        _ => false,
-    };
-    if withheld.is_empty() || !stage.iter().any(held) {
-        return (Cow::Borrowed(stage), Vec::new());
-    }
-    let (held, apply): (Vec<Op>, Vec<Op>) = stage.iter().cloned().partition(held);
-    let failures = held
-        .into_iter()
-        .map(|op| {
-            let key = op
-                .virtual_server()
-                .expect("withheld ops name a virtual server");
-            OpFailure {
-                op,
-                error: DataplaneError::Withheld(key),
+impl Withholding {
+    /// Records the `failures` of a stage of `ops` (the whole diff being applied).
+    pub fn failed(&mut self, ops: &[Op], failures: &[OpFailure]) {
+        let mut firewall = BTreeSet::new();
+        for failure in failures {
+            match &failure.op {
+                Op::DeleteVirtualServer(key) => {
+                    self.undeleted.insert(*key);
+                }
+                Op::AddSetElement(
+                    SetElement::Firewall(key) | SetElement::FirewallAllow(key, _),
+                ) => {
+                    firewall.insert(*key);
+                }
+                _ => {}
             }
-        })
-        .collect();
-    (Cow::Owned(apply), failures)
+        }
+        if firewall.is_empty() {
+            return;
+        }
+        for op in ops {
+            if let Op::AddVirtualServer(key, _) = op
+                && firewall.contains(key)
+            {
+                self.unguarded.insert(*key);
+            }
+        }
+    }
+
+    /// Why `op` is kept back, if it is.
+    fn holds(&self, op: &Op) -> Option<(VirtualServerKey, &'static str)> {
+        match op {
+            Op::AddVirtualServer(key, _) | Op::AddRealServer { vs: key, .. }
+                if self.unguarded.contains(key) =>
+            {
+                Some((*key, "its firewall element is not in the kernel"))
+            }
+            Op::BindAddress(address) => self
+                .unguarded
+                .iter()
+                .find(|key| key.address == *address)
+                .map(|key| (*key, "its firewall element is not in the kernel")),
+            Op::DeleteSetElement(element) => element
+                .virtual_server()
+                .filter(|key| self.undeleted.contains(key))
+                .map(|key| (key, "its deletion failed")),
+            _ => None,
+        }
+    }
+
+    /// Splits `stage` into the ops to apply and those kept back. Borrows `stage` when nothing
+    /// is kept back.
+    pub fn split<'a>(&self, stage: &'a [Op]) -> (Cow<'a, [Op]>, Vec<OpFailure>) {
+        if self.unguarded.is_empty() && self.undeleted.is_empty()
+            || !stage.iter().any(|op| self.holds(op).is_some())
+        {
+            return (Cow::Borrowed(stage), Vec::new());
+        }
+        let mut apply = Vec::with_capacity(stage.len());
+        let mut held = Vec::new();
+        for op in stage {
+            match self.holds(op) {
+                Some((key, reason)) => held.push(OpFailure {
+                    op: op.clone(),
+                    error: DataplaneError::Withheld { key, reason },
+                }),
+                None => apply.push(op.clone()),
+            }
+        }
+        (Cow::Owned(apply), held)
+    }
 }
 
 #[cfg(test)]
@@ -191,49 +244,88 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_virtual_server_whose_element_failed_and_its_real_servers_are_withheld() {
-        let spec = crate::model::VirtualServerSpec {
+    fn spec() -> crate::model::VirtualServerSpec {
+        crate::model::VirtualServerSpec {
             scheduler: "rr".into(),
             persistence_timeout: None,
             sched_flags: 0,
-        };
-        let rs = "10.244.0.7:8080".parse().unwrap();
-        let failures = [OpFailure {
-            op: allow(80, "10.0.0.0/8"),
+        }
+    }
+
+    fn failure(op: Op) -> OpFailure {
+        OpFailure {
+            op,
             error: DataplaneError::NftTransaction("File exists".into()),
-        }];
-        let withheld = elements_failed(&failures);
-        assert_eq!(withheld, BTreeSet::from([key(80)]));
-        let stage = [
-            Op::AddVirtualServer(key(80), spec.clone()),
-            Op::AddVirtualServer(key(443), spec),
-        ];
-        let (apply, held) = withhold(&stage, &withheld);
-        assert_eq!(*apply, stage[1..]);
-        assert_eq!(held.len(), 1);
-        assert_eq!(held[0].op, stage[0]);
-        assert!(
-            held[0].error.to_string().contains("TCP 10.0.5.100:80"),
-            "{}",
-            held[0].error
-        );
-        let stage = [
+        }
+    }
+
+    #[test]
+    fn a_new_virtual_server_whose_firewall_failed_is_kept_out_with_its_real_servers_and_address() {
+        let rs = "10.244.0.7:8080".parse().unwrap();
+        let ops = [
+            allow(80, "10.0.0.0/8"),
+            Op::AddVirtualServer(key(80), spec()),
+            Op::AddVirtualServer(key(443), spec()),
             Op::AddRealServer {
                 vs: key(80),
                 rs,
                 weight: 1,
             },
             Op::UpdateRealServer {
-                vs: key(80),
+                vs: key(81),
                 rs,
                 weight: 0,
             },
+            Op::BindAddress(key(80).address),
         ];
-        let (apply, held) = withhold(&stage, &withheld);
-        assert_eq!(*apply, stage[1..]);
-        assert_eq!(held[0].op, stage[0]);
-        let (apply, held) = withhold(&stage, &BTreeSet::new());
+        let mut withholding = Withholding::default();
+        withholding.failed(&ops, &[failure(ops[0].clone())]);
+        let (apply, held) = withholding.split(&ops[1..]);
+        assert_eq!(*apply, [ops[2].clone(), ops[4].clone()]);
+        let held: Vec<&Op> = held.iter().map(|f| &f.op).collect();
+        assert_eq!(held, [&ops[1], &ops[3], &ops[5]]);
+    }
+
+    #[test]
+    fn an_existing_virtual_server_or_a_masquerade_element_holds_nothing_back() {
+        let rs = "10.244.0.7:8080".parse().unwrap();
+        let external = Op::AddSetElement(SetElement::External(key(443)));
+        let ops = [
+            allow(80, "10.0.0.0/8"),
+            external.clone(),
+            Op::AddVirtualServer(key(443), spec()),
+            Op::AddRealServer {
+                vs: key(80),
+                rs,
+                weight: 1,
+            },
+        ];
+        let mut withholding = Withholding::default();
+        withholding.failed(&ops, &[failure(ops[0].clone()), failure(external)]);
+        let (apply, held) = withholding.split(&ops[2..]);
         assert!(matches!(apply, Cow::Borrowed(_)) && held.is_empty());
+    }
+
+    #[test]
+    fn a_virtual_server_whose_deletion_failed_keeps_its_elements() {
+        let ops = [
+            Op::DeleteVirtualServer(key(80)),
+            Op::DeleteSetElement(SetElement::External(key(80))),
+            Op::DeleteSetElement(SetElement::Firewall(key(80))),
+            Op::DeleteSetElement(SetElement::External(key(443))),
+        ];
+        let mut withholding = Withholding::default();
+        withholding.failed(&ops, &[failure(ops[0].clone())]);
+        let (apply, held) = withholding.split(&ops[1..]);
+        assert_eq!(*apply, [ops[3].clone()]);
+        assert_eq!(held.len(), 2);
+        assert!(
+            held[0]
+                .error
+                .to_string()
+                .contains("its deletion failed (TCP 10.0.5.100:80)"),
+            "{}",
+            held[0].error
+        );
     }
 }

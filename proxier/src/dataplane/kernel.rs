@@ -90,7 +90,9 @@ impl KernelDataplane {
     /// Remove everything kipvs (or kube-proxy's IPVS mode) programmed on this node: every virtual
     /// server it owns (see [`Ownership`]; those inside `exclude_cidrs` stay), every address on
     /// `kube-ipvs0`, the `kube-ipvs0` link itself and the nftables table `inet kipvs`. Never flushes: virtual servers of
-    /// other owners survive. Returns the ops applied and those that failed.
+    /// other owners survive. Returns the ops applied and those that failed; when a virtual server
+    /// could not be deleted, the link and the table stay (the table's record of owning it, and
+    /// its firewall), so that the next cleanup finds it.
     ///
     /// Errors: when the kernel cannot be observed or the link cannot be deleted.
     pub async fn cleanup(
@@ -110,6 +112,14 @@ impl KernelDataplane {
             .filter(|op| op.stage() != NFT_STAGE)
             .collect();
         let failures = self.apply(&ops).await;
+        // A virtual server that could not be deleted keeps the table's record of it (and its
+        // firewall) and the link: the next cleanup finds it.
+        if failures
+            .iter()
+            .any(|f| matches!(f.op, Op::DeleteVirtualServer(_)))
+        {
+            return Ok((ops, failures));
+        }
         self.rtnl.link().del(self.link_index).execute().await?;
         self.nft.delete_table().await?;
         Ok((ops, failures))
@@ -362,20 +372,24 @@ impl Dataplane for KernelDataplane {
 
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
         let mut failures = Vec::new();
-        // Virtual servers whose own set elements failed: not added (fail closed).
-        let mut withheld = BTreeSet::new();
+        let mut withholding = isolate::Withholding::default();
         for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
             let started = std::time::Instant::now();
+            let (stage, held) = withholding.split(stage);
+            failures.extend(held);
+            if stage.is_empty() {
+                continue;
+            }
             if stage[0].stage() == NFT_STAGE {
                 // One transaction, split when refused so that only the refused ops fail.
                 let mut via = "nft";
-                let mut isolation = isolate::Isolation::new(stage);
+                let mut isolation = isolate::Isolation::new(&stage);
                 while let Some(part) = isolation.next_part() {
                     let result = self.apply_nft(part).await;
                     isolation.done(result.map(|how| via = how));
                 }
                 let refused = isolation.failures();
-                withheld.extend(isolate::elements_failed(&refused));
+                withholding.failed(ops, &refused);
                 tracing::debug!(
                     stage = NFT_STAGE,
                     via,
@@ -385,11 +399,6 @@ impl Dataplane for KernelDataplane {
                     "applied nftables transaction"
                 );
                 failures.extend(refused);
-                continue;
-            }
-            let (stage, held) = isolate::withhold(stage, &withheld);
-            failures.extend(held);
-            if stage.is_empty() {
                 continue;
             }
             let results = if matches!(stage[0], Op::BindAddress(_) | Op::UnbindAddress(_)) {
@@ -404,6 +413,7 @@ impl Dataplane for KernelDataplane {
                 duration_us = started.elapsed().as_micros() as u64,
                 "applied stage"
             );
+            let first = failures.len();
             for (op, result) in stage.iter().zip(results) {
                 if let Err(error) = result {
                     failures.push(OpFailure {
@@ -412,6 +422,7 @@ impl Dataplane for KernelDataplane {
                     });
                 }
             }
+            withholding.failed(ops, &failures[first..]);
         }
         failures
     }

@@ -440,10 +440,15 @@ pub enum DataplaneError {
     /// A conntrack request failed.
     #[error("{0}")]
     Conntrack(#[from] crate::dataplane::conntrack::ConntrackError),
-    /// Not applied: the op would let traffic reach this virtual server while one of its own
-    /// nftables elements failed ([`isolate::withhold`]); retried with the element.
-    #[error("withheld: an nftables element of {0} is not in the kernel")]
-    Withheld(VirtualServerKey),
+    /// Not applied: kept back with the failed op it depends on ([`isolate::Withholding`]) and
+    /// retried with it.
+    #[error("withheld: {reason} ({key})")]
+    Withheld {
+        /// The virtual server concerned.
+        key: VirtualServerKey,
+        /// Why.
+        reason: &'static str,
+    },
 }
 
 /// Something that holds an IPVS table and the addresses of `kube-ipvs0`.

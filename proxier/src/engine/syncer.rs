@@ -869,6 +869,56 @@ mod tests {
         assert_eq!(syncer.dataplane().full_observes, 1);
     }
 
+    /// A virtual server whose deletion fails keeps its own set elements (kipvs's record of
+    /// owning it, and its firewall) until a retry has deleted it: an externalIP on another
+    /// interface is owned by its element alone, and would otherwise be orphaned.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_deletion_keeps_the_virtual_servers_elements_until_it_is_gone() {
+        let external = VirtualServerKey {
+            address: "192.168.0.99".parse().unwrap(),
+            port: 443,
+            protocol: Protocol::Tcp,
+        };
+        let mut desired = state(&["10.244.1.2:8080"]);
+        let vs = desired.virtual_servers[&key(80)].clone();
+        desired.virtual_servers.insert(external, vs);
+        let elements = [
+            SetElement::External(external),
+            SetElement::Firewall(external),
+        ];
+        desired.set_elements.extend(elements);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        assert!(syncer.sync(&desired).await.unwrap().failures.is_empty());
+
+        // The Service goes; the kernel's answer to the deletion is lost.
+        let mut gone = desired.clone();
+        gone.virtual_servers.remove(&external);
+        gone.set_elements
+            .retain(|e| e.virtual_server() != Some(external));
+        let delete = Op::DeleteVirtualServer(external);
+        syncer.dataplane_mut().lost_answers.push(delete.clone());
+        let touched = Scope {
+            virtual_servers: [external].into(),
+            set_elements: elements.into(),
+            ..Default::default()
+        };
+        let report = syncer.sync_touched(&gone, &touched).await.unwrap();
+        let failed: Vec<&Op> = report.failures.iter().map(|f| &f.op).collect();
+        assert_eq!(failed[0], &delete);
+        assert_eq!(failed.len(), 3, "{failed:?}");
+        let kernel = &syncer.dataplane().state.set_elements;
+        assert!(
+            elements.iter().all(|e| kernel.contains(e)),
+            "the record stays"
+        );
+
+        // The retry finds it gone and deletes the elements.
+        tokio::time::advance(RETRY_FIRST).await;
+        let report = syncer.sync_touched(&gone, &Scope::default()).await.unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(syncer.dataplane().state, ObservedState::from(&gone));
+    }
+
     /// One Service's set element the kernel refuses (a `firewall-allow` interval inside another)
     /// fails that Service alone: the other Service's elements and virtual servers land in the
     /// same sync, and the refused Service's load-balancer virtual server is not added (fail

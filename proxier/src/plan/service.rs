@@ -238,8 +238,7 @@ impl Addresses {
         let source_ranges = if load_balancer {
             let ranges = source_ranges(&service.source_ranges, |m| plan.report(m));
             for (family, name) in [(IpFamily::V4, "IPv4"), (IpFamily::V6, "IPv6")] {
-                let unfiltered = ranges.family(family).is_none() && !ranges.is_empty();
-                if unfiltered && load_balancer_ips.iter().any(|ip| family.has(ip)) {
+                if ranges.none_of(family) && load_balancer_ips.iter().any(|ip| family.has(ip)) {
                     plan.report(format!(
                         "spec.loadBalancerSourceRanges has no {name} range: the {name} \
                          load-balancer IPs are not filtered (as kube-proxy)"
@@ -654,6 +653,8 @@ impl IpFamily {
 struct SourceRanges {
     /// Whether the Service lists any valid range.
     any: bool,
+    /// Whether it lists a valid IPv4 range (`[ipv4, ipv6]`), zero-length ones included.
+    listed: [bool; 2],
     /// The IPv4 ranges, normalised; `None`: not filtered.
     ipv4: Option<Vec<IpNet>>,
     /// The IPv6 ranges, normalised; `None`: not filtered.
@@ -669,9 +670,10 @@ impl SourceRanges {
         }
     }
 
-    /// Whether the Service lists no valid range at all.
-    fn is_empty(&self) -> bool {
-        !self.any
+    /// Whether the Service lists ranges, but none of `family`: its load-balancer IPs are not
+    /// filtered although the Service asks for filtering (reported).
+    fn none_of(&self, family: IpFamily) -> bool {
+        self.any && !self.listed[usize::from(family == IpFamily::V6)]
     }
 }
 
@@ -701,8 +703,10 @@ fn source_ranges(texts: &[Parsed<IpNet>], mut report: impl FnMut(String)) -> Sou
         let allows_any = of_family.iter().any(|net| net.prefix_len() == 0);
         (!of_family.is_empty() && !allows_any).then(|| IpNet::aggregate(&of_family))
     };
+    let listed = |family: IpFamily| ranges.iter().any(|net| family.has(&net.addr()));
     SourceRanges {
         any: !ranges.is_empty(),
+        listed: [listed(IpFamily::V4), listed(IpFamily::V6)],
         ipv4: family(IpFamily::V4),
         ipv6: family(IpFamily::V6),
     }
