@@ -1,7 +1,8 @@
 #!/bin/bash
 # Build the two container images without a registry or a container daemon, as OCI image layouts:
 #   $OUT/kipvs-proxier  static kipvs-proxier + nft (Debian's nftables and the libraries it needs, libc6
-#                       included), runs as root (the DaemonSet grants NET_ADMIN, SYS_MODULE, SYS_RESOURCE)
+#                       included), runs as root (config/proxier/daemonset.yaml: privileged, as kube-proxy;
+#                       capabilities: add NET_ADMIN, drop ALL)
 #   $OUT/kipvs-operator static kipvs-operator, runs as 65532:65532 (non-root)
 # each tagged $TAG. The binaries are the workspace's release build, statically linked against glibc
 # (`-C target-feature=+crt-static`, --target x86_64-unknown-linux-gnu); the Debian packages are fetched

@@ -65,6 +65,11 @@ pub enum Error {
     /// The background netlink connection stopped before the request finished.
     #[error("the netlink connection is closed")]
     ConnectionClosed,
+    /// The kernel did not answer within the handle's request timeout
+    /// ([`crate::Handle::with_request_timeout`]); the request was abandoned, and
+    /// a change it asked for may or may not have been made.
+    #[error("no answer from the kernel within {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 impl Error {
@@ -97,6 +102,7 @@ impl Error {
             Error::PermissionDenied => Some(libc::EPERM),
             Error::Kernel { errno } => Some(*errno),
             Error::Io(err) => err.raw_os_error(),
+            Error::Timeout(_) => Some(libc::ETIMEDOUT),
             Error::Decode(_) | Error::ConnectionClosed => None,
         }
     }

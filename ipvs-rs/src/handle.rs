@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
@@ -14,6 +15,10 @@ use crate::codec::IpvsMessage;
 use crate::ctrl;
 use crate::error::Error;
 use crate::types::{Destination, Info, Service, ServiceId, Timeouts};
+
+/// How long a [`Handle`] waits for the kernel's answer to one request unless
+/// told otherwise ([`Handle::with_request_timeout`]).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How a request is answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,8 +93,10 @@ pub(crate) fn step(message: NetlinkMessage<GenlMessage<IpvsMessage>>) -> Step {
 /// `CAP_NET_ADMIN` ([`Error::PermissionDenied`] otherwise).
 ///
 /// Each method waits for the kernel's answer: the acknowledgement of a
-/// change, the reply of a query, or the end of a dump. Kernel errors map to
-/// [`Error`] variants as documented there.
+/// change, the reply of a query, or the end of a dump, at most the request
+/// timeout ([`REQUEST_TIMEOUT`] by default; [`Error::Timeout`] then, so one
+/// request the kernel never answers cannot stall its caller). Kernel errors
+/// map to [`Error`] variants as documented there.
 #[derive(Clone, Debug)]
 pub struct Handle {
     connection: ConnectionHandle<GenlMessage<IpvsMessage>>,
@@ -97,6 +104,8 @@ pub struct Handle {
     /// The kernel runs one dump per socket at a time (`__netlink_dump_start` answers
     /// `EBUSY` to a second one), so dumps take turns; do-requests are never held back.
     dump_turn: Arc<tokio::sync::Mutex<()>>,
+    /// How long one request may wait for its answer (its dump turn included).
+    request_timeout: Duration,
 }
 
 impl Handle {
@@ -126,7 +135,16 @@ impl Handle {
             connection: handle,
             family_id,
             dump_turn: Arc::default(),
+            request_timeout: REQUEST_TIMEOUT,
         })
+    }
+
+    /// This handle with requests abandoned after `timeout` without an answer
+    /// ([`Error::Timeout`]) instead of [`REQUEST_TIMEOUT`].
+    #[must_use]
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Handle {
+        self.request_timeout = timeout;
+        self
     }
 
     /// The generic-netlink id the kernel assigned to the `IPVS` family.
@@ -286,21 +304,37 @@ impl Handle {
         payload: IpvsMessage,
         kind: Request,
     ) -> Result<Vec<IpvsMessage>, Error> {
-        let _turn = match kind {
-            Request::Dump => Some(self.dump_turn.lock().await),
-            Request::Do => None,
-        };
-        let message = request_message(payload, self.family_id, kind);
-        let mut replies = self.connection.request(message, SocketAddr::new(0, 0))?;
-        let mut answer = Vec::new();
-        while let Some(reply) = replies.next().await {
-            match step(reply) {
-                Step::Reply(message) => answer.push(message),
-                Step::End(result) => return result.map(|()| answer),
-                Step::Skip => {}
+        self.send(request_message(payload, self.family_id, kind), kind)
+            .await
+    }
+
+    /// Sends `message` (a request of `kind`) and collects the IPVS messages
+    /// of its answer; [`Error::Timeout`] when it takes longer than the
+    /// request timeout.
+    pub(crate) async fn send(
+        &self,
+        message: NetlinkMessage<GenlMessage<IpvsMessage>>,
+        kind: Request,
+    ) -> Result<Vec<IpvsMessage>, Error> {
+        let answer = async {
+            let _turn = match kind {
+                Request::Dump => Some(self.dump_turn.lock().await),
+                Request::Do => None,
+            };
+            let mut replies = self.connection.request(message, SocketAddr::new(0, 0))?;
+            let mut answer = Vec::new();
+            while let Some(reply) = replies.next().await {
+                match step(reply) {
+                    Step::Reply(message) => answer.push(message),
+                    Step::End(result) => return result.map(|()| answer),
+                    Step::Skip => {}
+                }
             }
-        }
-        // The connection dropped the request without a final message.
-        Err(Error::ConnectionClosed)
+            // The connection dropped the request without a final message.
+            Err(Error::ConnectionClosed)
+        };
+        tokio::time::timeout(self.request_timeout, answer)
+            .await
+            .unwrap_or(Err(Error::Timeout(self.request_timeout)))
     }
 }

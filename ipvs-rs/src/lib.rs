@@ -56,7 +56,7 @@ mod types;
 
 pub use codec::{IpvsCmd, IpvsMessage};
 pub use error::Error;
-pub use handle::Handle;
+pub use handle::{Handle, REQUEST_TIMEOUT};
 pub use types::{
     AddressFamily, Destination, ForwardMethod, Info, Protocol, Service, ServiceFlags, ServiceId,
     Stats, Timeouts, Version,

@@ -124,3 +124,26 @@ async fn handles_futures_and_errors_are_send_and_sync() {
     send(handle.info());
     send(Handle::connect());
 }
+
+/// Issue 23: a request the kernel never answers stalled its caller for good. A do-request
+/// without `NLM_F_ACK` is one: nlctrl sends its reply but no acknowledgement, so the request
+/// never ends; after the handle's request timeout it is an error, and the handle still works.
+#[tokio::test]
+async fn a_request_without_an_answer_times_out() {
+    let handle = Handle::open(GENL_ID_CTRL)
+        .unwrap()
+        .with_request_timeout(Duration::from_millis(300));
+    let mut message =
+        crate::handle::request_message(get_family("nlctrl"), GENL_ID_CTRL, Request::Do);
+    message.header.flags = netlink_packet_core::NLM_F_REQUEST;
+    let started = std::time::Instant::now();
+    let err = handle.send(message, Request::Do).await.unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "got {err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(err.errno(), Some(libc::ETIMEDOUT));
+    let replies = handle
+        .execute(get_family("nlctrl"), Request::Do)
+        .await
+        .unwrap();
+    assert!(replies.is_empty());
+}

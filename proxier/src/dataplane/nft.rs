@@ -798,10 +798,25 @@ pub enum NftError {
         /// What it printed on stderr (trimmed).
         stderr: String,
     },
+    /// `nft` did not finish within [`NFT_TIMEOUT`] and was killed: a transaction may or may
+    /// not have been committed (the next sync reads the table again).
+    #[error("{program} {args} did not finish within {} s: killed", timeout.as_secs())]
+    Timeout {
+        /// The program.
+        program: String,
+        /// Its arguments.
+        args: String,
+        /// How long it was given.
+        timeout: std::time::Duration,
+    },
     /// `nft -j list` printed something that is not libnftables JSON.
     #[error("cannot parse nft output: {0}")]
     Parse(#[from] serde_json::Error),
 }
+
+/// How long one `nft` process may run before it is killed, so that a hung one cannot stall
+/// the sync loop (the slowest seen: 11.8 s for a transaction in the QEMU VM under load).
+pub const NFT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Runs the `nft` executable (`NFT` in the environment, else `nft` from `PATH`).
 ///
@@ -811,18 +826,35 @@ pub enum NftError {
 #[derive(Clone, Debug)]
 pub struct Nft {
     program: String,
+    /// How long one process may run ([`NFT_TIMEOUT`]).
+    timeout: std::time::Duration,
 }
 
 impl Default for Nft {
     fn default() -> Self {
         Nft {
             program: std::env::var("NFT").unwrap_or_else(|_| "nft".to_owned()),
+            timeout: NFT_TIMEOUT,
         }
     }
 }
 
 impl Nft {
+    /// Runs `nft` with `args` (and `stdin`), killed after `self.timeout`; its stdout.
     async fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<String, NftError> {
+        tokio::time::timeout(self.timeout, self.run_to_end(args, stdin))
+            .await
+            .unwrap_or_else(|_| {
+                Err(NftError::Timeout {
+                    program: self.program.clone(),
+                    args: args.join(" "),
+                    timeout: self.timeout,
+                })
+            })
+    }
+
+    /// [`Nft::run`] without the timeout (the child is killed when this future is dropped).
+    async fn run_to_end(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<String, NftError> {
         use tokio::io::AsyncWriteExt;
         let exec = |source| NftError::Exec {
             program: self.program.clone(),
@@ -892,6 +924,7 @@ impl Nft {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// A missing table reads as empty; any other failure to read it is an error (the sync
     /// fails and is retried), never an empty table that would hide stale elements.
@@ -906,6 +939,7 @@ mod tests {
                 .unwrap();
             Nft {
                 program: path.to_string_lossy().into_owned(),
+                timeout: NFT_TIMEOUT,
             }
         };
         let missing = script(
@@ -923,6 +957,45 @@ mod tests {
         ));
         let garbage = script("garbage", "echo 'not json'");
         assert!(matches!(garbage.observe().await, Err(NftError::Parse(_))));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Issue 23: a hung `nft` stalled the sync loop; it is killed after the timeout, and the
+    /// call is an error.
+    #[tokio::test]
+    async fn a_hung_nft_is_killed_after_its_timeout() {
+        let dir = std::env::temp_dir().join(format!("kipvs-nft-hung-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pid_file = dir.join("hung.pid");
+        let program = dir.join("hung");
+        let body = format!(
+            "#!/bin/sh\necho $$ > {}; exec sleep 600\n",
+            pid_file.display()
+        );
+        std::fs::write(&program, body).unwrap();
+        std::fs::set_permissions(
+            &program,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let hung = Nft {
+            program: program.to_string_lossy().into_owned(),
+            timeout: Duration::from_millis(300),
+        };
+        let started = std::time::Instant::now();
+        let error = hung.apply(&delete_table()).await.unwrap_err();
+        assert!(matches!(error, NftError::Timeout { .. }), "{error}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        let proc = std::path::PathBuf::from(format!("/proc/{}", pid.trim()));
+        for _ in 0..50 {
+            // Killed and reaped (tokio reaps an orphaned child in the background).
+            if !proc.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(!proc.exists(), "the hung nft still runs");
         std::fs::remove_dir_all(dir).unwrap();
     }
 
