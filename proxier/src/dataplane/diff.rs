@@ -235,28 +235,3 @@ pub(super) fn position(op: &Op, after_nft: bool, early_hairpin: bool) -> usize {
         Op::BindAddress(_) => PLACES - 1, // the last place: PLACES counts them
     }
 }
-
-/// Real servers of the virtual servers `keys` that are draining in `observed`: present at
-/// weight 0 in a desired virtual server that no longer wants them. Cost: O(`keys` · log n +
-/// their real servers), so a sync looks only at the virtual servers it touched; O(n) for a full
-/// sync (the states are walked alongside `keys`, as [`diff_scoped`] does).
-pub fn draining<'a>(
-    desired: &'a DesiredState,
-    observed: &'a ObservedState,
-    keys: &'a BTreeSet<VirtualServerKey>,
-) -> impl Iterator<Item = (VirtualServerKey, SocketAddr)> + 'a {
-    let mut wanted = ascending_get(&desired.virtual_servers, keys.len());
-    let mut present = ascending_get(&observed.virtual_servers, keys.len());
-    keys.iter().flat_map(move |key| {
-        let dvs = wanted(key);
-        let ovs = present(key).into_iter();
-        ovs.flat_map(move |ovs| {
-            ovs.real_servers
-                .iter()
-                .filter(move |(rs, o)| {
-                    o.weight == 0 && dvs.is_some_and(|d| !d.real_servers.contains_key(rs))
-                })
-                .map(move |(rs, _)| (*key, *rs))
-        })
-    })
-}

@@ -338,7 +338,7 @@ const BULK_RATIO: usize = 16;
 /// all: one B-tree search each when they are few against the map, or by walking the map
 /// alongside them when they are at least `1 / BULK_RATIO` of its size. A key asked out of
 /// order or twice is a bug: a walk would not find it.
-fn ascending_get<'a, K: Ord, V>(
+pub(crate) fn ascending_get<'a, K: Ord, V>(
     map: &'a BTreeMap<K, V>,
     keys: usize,
 ) -> impl FnMut(&K) -> Option<&'a V> {

@@ -6,6 +6,7 @@
 //! [`crate::source::node_config`]), it also takes new configurations as messages on a watch
 //! channel, puts them in force between syncs and reports on them ([`status`]).
 
+pub mod drains;
 pub mod observer;
 pub mod planner;
 pub mod status;

@@ -37,8 +37,9 @@
 //! restart, written before the ops reach the kernel; kube-proxy logs no line per rule or real
 //! server at its default verbosity either.
 
+use super::drains::Drains;
 use crate::dataplane::conntrack::{self, CleanupReport, Listing};
-use crate::dataplane::diff::{Ownership, diff_scoped, draining};
+use crate::dataplane::diff::{Ownership, diff_scoped};
 use crate::dataplane::{Dataplane, DataplaneError, Op, OpFailure};
 use crate::model::{
     DesiredState, ObservedState, Protocol, Scope, SetElement, VirtualServerKey, full_scope,
@@ -214,7 +215,7 @@ pub struct Syncer<D> {
     /// Cache entries failed ops left in doubt, and when each is retried.
     in_doubt: BTreeMap<Entry, Backoff>,
     /// Draining real servers and when they started draining (in this process).
-    drains: BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
+    drains: Drains,
     /// UDP virtual servers whose real servers changed, or that were deleted, since the last
     /// successful conntrack cleanup: the entries the next cleanup lists (the entries of a
     /// deleted one are stale whatever their real server).
@@ -230,7 +231,7 @@ impl<D: Dataplane> Syncer<D> {
             max_drain,
             cache: None,
             in_doubt: BTreeMap::new(),
-            drains: BTreeMap::new(),
+            drains: Drains::default(),
             udp_changed: BTreeSet::new(),
         }
     }
@@ -247,7 +248,7 @@ impl<D: Dataplane> Syncer<D> {
 
     /// Draining real servers and when each started draining.
     pub fn drains(&self) -> &BTreeMap<(VirtualServerKey, SocketAddr), Instant> {
-        &self.drains
+        self.drains.since()
     }
 
     /// The cache entries failed ops left in doubt.
@@ -379,7 +380,7 @@ impl<D: Dataplane> Syncer<D> {
         desired: &DesiredState,
     ) -> Result<SyncReport, DataplaneError> {
         let start = Instant::now();
-        let keys: BTreeSet<VirtualServerKey> = self.drains.keys().map(|(k, _)| *k).collect();
+        let keys = self.drains.virtual_servers();
         if keys.is_empty() || self.cache.is_none() {
             return Ok(SyncReport {
                 ops: vec![],
@@ -402,11 +403,7 @@ impl<D: Dataplane> Syncer<D> {
 
     /// Draining real servers past their maximum drain time at `now`.
     fn expired(&self, now: Instant) -> BTreeSet<(VirtualServerKey, SocketAddr)> {
-        self.drains
-            .iter()
-            .filter(|(_, since)| now.duration_since(**since) >= self.max_drain)
-            .map(|(k, _)| *k)
-            .collect()
+        self.drains.expired(now, self.max_drain)
     }
 
     /// Apply `ops` (the diff of `scope`), fold the successful ones into the cache, put the
@@ -464,13 +461,8 @@ impl<D: Dataplane> Syncer<D> {
         if let Some(cache) = &self.cache {
             // Drains change only where this sync looked: the virtual servers of `scope` (all of
             // them in a full sync).
-            let now: BTreeSet<_> = draining(desired, cache, &scope.virtual_servers).collect();
-            self.drains.retain(|(key, rs), _| {
-                !scope.virtual_servers.contains(key) || now.contains(&(*key, *rs))
-            });
-            for k in now {
-                self.drains.entry(k).or_insert(start);
-            }
+            self.drains
+                .track(desired, cache, &scope.virtual_servers, start);
         }
         let cleaning = Instant::now();
         let conntrack = self
