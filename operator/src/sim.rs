@@ -77,6 +77,8 @@ pub struct Fleet {
     pub nodes: BTreeMap<String, Node>,
     /// NodeProxyConfigs by name.
     pub npcs: BTreeMap<String, NodeProxyConfig>,
+    /// Nodes whose NodeProxyConfig write keeps failing, with the error (as the writer reports).
+    pub failing_writes: BTreeMap<String, String>,
     /// The current time.
     pub now: Timestamp,
 }
@@ -92,6 +94,7 @@ impl Fleet {
                 .map(|n| (n.metadata.name.clone().unwrap_or_default(), n))
                 .collect(),
             npcs: BTreeMap::new(),
+            failing_writes: BTreeMap::new(),
             now: Timestamp::from_second(1_800_000_000).expect("valid time"),
         }
     }
@@ -113,7 +116,7 @@ impl Fleet {
             others: &self.others,
             nodes: &views,
             npcs: &npcs,
-            failing_writes: &BTreeMap::new(),
+            failing_writes: &self.failing_writes,
             now: self.now,
         })
     }

@@ -167,6 +167,24 @@ fn canary_then_ten_percent_then_the_rest() {
     assert!(d.writes.is_empty() && d.events.is_empty() && d.requeue_after.is_none());
 }
 
+/// Issue 23: a node whose NodeProxyConfig write keeps failing (the API server refuses it) has
+/// no NodeProxyConfig of the target; the status counted it as updated. It is written again
+/// (retried) and not counted.
+#[test]
+fn a_node_whose_write_keeps_failing_is_not_counted_as_updated() {
+    let mut f = fleet(10, staged_spec());
+    let d = f.decide();
+    assert_eq!(assigned(&d), ["node-00"]);
+    assert_eq!(d.status.updated_nodes, 1);
+    f.failing_writes
+        .insert("node-00".into(), "NodeProxyConfig is invalid".into());
+    let d = f.decide();
+    assert_eq!(assigned(&d), ["node-00"], "written again");
+    assert_eq!(d.status.updated_nodes, 0);
+    assert_eq!(d.status.stages[0].updated, 0);
+    assert_eq!(condition(&d, "Degraded"), ("True", "WriteFailed"));
+}
+
 #[test]
 fn soak_then_pause_then_promotion() {
     let mut spec = staged_spec();

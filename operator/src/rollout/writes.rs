@@ -87,8 +87,8 @@ impl<'a> Decider<'a> {
     }
 
     /// The writes of a rollout ([`rollout_writes`]): the target revision to the chosen nodes
-    /// (counted as updated; their apply deadline is the next look), the last good revision to
-    /// unconfigured nodes beyond the cursor.
+    /// (counted as updated unless their write keeps failing; their apply deadline is the next
+    /// look), the last good revision to unconfigured nodes beyond the cursor.
     pub(super) fn write_rollout(
         &mut self,
         members: &[Member<'_>],
@@ -119,8 +119,11 @@ impl<'a> Decider<'a> {
             match assignment {
                 Assignment::Target => {
                     self.assign(m.view, &revision, &config);
-                    stage_status[m.stage].updated += 1;
-                    self.status.updated_nodes += 1;
+                    // A node whose write keeps failing has no NodeProxyConfig of the target.
+                    if !self.input.failing_writes.contains_key(m.view.name) {
+                        stage_status[m.stage].updated += 1;
+                        self.status.updated_nodes += 1;
+                    }
                     self.requeue_at(now.checked_add(timeout).unwrap_or(Timestamp::MAX));
                 }
                 Assignment::LastGood => {
