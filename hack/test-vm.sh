@@ -6,8 +6,10 @@
 # proxier and nft of the image.
 # Prints each guest test's result and the wall times; exits non-zero on any FAIL or missing result.
 #
-# usage: hack/test-vm.sh [--demo|--bench|--e2e]   (--demo: what hack/demo.sh shows; --bench: hack/bench-vm.sh;
-#        --e2e: the guest half of hack/test-e2e.sh, which sets KIPVS_E2E_KUBECONFIG, KIPVS_TRAFFIC and VMNET)
+# usage: hack/test-vm.sh [--demo|--bench|--e2e|--kube-proxy]   (--demo: what hack/demo.sh shows; --bench:
+#        hack/bench-vm.sh; --e2e: the guest half of hack/test-e2e.sh, which sets KIPVS_E2E_KUBECONFIG,
+#        KIPVS_TRAFFIC and VMNET; --kube-proxy: the guest half of hack/parity-kube-proxy.sh, which sets
+#        KIPVS_KUBE_PROXY_DIR, copied to the guest's /payload/kube-proxy, and VMNET)
 # env:   VMCACHE (~/.cache/kipvs-vm), VMTIMEOUT (s, 600), CARGO_TARGET_DIR; output in $target/vm/
 #        KIPVS_PROXIER: run this kipvs-proxier instead of the image's (nft still comes from the image)
 #        KIPVS_KERNEL_TEST: use this ipvs-rs kernel test executable instead of building it
@@ -16,7 +18,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VM=$ROOT/hack/vm
 MODE=test
-case "${1:-}" in --demo) MODE=demo ;; --bench) MODE=bench ;; --e2e) MODE=e2e ;; esac
+case "${1:-}" in --demo) MODE=demo ;; --bench) MODE=bench ;; --e2e) MODE=e2e ;; --kube-proxy) MODE=kube-proxy ;; esac
 export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 T0=$(date +%s%N)
@@ -77,6 +79,7 @@ cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
 if [ "$MODE" = e2e ]; then
   cp "${KIPVS_TRAFFIC:?}" "$P/bin/e2e_traffic"; cp "${KIPVS_E2E_KUBECONFIG:?}" "$P/tests/e2e/kubeconfig"
 fi
+[ "$MODE" != kube-proxy ] || cp -r "${KIPVS_KUBE_PROXY_DIR:?}" "$P/kube-proxy"
 if [ "$MODE" = bench ]; then
   mkdir -p "$P/manifests/bench"
   python3 "$ROOT/hack/gen-manifests.py" "${BENCH_SERVICES:-10000}" "${BENCH_ENDPOINTS:-2}" "$P/manifests/bench/cluster.json"
@@ -105,6 +108,7 @@ awk '$1 == "TIME" { t[$2] = $3; next } /^(PASS|FAIL|SKIP) / { n = $2; sub(":$", 
 if [ "$MODE" = test ]; then expected="topology"; for f in tests/vm/[0-9][0-9]-*.sh; do
     case $(basename "$f") in ${VM_TESTS:-*}) ;; *) continue ;; esac; n=$(basename "$f" .sh); expected="$expected ${n#[0-9][0-9]-}"; done
 elif [ "$MODE" = demo ]; then expected="topology demo"; elif [ "$MODE" = e2e ]; then expected="topology e2e"
+elif [ "$MODE" = kube-proxy ]; then expected="kube-proxy"
 else expected="bench"; fi
 for n in $expected; do
   grep -qE "^(PASS|SKIP) $n\$|^(PASS|SKIP) $n:" "$OUT/console.log" && continue

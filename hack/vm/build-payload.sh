@@ -1,7 +1,7 @@
 #!/bin/bash
 # Pack a payload directory (it must hold run.sh) into a cpio that appends to the base initramfs:
 #   cat base.cpio.gz payload.cpio.gz > initrd.gz     (the kernel unpacks concatenated archives)
-# The guest sees it as /payload and init runs /payload/run.sh. ELF files are stripped (debug info and
+# The guest sees it as /payload and init runs /payload/run.sh. ELF executables and libraries are stripped (debug info and
 # symbols: the debug proxier shrinks from 66 to 35 MB, and every initrd byte is unpacked by an emulated
 # CPU; panic messages keep their file:line), and dynamic ones bring the libraries ldd reports (e.g.
 # libgcc_s.so.1 for Rust binaries).
@@ -16,7 +16,7 @@ mkdir -p "$R/payload"; cp -aL "$SRC"/. "$R/payload/"
 # (not the proxier image's root filesystem, payload/image: it runs as the image has it, in a chroot)
 find "$R/payload" -path "$R/payload/image" -prune -o -type f -print | while read -r f; do
   kind=$(file -b "$f")
-  case $kind in ELF*) ;; *) continue ;; esac
+  case $kind in ELF*relocatable*) continue ;; ELF*) ;; *) continue ;; esac # (kernel modules stay as they are)
   chmod u+w "$f"; strip "$f"
   case $kind in *dynamically\ linked*)
     ldd "$f" | awk '/=> \//{print $3} /^[ \t]*\/lib64\//{print $1}' | while read -r l; do

@@ -5,6 +5,8 @@
 #         PASS/FAIL/SKIP line), exit 1 if any failed.
 #   demo: same set-up, then demo.sh prints the table, the addresses and the traffic results.
 #   e2e:  same set-up, then e2e/guest.sh: the proxier against the host's apiserver, driven by hack/test-e2e.sh.
+#   kube-proxy: /payload/kube-proxy/guest.sh (tests/kube-proxy), without the example cluster: kube-proxy and
+#         kipvs in turn against the host's apiserver, driven by hack/parity-kube-proxy.sh.
 MODE=${1:-test}
 . /payload/tests/lib.sh
 # The proxier image's root filesystem (hack/test-vm.sh): kipvs-proxier and nft run chrooted in it
@@ -13,6 +15,7 @@ for d in proc sys dev run tmp payload; do
   mkdir -p "/payload/image/$d" && mount --bind "/$d" "/payload/image/$d" || echo "run.sh: cannot bind /$d into the image"
 done
 if [ "$MODE" = bench ]; then mkdir -p "$W"; sh "$T/bench.sh"; exit; fi
+[ "$MODE" = kube-proxy ] && exec sh /payload/kube-proxy/guest.sh
 . /payload/tests/topology.sh
 mkdir -p "$W" && cp -r /payload/manifests/cluster "$M"
 echo "--- topology: $(echo $PODS | wc -w) pods + client netns (uptime $(now))"

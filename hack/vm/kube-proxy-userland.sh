@@ -1,0 +1,53 @@
+#!/bin/bash
+# What kube-proxy's IPVS mode needs in the test VM besides the kernel's IPVS: Debian's iptables (legacy
+# backend), ipset and conntrack with their libraries, and the iptables/ipset kernel modules. The packages are
+# `apt-get download`ed (hack/lib/host-tools.sh deb_fetch, cached in $VMCACHE/kube-proxy-debs) and unpacked
+# with `dpkg -x`; nothing is installed.
+#
+# usage: hack/vm/kube-proxy-userland.sh DIR        env: VMCACHE (hack/vm/fetch.sh must have run)
+# Writes, for the guest at /payload/kube-proxy (hack/test-vm.sh --kube-proxy copies DIR there):
+#   DIR/root/       the unpacked packages
+#   DIR/bin/        iptables, iptables-save, iptables-restore, the ip6tables trio (xtables-legacy-multi),
+#                   ipset, conntrack: wrappers that run them with the unpacked libraries and iptables'
+#                   extensions (XTABLES_LIBDIR); kube-proxy finds them on PATH
+#   DIR/modules/    the modules (decompressed), and DIR/modules/order, dependencies first (moddeps.py); the
+#                   guest loads those not loaded yet
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
+# shellcheck source=/dev/null
+. "$VMCACHE/env.sh" # MODDIR
+. "$HERE/../lib/host-tools.sh"
+OUT=$(realpath -m "$1")
+# pkg/proxy/ipvs (CanUseIPVSProxier, the ipsets and the iptables rules of the IPVS proxier), and the ipv6
+# tables: with both families' iptables present kube-proxy 1.24 runs its dual-stack proxier.
+MODS="x_tables ip_tables ip6_tables iptable_nat iptable_filter ip6table_nat ip6table_filter nf_nat xt_nat
+  xt_comment xt_mark xt_addrtype xt_conntrack xt_MASQUERADE xt_set xt_tcpudp xt_multiport xt_sctp
+  ip_set ip_set_hash_ip ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet ip_set_hash_net
+  ip_set_bitmap_port"
+# The run-time closure of the three, without what the VM's base already has (glibc, libgcc) or needs not
+PKGS=$(deb_closure iptables ipset conntrack | grep -vx -e libc6 -e libgcc-s1 -e gcc-12-base -e netbase)
+# shellcheck disable=SC2086
+deb_fetch "$VMCACHE/kube-proxy-debs" $PKGS
+rm -rf "$OUT" && mkdir -p "$OUT/root" "$OUT/bin" "$OUT/modules"
+for p in $PKGS; do dpkg -x "$(ls "$VMCACHE/kube-proxy-debs/${p}"_*.deb | head -n1)" "$OUT/root"; done
+rm -rf "$OUT/root/usr/share" # documentation and manual pages
+G=/payload/kube-proxy/root
+wrap() { # NAME EXECUTABLE [ARG]: bin/NAME runs the guest's root/EXECUTABLE [ARG] "$@"
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s XTABLES_LIBDIR=%s exec %s %s "$@"\n' \
+    "$G/usr/lib/x86_64-linux-gnu:$G/lib/x86_64-linux-gnu" "$G/usr/lib/x86_64-linux-gnu/xtables" "$G$2" "${3:-}" > "$OUT/bin/$1"
+  chmod +x "$OUT/bin/$1"
+}
+for t in iptables ip6tables; do
+  for s in "" -save -restore; do wrap "$t$s" /usr/sbin/xtables-legacy-multi "$t$s"; done
+done
+wrap ipset /usr/sbin/ipset
+wrap conntrack /usr/sbin/conntrack
+: > "$OUT/modules/order"
+# shellcheck disable=SC2086
+for ko in $(python3 "$HERE/moddeps.py" "$MODDIR" $MODS); do
+  m=$(basename "$ko" .xz)
+  case $ko in *.xz) xz -dc "$ko" > "$OUT/modules/$m" ;; *) cp "$ko" "$OUT/modules/$m" ;; esac
+  echo "$m" >> "$OUT/modules/order"
+done
+echo "kube-proxy userland: $(echo $PKGS | wc -w) packages, modules: $(tr '\n' ' ' < "$OUT/modules/order")" >&2
