@@ -13,8 +13,17 @@ use std::path::PathBuf;
 /// `198.51.100.0:20000/TCP` (TEST-NET-2, as kube-proxy's `CanUseIPVSProxier`).
 pub const PROBE_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 0));
 
-/// Port of the probe virtual server (see [`PROBE_ADDRESS`]).
+/// Port of the probe virtual server (see [`PROBE_ADDRESS`]); when it holds a virtual server
+/// that is not a probe, the next ones are tried, up to [`PROBE_PORTS`] in all.
 pub const PROBE_PORT: u16 = 20000;
+
+/// How many ports from [`PROBE_PORT`] the probe may use.
+pub const PROBE_PORTS: u16 = 16;
+
+/// The persistence timeout that marks a probe virtual server (seconds; no Service gets it:
+/// session affinity timeouts are at most 86,400 s), so that a probe left by an interrupted
+/// check is recognised and removed, and no other virtual server is ever touched.
+pub const PROBE_MARK_TIMEOUT: u32 = 1_000_000;
 
 /// The node-wide kernel settings of a configuration: what is checked before a revision is
 /// accepted and what is set outside the IPVS table.
@@ -109,25 +118,166 @@ impl KernelSettings for Kernel {
     }
 }
 
-/// Whether the kernel has the IPVS scheduler `scheduler`: a virtual server at
-/// [`PROBE_ADDRESS`]:[`PROBE_PORT`] is added with it and deleted (kube-proxy's
-/// `CanUseIPVSProxier`). Used for `ipvs.scheduler` ([`Kernel::check`]) and for the
-/// `kipvs.io/scheduler` annotation of a Service ([`crate::dataplane::Dataplane::check_scheduler`]).
-///
-/// Errors: a message naming the scheduler and the kernel's answer.
-pub async fn probe_scheduler(ipvs: &ipvs::Handle, scheduler: &str) -> Result<(), String> {
-    let id = ipvs::ServiceId::Inet {
-        address: PROBE_ADDRESS,
-        port: PROBE_PORT,
-        protocol: ipvs::Protocol::Tcp,
-    };
-    // A probe left over by an interrupted check would make the add fail.
-    let _ = ipvs.delete_service(&id).await;
-    ipvs.add_service(&ipvs::Service::new(id, scheduler))
-        .await
-        .map_err(|e| format!("IPVS scheduler {scheduler:?} is not available: {e}"))?;
-    if let Err(e) = ipvs.delete_service(&id).await {
-        tracing::warn!("cannot delete the scheduler probe virtual server: {e}");
+/// The virtual-server operations the scheduler probe needs ([`probe_scheduler`]).
+pub trait ProbeTable: Sync {
+    /// Adds `service` (`EEXIST`: [`ipvs::Error::Exists`]).
+    fn add(&self, service: &ipvs::Service) -> impl Future<Output = Result<(), ipvs::Error>> + Send;
+    /// Reads the virtual server `id`.
+    fn get(
+        &self,
+        id: &ipvs::ServiceId,
+    ) -> impl Future<Output = Result<ipvs::Service, ipvs::Error>> + Send;
+    /// Deletes the virtual server `id`.
+    fn delete(&self, id: &ipvs::ServiceId) -> impl Future<Output = Result<(), ipvs::Error>> + Send;
+}
+
+impl ProbeTable for ipvs::Handle {
+    async fn add(&self, service: &ipvs::Service) -> Result<(), ipvs::Error> {
+        self.add_service(service).await
     }
-    Ok(())
+
+    async fn get(&self, id: &ipvs::ServiceId) -> Result<ipvs::Service, ipvs::Error> {
+        self.service(id).await
+    }
+
+    async fn delete(&self, id: &ipvs::ServiceId) -> Result<(), ipvs::Error> {
+        self.delete_service(id).await
+    }
+}
+
+/// Whether the kernel has the IPVS scheduler `scheduler`: a probe virtual server at
+/// [`PROBE_ADDRESS`] is added with it and deleted (kube-proxy's `CanUseIPVSProxier`). Used for
+/// `ipvs.scheduler` ([`Kernel::check`]) and for the `kipvs.io/scheduler` annotation of a Service
+/// ([`crate::dataplane::Dataplane::check_scheduler`]).
+///
+/// Only what the probe created is deleted: the probe carries [`PROBE_MARK_TIMEOUT`] as its
+/// persistence timeout. When its port holds a virtual server already (`EEXIST`), one marked so
+/// (left by an interrupted check) is deleted, anything else is left alone, and the next port
+/// is tried.
+///
+/// Errors: a message naming the scheduler and the kernel's answer, or saying that every probe
+/// port holds another virtual server.
+pub async fn probe_scheduler(ipvs: &impl ProbeTable, scheduler: &str) -> Result<(), String> {
+    for port in PROBE_PORT..PROBE_PORT + PROBE_PORTS {
+        let id = ipvs::ServiceId::Inet {
+            address: PROBE_ADDRESS,
+            port,
+            protocol: ipvs::Protocol::Tcp,
+        };
+        let mut probe = ipvs::Service::new(id, scheduler);
+        probe.flags = ipvs::ServiceFlags::PERSISTENT;
+        probe.timeout = PROBE_MARK_TIMEOUT;
+        match ipvs.add(&probe).await {
+            Ok(()) => {
+                if let Err(e) = ipvs.delete(&id).await {
+                    tracing::warn!("cannot delete the scheduler probe virtual server {id}: {e}");
+                }
+                return Ok(());
+            }
+            Err(ipvs::Error::Exists) => {
+                if let Ok(found) = ipvs.get(&id).await
+                    && is_probe(&found)
+                {
+                    let _ = ipvs.delete(&id).await;
+                }
+            }
+            Err(e) => {
+                return Err(format!(
+                    "IPVS scheduler {scheduler:?} is not available: {e}"
+                ));
+            }
+        }
+    }
+    Err(format!(
+        "cannot probe IPVS scheduler {scheduler:?}: {PROBE_ADDRESS} ports {PROBE_PORT}-{} hold \
+         virtual servers of others",
+        PROBE_PORT + PROBE_PORTS - 1
+    ))
+}
+
+/// Whether `service` is a probe of [`probe_scheduler`] (by its mark).
+fn is_probe(service: &ipvs::Service) -> bool {
+    service.flags.0 & ipvs::ServiceFlags::PERSISTENT.0 != 0 && service.timeout == PROBE_MARK_TIMEOUT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// A kernel's virtual servers, with the schedulers it has.
+    struct Table {
+        services: Mutex<HashMap<ipvs::ServiceId, ipvs::Service>>,
+        schedulers: &'static [&'static str],
+    }
+
+    impl ProbeTable for Table {
+        async fn add(&self, service: &ipvs::Service) -> Result<(), ipvs::Error> {
+            if !self.schedulers.contains(&service.scheduler.as_str()) {
+                return Err(ipvs::Error::NotFound);
+            }
+            let mut services = self.services.lock().unwrap();
+            if services.contains_key(&service.id) {
+                return Err(ipvs::Error::Exists);
+            }
+            services.insert(service.id, service.clone());
+            Ok(())
+        }
+
+        async fn get(&self, id: &ipvs::ServiceId) -> Result<ipvs::Service, ipvs::Error> {
+            let services = self.services.lock().unwrap();
+            services.get(id).cloned().ok_or(ipvs::Error::NoSuchService)
+        }
+
+        async fn delete(&self, id: &ipvs::ServiceId) -> Result<(), ipvs::Error> {
+            let mut services = self.services.lock().unwrap();
+            services
+                .remove(id)
+                .map(drop)
+                .ok_or(ipvs::Error::NoSuchService)
+        }
+    }
+
+    fn at(port: u16) -> ipvs::ServiceId {
+        ipvs::ServiceId::Inet {
+            address: PROBE_ADDRESS,
+            port,
+            protocol: ipvs::Protocol::Tcp,
+        }
+    }
+
+    /// Issue 23: the probe deleted whatever virtual server was at 198.51.100.0:20000 before
+    /// adding its own. A user's virtual server there is left alone (the next port is used);
+    /// a probe left by an interrupted check is removed; nothing of the probe stays.
+    #[tokio::test]
+    async fn the_probe_deletes_only_what_it_created() {
+        let users = ipvs::Service::new(at(PROBE_PORT), "wrr");
+        let mut left_over = ipvs::Service::new(at(PROBE_PORT + 1), "rr");
+        left_over.flags = ipvs::ServiceFlags::PERSISTENT;
+        left_over.timeout = PROBE_MARK_TIMEOUT;
+        let table = Table {
+            services: Mutex::new(HashMap::from([
+                (users.id, users.clone()),
+                (left_over.id, left_over),
+            ])),
+            schedulers: &["rr", "wrr", "mh"],
+        };
+        assert_eq!(probe_scheduler(&table, "mh").await, Ok(()));
+        let left = table.services.lock().unwrap().clone();
+        assert_eq!(left, HashMap::from([(users.id, users.clone())]));
+
+        let error = probe_scheduler(&table, "twos").await.unwrap_err();
+        assert!(error.contains("\"twos\" is not available"), "{error}");
+        assert_eq!(*table.services.lock().unwrap(), left);
+
+        // Every probe port taken by others: an error, and nothing touched.
+        let taken: HashMap<_, _> = (PROBE_PORT..PROBE_PORT + PROBE_PORTS)
+            .map(|port| (at(port), ipvs::Service::new(at(port), "rr")))
+            .collect();
+        *table.services.lock().unwrap() = taken.clone();
+        let error = probe_scheduler(&table, "rr").await.unwrap_err();
+        assert!(error.contains("virtual servers of others"), "{error}");
+        assert_eq!(*table.services.lock().unwrap(), taken);
+    }
 }
