@@ -74,6 +74,7 @@ if [ -n "${KIPVS_PROXIER:-}" ]; then cp "$PROXIER" "$P/bin/kipvs-proxier"
 else img_exec kipvs-proxier /usr/local/bin/kipvs-proxier; fi
 [ -z "$KTEST" ] || cp "$KTEST" "$P/bin/ipvs-rs-kernel"
 cp -r "$ROOT"/tests/vm/. "$P/tests/"
+cp "$ROOT/hack/lib/wait.sh" "$P/tests/wait.sh" # wait_for, sourced by tests/vm/lib.sh
 for f in "$P"/tests/[0-9][0-9]-*.sh; do case $(basename "$f") in ${VM_TESTS:-*}) ;; *) rm "$f" ;; esac; done
 cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
 if [ "$MODE" = e2e ]; then

@@ -3,7 +3,13 @@
 # differently, without dev-dependencies, and would rebuild half the tree).
 # usage: executables NAME... -> prints "NAME PATH" per built binary, test or example target NAME
 executables() {
-  cargo test --workspace --no-run --message-format=json-render-diagnostics | python3 -c 'import json, sys
+  cargo test --workspace --no-run --message-format=json-render-diagnostics | executables_built "$@"
+}
+# usage: cargo build ... --message-format=json-render-diagnostics | executables_built NAME...
+#   -> prints "NAME PATH" per binary, test or example target NAME that cargo reports built
+#   (for scripts that need another profile or fewer targets than the test build)
+executables_built() {
+  python3 -c 'import json, sys
 want = set(sys.argv[1:])
 for line in sys.stdin:
     m = json.loads(line)

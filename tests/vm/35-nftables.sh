@@ -81,7 +81,7 @@ a=$(peer "$CLIENT2" 203.0.113.21 30380)
 check "firewalled load-balancer IP 203.0.113.21 on port 30380 (= a healthCheckNodePort) stays closed to 192.168.101.2 (got '$a')" [ -z "$a" ]
 a=$(peer "$CLIENT" 203.0.113.21 30380)
 check "the same port on 203.0.113.21 serves 192.168.100.2, inside the range (seen as '$a')" [ -n "$a" ]
-# stdin stays open for the answer (as http_code): hyper drops a request whose client half-closed first
+# stdin stays open 1 s, on purpose, for the answer (as http_code): hyper drops a request whose client half-closed first
 a=$( (printf 'GET /healthz HTTP/1.0\r\n\r\n'; sleep 1) | $CLIENT2 nc -w 3 $NODE_IP 30380 2>/dev/null | grep -o '"localEndpoints": *[0-9]*')
 check "the health check on the node IP $NODE_IP:30380 answers 192.168.101.2 ('$a')" [ -n "$a" ]
 r1=$(rules)
@@ -89,8 +89,8 @@ check "rule count unchanged by 4 more Services ($r0 -> $r1)" [ "$r0" = "$r1" ]
 # kubernetes#119656 in reverse: a range holding the node IP lets the node in (from the LB IP)
 sed 's#192.168.100.2/32#192.168.100.0/24#' /payload/tests/nft/services.yaml > "$W/nft.tmp" && mv "$W/nft.tmp" "$M/nft.yaml"
 wait_converged 30 >/dev/null
-n=0; while ! nft list set inet kipvs firewall-allow 2>/dev/null | grep -q '203.0.113.20 . tcp . 80 . 203.0.113.20' && [ $n -lt 40 ]; do
-  sleep 0.25; n=$((n + 1)); done
+node_allowed() { nft list set inet kipvs firewall-allow 2>/dev/null | grep -q '203.0.113.20 . tcp . 80 . 203.0.113.20'; }
+wait_for 10 "the node IP in firewall-allow" node_allowed 2>/dev/null
 a=$(printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 203.0.113.20 80 2>/dev/null | tail -n1)
 check "with 192.168.100.0/24 (holds the node IP) the node itself is served (got '$a')" [ "$a" = near-0 ]
 
@@ -113,8 +113,8 @@ check "nested ranges: the node (its IP and the LB IP inside a range) is served (
 mark0=$(mark)
 nft add element inet kipvs firewall-allow '{ 203.0.113.31 . tcp . 80 . 10.0.0.0/8 }'
 cp /payload/tests/nft/refused.yaml "$W/nft.tmp" && mv "$W/nft.tmp" "$M/refused.yaml"
-n=0; until [ "$(printf 'GET / HTTP/1.0\r\n\r\n' | $CLIENT nc -w 2 10.96.0.44 80 2>/dev/null | tail -n1)" = near-0 ] || [ $n -ge 30 ]; do
-  sleep 1; n=$((n + 1)); done
+bystander_answers() { [ "$(printf 'GET / HTTP/1.0\r\n\r\n' | $CLIENT nc -w 2 10.96.0.44 80 2>/dev/null | tail -n1)" = near-0 ]; }
+wait_for 30 "the bystander 10.96.0.44 to answer" bystander_answers 2>/dev/null
 a=$(printf 'GET / HTTP/1.0\r\n\r\n' | $CLIENT nc -w 3 10.96.0.44 80 2>/dev/null | tail -n1)
 check "an unrelated Service (bystander 10.96.0.44) answers while refused's element is refused (got '$a')" [ "$a" = near-0 ]
 check "bystander's own elements landed in the same sync as the refusal (cluster-ips 10.96.0.44)" \
@@ -128,8 +128,9 @@ check "fail closed: no virtual server on 203.0.113.31:80 while its firewall elem
 a=$(peer "$CLIENT2" 203.0.113.31 80)
 check "fail closed: 192.168.101.2 (outside 10.1.0.0/16) gets no answer from 203.0.113.31 (got '$a')" [ -z "$a" ]
 nft delete element inet kipvs firewall-allow '{ 203.0.113.31 . tcp . 80 . 10.0.0.0/8 }'
-n=0; until ipvsadm -Ln -t 203.0.113.31:80 >/dev/null 2>&1 || [ $n -ge 60 ]; do sleep 0.5; n=$((n + 1)); done
-check "the conflict gone, the retry adds the virtual server (after ${n} polls of 0.5 s)" ipvsadm -Ln -t 203.0.113.31:80
+t0=$(now)
+wait_for 30 "the retry to add 203.0.113.31:80" ipvsadm -Ln -t 203.0.113.31:80 >/dev/null 2>&1
+check "the conflict gone, the retry adds the virtual server (after $(awk "BEGIN{print $(now) - $t0}") s)" ipvsadm -Ln -t 203.0.113.31:80
 check "with its firewall element 10.1.0.0/16" \
   sh -c "nft list set inet kipvs firewall-allow | grep -q '203.0.113.31 . tcp . 80 . 10.1.0.0/16'"
 a=$(peer "$CLIENT2" 203.0.113.31 80)

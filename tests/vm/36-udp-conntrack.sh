@@ -37,6 +37,11 @@ ct() { # PORT: the conntrack entries of the client's source port
   grep -E "sport=$1 " /proc/net/nf_conntrack 2>/dev/null | sed -E 's/^ipv4 +2 +//; s/ mark=.*//' | indent
 }
 lines() { wc -l < "$1" 2>/dev/null || echo 0; }
+heard() { [ "$(lines "$1")" -gt 0 ]; } # SINK_LOG
+listening() { # NETNS: a sink listens on UDP port 9000 (0x2328) there
+  nsenter --net="/run/netns/$1" cat /proc/net/udp | grep -q ':2328 '
+}
+sinks_listening() { listening udp-a && listening udp-b; }
 sinks() { # a fresh sink per backend (netcat-traditional serves the first peer it hears from)
   for n in udp-a udp-b; do
     [ -f "$W/$n.pid" ] && kill "$(cat "$W/$n.pid")" 2>/dev/null
@@ -44,11 +49,11 @@ sinks() { # a fresh sink per backend (netcat-traditional serves the first peer i
     nsenter --net=/run/netns/$n nc.traditional -u -l -p 9000 > "$W/$n.log" 2>/dev/null &
     echo $! > "$W/$n.pid"
   done
-  sleep 0.2
+  wait_for 5 "the sinks to listen" sinks_listening
 }
 reaches() { # NAME SINK SOURCE_PORT: within 3 s, the sink hears from the flow
-  t0=$(now); i=0
-  while [ "$(lines "$W/$2.log")" -eq 0 ] && [ $i -lt 30 ]; do sleep 0.1; i=$((i + 1)); done
+  t0=$(now)
+  wait_for 3 "$2 to hear the flow" heard "$W/$2.log" 2>/dev/null
   got=$(lines "$W/$2.log"); d=$(awk "BEGIN{print $(now) - $t0}")
   say "$1: conntrack now:"; ct "$3"
   check "$1: the flow from port $3 reaches $2 within 3 s of the sync ($got datagrams, $d s)" [ "$got" -gt 0 ]
@@ -60,26 +65,24 @@ round() { # move|zero NAME IP PORT SOURCE_PORT
   sinks
   # one datagram per nc run, always from the same source port: one conntrack entry, and an ICMP
   # error (no endpoint) cannot end the flow
+  # (the pace of the flow, on purpose: a datagram every 50 ms)
   (i=0; while [ $i -lt 600 ]; do echo "$name $i" | in_client nc.traditional -u -q 0 -p "$sport" "$ip" "$port" 2>/dev/null
      i=$((i + 1)); sleep 0.05; done) &
   flow=$!
-  i=0; first=""
-  while [ -z "$first" ] && [ $i -lt 40 ]; do
-    sleep 0.25; i=$((i + 1))
-    [ "$(lines "$W/udp-a.log")" -gt 0 ] && first=udp-a
-    [ "$(lines "$W/udp-b.log")" -gt 0 ] && first=udp-b
-  done
+  first=""
+  first_heard() { for n in udp-a udp-b; do heard "$W/$n.log" && first=$n; done; [ -n "$first" ]; }
+  wait_for 10 "a backend to hear the flow" first_heard 2>/dev/null
   if [ -z "$first" ]; then bad "$name: the flow from port $sport reached no backend"; else
     say "$name: flow to $ip:$port from port $sport is on $first; conntrack:"; ct "$sport"
     if [ "$kind" = move ]; then
       if [ "$first" = udp-a ]; then service $B=node-b; sinks; reaches "$name" udp-b "$sport"
       else service $A=test-node; sinks; reaches "$name" udp-a "$sport"; fi
     else
-      service; sleep 2; say "$name: no endpoints for 2 s; conntrack:"; ct "$sport"
+      service; sleep 2; say "$name: no endpoints for 2 s; conntrack:"; ct "$sport" # (2 s without endpoints: on purpose)
       service $A=test-node; sinks; reaches "$name" udp-a "$sport"
     fi
   fi
-  kill "$flow" 2>/dev/null; sleep 0.3
+  kill "$flow" 2>/dev/null; sleep 0.3 # on purpose: a datagram the killed flow has in flight lands before the next round
 }
 round move ClusterIP 10.96.0.50 9000 41001
 round move externalIP 203.0.113.50 9000 41003
@@ -91,12 +94,13 @@ rm -f "$M/udp-sink.yaml"; wait_converged 30 >/dev/null || bad "claimed: not conv
 (i=0; while [ $i -lt 600 ]; do echo "claimed $i" | in_client nc.traditional -u -q 0 -p 41006 203.0.113.50 9000 2>/dev/null
    i=$((i + 1)); sleep 0.05; done) &
 flow=$!
-i=0; while ! ct 41006 | grep -q . && [ $i -lt 40 ]; do sleep 0.25; i=$((i + 1)); done
+has_entry() { ct 41006 | grep -q "$1"; } # PATTERN
+wait_for 10 "a conntrack entry for the flow" has_entry . 2>/dev/null
 say "claimed: conntrack before the Service:"; ct 41006
 /sbin/ip route del 203.0.113.50/32 dev vudpb
 service $A=test-node $B=node-b
-t0=$(now); i=0
-while ! ct 41006 | grep -q 'dst=10.244.0.1 ' && [ $i -lt 30 ]; do sleep 0.1; i=$((i + 1)); done
+t0=$(now)
+wait_for 3 "the flow masqueraded" has_entry 'dst=10.244.0.1 ' 2>/dev/null
 d=$(awk "BEGIN{print $(now) - $t0}")
 say "claimed: conntrack after the sync:"; ct 41006
 check "claimed: within 3 s of the sync the flow goes through IPVS and is masqueraded (reply to the node, ${d} s)" \

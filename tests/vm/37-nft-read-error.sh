@@ -16,6 +16,7 @@ spec:
   ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
 YAML
 has_element() { nft list set inet kipvs cluster-ips 2>/dev/null | grep -q '10\.96\.0\.77 '; } # nft prints port 80 as http
+no_element() { ! has_element; }
 wait_converged 30 >/dev/null
 check "the Service's cluster-ips element 10.96.0.77 . tcp . 80 is programmed" has_element
 check "proxier stopped" proxier_stop
@@ -31,16 +32,16 @@ SH
 chmod +x "$W/nft-flaky"; touch "$W/nft-list-fails"
 printf 'apiVersion: kipvs.io/v1alpha1\nkind: ProxierConfiguration\nipvs: {syncPeriod: 5m}\n' > "$W/nft-read-config.yaml"
 NFT=$W/nft-flaky KIPVS_CONFIG=$W/nft-read-config.yaml proxier_start
-log=$(proxier_log); n=60
-while [ $n -gt 0 ] && ! grep -q 'sync failed' "$log"; do sleep 0.25; n=$((n - 1)); done
+log=$(proxier_log)
+wait_for 15 "a failed sync" grep -q 'sync failed' "$log" 2>/dev/null
 line=$(grep -m1 'sync failed' "$log")
 say "first sync: ${line:-$(grep -m1 -E 'sync complete|nftables' "$log")}"
 check "the first sync fails on the unreadable table and is retried" [ -n "$line" ]
 check "no sync completed while the table cannot be read" sh -c "! grep -q 'sync complete' $log"
 check "the element is still there (nothing was decided from an empty read)" has_element
 
-rm "$W/nft-list-fails"; t0=$(now); n=80
-while [ $n -gt 0 ] && has_element; do sleep 0.25; n=$((n - 1)); done
+rm "$W/nft-list-fails"; t0=$(now)
+wait_for 20 "the deleted Service's element to go" no_element 2>/dev/null
 t=$(awk "BEGIN{print $(now) - $t0}")
 check "once the table reads again, the deleted Service's element is gone (after $t s; at most 20 s)" sh -c "! nft list set inet kipvs cluster-ips | grep -q '10\.96\.0\.77 '"
 wait_converged 30 >/dev/null || bad "not converged after the table read again"

@@ -10,7 +10,7 @@
 modprobe ip_vs_twos 2>/dev/null && skip "this kernel has the twos scheduler"
 proxier_ensure; wait_converged 30 >/dev/null
 cp "$M/shop.yaml" "$W/shop.yaml.orig"; cp "$M/web.yaml" "$W/web.yaml.orig"
-metric() { # NAME: its value on the proxier's /metrics (stdin stays open for the answer)
+metric() { # NAME: its value on the proxier's /metrics (stdin stays open 1 s, on purpose, for the answer)
   (printf 'GET /metrics HTTP/1.0\r\n\r\n'; sleep 1) | nc -w 3 127.0.0.1 10249 2>/dev/null |
     awk -v n="$1" '$1 == n { print $2 }'
 }
@@ -22,20 +22,19 @@ say "step 1: annotate shop with kipvs.io/scheduler: twos"
 start=$(mark)
 awk '!done && /^metadata:/ { print; print "  annotations: {kipvs.io/scheduler: twos}"; done = 1; next } { print }' \
   "$W/shop.yaml.orig" > "$W/edit.tmp" && mv "$W/edit.tmp" "$M/shop.yaml"
-i=0
-while ! tail -n +"$((start + 1))" "$(proxier_log)" | grep -q 'Services annotated kipvs.io/scheduler=twos get ipvs.scheduler'; do
-  [ $i -lt 120 ] || break; sleep 0.25; i=$((i + 1))
-done
+logged_since() { tail -n +"$(($1 + 1))" "$(proxier_log)" | grep -q "$2"; } # LINE PATTERN
+wait_for 30 "the missing scheduler logged" logged_since "$start" 'Services annotated kipvs.io/scheduler=twos get ipvs.scheduler' 2>/dev/null
 check "the missing scheduler is logged" sh -c "tail -n +$((start + 1)) '$(proxier_log)' | \
   grep -q 'Services annotated kipvs.io/scheduler=twos get ipvs.scheduler'"
 check "  ... and the Service named as a problem" sh -c "tail -n +$((start + 1)) '$(proxier_log)' | \
   grep -q 'default/shop.*lacks that IPVS scheduler'"
-# the gauge is published with the sync after the probe: poll it for up to 10 s
-i=0; got=$(metric 'kipvs_ipvs_scheduler_unavailable{scheduler="twos"}')
-while [ "$got" != 1 ] && [ $i -lt 10 ]; do sleep 1; i=$((i + 1)); got=$(metric 'kipvs_ipvs_scheduler_unavailable{scheduler="twos"}'); done
+# the gauge is published with the sync after the probe: poll it for up to 20 s
+gauge_set() { got=$(metric 'kipvs_ipvs_scheduler_unavailable{scheduler="twos"}'); [ "$got" = 1 ]; }
+wait_for 20 "kipvs_ipvs_scheduler_unavailable 1" gauge_set 2>/dev/null
 [ "$got" = 1 ] || { say "metrics mentioning twos:"; (printf 'GET /metrics HTTP/1.0\r\n\r\n'; sleep 1) | nc -w 3 127.0.0.1 10249 2>/dev/null | grep -i -e twos -e scheduler | indent; }
 check "  ... and in kipvs_ipvs_scheduler_unavailable{scheduler=\"twos\"} (got ${got:-nothing})" [ "$got" = 1 ]
-i=0; while [ "$(scheduler_of 10.96.0.30:80)" != rr ] && [ $i -lt 40 ]; do sleep 0.25; i=$((i + 1)); done
+scheduler_is() { [ "$(scheduler_of "$1")" = "$2" ]; } # VS SCHEDULER
+wait_for 10 "shop's virtual server with rr" scheduler_is 10.96.0.30:80 rr 2>/dev/null
 check "shop's virtual server is programmed with the configured scheduler (rr)" \
   [ "$(scheduler_of 10.96.0.30:80)" = rr ]
 check "  ... with its real servers" sh -c "ipvsadm -Sn | grep -q -- '-a -t 10.96.0.30:80 -r'"
@@ -43,12 +42,10 @@ check "  ... with its real servers" sh -c "ipvsadm -Sn | grep -q -- '-a -t 10.96
 say "step 2: an endpoint of web turns terminating"
 step2=$(mark)
 set_conditions web.yaml 10.244.1.2 false true true
-i=0
-while ! ipvsadm -Sn | grep -q -- '-a -t 10.96.0.20:80 -r 10.244.1.2:8080 -m -w 0'; do
-  [ $i -lt 120 ] || break; sleep 0.25; i=$((i + 1))
-done
+at_weight_0() { ipvsadm -Sn | grep -q -- '-a -t 10.96.0.20:80 -r 10.244.1.2:8080 -m -w 0'; }
+wait_for 30 "web's endpoint at weight 0" at_weight_0 2>/dev/null
 check "web's endpoint is at weight 0" sh -c "ipvsadm -Sn | grep -q -- '-a -t 10.96.0.20:80 -r 10.244.1.2:8080 -m -w 0'"
-sleep 3 # later syncs get their chance to show a full observe each
+sleep 3 # on purpose: later syncs get their chance to show a full observe each
 syncs=$(tail -n +"$((step2 + 1))" "$(proxier_log)" | grep 'sync complete')
 incremental=$(echo "$syncs" | grep -c incremental)
 full=$(echo "$syncs" | grep -c 'full')

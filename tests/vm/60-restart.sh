@@ -18,7 +18,7 @@ counters() {
   ipvsadm -Ln --stats | awk '$1 ~ /^(TCP|UDP|SCTP|FWM)$/ { vs = $1 " " $2; print vs, $3 } $1 == "->" && NF > 2 { print vs, "->", $2, $3 }'
 }
 # the kernel folds its per-CPU counters into what ipvsadm shows every 2 s (IPVS estimator): let it catch up
-sleep 2.5
+sleep 2.5 # on purpose: one estimator period, which no state shows the end of
 counters > "$W/counters.before"; kernel_table > "$W/table.before"; kernel_bind > "$W/bind.before"
 say "connection counters before the restart:"; indent < "$W/counters.before"
 check "some connections were counted" sh -c "awk '\$NF > 0' $W/counters.before | grep -q ."
@@ -26,12 +26,12 @@ check "some connections were counted" sh -c "awk '\$NF > 0' $W/counters.before |
 check "proxier stopped on SIGTERM" proxier_stop
 check "the table outlives the proxier (no flush on exit)" sh -c "ipvsadm -Sn | sort | cmp -s - $W/table.before"
 proxier_start
-second=$(proxier_log); n=120
-while [ $n -gt 0 ] && ! grep -q 'sync complete' "$second"; do sleep 0.25; n=$((n - 1)); done
+second=$(proxier_log)
+wait_for 30 "the second run's first sync" grep -q 'sync complete' "$second" 2>/dev/null
 sync_line=$(grep -m1 'sync complete' "$second")
 say "second run: $sync_line"
 converged_again=0; wait_converged 30 || converged_again=1
-sleep 2.5 # later syncs and the counter estimator get their chance to show churn
+sleep 2.5 # on purpose: later syncs and the counter estimator get their chance to show churn
 failures=$(grep -c 'sync failed' "$second")
 check "no failed sync in the second run (got $failures; a failed sync waits for the next trigger)" [ "$failures" -eq 0 ]
 check "second run completed a sync within 30 s" [ -n "$sync_line" ]

@@ -18,11 +18,7 @@ rm -f "$W/hold"; mkfifo "$W/hold"
 in_client nc -w 60 10.96.0.20 80 < "$W/hold" > "$W/held.out" 2>/dev/null &
 held=$!
 exec 3> "$W/hold"
-i=0; ep=""
-while [ -z "$ep" ] && [ $i -lt 40 ]; do
-  ep=$(ipvsadm -Lnc | awk '$3 == "ESTABLISHED" && $5 == "10.96.0.20:80" { sub(/:.*/, "", $6); print $6; exit }')
-  [ -n "$ep" ] || { sleep 0.25; i=$((i + 1)); }
-done
+ep=$(held_backend 10.96.0.20:80)
 [ -n "$ep" ] || { bad "no ESTABLISHED IPVS connection for the held client"; finish; }
 pod=$(for p in $PODS; do [ "$(field "$p" 2)" = "$ep" ] && field "$p" 1; done)
 ok "held connection is on real server $ep ($pod)"
@@ -30,7 +26,8 @@ ok "held connection is on real server $ep ($pod)"
 say "step 1: $ep stops serving (ready=false serving=false terminating=true): it leaves the desired set"
 t0=$(now)
 set_conditions web.yaml "$ep" false false true
-i=0; while ! rs_line "$ep" | grep -q -- '-w 0$' && [ $i -lt 120 ]; do sleep 0.25; i=$((i + 1)); done
+at_weight_0() { rs_line "$ep" | grep -q -- '-w 0$'; }
+wait_for 30 "$ep at weight 0" at_weight_0 2>/dev/null
 check "$ep drains at weight 0 while its connection is open" sh -c "ipvsadm -Sn | grep -qE '^-a -t 10\.96\.0\.20:80 -r $ep:8080 -m -w 0\$'"
 a=$(many 8 http_get 10.96.0.20 80)
 names=$(echo "$a" | distinct)
@@ -46,7 +43,8 @@ if [ "$answer" = "$pod" ]; then ok "the held connection still works at weight 0:
 else bad "the held connection got no answer after its real server went to weight 0"; fi
 
 say "step 2: the connection is closed; the real server must be deleted once IPVS forgets it"
-i=0; while rs_line "$ep" >/dev/null && [ $i -lt 600 ]; do sleep 0.25; i=$((i + 1)); done
+rs_gone() { ! rs_line "$ep" >/dev/null; }
+wait_for 150 "$ep deleted" rs_gone 2>/dev/null
 if rs_line "$ep" >/dev/null; then bad "$ep still present 150 s after its connection closed: $(rs_line "$ep")"
 else ok "$ep deleted $(awk "BEGIN{print $(now) - $t0}") s after it left the endpoints"; fi
 check "the table equals the plan again" wait_converged 10

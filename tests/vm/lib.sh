@@ -8,6 +8,7 @@ PATH=/payload/bin:$PATH
 ip() { /sbin/ip "$@"; }
 
 T=/payload/tests
+. "$T/wait.sh" # wait_for (hack/lib/wait.sh)
 KIPVS=${KIPVS:-/payload/bin/kipvs-proxier}
 NODE=test-node
 NODE_IP=192.168.100.1 # the Node's InternalIP; bound on vclient, the veth towards the client netns
@@ -56,12 +57,13 @@ proxier_start() { # start `kipvs-proxier run` in the background; log to $W/proxi
   say "started kipvs-proxier run (pid $!, log $W/proxier.$n.log)"
 }
 proxier_ensure() { p=$(proxier_pid); [ -n "$p" ] && alive "$p" || proxier_start; }
+proxier_running() { p=$(proxier_pid); [ -n "$p" ] && alive "$p"; }
+gone() { ! alive "$1"; } # PID
 proxier_stop() { # SIGTERM, then SIGKILL after 10 s; 0 if it is gone
   p=$(proxier_pid); [ -n "$p" ] || return 0
-  kill "$p" 2>/dev/null; i=0
-  while alive "$p" && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
-  alive "$p" && { say "proxier ignored SIGTERM, killing"; kill -9 "$p"; sleep 0.2; }
-  ! alive "$p"
+  kill "$p" 2>/dev/null
+  wait_for 10 "the proxier to exit on SIGTERM" gone "$p" 2>/dev/null ||
+    { say "proxier ignored SIGTERM, killing"; kill -9 "$p"; wait_for 2 "the proxier to exit on SIGKILL" gone "$p"; }
 }
 
 # Wait until the kernel's table equals the plan for the current manifests (the proxier re-reads
@@ -71,13 +73,15 @@ converged() {
   sort "$W/plan.out" > "$W/plan.sorted"; kernel_table > "$W/kernel.sorted"
   cmp -s "$W/plan.sorted" "$W/kernel.sorted"
 }
+converge_step() { # true once converged (CONVERGED=1) or the proxier is gone (CONVERGED=0)
+  if converged; then CONVERGED=1; return 0; fi
+  proxier_running && return 1
+  CONVERGED=0; say "the proxier is not running"
+}
 wait_converged() { # [TIMEOUT_S=30]
-  n=$(( ${1:-30} * 4 )); t0=$(now)
-  while [ "$n" -gt 0 ]; do
-    converged && { say "converged in $(awk "BEGIN{print $(now) - $t0}") s"; return 0; }
-    p=$(proxier_pid); { [ -n "$p" ] && alive "$p"; } || { say "the proxier is not running"; n=0; break; }
-    sleep 0.25; n=$((n - 1))
-  done
+  CONVERGED=0; t0=$(now)
+  wait_for "${1:-30}" "the kernel to equal the plan" converge_step 2>/dev/null
+  [ "$CONVERGED" = 0 ] || { say "converged in $(awk "BEGIN{print $(now) - $t0}") s"; return 0; }
   say "not converged after ${1:-30} s; plan (-) vs kernel (+):"
   [ -s "$W/plan.err" ] && indent < "$W/plan.err"
   diff -u "$W/plan.sorted" "$W/kernel.sorted" | indent
@@ -92,7 +96,7 @@ in_client() { nsenter --net=/run/netns/client "$@"; }
 http_get() { # IP PORT
   printf 'GET / HTTP/1.0\r\n\r\n' | in_client nc -w 3 "$1" "$2" 2>/dev/null | tail -n1
 }
-# one UDP datagram; prints the first answer line. stdin stays open 1.5 s so nc waits for the reply
+# one UDP datagram; prints the first answer line. stdin stays open 1.5 s (on purpose) so nc waits for the reply
 # (0.5 s lost answers that came late on a loaded host: the cold CI-like run saw "- -" while IPVS
 # counted the replies)
 udp_ask() { # IP PORT
@@ -127,17 +131,16 @@ spec:
 NPC
   mv "$W/npc.tmp" "$M/nodeproxyconfig.yaml"
 }
+status_applied() { # REVISION: the proxier logged that revision Applied
+  grep 'NodeProxyConfig status' "$(proxier_log)" | grep -q "\"observedRevision\":\"$1\",\"phase\":\"Applied\""
+}
 applied() { # REVISION: wait until the proxier logs that revision Applied
-  i=0
-  while ! grep 'NodeProxyConfig status' "$(proxier_log)" | grep -q "\"observedRevision\":\"$1\",\"phase\":\"Applied\""; do
-    [ $i -lt 120 ] || { bad "revision $1 not reported Applied"; return 1; }
-    sleep 0.25; i=$((i + 1))
-  done
+  wait_for 30 "revision $1 Applied" status_applied "$1" 2>/dev/null || { bad "revision $1 not reported Applied"; return 1; }
   ok "revision $1 reported Applied"
 }
 mark() { wc -l < "$(proxier_log)"; }
 ops_since() { tail -n +"$(( $1 + 1 ))" "$(proxier_log)" | grep -o 'op=[A-Za-z]*.*' | sed 's/ *$//'; }
-http_code() { # PATH: the status code of the proxier's health server (stdin stays open for the answer)
+http_code() { # PATH: the status code of the proxier's health server (stdin stays open 1 s, on purpose, for the answer)
   (printf 'GET %s HTTP/1.0\r\n\r\n' "$1"; sleep 1) | nc -w 3 127.0.0.1 10256 2>/dev/null | head -n1 | cut -d' ' -f2
 }
 want_code() { # PATH CODE
@@ -148,13 +151,13 @@ hold() { # NAME IP PORT: open a connection that stays open (no request yet) on f
   in_client nc -w 120 "$2" "$3" < "$W/$1.fifo" > "$W/$1.out" 2>/dev/null &
   echo $! > "$W/$1.pid"
 }
+established() { # VIP:PORT: prints the real server IP of an ESTABLISHED connection to it; false if none
+  ipvsadm -Lnc | awk -v vs="$1" '$3 == "ESTABLISHED" && $5 == vs { sub(/:.*/, "", $6); print $6; found = 1; exit }
+    END { exit !found }'
+}
 held_backend() { # VIP:PORT: the real server IP of the ESTABLISHED connection to it (waits up to 10 s)
-  i=0; ep=""
-  while [ -z "$ep" ] && [ $i -lt 40 ]; do
-    ep=$(ipvsadm -Lnc | awk -v vs="$1" '$3 == "ESTABLISHED" && $5 == vs { sub(/:.*/, "", $6); print $6; exit }')
-    [ -n "$ep" ] || { sleep 0.25; i=$((i + 1)); }
-  done
-  echo "$ep"
+  wait_for 10 "an ESTABLISHED connection to $1" established "$1" > /dev/null 2>&1
+  established "$1"
 }
 ask() { # NAME FD: send the request on the held connection, close it, print the answer
   eval "printf 'GET / HTTP/1.0\r\n\r\n' >&$2; exec $2>&-"
