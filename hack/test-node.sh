@@ -1,0 +1,290 @@
+#!/usr/bin/env bash
+# kipvs as users run it: a real Kubernetes node in the test VM, kipvs installed on it with `kubectl apply -k
+# config/`, real pods behind real Services.
+#
+#   - The control plane runs here, in a network namespace of its own (kipvs-node: no port of this machine is
+#     taken, nothing else sees it): etcd + kube-apiserver 1.24 (hack/control-plane.sh, with the ServiceAccount
+#     admission plugin and the GRPCContainerProbe gate), kube-controller-manager and kube-scheduler (built from
+#     ../shared/k8s like kube-apiserver: hack/lib/k8s-build.sh). The namespace's tap device is the VM's NIC:
+#     this side is HOST_IP, the node NODE_IP, pods 10.244.0.0/24 are routed to the node.
+#   - The VM (hack/vm: Debian's kernel under QEMU, 2 vCPUs, 3 GB) boots the initramfs of hack/node/fetch.sh
+#     (the test VM's base + node modules, Debian's containerd/runc/CNI plugins/iptables, the kubelet) with the
+#     payload tests/node/guest: containerd, the images loaded offline (`ctr images import`: the two kipvs
+#     images of hack/build-images.sh, pause and agnhost of hack/node/images.sh), a CNI bridge, and the kubelet,
+#     which registers the Node. Measured: QEMU start to Node Ready.
+#   - Install: config/ copied, its images set to the loaded ones (what `kustomize edit set image` writes), the
+#     ConfigMap kipvs-apiserver naming the apiserver's address (kipvs is the only service proxy: the ClusterIP of
+#     `kubernetes` is what it programs), `kubectl apply -k`. Measured: apply to the proxier pod Ready and to the
+#     `kubernetes` Service's virtual server in the node's kernel.
+#   - Checks: the kubelet's gRPC readiness/liveness probes keep the proxier pod Ready without a restart, the
+#     operator's Deployment becomes Available (its pods reach the API through the ClusterIP kipvs programs), an
+#     agnhost Deployment behind a ClusterIP and a NodePort Service answers from a pod, from the node and from
+#     outside the node (this namespace).
+#
+# Then (not with --smoke) KEP-3836 on the real node: `kubectl drain` (cordon + eviction) leaves the proxier's /healthz
+# at 200 as kube-proxy's; the ToBeDeletedByClusterAutoscaler taint turns it to 503 while the gRPC liveness probe
+# (service "") keeps the pod Ready, and removing the taint turns it back to 200.
+#
+# usage: hack/test-node.sh [--smoke]    (--smoke: up to the probes, the part meant for hack/test.sh)
+# env:   KEEP=1 (keep the state dir and leave the cluster running until Enter is pressed), VMCACHE, NODECACHE,
+#        CPCACHE, NODE_MEM (MB, 3072), NODE_SMP (2)
+# Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+. hack/lib/host-tools.sh && host_tools
+. hack/lib/k8s-build.sh
+export RUST_BACKTRACE=0
+MODE=full
+[ "${1:-}" != --smoke ] || MODE=smoke
+NS=kipvs-node TAP=kipvs-tap0 HOST_IP=192.168.77.1 NODE_IP=192.168.77.10 NODE=kipvs-node
+export CP_PORT=16443 CP_ETCD_PORT=23790
+say() { printf 'node: %s\n' "$*"; }
+K8S=$(hack/control-plane.sh version)
+if [ "$K8S" != 1.24 ]; then
+  say "SKIPPED on kube-apiserver $K8S (needs the 1.24 source: kubelet, kube-controller-manager, kube-scheduler):" \
+    "the real node (install from config/, probes, Services with real pods)"
+  exit 0
+fi
+T0=$(date +%s)
+LOAD0=$(uptime | sed 's/.*load average/load average/')
+pass=0 fail=0
+ok() { pass=$((pass + 1)); say "ok   $*"; }
+bad() { fail=$((fail + 1)); say "FAIL $*"; }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+elapsed() { awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $1}"; }
+until_() { local end=$(( $(date +%s) + $1 )); shift; until "$@"; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 1; done; }
+
+# ---- builds (all cached but the kipvs images) ----------------------------------------------------------------
+t=$(date +%s)
+hack/control-plane.sh build
+mapfile -t BINS < <(k8s_build cmd/kubelet cmd/kube-controller-manager cmd/kube-scheduler)
+[ ${#BINS[@]} = 3 ] || { say "k8s_build gave no executables"; exit 1; }
+KUBELET=${BINS[0]} KCM=${BINS[1]} SCHED=${BINS[2]}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+hack/build-images.sh
+TAG=$(umoci ls --layout "$TARGET/images/kipvs-proxier" | head -n1)
+mapfile -t UPSTREAM < <(hack/node/images.sh)
+mapfile -t INITRD < <(hack/node/fetch.sh "$KUBELET")
+T_BUILD=$(( $(date +%s) - t ))
+
+STATE=$(mktemp -d /tmp/kipvs-node.XXXXXX)
+P=$STATE/initrd.d/payload # the guest's /payload
+mkdir -p "$P/node" "$P/images"
+cp -r tests/node/guest/. "$P/"
+mv "$P"/{containerd.toml,cni.conflist,kubelet.yaml} "$P/node/"
+printf 'NODE_NAME=%s\nNODE_IP=%s\nHOST_IP=%s\n' "$NODE" "$NODE_IP" "$HOST_IP" > "$P/node.env"
+cat > "$P/node/kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: kipvs-node, cluster: {server: "https://$HOST_IP:$CP_PORT", insecure-skip-tls-verify: true}}]
+users: [{name: kubelet, user: {token: kipvs-test-token}}]
+contexts: [{name: kipvs-node, context: {cluster: kipvs-node, user: kubelet}}]
+current-context: kipvs-node
+EOF
+# the kipvs images as OCI archives, named kipvs.test/NAME:TAG (set in the kustomization below)
+for n in kipvs-proxier kipvs-operator; do
+  tar -C "$TARGET/images/$n" -cf "$P/images/$n.tar" oci-layout index.json blobs
+  echo "kipvs.test/$n $TAG $n.tar" >> "$P/images/list"
+done
+for u in "${UPSTREAM[@]}"; do
+  read -r repo tag file <<<"$u"
+  cp "$file" "$P/images/"; echo "$repo $tag $(basename "$file")" >> "$P/images/list"
+done
+(cd "$STATE/initrd.d" && find . | "${VMCACHE:-$HOME/.cache/kipvs-vm}/userland/bin/busybox" cpio -o -H newc 2>/dev/null) \
+  > "$STATE/payload.cpio"
+# The kernel unpacks each archive in turn; an uncompressed one must start at a multiple of 4 bytes (zeros between
+# archives are skipped).
+for f in "${INITRD[0]}" "${INITRD[1]}" "$STATE/payload.cpio"; do
+  cat "$f"; head -c $(( (512 - $(stat -c %s "$f") % 512) % 512 )) /dev/zero
+done > "$STATE/initrd"
+say "initrd $(du -h "$STATE/initrd" | cut -f1) (base $(du -h "${INITRD[0]}" | cut -f1), node userland" \
+  "$(du -h "${INITRD[1]}" | cut -f1), payload $(du -h "$STATE/payload.cpio" | cut -f1)); builds ${T_BUILD}s"
+
+# ---- the network namespace and the control plane ------------------------------------------------------------
+nsx() { ip netns exec "$NS" "$@"; }
+ns_down() { # every process of the namespace was started by this script
+  local p
+  for p in $(ip netns pids "$NS" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  sleep 1
+  for p in $(ip netns pids "$NS" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+  ip netns del "$NS" 2>/dev/null || true
+}
+cleanup() {
+  if [ "${KEEP:-0}" = 1 ]; then
+    say "cluster kept: ip netns exec $NS kubectl --kubeconfig $STATE/kubeconfig ...; press Enter to stop it"
+    read -r _ || true
+  fi
+  nsx hack/control-plane.sh stop "$STATE" 2>/dev/null || true
+  ns_down
+  if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
+}
+ns_down # what a killed run left
+trap cleanup EXIT
+ip netns add "$NS"
+nsx ip link set lo up
+nsx ip tuntap add dev "$TAP" mode tap
+nsx ip addr add "$HOST_IP/24" dev "$TAP"
+nsx ip link set "$TAP" up
+nsx ip route add 10.244.0.0/24 via "$NODE_IP"
+CP_BIND_ADDRESS=0.0.0.0 CP_SERVICE_ACCOUNTS=1 \
+  CP_APISERVER_FLAGS="--advertise-address=$HOST_IP --feature-gates=GRPCContainerProbe=true --kubelet-preferred-address-types=InternalIP" \
+  nsx hack/control-plane.sh start "$STATE"
+KC=$STATE/kubeconfig
+k() { nsx kubectl --kubeconfig "$KC" "$@"; }
+nsx "$KCM" --kubeconfig="$KC" --service-account-private-key-file="$STATE/sa.key" \
+  --root-ca-file="$STATE/certs/apiserver.crt" --leader-elect=false --bind-address=127.0.0.1 \
+  --feature-gates=GRPCContainerProbe=true > "$STATE/kcm.log" 2>&1 &
+nsx "$SCHED" --kubeconfig="$KC" --leader-elect=false --bind-address=127.0.0.1 > "$STATE/scheduler.log" 2>&1 &
+
+# ---- the node ----------------------------------------------------------------------------------------------
+node_agent() { # node_agent CMD ARG...: the answer without its AGENT-RC line; fails when the command did
+  local out
+  out=$(nsx curl -s -m "${AGENT_TIMEOUT:-30}" "http://$NODE_IP:7000/cgi-bin/agent?$(tr ' ' '+' <<<"$*")") || return 1
+  sed '$d' <<<"$out"
+  [ "$(tail -n1 <<<"$out")" = AGENT-RC=0 ]
+}
+say "booting the node (console: $STATE/console.log)"
+t_boot=$(date +%s.%N)
+VMLOG=$STATE/console.log VMTIMEOUT=7200 VMMEM=${NODE_MEM:-3072} VMSMP=${NODE_SMP:-2} \
+  nsx hack/vm/run-vm.sh "$STATE/initrd" -netdev "tap,id=n0,ifname=$TAP,script=no,downscript=no" \
+  -device virtio-net-pci,netdev=n0,romfile= > "$STATE/vm.out" 2>&1 &
+vm_pid=$!
+node_ready() {
+  [ "$(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+vm_alive() { kill -0 "$vm_pid" 2>/dev/null || { tail -n 60 "$STATE/console.log"; return 1; }; }
+until node_ready; do
+  vm_alive || { bad "the VM exited before its Node was Ready"; exit 1; }
+  [ "$(elapsed "$t_boot" | cut -d. -f1)" -lt 900 ] || { tail -n 60 "$STATE/console.log"; bad "no Ready Node after 900 s"; exit 1; }
+  sleep 1
+done
+T_READY=$(elapsed "$t_boot")
+ok "Node $NODE Ready ${T_READY} s after QEMU started (guest uptime: $(node_agent log milestones |
+  sed 's/NODE \([a-z]*\).*uptime=\([0-9.]*\)/\1 \2 s/' | paste -sd, | sed 's/,/, /g'))"
+k get node -o wide | sed 's/^/    /'
+
+# ---- install from config/ ------------------------------------------------------------------------------------
+cp -r config "$STATE/config"
+python3 - "$STATE/config/kustomization.yaml" "$TAG" <<'PY'
+import re, sys
+path, tag = sys.argv[1], sys.argv[2]
+s = open(path).read()
+# what `kustomize edit set image ghcr.io/kipvs/NAME=kipvs.test/NAME:TAG` writes
+for name in ("kipvs-proxier", "kipvs-operator"):
+    s, n = re.subn(rf"(- name: ghcr.io/kipvs/{name}\n\s+newName: )\S+(\n\s+newTag: )\S+", rf"\g<1>kipvs.test/{name}\g<2>{tag}", s)
+    assert n == 1, f"no images entry for {name} in {path}"
+s = s.replace("resources:\n", "resources:\n  - apiserver.yaml\n", 1)
+open(path, "w").write(s)
+PY
+cat > "$STATE/config/apiserver.yaml" <<EOF
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: kipvs-apiserver, namespace: kipvs-system}
+data: {master: "https://$HOST_IP:$CP_PORT"}
+EOF
+t_apply=$(date +%s.%N)
+k apply -k "$STATE/config" > "$STATE/apply.out" 2>&1 || { cat "$STATE/apply.out"; bad "kubectl apply -k config/"; exit 1; }
+ok "kubectl apply -k config/ ($(wc -l < "$STATE/apply.out") objects)"
+proxier_pod() { k -n kipvs-system get pod -l app.kubernetes.io/name=kipvs-proxier -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
+proxier_ready() {
+  [ "$(k -n kipvs-system get pod -l app.kubernetes.io/name=kipvs-proxier \
+    -o jsonpath='{.items[0].status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+kubernetes_programmed() { # the `kubernetes` Service's virtual server, with the apiserver as its real server
+  local cip
+  cip=$(k get svc kubernetes -o jsonpath='{.spec.clusterIP}')
+  node_agent ipvs 2>/dev/null | grep -q -- "-a -t $cip:443 -r $HOST_IP:$CP_PORT "
+}
+T_PROG="" T_PODREADY=""
+for _ in $(seq 600); do
+  [ -n "$T_PROG" ] || ! kubernetes_programmed || T_PROG=$(elapsed "$t_apply")
+  [ -n "$T_PODREADY" ] || ! proxier_ready || T_PODREADY=$(elapsed "$t_apply")
+  [ -z "$T_PROG" ] || [ -z "$T_PODREADY" ] || break
+  vm_alive || break
+  sleep 1
+done
+k -n kipvs-system get pods -o wide | sed 's/^/    /'
+check "the proxier pod is Ready (kubelet's gRPC readiness probe) ${T_PODREADY:-never} s after the apply" [ -n "$T_PODREADY" ]
+check "the proxier programmed the kubernetes Service in the node's kernel ${T_PROG:-never} s after the apply" [ -n "$T_PROG" ]
+PP=$(proxier_pod)
+if [ -z "$T_PROG" ] || [ -z "$T_PODREADY" ]; then
+  k -n kipvs-system describe pod "$PP" | tail -n 30 | sed 's/^/    /' || true
+  k -n kipvs-system logs "$PP" --tail=40 2>&1 | sed 's/^/    /' || true
+  node_agent log kubelet 40 | sed 's/^/    /' || true
+fi
+
+# ---- the operator: a pod reaching the API through the ClusterIP kipvs programs ------------------------------
+operator_available() {
+  [ "$(k -n kipvs-system get deploy kipvs-operator -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" = True ]
+}
+check "the operator's Deployment is Available (its pods reach the API through the kubernetes ClusterIP)" \
+  until_ 300 operator_available
+
+# ---- real workloads --------------------------------------------------------------------------------------------
+k apply -f tests/node/workloads.yaml > /dev/null
+check "the agnhost Deployment is rolled out" k rollout status deploy/web --timeout=300s
+check "the client pod is Ready" k wait --for=condition=Ready pod/client --timeout=300s
+CIP=$(k get svc web -o jsonpath='{.spec.clusterIP}')
+PODS=$(k get pods -l app=web -o jsonpath='{.items[*].metadata.name}')
+answered() { # answered DESCRIPTION COMMAND...: the answer is one of the web pods' names
+  local a
+  a=$("${@:2}" 2>&1) || true
+  if grep -qxF -e "${PODS// /$'\n'}" <<<"$a"; then ok "$1: answered by $a"; else bad "$1: got '${a:0:200}'"; fi
+}
+web_programmed() { [ "$(node_agent ipvs | grep -c -- "-a -t $CIP:80 ")" = 2 ]; }
+check "the web Service's ClusterIP is programmed with both pods" until_ 60 web_programmed
+answered "ClusterIP $CIP:80 from a pod" k exec client -- wget -q -T 5 -O - "http://$CIP/hostname"
+answered "ClusterIP $CIP:80 from the node" node_agent get "http://$CIP/hostname"
+answered "NodePort $NODE_IP:30080 from the node" node_agent get "http://$NODE_IP:30080/hostname"
+answered "NodePort $NODE_IP:30080 from outside the node" nsx curl -s -m 5 "http://$NODE_IP:30080/hostname"
+
+# ---- the probes: the kubelet's own counters (prober_probe_total on its /metrics/probes) -------------------------
+probes() { # probes CONTAINER: "<probe_type>/<result> <count>" per series of the kipvs-system pods' CONTAINER
+  nsx curl -sk -m 10 "https://$NODE_IP:10250/metrics/probes" |
+    awk -v c="container=\"$1\"" 'index($0, c) && index($0, "namespace=\"kipvs-system\"") {
+      match($0, /probe_type="[^"]*"/); t = substr($0, RSTART + 12, RLENGTH - 13)
+      match($0, /result="[^"]*"/); r = substr($0, RSTART + 8, RLENGTH - 9); n[t "/" r] += $NF }
+      END { for (k in n) print k, n[k] }' | sort
+}
+RESTARTS=$(k -n kipvs-system get pod "$PP" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+GRPC=$(k -n kipvs-system get pod "$PP" -o jsonpath='{.spec.containers[0].livenessProbe.grpc.port}/{.spec.containers[0].readinessProbe.grpc.port}')
+UNHEALTHY=$(k -n kipvs-system get events --field-selector "involvedObject.name=$PP,reason=Unhealthy" -o name | wc -l)
+PROXIER_PROBES=$(probes proxier | paste -sd, | sed 's/,/, /g')
+OPERATOR_PROBES=$(probes operator | paste -sd, | sed 's/,/, /g')
+say "kubelet probes of the proxier (gRPC, port $GRPC): ${PROXIER_PROBES:-none}; of the operator (HTTP): ${OPERATOR_PROBES:-none}"
+probed_ok() { # $1's probes ($2: their counts): liveness never failed, readiness succeeded
+  grep -q "$1/successful" <<<"$2" && grep -q 'Readiness/successful' <<<"$2" && ! grep -qE 'Liveness/(failed|unknown)' <<<"$2"
+}
+proxier_probed() { probed_ok Liveness "$PROXIER_PROBES" && [ "$RESTARTS" = 0 ]; }
+check "the kubelet's gRPC liveness and readiness probes keep the proxier Ready ($RESTARTS restarts, $UNHEALTHY Unhealthy events)" \
+  proxier_probed
+check "the kubelet's HTTP probes keep the operator Ready" probed_ok Readiness "$OPERATOR_PROBES"
+check "still Ready" proxier_ready
+node_agent ipvs | sed 's/^/    /' || true
+
+# ---- KEP-3836: a node on its way out fails the proxier's /healthz -----------------------------------------------
+if [ "$MODE" = full ]; then
+  HZ=http://127.0.0.1:10256/healthz
+  healthz_is() { [ "$(node_agent status "$HZ")" = "$1" ]; }
+  check "/healthz on the node answers 200" until_ 30 healthz_is 200
+  k drain "$NODE" --ignore-daemonsets --delete-emptydir-data --force --timeout=120s > "$STATE/drain.out" 2>&1 ||
+    { sed 's/^/    /' "$STATE/drain.out"; bad "kubectl drain"; }
+  sleep 5
+  check "kubectl drain (cordon + eviction): /healthz stays 200 (as kube-proxy's: deletion and the autoscaler's taint fail it)" \
+    healthz_is 200
+  k taint node "$NODE" ToBeDeletedByClusterAutoscaler=1700000000:NoSchedule > /dev/null
+  check "taint ToBeDeletedByClusterAutoscaler: /healthz 503" until_ 30 healthz_is 503
+  sleep 12 # two readiness periods
+  check "  ... the proxier pod stays Ready (its gRPC probes ask service \"\", liveness)" proxier_ready
+  k taint node "$NODE" ToBeDeletedByClusterAutoscaler- > /dev/null
+  check "taint removed: /healthz 200 again" until_ 30 healthz_is 200
+  k uncordon "$NODE" > /dev/null
+fi
+node_agent free | sed 's/^/    /' || true
+
+echo
+echo "=== node (kube-apiserver $K8S, kubelet in the VM): $pass passed, $fail failed ($(( $(date +%s) - T0 )) s)"
+echo "  Node Ready after ${T_READY} s; apply -> proxier pod Ready ${T_PODREADY:-never} s, -> kubernetes Service programmed ${T_PROG:-never} s"
+echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"
+[ "$fail" = 0 ]

@@ -1,0 +1,59 @@
+#!/bin/sh
+# The test node: PID 1 (hack/vm/init) runs this after loading the modules. It turns the VM into a Kubernetes
+# node of the host's control plane (hack/test-node.sh): cgroup v2, the NIC on the host's tap (node.env: NODE_IP,
+# HOST_IP), containerd with the images of /payload/images loaded offline, Debian's CNI bridge for pods, and a
+# kubelet registered with the host's kube-apiserver. Then it serves the agent (agent.sh, busybox httpd CGI on
+# NODE_IP:7000) and runs until the host stops the VM. Milestones go to the console as `NODE <what> uptime=<s>`.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+. /payload/node.env
+L=/var/log/node
+up() { cut -d' ' -f1 /proc/uptime; }
+mark() { echo "NODE $* uptime=$(up)" | tee -a "$L/milestones.log"; }
+ip() { /sbin/ip "$@"; } # iproute2, not busybox's applet
+fail() { echo "NODE FAILED: $*"; for f in "$L"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 40 "$f"; }; done; exit 1; }
+
+hostname "$NODE_NAME"
+printf '127.0.0.1 localhost\n%s %s\n' "$NODE_IP" "$NODE_NAME" > /etc/hosts
+printf 'nameserver %s\n' "$HOST_IP" > /etc/resolv.conf
+echo "$NODE_NAME" | md5sum | cut -d' ' -f1 > /etc/machine-id
+mount -t cgroup2 cgroup2 /sys/fs/cgroup || fail "no cgroup2"
+for c in cpuset cpu io memory pids hugetlb; do echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control; done
+for c in cpuset cpu memory pids; do # what the kubelet requires
+  grep -qw "$c" /sys/fs/cgroup/cgroup.subtree_control || fail "cgroup controller $c missing"
+done
+# containerd's and the kubelet's state on a file system of their own (the root is the initramfs)
+mkdir -p /var/lib /var/log /etc/cni/net.d /etc/containerd /etc/kubernetes
+mount -t tmpfs -o mode=755 varlib /var/lib
+mount -t tmpfs -o mode=755 varlog /var/log && mkdir -p "$L"
+mount --make-rshared / 2>/dev/null # the kubelet's volume mounts propagate into containers
+echo 1 > /proc/sys/net/ipv4/ip_forward
+echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
+ip link set eth0 up && ip addr add "$NODE_IP/24" dev eth0 && ip route add default via "$HOST_IP" ||
+  fail "no NIC (eth0)"
+mark network
+cp /payload/node/containerd.toml /etc/containerd/config.toml
+cp /payload/node/cni.conflist /etc/cni/net.d/10-kipvs-node.conflist
+cp /payload/node/kubelet.yaml /etc/kubernetes/kubelet.yaml
+cp /payload/node/kubeconfig /etc/kubernetes/kubelet.kubeconfig
+
+containerd --config /etc/containerd/config.toml > "$L/containerd.log" 2>&1 &
+i=0; until ctr version > /dev/null 2>&1; do i=$((i + 1)); [ $i -lt 300 ] || fail "containerd does not answer"; sleep 0.2; done
+mark containerd
+while read -r repo tag file; do
+  ctr -n k8s.io images import --base-name "$repo" "/payload/images/$file" > /dev/null || fail "import $repo:$tag"
+  ctr -n k8s.io images ls -q | grep -qx "$repo:$tag" || fail "import $repo:$tag: not listed as such"
+done < /payload/images/list
+mark images "$(ctr -n k8s.io images ls -q | grep -v sha256 | tr '\n' ' ')"
+
+kubelet --config=/etc/kubernetes/kubelet.yaml --kubeconfig=/etc/kubernetes/kubelet.kubeconfig \
+  --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --container-runtime=remote \
+  --container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=k8s.gcr.io/pause:3.6 \
+  --v="${KUBELET_V:-1}" > "$L/kubelet.log" 2>&1 &
+echo $! > /run/kubelet.pid
+mark kubelet
+httpd -p "$NODE_IP:7000" -h /payload/www
+mark agent
+while :; do
+  sleep 5
+  kill -0 "$(cat /run/kubelet.pid)" 2>/dev/null || fail "the kubelet exited"
+done
