@@ -1,11 +1,11 @@
 #!/bin/bash
 # The operator at fleet scale against a real kube-apiserver (issue 15): N Nodes, N simulated
-# proxiers reporting through the proxier's own status writer (proxier/examples/fleet.rs) and one
+# proxiers reporting through the proxier's own status writer (operator/examples/fleet/) and one
 # real kipvs-operator, two 3-stage rollouts (canary -> 10% -> rest, zero soak) while every
 # proxier refreshes its status at the proxier's cadence; prints the issue's target table.
 #
 # With --faults, two more revisions roll out under a fault: the operator killed mid-rollout, and
-# the apiserver stopped for 30 s (see proxier/examples/fleet.rs for what --check then asserts).
+# the apiserver stopped for 30 s (see operator/examples/fleet/main.rs for what --check then asserts).
 #
 # usage: hack/fleet.sh [NODES] [--check] [--faults]   NODES: default 500 (the CI size;
 #                    hack/test-operator.sh runs it with --check --faults); the bench is hack/bench-fleet.sh

@@ -1,21 +1,23 @@
 //! A stand-in for every node's proxier, for end-to-end tests of the operator against an API
 //! server without kubelets (`tests/operator/e2e.sh`). It watches all NodeProxyConfigs and, for
-//! each new `spec.revision`, reports what a proxier would, on the status subresource with
-//! server-side apply (the contract in `kipvs_crds::nodeproxyconfig`): Pending, then after
-//! `--apply-delay` Applied and healthy — or Failed, when the configuration asks for an IPVS
-//! scheduler listed in `--unsupported-schedulers` (as a node without that kernel module would).
+//! each new `spec.revision`, reports what a proxier would, through the proxier's own status
+//! reducer and writer ([`kipvs_node_status`]: the contract in `kipvs_crds::nodeproxyconfig`):
+//! Pending, then after `--apply-delay` Applied — or, after that delay, Failed when the
+//! configuration asks for an IPVS scheduler listed in `--unsupported-schedulers` (as a node
+//! without that kernel module would), the revision before it staying in force. Its `/livez`
+//! always answers 200 (`healthy: true`).
 //!
 //! usage: `cargo run -p kipvs-operator --example fake_proxier -- [--apply-delay 1s]
 //!         [--unsupported-schedulers sed,nq]`   (KUBECONFIG selects the cluster)
 
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use kipvs_crds::{NodePhase, NodeProxyConfig, NodeProxyConfigStatus, PROXIER_FIELD_MANAGER};
-use kube::api::{Patch, PatchParams};
+use kipvs_crds::NodeProxyConfig;
+use kipvs_node_status::{AlwaysLive, SimulatedProxier, SyncResult, report_status};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -35,7 +37,8 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let client = Client::try_default().await?;
-    let api: Api<NodeProxyConfig> = Api::all(client);
+    let api: Api<NodeProxyConfig> = Api::all(client.clone());
+    let mut proxiers: HashMap<String, Arc<SimulatedProxier>> = HashMap::new();
     let mut events = watcher(api.clone(), watcher::Config::default())
         .default_backoff()
         .applied_objects()
@@ -50,58 +53,73 @@ async fn main() -> anyhow::Result<()> {
         if observed == Some(revision.as_str()) {
             continue;
         }
+        let node = npc.name_any();
+        let proxier = proxiers
+            .entry(node.clone())
+            .or_insert_with(|| start(&client, &node))
+            .clone();
         let scheduler = npc.spec.config.ipvs.effective_scheduler().to_owned();
-        let fails = unsupported.contains(&scheduler);
-        let api = api.clone();
-        tokio::spawn(async move {
-            let node = npc.name_any();
-            let report = |phase, healthy, message: String| NodeProxyConfigStatus {
-                observed_revision: Some(revision.clone()),
-                phase: Some(phase),
-                healthy: Some(healthy),
-                last_sync_time: Some(Time(Timestamp::now())),
-                message: (!message.is_empty()).then_some(message),
-                sync_errors: Some(u64::from(phase == NodePhase::Failed)),
-            };
-            let params = PatchParams::apply(PROXIER_FIELD_MANAGER).force();
-            let pending = report(
-                NodePhase::Pending,
-                true,
-                format!("applying revision {revision}"),
-            );
-            if let Err(e) = api
-                .patch_status(&node, &params, &Patch::Apply(pending.apply_patch(&node)))
-                .await
-            {
-                eprintln!("fake-proxier: {node}: {e}");
-                return;
-            }
-            tokio::time::sleep(delay).await;
-            // The operator may have moved on (a rollback) meanwhile: report only the current one.
-            match api.get(&node).await {
-                Ok(current) if current.spec.revision == revision => {}
-                _ => return,
-            }
-            let done = if fails {
-                report(
-                    NodePhase::Failed,
-                    false,
-                    format!("IPVS scheduler {scheduler:?} is not available on this node"),
-                )
-            } else {
-                report(NodePhase::Applied, true, String::new())
-            };
-            match api
-                .patch_status(&node, &params, &Patch::Apply(done.apply_patch(&node)))
-                .await
-            {
-                Ok(_) => println!(
-                    "fake-proxier: {node}: revision {revision} {:?}",
-                    done.phase.unwrap()
-                ),
-                Err(e) => eprintln!("fake-proxier: {node}: {e}"),
-            }
-        });
+        let rejection = unsupported
+            .contains(&scheduler)
+            .then(|| format!("IPVS scheduler {scheduler:?} is not available on this node"));
+        tokio::spawn(answer(
+            api.clone(),
+            proxier,
+            node,
+            revision,
+            rejection,
+            delay,
+        ));
     }
     Ok(())
+}
+
+/// The stand-in proxier of `node`, with its status writer.
+fn start(client: &Client, node: &str) -> Arc<SimulatedProxier> {
+    let (proxier, report) = SimulatedProxier::new();
+    tokio::spawn(report_status(
+        client.clone(),
+        node.to_owned(),
+        report,
+        AlwaysLive::default(),
+    ));
+    Arc::new(proxier)
+}
+
+/// `node`'s proxier takes `revision`: in force at once (Pending), rejected after `delay` when
+/// `rejection` says why, else Applied after `delay` by a clean sync. The operator may have
+/// moved on (a rollback) meanwhile: only the revision its NodeProxyConfig still carries is
+/// answered.
+async fn answer(
+    api: Api<NodeProxyConfig>,
+    proxier: Arc<SimulatedProxier>,
+    node: String,
+    revision: String,
+    rejection: Option<String>,
+    delay: Duration,
+) {
+    if rejection.is_none() {
+        proxier.assigned(&revision, None);
+    }
+    tokio::time::sleep(delay).await;
+    match api.get(&node).await {
+        Ok(current) if current.spec.revision == revision => {}
+        Ok(_) => return,
+        Err(e) => {
+            eprintln!("fake-proxier: {node}: {e}");
+            return;
+        }
+    }
+    let phase = match rejection {
+        Some(message) => {
+            proxier.assigned(&revision, Some(message));
+            "Failed"
+        }
+        None if proxier.revision().as_deref() == Some(revision.as_str()) => {
+            proxier.synced(&SyncResult::Clean, SystemTime::now());
+            "Applied"
+        }
+        None => return,
+    };
+    println!("fake-proxier: {node}: revision {revision} {phase}");
 }

@@ -373,7 +373,7 @@ async fn an_unreadable_node_proxy_config_falls_back_to_the_local_configuration()
 mod api {
     use super::*;
     use http::{Request, Response};
-    use kipvs_proxier::serve::status::report_status;
+    use kipvs_node_status::report_status;
     use kipvs_proxier::source::node_config::watch_assigned;
     use kube::client::Body;
     use serde_json::{Value, json};

@@ -4,12 +4,12 @@
 //! per `ipvs.syncPeriod` (kube-proxy's `BoundedFrequencyRunner` contract), and tells its
 //! [`observer::Observer`]s. Following a NodeProxyConfig ([`ConfigFollower`],
 //! [`crate::source::node_config`]), it also takes new configurations as messages on a watch
-//! channel, puts them in force between syncs and reports on them ([`status`]).
+//! channel, puts them in force between syncs and reports on them
+//! ([`kipvs_node_status::report`]).
 
 pub mod drains;
 pub mod observer;
 pub mod planner;
-pub mod status;
 pub mod syncer;
 
 use crate::dataplane::diff::Ownership;
@@ -19,9 +19,9 @@ use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::NodeProxyConfigStatus;
+use kipvs_node_status::{StatusReport, SyncResult};
 use observer::{Observer, SyncOutcome};
 use planner::{Planner, Replanned};
-use status::{StatusReport, SyncResult};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -52,7 +52,7 @@ pub struct ConfigFollower {
     /// Checks and sets the node-wide kernel settings of a new configuration.
     pub kernel: Box<dyn KernelSettings>,
     /// Where the engine publishes the status to write
-    /// ([`crate::serve::status::report_status`] adds `healthy`); `None` while no revision is
+    /// ([`kipvs_node_status::report_status`] adds `healthy`); `None` while no revision is
     /// assigned.
     pub report: watch::Sender<Option<NodeProxyConfigStatus>>,
 }
@@ -209,7 +209,7 @@ impl<D: Dataplane> Engine<D> {
         following.publish(changed);
     }
 
-    /// Update the published status after a sync (see [`status`]).
+    /// Update the published status after a sync (see [`kipvs_node_status::report`]).
     fn report_sync(&mut self, result: &Result<SyncReport, DataplaneError>) {
         let Some(following) = &mut self.following else {
             return;

@@ -1,58 +1,21 @@
-//! Writing the status of the node's NodeProxyConfig (what the engine reports,
-//! [`crate::engine::status`], with `healthy` from the `/livez` verdict).
+//! The proxier's `/livez` verdict ([`ProxyHealth`]) as the `healthy` of the NodeProxyConfig
+//! status that [`kipvs_node_status::report_status`] writes.
 
 use super::health::ProxyHealth;
-use kipvs_crds::nodeproxyconfig::{NodeProxyConfig, NodeProxyConfigStatus, PROXIER_FIELD_MANAGER};
-use kube::api::{Patch, PatchParams};
-use kube::{Api, Client};
-use std::time::Duration;
+use kipvs_node_status::Liveness;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-/// How soon a failed status write is retried.
-pub const STATUS_RETRY: Duration = Duration::from_secs(2);
-
-/// Write the status of the NodeProxyConfig named `node` forever: the engine's `report` (`None`:
-/// nothing to report, e.g. no NodeProxyConfig) with `healthy` set to `health`'s `/livez`
-/// verdict, by server-side apply on the status subresource, whenever it differs from the last
-/// one written. A failed write is logged and retried after [`STATUS_RETRY`].
-pub async fn report_status(
-    client: Client,
-    node: String,
-    mut report: watch::Receiver<Option<NodeProxyConfigStatus>>,
-    health: ProxyHealth,
-) {
-    let api = Api::<NodeProxyConfig>::all(client);
-    let params = PatchParams::apply(PROXIER_FIELD_MANAGER).force();
-    let mut health_changed = health.subscribe();
-    let mut written: Option<NodeProxyConfigStatus> = None;
-    loop {
-        let status = report.borrow_and_update().clone().map(|mut status| {
-            status.healthy = Some(health.live());
-            status
-        });
-        if let Some(status) = status.filter(|s| written.as_ref() != Some(s)) {
-            let patch = Patch::Apply(status.apply_patch(&node));
-            match api.patch_status(&node, &params, &patch).await {
-                Ok(_) => written = Some(status),
-                Err(e) => {
-                    tracing::warn!("cannot write the NodeProxyConfig status, will retry: {e}");
-                    tokio::time::sleep(STATUS_RETRY).await;
-                    continue;
-                }
-            }
-        }
-        tokio::select! {
-            changed = report.changed() => if changed.is_err() { return },
-            _ = health_changed.changed() => {}
-            _ = sleep_until(health.stale_at()) => {}
-        }
+impl Liveness for ProxyHealth {
+    fn live(&self) -> bool {
+        ProxyHealth::live(self)
     }
-}
 
-/// Sleep until `at`, or forever.
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+    fn stale_at(&self) -> Option<Instant> {
+        ProxyHealth::stale_at(self)
+    }
+
+    fn subscribe(&self) -> watch::Receiver<()> {
+        ProxyHealth::subscribe(self)
     }
 }

@@ -30,8 +30,8 @@
 //!   `KubeProxyDrainingTerminatingNodes` gate and the `/livez` timeout (`2 × syncPeriod`) of
 //!   the health servers; `syncPeriod` and `minSyncPeriod`. `healthzBindAddress` and
 //!   `metricsBindAddress` need a restart (a change is logged).
-//! - [`report_status`](crate::serve::status::report_status) writes the status the engine
-//!   reports ([`crate::engine::status`]) by server-side apply on the `status` subresource,
+//! - [`report_status`](kipvs_node_status::report_status) writes the status the engine
+//!   reports ([`kipvs_node_status::report`]) by server-side apply on the `status` subresource,
 //!   whenever the engine's report or the `/livez` verdict changes: `Pending` when a live change
 //!   starts, then `Applied` after the first sync with it (at start, directly `Applied`), or
 //!   `Failed`.

@@ -1,7 +1,7 @@
 //! The status the proxier reports on its own NodeProxyConfig, as a pure reducer: the engine
 //! tells [`StatusReport`] what happened (a revision rejected, put in force, assigned again, a
 //! sync done) and publishes [`StatusReport::status`] when a step says it changed;
-//! [`crate::serve::status::report_status`] writes it to the API server.
+//! [`crate::report_status`] writes it to the API server.
 //!
 //! The phases (the NodeProxyConfig contract, `crds/src/nodeproxyconfig.rs`):
 //! - `Pending` when a revision is put in force live, `Applied` after the first successful sync
@@ -277,9 +277,9 @@ mod tests {
         assert_eq!(phase(&r), (Some("r1"), Some(NodePhase::Applied)));
     }
 
-    /// Issue 15 item 4: a hand edit of spec.config to a scheduler the node lacks, under the
-    /// same spec.revision, then back to the exact original, left the node `Failed` until a
-    /// restart.
+    /// A hand edit of spec.config to a scheduler the node lacks, under the same spec.revision,
+    /// then back to the exact original: the node is `Applied` again after the next sync, not
+    /// `Failed` until a restart.
     #[test]
     fn a_failed_edit_reverted_under_the_same_revision_is_applied_again() {
         let mut r = StatusReport::default();
