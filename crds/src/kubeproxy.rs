@@ -215,27 +215,76 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
             format!("{api_version:?} is not supported for {KIND}: expected {API_VERSION}"),
         ));
     }
-
     let mut warnings = Vec::new();
-    match file.mode.as_deref().unwrap_or_default() {
-        "ipvs" => {}
-        "" => warnings.push(
-            "mode is \"\" (kube-proxy's default, iptables on Linux); kipvs programs IPVS"
-                .to_owned(),
-        ),
-        other => {
-            return Err(invalid(
-                "mode",
-                format!(
-                    "{other:?}: kipvs is an IPVS service proxy and replaces kube-proxy's \
-                     \"ipvs\" mode only; set mode to \"ipvs\" (or leave it empty)"
-                ),
-            ));
-        }
+    check_mode(file.mode.as_deref().unwrap_or_default(), &mut warnings)?;
+    let feature_gates = feature_gates(file.feature_gates.take().unwrap_or_default(), &mut warnings);
+    let ipvs = ipvs_configuration(file.ipvs.take().unwrap_or_default(), &mut warnings)?;
+    let masquerade_all = masquerade_all(&mut file.ignored)?;
+    let (healthz_bind_address, metrics_bind_address) = bind_addresses(&mut file);
+    let config = ProxierConfiguration {
+        feature_gates,
+        ipvs,
+        cluster_cidr: file.cluster_cidr.unwrap_or_default(),
+        nftables: crate::NftablesConfiguration { masquerade_all },
+        node_port_addresses: file
+            .node_port_addresses
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(expand_node_port_keyword)
+            .collect(),
+        // KubeProxyConfiguration has no NodePort range (only kube-apiserver knows it).
+        node_port_range: crate::config::DEFAULT_NODE_PORT_RANGE.to_owned(),
+        healthz_bind_address,
+        metrics_bind_address,
+    };
+    warn_ignored(&file.ignored, &mut warnings);
+    if let Some(address) = file
+        .bind_address
+        .filter(|a| a.parse::<IpAddr>().is_ok_and(|ip| !ip.is_unspecified()))
+    {
+        warnings.push(format!(
+            "bindAddress {address} is ignored (kipvs takes the node's primary IP from its Node \
+             object); only its IP family picks the default health and metrics addresses"
+        ));
     }
+    config.validate()?;
+    Ok((config, warnings))
+}
 
+/// `mode`: kipvs replaces kube-proxy's `ipvs` mode; empty (kube-proxy's default) is taken with a
+/// warning.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] for any other mode.
+fn check_mode(mode: &str, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
+    match mode {
+        "ipvs" => Ok(()),
+        "" => {
+            warnings.push(
+                "mode is \"\" (kube-proxy's default, iptables on Linux); kipvs programs IPVS"
+                    .to_owned(),
+            );
+            Ok(())
+        }
+        other => Err(invalid(
+            "mode",
+            format!(
+                "{other:?}: kipvs is an IPVS service proxy and replaces kube-proxy's \
+                 \"ipvs\" mode only; set mode to \"ipvs\" (or leave it empty)"
+            ),
+        )),
+    }
+}
+
+/// `featureGates`: the kipvs gates by their canonical name; any other gate is warned about and
+/// dropped.
+fn feature_gates(
+    gates: BTreeMap<String, bool>,
+    warnings: &mut Vec<String>,
+) -> BTreeMap<String, bool> {
     let mut feature_gates = BTreeMap::new();
-    for (name, enabled) in file.feature_gates.unwrap_or_default() {
+    for (name, enabled) in gates {
         match name.parse::<Gate>() {
             Ok(gate) => {
                 feature_gates.insert(gate.name().to_owned(), enabled);
@@ -246,11 +295,23 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
             )),
         }
     }
+    feature_gates
+}
 
-    let ipvs = file.ipvs.unwrap_or_default();
+/// The `ipvs` block: scheduler, sync periods (a zero `syncPeriod` is kube-proxy's default),
+/// `strictARP`, the IPVS timeouts and `excludeCIDRs`; unset fields take kipvs's defaults, unknown
+/// ones are warned about.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] for a duration that does not parse.
+fn ipvs_configuration(
+    ipvs: KubeProxyIpvs,
+    warnings: &mut Vec<String>,
+) -> Result<IpvsConfiguration, ConfigError> {
     let defaults = IpvsConfiguration::default();
     let sync_period = duration_field("ipvs.syncPeriod", &ipvs.sync_period)?;
-    let ipvs_config = IpvsConfiguration {
+    let config = IpvsConfiguration {
         scheduler: ipvs.scheduler.unwrap_or_default(),
         sync_period: sync_period
             .filter(|d| !d.is_zero())
@@ -274,7 +335,36 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
             ));
         });
     }
+    Ok(config)
+}
 
+/// `masqueradeAll`, read from the `iptables` block (IPVS mode's) and the `nftables` one and
+/// taken out of `ignored`; the rest of both blocks stays there and is warned about.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] for a value that is not a boolean.
+fn masquerade_all(ignored: &mut Map<String, Value>) -> Result<bool, ConfigError> {
+    let mut masquerade_all = false;
+    for block in ["iptables", "nftables"] {
+        if let Some(Value::Object(fields)) = ignored.get_mut(block)
+            && let Some(value) = fields.remove("masqueradeAll")
+        {
+            masquerade_all |= value.as_bool().ok_or_else(|| {
+                invalid(
+                    &format!("{block}.masqueradeAll"),
+                    format!("{value} is not a boolean"),
+                )
+            })?;
+        }
+    }
+    Ok(masquerade_all)
+}
+
+/// `healthzBindAddress` and `metricsBindAddress` (taken out of `file`), with kube-proxy's port
+/// appended when missing; unset, they default to all addresses and loopback of the family of
+/// `bindAddress`.
+fn bind_addresses(file: &mut KubeProxyConfiguration) -> (String, String) {
     let bind_ipv6 = file
         .bind_address
         .as_deref()
@@ -289,39 +379,16 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
         Some(address) if !address.is_empty() => append_port_if_needed(address, port),
         _ => format!("{host}:{port}"),
     };
-    // `masqueradeAll` is read from the `iptables` block (IPVS mode's) and the `nftables` one; the
-    // rest of both blocks stays in `ignored` and is reported below.
-    let mut masquerade_all = false;
-    for block in ["iptables", "nftables"] {
-        if let Some(Value::Object(fields)) = file.ignored.get_mut(block)
-            && let Some(value) = fields.remove("masqueradeAll")
-        {
-            masquerade_all |= value.as_bool().ok_or_else(|| {
-                invalid(
-                    &format!("{block}.masqueradeAll"),
-                    format!("{value} is not a boolean"),
-                )
-            })?;
-        }
-    }
-    let config = ProxierConfiguration {
-        feature_gates,
-        ipvs: ipvs_config,
-        cluster_cidr: file.cluster_cidr.unwrap_or_default(),
-        nftables: crate::NftablesConfiguration { masquerade_all },
-        node_port_addresses: file
-            .node_port_addresses
-            .unwrap_or_default()
-            .into_iter()
-            .flat_map(expand_node_port_keyword)
-            .collect(),
-        // KubeProxyConfiguration has no NodePort range (only kube-apiserver knows it).
-        node_port_range: crate::config::DEFAULT_NODE_PORT_RANGE.to_owned(),
-        healthz_bind_address: bind_address(file.healthz_bind_address, healthz_host, HEALTHZ_PORT),
-        metrics_bind_address: bind_address(file.metrics_bind_address, metrics_host, METRICS_PORT),
-    };
+    (
+        bind_address(file.healthz_bind_address.take(), healthz_host, HEALTHZ_PORT),
+        bind_address(file.metrics_bind_address.take(), metrics_host, METRICS_PORT),
+    )
+}
 
-    for (name, value) in &file.ignored {
+/// A warning for every set leaf of the fields kipvs does not read: the known kube-proxy fields
+/// ([`IGNORED_FIELDS`], with what to use instead) and the unknown ones.
+fn warn_ignored(ignored: &Map<String, Value>, warnings: &mut Vec<String>) {
+    for (name, value) in ignored {
         let known = IGNORED_FIELDS.contains(&name.as_str());
         set_leaves(name, value, &mut |path| {
             warnings.push(if known {
@@ -331,17 +398,6 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
             });
         });
     }
-    if let Some(address) = file
-        .bind_address
-        .filter(|a| a.parse::<IpAddr>().is_ok_and(|ip| !ip.is_unspecified()))
-    {
-        warnings.push(format!(
-            "bindAddress {address} is ignored (kipvs takes the node's primary IP from its Node \
-             object); only its IP family picks the default health and metrics addresses"
-        ));
-    }
-    config.validate()?;
-    Ok((config, warnings))
 }
 
 /// The warning for a set field of [`IGNORED_FIELDS`], with what to use instead where kipvs

@@ -29,6 +29,7 @@ use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::proxyconfig::parse_selector;
 use kipvs_crds::{NodeProxyConfig, OPERATOR_FIELD_MANAGER, ProxyConfig, ProxyConfigStatus};
 use kube::api::{Patch, PatchParams};
+use kube::core::Selector;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -396,9 +397,9 @@ fn spec_generation(npcs: &Store<NodeProxyConfig>, node: &str) -> Option<Option<i
 }
 
 /// The decision for `pc` from the stores, with the writer's unconfirmed writes laid over and
-/// its failing writes reported; the status it started from (the stored one, or the one this
-/// controller wrote last if the store has not caught up); and, per node written, the spec
-/// generation of the NodeProxyConfig it decided from ([`spec_generation`]).
+/// its failing writes reported; the status it started from ([`status_to_continue`]); and, per
+/// node written, the spec generation of the NodeProxyConfig it decided from
+/// ([`spec_generation`]).
 fn decide_from_stores(
     pc: &ProxyConfig,
     ctx: &Context,
@@ -412,16 +413,8 @@ fn decide_from_stores(
     let node_objects = ctx.nodes.state();
     let npc_objects = ctx.npcs.state();
     let proxy_configs = ctx.proxy_configs.state();
-    let others: Vec<kube::core::Selector> = proxy_configs
-        .iter()
-        .filter(|other| other.name_any() != name)
-        .filter_map(|other| match &other.node_selector {
-            None => Some(kube::core::Selector::default()),
-            Some(s) => parse_selector(s, "").ok(),
-        })
-        .collect();
+    let others = other_selectors(&proxy_configs, &name);
     let live: HashSet<String> = proxy_configs.iter().map(|p| p.name_any()).collect();
-
     let by_name: HashMap<&str, &NodeProxyConfig> = npc_objects
         .iter()
         .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), &**n))
@@ -430,30 +423,78 @@ fn decide_from_stores(
         let mut writer = ctx.writer.lock();
         (writer.overlay(&by_name, now), writer.failing(&name))
     };
-    let mut expectations = ctx.expectations.lock().expect("expectations lock");
-    let status = match expectations.statuses.get(&name) {
-        Some((version, status)) if *version == pc.metadata.resource_version => Some(status.clone()),
-        _ => {
-            expectations.statuses.remove(&name);
-            pc.status.clone()
-        }
-    };
-    drop(expectations);
-
+    let status = status_to_continue(pc, ctx, &name);
     let views: Vec<NodeView<'_>> = node_objects
         .iter()
         .map(|n| NodeView::from_node(n))
         .collect();
+    let npcs = npc_views(&by_name, &live, &overlay);
+    let decision = rollout::decide(&Input {
+        name: &name,
+        generation: pc.metadata.generation,
+        spec: &pc.spec,
+        status: status.as_ref(),
+        annotations: pc.metadata.annotations.as_ref(),
+        others: &others,
+        nodes: &views,
+        npcs: &npcs,
+        failing_writes: &failing_writes,
+        now,
+    });
+    let seen = decision
+        .writes
+        .iter()
+        .map(|w| {
+            let generation = by_name.get(w.node()).map(|n| n.metadata.generation);
+            (w.node().to_owned(), generation)
+        })
+        .collect();
+    (decision, status, seen)
+}
+
+/// The node selectors of the ProxyConfigs other than `name`, for conflict detection (no
+/// selector selects every node; one that does not parse selects none).
+fn other_selectors(proxy_configs: &[Arc<StoredProxyConfig>], name: &str) -> Vec<Selector> {
+    proxy_configs
+        .iter()
+        .filter(|other| other.name_any() != name)
+        .filter_map(|other| match &other.node_selector {
+            None => Some(Selector::default()),
+            Some(s) => parse_selector(s, "").ok(),
+        })
+        .collect()
+}
+
+/// The status the decision continues from: the one this controller wrote last while the
+/// store still shows the version it was written over, else the stored one.
+fn status_to_continue(pc: &ProxyConfig, ctx: &Context, name: &str) -> Option<ProxyConfigStatus> {
+    let mut expectations = ctx.expectations.lock().expect("expectations lock");
+    match expectations.statuses.get(name) {
+        Some((version, status)) if *version == pc.metadata.resource_version => Some(status.clone()),
+        _ => {
+            expectations.statuses.remove(name);
+            pc.status.clone()
+        }
+    }
+}
+
+/// The NodeProxyConfigs as the decision sees them: the stored ones (a controller that no
+/// longer exists in `live` makes an orphan, adopted by whoever selects the node), with the
+/// writer's unconfirmed writes (`overlay`) laid over.
+fn npc_views<'a>(
+    by_name: &HashMap<&'a str, &'a NodeProxyConfig>,
+    live: &'a HashSet<String>,
+    overlay: &'a [(String, Expected)],
+) -> HashMap<&'a str, NpcView<'a>> {
     let mut npcs: HashMap<&str, NpcView<'_>> = by_name
         .iter()
         .map(|(name, npc)| {
             let mut view = NpcView::from_npc(npc);
-            // The controlling ProxyConfig was deleted: an orphan, adopted by whoever selects it.
             view.owner = view.owner.filter(|o| live.contains(*o));
             (*name, view)
         })
         .collect();
-    for (node, expected) in &overlay {
+    for (node, expected) in overlay {
         match expected {
             Expected::Assigned {
                 owner,
@@ -477,27 +518,7 @@ fn decide_from_stores(
             }
         }
     }
-    let decision = rollout::decide(&Input {
-        name: &name,
-        generation: pc.metadata.generation,
-        spec: &pc.spec,
-        status: status.as_ref(),
-        annotations: pc.metadata.annotations.as_ref(),
-        others: &others,
-        nodes: &views,
-        npcs: &npcs,
-        failing_writes: &failing_writes,
-        now,
-    });
-    let seen = decision
-        .writes
-        .iter()
-        .map(|w| {
-            let generation = by_name.get(w.node()).map(|n| n.metadata.generation);
-            (w.node().to_owned(), generation)
-        })
-        .collect();
-    (decision, status, seen)
+    npcs
 }
 
 /// Server-side apply of the status subresource; remembers it until the store shows it.

@@ -151,6 +151,7 @@ pub(crate) async fn run_round(
         on_apiserver,
     };
     measured.report(fleet, table);
+    measured.check(fleet, table);
     measured.check_fault(fleet, fault, table);
     if round == 1 && args.flap_share > 0.0 && measured.rollout.all_applied.is_some() {
         measured.check_blip(fleet, round, table).await;
@@ -318,15 +319,17 @@ fn seconds(d: Option<Duration>) -> String {
 }
 
 impl Measured {
-    /// The round's rows, and the failures of what every round asserts: the canary's first write
-    /// within `--max-first-write`, the rollout complete, exactly one spec write per eligible
-    /// node, the revision the last good one, and every answering node Applied on the apiserver.
-    fn report(&self, fleet: &Fleet, table: &mut Table) {
-        let Measured { label, .. } = self;
-        let (expected, eligible) = (self.expected_applied, fleet.eligible);
+    /// Eligible nodes written exactly once, and the most writes a node got.
+    fn writes_summary(&self) -> (usize, u32) {
         let exactly_one = self.writes.iter().filter(|w| **w == 1).count();
-        let max_writes = self.writes.iter().copied().max().unwrap_or(0);
-        let (first_write, all_applied) = (self.rollout.first_write, self.rollout.all_applied);
+        (exactly_one, self.writes.iter().copied().max().unwrap_or(0))
+    }
+
+    /// The round's rows.
+    fn report(&self, fleet: &Fleet, table: &mut Table) {
+        let label = &self.label;
+        let (expected, eligible) = (self.expected_applied, fleet.eligible);
+        let (exactly_one, max_writes) = self.writes_summary();
         let verdict = &self.verdict;
         let reason = verdict
             .conditions
@@ -337,12 +340,12 @@ impl Measured {
         table.rows.extend([
             format!(
                 "| {label} | apply -> canary's NodeProxyConfig written | {} |",
-                seconds(first_write)
+                seconds(self.rollout.first_write)
             ),
             format!(
                 "| {label} | 3-stage rollout, zero soak: apply -> all {expected} answering \
                  nodes Applied | {} |",
-                seconds(all_applied)
+                seconds(self.rollout.all_applied)
             ),
             format!(
                 "| {label} | operator's verdict: Progressing {reason} with {}/{} healthy, \
@@ -362,6 +365,16 @@ impl Measured {
             ),
             format!("| {label} | CPU seconds: {} | |", self.cpu),
         ]);
+    }
+
+    /// What every round asserts: the canary's first write within `--max-first-write`, the
+    /// rollout complete, exactly one spec write per eligible node, the revision the last good
+    /// one, and every answering node Applied on the apiserver.
+    fn check(&self, fleet: &Fleet, table: &mut Table) {
+        let label = &self.label;
+        let (expected, eligible) = (self.expected_applied, fleet.eligible);
+        let (exactly_one, max_writes) = self.writes_summary();
+        let first_write = self.rollout.first_write;
         let max_first_write = fleet.args.max_first_write;
         if first_write.is_none_or(|d| d > max_first_write) {
             table.failures.push(format!(
@@ -369,7 +382,7 @@ impl Measured {
                 seconds(first_write)
             ));
         }
-        if all_applied.is_none() {
+        if self.rollout.all_applied.is_none() {
             table
                 .failures
                 .push(format!("{label}: rollout did not complete"));
@@ -379,7 +392,7 @@ impl Measured {
                 "{label}: {exactly_one} of {eligible} nodes got exactly one write (max {max_writes})"
             ));
         }
-        let revision = self.revision.as_str();
+        let (verdict, revision) = (&self.verdict, self.revision.as_str());
         if verdict.last_good_revision.as_deref() != Some(revision)
             || verdict.bad_revisions.iter().any(|b| b == revision)
         {

@@ -182,6 +182,17 @@ pub(super) struct Cursor {
     pub(super) notes: Vec<Note>,
 }
 
+impl Cursor {
+    /// Records a stage Event.
+    fn note(&mut self, warning: bool, reason: &'static str, message: String) {
+        self.notes.push(Note {
+            warning,
+            reason,
+            message,
+        });
+    }
+}
+
 /// The stage cursor: walks the stages in order, completing each one that is done (every node
 /// that is not skipped settled, soak passed, promoted if it pauses) and stopping at the first
 /// that is not. Sets each stage's phase and timestamps (`startedAt`, `healthyAt`, `promotedAt`)
@@ -200,80 +211,88 @@ pub(super) fn advance_stages(
         soak_end: None,
         notes: Vec::new(),
     };
-    let mut note = |warning: bool, reason: &'static str, message: String| {
-        cursor.notes.push(Note {
-            warning,
-            reason,
-            message,
-        });
-    };
     for (i, stage) in stages.iter().enumerate() {
         let st = &mut stage_status[i];
         if st.phase == StagePhase::Complete {
             continue;
         }
         cursor.at = i;
-        if paused {
+        if paused || !advance_stage(stage, st, target, now, promote, &mut cursor) {
             return cursor;
         }
-        let waiting = st.total - st.skipped;
-        if waiting < stage.min_nodes {
-            st.phase = StagePhase::Waiting;
-            st.healthy_at = None;
-            cursor.too_small = Some(waiting);
-            return cursor;
-        }
-        if st.started_at.is_none() {
-            st.started_at = Some(Time(now));
-            let message = format!(
-                "stage {} started for revision {target}: {} node(s), maxUnavailable {}",
-                stage.name, st.total, stage.max_unavailable
-            );
-            note(false, "StageStarted", message);
-        }
-        if st.healthy + st.failed < waiting {
-            st.phase = StagePhase::Progressing;
-            st.healthy_at = None;
-            return cursor;
-        }
-        let empty = waiting == 0;
-        let healthy_at = st.healthy_at.get_or_insert(Time(now)).0;
-        let soak_end = healthy_at
-            .checked_add(stage.soak_duration)
-            .unwrap_or(Timestamp::MAX);
-        if !empty && now < soak_end {
-            st.phase = StagePhase::Soaking;
-            cursor.soak_end = Some(soak_end);
-            return cursor;
-        }
-        if !empty && stage.pause && st.promoted_at.is_none() {
-            if promote == Some(format!("{}@{target}", stage.name).as_str()) {
-                st.promoted_at = Some(Time(now));
-                let message = format!("stage {} of revision {target} promoted", stage.name);
-                note(false, "StagePromoted", message);
-            } else {
-                st.phase = StagePhase::AwaitingPromotion;
-                return cursor;
-            }
-        }
-        st.phase = StagePhase::Complete;
-        if empty {
-            let message = format!(
-                "stage {} of revision {target} has no node to wait for ({} node(s), {} \
-                 skipped): it completes without running; set minNodes on the stage to make \
-                 the rollout wait instead",
-                stage.name, st.total, st.skipped
-            );
-            note(true, "StageEmpty", message);
-        }
-        let message = format!(
-            "stage {} complete for revision {target}: {} healthy, {} failed, {} skipped",
-            stage.name, st.healthy, st.failed, st.skipped
-        );
-        note(false, "StageComplete", message);
     }
     cursor.at = stages.len();
     cursor
+}
+
+/// The stage at the cursor, in the order it goes through: Waiting while it has fewer than
+/// `minNodes` nodes to wait for, started, Progressing until every node it waits for is healthy
+/// or failed, Soaking for `soakDuration` after that, AwaitingPromotion (with `pause`) until
+/// `promote` names it and `target`, then Complete. A stage with no node to wait for completes
+/// at once, with a warning. Returns whether it completed.
+fn advance_stage(
+    stage: &Stage,
+    st: &mut StageStatus,
+    target: &str,
+    now: Timestamp,
+    promote: Option<&str>,
+    cursor: &mut Cursor,
+) -> bool {
+    let waiting = st.total - st.skipped;
+    if waiting < stage.min_nodes {
+        st.phase = StagePhase::Waiting;
+        st.healthy_at = None;
+        cursor.too_small = Some(waiting);
+        return false;
+    }
+    if st.started_at.is_none() {
+        st.started_at = Some(Time(now));
+        let message = format!(
+            "stage {} started for revision {target}: {} node(s), maxUnavailable {}",
+            stage.name, st.total, stage.max_unavailable
+        );
+        cursor.note(false, "StageStarted", message);
+    }
+    if st.healthy + st.failed < waiting {
+        st.phase = StagePhase::Progressing;
+        st.healthy_at = None;
+        return false;
+    }
+    let empty = waiting == 0;
+    let healthy_at = st.healthy_at.get_or_insert(Time(now)).0;
+    let soak_end = healthy_at
+        .checked_add(stage.soak_duration)
+        .unwrap_or(Timestamp::MAX);
+    if !empty && now < soak_end {
+        st.phase = StagePhase::Soaking;
+        cursor.soak_end = Some(soak_end);
+        return false;
+    }
+    if !empty && stage.pause && st.promoted_at.is_none() {
+        if promote != Some(format!("{}@{target}", stage.name).as_str()) {
+            st.phase = StagePhase::AwaitingPromotion;
+            return false;
+        }
+        st.promoted_at = Some(Time(now));
+        let message = format!("stage {} of revision {target} promoted", stage.name);
+        cursor.note(false, "StagePromoted", message);
+    }
+    st.phase = StagePhase::Complete;
+    if empty {
+        let message = format!(
+            "stage {} of revision {target} has no node to wait for ({} node(s), {} \
+             skipped): it completes without running; set minNodes on the stage to make \
+             the rollout wait instead",
+            stage.name, st.total, st.skipped
+        );
+        cursor.note(true, "StageEmpty", message);
+    }
+    let message = format!(
+        "stage {} complete for revision {target}: {} healthy, {} failed, {} skipped",
+        stage.name, st.healthy, st.failed, st.skipped
+    );
+    cursor.note(false, "StageComplete", message);
+    true
 }
 
 #[cfg(test)]
