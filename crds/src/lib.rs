@@ -14,6 +14,8 @@
 //!   which writes it, and the proxier, which reports the revision of what it applied).
 //! - [`crd`]: the CustomResourceDefinitions as the `crdgen` binary writes them.
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod crd;
 pub mod duration;

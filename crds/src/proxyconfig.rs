@@ -464,11 +464,31 @@ pub fn parse_selector(
     kube::core::Selector::try_from(selector.clone()).map_err(|e| invalid(e.to_string()))
 }
 
+/// Why a label key or value in a selector is not one Kubernetes accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+enum LabelError {
+    /// The part before `/` is not a DNS subdomain.
+    #[error(
+        "the prefix must be a DNS subdomain (lowercase alphanumerics, '-' and '.', at most 253 \
+         characters)"
+    )]
+    Prefix,
+    /// Nothing after the `/`.
+    #[error("the name part must not be empty")]
+    EmptyName,
+    /// Too long, or a character Kubernetes does not allow.
+    #[error(
+        "must be at most 63 characters: alphanumerics, '-', '_' or '.', beginning and ending \
+         with an alphanumeric"
+    )]
+    Value,
+}
+
 /// A label key as Kubernetes validates it (`IsQualifiedName`): an optional DNS subdomain
 /// prefix of at most 253 characters and `/`, then a name of 1-63 alphanumerics, `-`, `_`, `.`,
 /// beginning and ending with an alphanumeric. A selector with any other key matches no Node
 /// ever, which would silently empty a stage, so it is an invalid spec.
-fn check_label_key(key: &str) -> Result<(), String> {
+fn check_label_key(key: &str) -> Result<(), LabelError> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
@@ -483,22 +503,18 @@ fn check_label_key(key: &str) -> Result<(), String> {
                 && !l.ends_with('-')
         };
         if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(label_ok) {
-            return Err(
-                "the prefix must be a DNS subdomain (lowercase alphanumerics, '-' and '.', at \
-                 most 253 characters)"
-                    .to_owned(),
-            );
+            return Err(LabelError::Prefix);
         }
     }
     if name.is_empty() {
-        return Err("the name part must not be empty".to_owned());
+        return Err(LabelError::EmptyName);
     }
     check_label_value(name)
 }
 
 /// A label value (`IsValidLabelValue`): empty, or at most 63 alphanumerics, `-`, `_`, `.`,
 /// beginning and ending with an alphanumeric.
-fn check_label_value(value: &str) -> Result<(), String> {
+fn check_label_value(value: &str) -> Result<(), LabelError> {
     let edge_ok = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphanumeric());
     if value.len() > 63
         || !value
@@ -507,11 +523,7 @@ fn check_label_value(value: &str) -> Result<(), String> {
         || !edge_ok(value.chars().next())
         || !edge_ok(value.chars().last())
     {
-        return Err(
-            "must be at most 63 characters: alphanumerics, '-', '_' or '.', beginning and \
-             ending with an alphanumeric"
-                .to_owned(),
-        );
+        return Err(LabelError::Value);
     }
     Ok(())
 }

@@ -13,6 +13,8 @@
 //! - [`simulated`]: [`SimulatedProxier`], the engine's steps on the reducer for a harness that
 //!   stands in for proxiers.
 
+#![warn(missing_docs)]
+
 pub mod report;
 pub mod simulated;
 pub mod writer;

@@ -20,7 +20,7 @@ use crate::conditions::ConditionSet;
 use crate::events::Publisher;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Decision, Input, NodeView, NpcView};
-use crate::stored::StoredProxyConfig;
+use crate::stored::{StoredProxyConfig, UndecodableSpec};
 use crate::triggers::{Concerned, node_triggers, npc_triggers, proxy_config_triggers};
 use crate::writer::{Expected, WRITE_CONCURRENCY, Writer};
 use futures::{StreamExt, stream};
@@ -233,8 +233,12 @@ pub async fn run(
 /// that on the object itself (Degraded `InvalidSpec` with the decoding error, one Event) and
 /// writes nothing else. Either way the other ProxyConfigs are not affected.
 ///
+/// Runs in a `reconcile` span that names the ProxyConfig (its decision in a `decide` span, its
+/// status write in a `write_status` one, both at debug level).
+///
 /// # Errors
 /// As [`reconcile`]; for an undecodable object, a failed status write.
+#[tracing::instrument(name = "reconcile", skip_all, fields(proxyconfig = %stored.name_any()))]
 pub async fn reconcile_stored(
     stored: Arc<StoredProxyConfig>,
     ctx: Arc<Context>,
@@ -243,9 +247,9 @@ pub async fn reconcile_stored(
     let metrics = ctx.metrics.clone();
     let result = match stored.decode() {
         Ok(pc) => reconcile(Arc::new(pc), ctx).await,
-        Err(message) => {
+        Err(error) => {
             metrics.failures.with_label_values(&["decode"]).inc();
-            report_undecodable(&stored, &message, &ctx).await
+            report_undecodable(&stored, &error, &ctx).await
         }
     };
     metrics
@@ -263,10 +267,12 @@ pub async fn reconcile_stored(
 /// memory is kept) with Degraded `InvalidSpec`, and an Event unless Degraded said so already.
 async fn report_undecodable(
     stored: &StoredProxyConfig,
-    message: &str,
+    error: &UndecodableSpec,
     ctx: &Context,
 ) -> Result<Action, Error> {
     let name = stored.name_any();
+    let message = error.to_string();
+    let message = message.as_str();
     tracing::warn!(proxyconfig = %name, error = %message, "spec cannot be read");
     let previous = stored.status.clone().unwrap_or_default();
     let mut conditions = ConditionSet::new(
@@ -400,6 +406,7 @@ fn spec_generation(npcs: &Store<NodeProxyConfig>, node: &str) -> Option<Option<i
 /// its failing writes reported; the status it started from ([`status_to_continue`]); and, per
 /// node written, the spec generation of the NodeProxyConfig it decided from
 /// ([`spec_generation`]).
+#[tracing::instrument(name = "decide", level = "debug", skip_all)]
 fn decide_from_stores(
     pc: &ProxyConfig,
     ctx: &Context,
@@ -522,6 +529,7 @@ fn npc_views<'a>(
 }
 
 /// Server-side apply of the status subresource; remembers it until the store shows it.
+#[tracing::instrument(level = "debug", skip_all)]
 async fn write_status(
     ctx: &Context,
     name: &str,

@@ -12,6 +12,8 @@
 //! - [`writer`]: the NodeProxyConfig writes, sent apart from the decisions (queue, retries).
 //! - [`sim`]: an in-memory fleet to drive the decision (tests, benchmarks, what-if runs).
 
+#![warn(missing_docs)]
+
 pub mod conditions;
 pub mod controller;
 pub mod events;

@@ -14,6 +14,13 @@ use kube::Resource;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use std::borrow::Cow;
+use std::sync::Arc;
+
+/// Why a stored ProxyConfig's spec cannot be read: the serde error, which names the field and
+/// the value (`spec: rollout.stages[0].soakDuration: ...`).
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("spec: {0}")]
+pub struct UndecodableSpec(Arc<serde_json::Error>);
 
 /// A ProxyConfig whose spec and status may not decode.
 #[derive(Clone, Debug)]
@@ -21,7 +28,7 @@ pub struct StoredProxyConfig {
     /// Object metadata (always readable: the API server validates it).
     pub metadata: ObjectMeta,
     /// The spec, or why it cannot be read (the serde error, naming the field and value).
-    pub spec: Result<ProxyConfigSpec, String>,
+    pub spec: Result<ProxyConfigSpec, UndecodableSpec>,
     /// The status, if there is one and it decodes (an unreadable status is treated as none).
     pub status: Option<ProxyConfigStatus>,
     /// `spec.nodeSelector` read on its own, so that the nodes of a ProxyConfig whose spec does
@@ -34,7 +41,7 @@ impl StoredProxyConfig {
     ///
     /// # Errors
     /// The spec's decoding error.
-    pub fn decode(&self) -> Result<ProxyConfig, String> {
+    pub fn decode(&self) -> Result<ProxyConfig, UndecodableSpec> {
         let spec = self.spec.clone()?;
         Ok(ProxyConfig {
             metadata: self.metadata.clone(),
@@ -74,7 +81,7 @@ impl<'de> Deserialize<'de> for StoredProxyConfig {
         let spec = if raw.spec.is_null() {
             Ok(ProxyConfigSpec::default())
         } else {
-            serde_json::from_value(raw.spec).map_err(|e| format!("spec: {e}"))
+            serde_json::from_value(raw.spec).map_err(|e| UndecodableSpec(Arc::new(e)))
         };
         let status = serde_json::from_value(raw.status).ok().flatten();
         Ok(StoredProxyConfig {
@@ -130,7 +137,7 @@ mod tests {
             "status": {"lastGoodRevision": "abc"}
         });
         let stored: StoredProxyConfig = serde_json::from_value(object).unwrap();
-        let error = stored.decode().unwrap_err();
+        let error = stored.decode().unwrap_err().to_string();
         assert!(error.contains("out of range"), "{error}");
         assert_eq!(stored.metadata.name.as_deref(), Some("huge"));
         assert_eq!(

@@ -19,6 +19,7 @@ use crate::types::AddressFamily;
 /// Everything is host byte order except [`DestAttr::Port`] and
 /// [`DestAttr::TunPort`] (big-endian on the wire).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DestAttr {
     /// `IPVS_DEST_ATTR_ADDR`: real server address, a `union nf_inet_addr`.
     ///

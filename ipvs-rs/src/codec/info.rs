@@ -13,6 +13,7 @@ use crate::constants::*;
 /// [`super::IpvsMessage`] reads them as info attributes only in messages
 /// whose command is `SET_INFO` or `GET_INFO`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum InfoAttr {
     /// `IPVS_INFO_ATTR_VERSION`: u32 `0x00MMmmpp` (see [`crate::Version`]).
     Version(u32),

@@ -123,6 +123,7 @@ impl IpvsCmd {
 /// A top-level attribute of an IPVS message (`IPVS_CMD_ATTR_*`, or
 /// `IPVS_INFO_ATTR_*` in `GET_INFO` replies).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IpvsAttr {
     /// `IPVS_CMD_ATTR_SERVICE`: the service nest.
     Service(Vec<ServiceAttr>),

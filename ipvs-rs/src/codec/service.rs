@@ -33,6 +33,7 @@ pub struct IpvsFlags {
 /// Everything is host byte order except [`ServiceAttr::Port`] (big-endian on
 /// the wire).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ServiceAttr {
     /// `IPVS_SVC_ATTR_AF`: address family, u16 (2 or 10; kept raw so any
     /// value parses).

@@ -16,6 +16,7 @@ use crate::types::Stats;
 /// One attribute of a 32-bit `..._STATS` nest (`struct ip_vs_stats_user`
 /// layout: counters and rates are u32, byte counts u64; all host order).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StatsAttr {
     /// `IPVS_STATS_ATTR_CONNS`, u32.
     Conns(u32),
@@ -109,6 +110,7 @@ impl<T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&T>> for StatsAttr {
 /// One attribute of a 64-bit `..._STATS64` nest: every counter is a
 /// host-order u64 (`struct ip_vs_kstats`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Stats64Attr {
     /// `IPVS_STATS_ATTR_CONNS`, u64.
     Conns(u64),
