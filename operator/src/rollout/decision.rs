@@ -5,12 +5,15 @@
 use super::input::Input;
 use super::outcome::{Decision, Note, Write};
 use super::selection::{Health, Member, Selection, deadline, select};
-use super::stages::{advance_stages, assign_stages, carried_stage_statuses, stage_health};
+use super::stages::{
+    Cursor, StageHealth, advance_stages, assign_stages, carried_stage_statuses, stage_health,
+};
 use crate::conditions::{ConditionSet, list};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kipvs_crds::proxyconfig::parse_selector;
 use kipvs_crds::revision::config_revision;
-use kipvs_crds::{PROMOTE_ANNOTATION, ProxyConfigStatus, RolloutSpec};
+use kipvs_crds::{PROMOTE_ANNOTATION, ProxyConfigStatus, RolloutSpec, Stage, StageStatus};
+use kube::core::Selector;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,53 +107,18 @@ impl<'a> Decider<'a> {
         self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
     }
 
+    /// The decision in order: the spec checked, the nodes selected, the target revision's mode
+    /// run, hand edits restored, availability reported.
     fn run(&mut self) {
-        let input = self.input;
-        let spec = input.spec;
+        let spec = self.input.spec;
         self.conditions.set_paused(spec.paused);
-        self.conditions.write_failures(input.failing_writes);
-        let own = match spec.validate().and_then(|()| {
-            spec.node_selector
-                .as_ref()
-                .map(|s| parse_selector(s, "spec.nodeSelector"))
-                .transpose()
-        }) {
-            Ok(selector) => selector.unwrap_or_default(),
-            Err(e) => {
-                let message = e.to_string();
-                if !self
-                    .prev
-                    .conditions
-                    .iter()
-                    .any(|c| c.reason == "InvalidSpec" && c.message == message)
-                {
-                    self.note(true, "InvalidSpec", message.clone());
-                }
-                self.conditions.invalid_spec(&message);
-                self.status.revision = self.prev.revision.clone();
-                self.status.target_revision = self.prev.target_revision.clone();
-                return;
-            }
+        self.conditions.write_failures(self.input.failing_writes);
+        let Some(own) = self.own_selector() else {
+            return;
         };
         let spec_revision = config_revision(&spec.config);
         self.status.revision = Some(spec_revision.clone());
-
-        let Selection {
-            mut members,
-            mut conflicts,
-            unselected_owned,
-        } = select(input, &own);
-        for node in unselected_owned {
-            self.write(Write::Delete {
-                node: node.to_owned(),
-            });
-        }
-        conflicts.sort_unstable();
-        self.report_conflicts(&conflicts);
-        self.status.total_nodes = count(members.len() + conflicts.len());
-        self.status.skipped_nodes = count(members.iter().filter(|m| m.view.skip.is_some()).count());
-        members.sort_unstable_by(|a, b| (a.hash, a.view.name).cmp(&(b.hash, b.view.name)));
-
+        let mut members = self.members(&own);
         let mode = target_mode(
             self.status.bad_revisions.contains(&spec_revision),
             spec.rollout.auto_rollback,
@@ -168,6 +136,57 @@ impl<'a> Decider<'a> {
         }
         self.restore_drifted(&members, &drifted, &spec_revision);
         self.report_availability(&members);
+    }
+
+    /// `spec.nodeSelector`, once the spec is valid. An invalid spec is reported (Degraded
+    /// `InvalidSpec`, an Event when the message is new) and decides nothing else: the revisions
+    /// in status stay as they were.
+    fn own_selector(&mut self) -> Option<Selector> {
+        let spec = self.input.spec;
+        let own = spec.validate().and_then(|()| {
+            spec.node_selector
+                .as_ref()
+                .map(|s| parse_selector(s, "spec.nodeSelector"))
+                .transpose()
+        });
+        let error = match own {
+            Ok(selector) => return Some(selector.unwrap_or_default()),
+            Err(e) => e.to_string(),
+        };
+        if !self
+            .prev
+            .conditions
+            .iter()
+            .any(|c| c.reason == "InvalidSpec" && c.message == error)
+        {
+            self.note(true, "InvalidSpec", error.clone());
+        }
+        self.conditions.invalid_spec(&error);
+        self.status.revision = self.prev.revision.clone();
+        self.status.target_revision = self.prev.target_revision.clone();
+        None
+    }
+
+    /// The members `own` selects, sorted by name hash (the order sized stages take them in);
+    /// NodeProxyConfigs of nodes no longer selected are deleted, conflicts reported, the node
+    /// counts set.
+    fn members(&mut self, own: &Selector) -> Vec<Member<'a>> {
+        let Selection {
+            mut members,
+            mut conflicts,
+            unselected_owned,
+        } = select(self.input, own);
+        for node in unselected_owned {
+            self.write(Write::Delete {
+                node: node.to_owned(),
+            });
+        }
+        conflicts.sort_unstable();
+        self.report_conflicts(&conflicts);
+        self.status.total_nodes = count(members.len() + conflicts.len());
+        self.status.skipped_nodes = count(members.iter().filter(|m| m.view.skip.is_some()).count());
+        members.sort_unstable_by(|a, b| (a.hash, a.view.name).cmp(&(b.hash, b.view.name)));
+        members
     }
 
     /// No node to configure: the rollout does not start (a revision is never "good" on no
@@ -204,7 +223,6 @@ impl<'a> Decider<'a> {
         let input = self.input;
         let rollout: &RolloutSpec = &input.spec.rollout;
         let stages = rollout.effective_stages();
-        let now = input.now;
         let continuing = self.prev.target_revision.as_deref() == Some(target.as_str());
         let done = continuing && self.prev.last_good_revision.as_deref() == Some(target.as_str());
         self.status.target_revision = Some(target.clone());
@@ -212,16 +230,8 @@ impl<'a> Decider<'a> {
         let mut stage_status = carried_stage_statuses(&stages, &self.prev.stages, continuing, done);
         assign_stages(&stages, &mut stage_status, members);
 
-        let timeout = rollout.apply_timeout;
-        let health = stage_health(members, &target, &mut stage_status, timeout, now);
-        for at in &health.deadlines {
-            self.requeue_at(*at);
-        }
-        self.status.updated_nodes = count(stage_status.iter().map(|s| s.updated as usize).sum());
-        self.status.healthy_nodes = count(stage_status.iter().map(|s| s.healthy as usize).sum());
-        self.status.failed_nodes = count(health.failed.len());
+        let health = self.count_health(members, &target, &mut stage_status);
         let failed_names: Vec<&str> = health.failed.iter().map(|m| m.view.name).collect();
-        self.report_failures(&target, &health.failed);
 
         // A revision that already reached every node is the last good one: its failures only
         // make the ProxyConfig unavailable.
@@ -237,20 +247,7 @@ impl<'a> Decider<'a> {
             done,
         );
 
-        let promote = input.annotations.and_then(|a| a.get(PROMOTE_ANNOTATION));
-        let cursor = advance_stages(
-            &stages,
-            &mut stage_status,
-            &target,
-            now,
-            input.spec.paused,
-            promote.map(String::as_str),
-        );
-        if let Some(at) = cursor.soak_end {
-            self.requeue_at(at);
-        }
-        self.events.extend(cursor.notes.iter().cloned());
-
+        let cursor = self.advance(&stages, &mut stage_status, &target);
         self.write_rollout(
             members,
             &target,
@@ -269,6 +266,52 @@ impl<'a> Decider<'a> {
             self.status.healthy_nodes,
         );
         self.status.stages = stage_status;
+    }
+
+    /// Each stage's members counted against `target` ([`stage_health`]) into `stage_status` and
+    /// the status's node counts; failed nodes reported; the apply deadlines of those in flight
+    /// are the next looks.
+    fn count_health<'m>(
+        &mut self,
+        members: &'m [Member<'a>],
+        target: &str,
+        stage_status: &mut [StageStatus],
+    ) -> StageHealth<'m, 'a> {
+        let timeout = self.input.spec.rollout.apply_timeout;
+        let health = stage_health(members, target, stage_status, timeout, self.input.now);
+        for at in &health.deadlines {
+            self.requeue_at(*at);
+        }
+        self.status.updated_nodes = count(stage_status.iter().map(|s| s.updated as usize).sum());
+        self.status.healthy_nodes = count(stage_status.iter().map(|s| s.healthy as usize).sum());
+        self.status.failed_nodes = count(health.failed.len());
+        self.report_failures(target, &health.failed);
+        health
+    }
+
+    /// The stage cursor for `target` ([`advance_stages`], promoted by the ProxyConfig's
+    /// [`PROMOTE_ANNOTATION`]), with its Events; the end of a soak is the next look.
+    fn advance(
+        &mut self,
+        stages: &[Stage],
+        stage_status: &mut [StageStatus],
+        target: &str,
+    ) -> Cursor {
+        let input = self.input;
+        let promote = input.annotations.and_then(|a| a.get(PROMOTE_ANNOTATION));
+        let cursor = advance_stages(
+            stages,
+            stage_status,
+            target,
+            input.now,
+            input.spec.paused,
+            promote.map(String::as_str),
+        );
+        if let Some(at) = cursor.soak_end {
+            self.requeue_at(at);
+        }
+        self.events.extend(cursor.notes.iter().cloned());
+        cursor
     }
 
     /// More failures than the budget: the revision is bad; with autoRollback the nodes return
