@@ -19,7 +19,8 @@
 #   --fast: the subset hack/test.sh runs (PARITY_FAST_VECTORS and one generated cluster of 30 Services)
 #   --bench N...: clusters of N ClusterIP Services with 2 endpoints each (hack/bench-vs-kube-proxy.sh), each
 #           compared too; prints both proxiers' time to converge, CPU seconds and peak RSS, and the ratios
-#   default: every plan vector and PARITY_GENERATED (6) generated clusters of PARITY_PER_CLUSTER (40) Services
+#   default: every plan vector, PARITY_GENERATED (6) generated clusters of PARITY_PER_CLUSTER (40) Services and
+#           the scale clusters of PARITY_SCALE (1000; comma-separated sizes, "" for none), with their figures
 # env:   PARITY_SEED (25), CP_PORT/CP_ETCD_PORT (27443/27790), PARITY_AGENT_PORT (27100), KEEP=1 (keep the
 #        state dir: corpus, results, logs), VMCACHE, CPCACHE
 set -euo pipefail
@@ -31,7 +32,7 @@ cd "$ROOT"
 export CP_PORT=${CP_PORT:-27443} CP_ETCD_PORT=${CP_ETCD_PORT:-27790}
 AGENT_PORT=${PARITY_AGENT_PORT:-27100}
 SEED=${PARITY_SEED:-25}
-FAST_VECTORS=${PARITY_FAST_VECTORS:-load-balancer,load-balancer-source-ranges,external-ips,only-local-load-balancing,nodeport-ipv4-udp,nodeport-ipv4-sctp,session-affinity,ready-and-terminating-cluster,only-terminating-local,topology-zone-hints,only-local-nodeports,multi-port-service-bind-addr,dual-stack,internal-traffic-policy-e2e}
+FAST_VECTORS=${PARITY_FAST_VECTORS:-load-balancer-source-ranges,external-ips,only-local-load-balancing,nodeport-ipv4-sctp,session-affinity,ready-and-terminating-cluster,internal-traffic-policy-e2e,dual-stack}
 say() { printf 'parity: %s\n' "$*"; }
 if [ "$(hack/control-plane.sh version)" != 1.24 ]; then
   say "SKIPPED (needs the Kubernetes 1.24 source in ../shared/k8s: kube-proxy 1.24 and v1 EndpointSlices)"
@@ -73,9 +74,13 @@ elif [ "${1:-}" = --bench ]; then
   LIMIT=1800
 else
   python3 tests/kube-proxy/corpus.py "$CORPUS" --vectors proxier/testdata/plan \
-    --generated "${PARITY_GENERATED:-6}" --per-cluster "${PARITY_PER_CLUSTER:-40}" --seed "$SEED"
+    --generated "${PARITY_GENERATED:-6}" --per-cluster "${PARITY_PER_CLUSTER:-40}" --seed "$SEED" \
+    --scale "${PARITY_SCALE-1000}"
+  LIMIT=600
 fi
-CLUSTERS=$(ls "$CORPUS")
+# the fast subset's clusters first, the scale clusters last
+CLUSTERS=$(ls "$CORPUS" | awk -v fast=",$FAST_VECTORS," '{ n = $0; sub(/\..*/, "", n)
+  print (index(fast, "," n ",") || $0 ~ /^gen-[0-9]+-0$/ ? 0 : $0 ~ /^scale-/ ? 2 : 1), $0 }' | sort -k1,1n -k2 | cut -d' ' -f2)
 say "corpus: $(wc -w <<<"$CLUSTERS") clusters"
 
 # ---- control plane, the guest's files --------------------------------------------------------------------
@@ -128,7 +133,7 @@ for c in $CLUSTERS; do
     for f in "$CORPUS/$c"/create-*.json; do k create -f "$f" 2>&1 | grep -v ' created$' >> "$R/$c/apply.log" & done
     wait
   fi
-  grep -E '^(Error|error)' "$R/$c/apply.log" | sed 's/^Error from server ([A-Za-z]*): error when [a-z]* "[^"]*": //' > "$R/$c/rejected-objects" || true
+  grep -E '^(Error|error)|is invalid' "$R/$c/apply.log" | sed 's/^Error from server ([A-Za-z]*): error when [a-z]* "[^"]*": //' > "$R/$c/rejected-objects" || true
   while read -r path body; do
     KUBECONFIG=$KC patch_status "$path" "$body" > /dev/null
   done < "$CORPUS/$c/status.txt"

@@ -5,9 +5,10 @@
 # (kube-apiserver 1.24 built once from ../shared/k8s, else 1.20.2 from Debian's source; cached:
 # hack/test-cluster.sh for the proxier, hack/test-operator.sh for the CRDs and the rollout controller),
 # then the end to end with the proxier in the VM against that apiserver (hack/test-e2e.sh; 1.24 only;
-# ~4 min after the VM suite, whose proxier image it reuses).
-# KIPVS_SKIP_VM=1 skips the VM suite and the end to end, KIPVS_SKIP_CP=1 the control-plane suites and the end to end,
-# KIPVS_E2E=0 the end to end only.
+# ~4 min after the VM suite, whose proxier image it reuses), then the differential parity check against the
+# real kube-proxy 1.24 in the VM (hack/parity-kube-proxy.sh --fast; 1.24 only).
+# KIPVS_SKIP_VM=1 skips the VM suite, the end to end and the parity check, KIPVS_SKIP_CP=1 the control-plane
+# suites, the end to end and the parity check, KIPVS_E2E=0 the end to end only, KIPVS_PARITY=0 the parity check only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Everything the layers below need on the host (nft, umoci, kubectl, base tools), fetched into
@@ -42,6 +43,10 @@ if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
     hack/test-e2e.sh
   else
     step "end to end (hack/test-e2e.sh) not run (KIPVS_E2E=0 or KIPVS_SKIP_VM=1)"
+  fi
+  if [ "${KIPVS_SKIP_VM:-0}" != 1 ] && [ "${KIPVS_PARITY:-1}" != 0 ]; then
+    step "parity with kube-proxy 1.24's IPVS mode in the VM, fast subset (hack/parity-kube-proxy.sh --fast; KIPVS_PARITY=0 skips it)"
+    hack/parity-kube-proxy.sh --fast
   fi
 fi
 echo "all tests passed in $(( $(date +%s) - t0 ))s"

@@ -9,35 +9,87 @@ RESULTS_DIR/CLUSTER/{kube-proxy,kipvs}.out hold the guest agent's `run` output (
 names the objects the apiserver rejected (the cluster is compared without them). A line one side has and the other lacks is a
 difference; it is explained by the first deviation whose `only_in` is that side, whose `clusters` globs
 (default: every cluster) match the cluster and one of whose `lines` regular expressions matches the line
-(re.search; `{LOCAL_NOT_NODE}` in one stands for the cluster's local addresses that are not node IPs:
-the guest's 10.0.2.15 and the cluster's addrs not in its node-ips, as ipvsadm prints them). Prints one block per cluster with differences, then the totals: clusters and Services
+(re.search; `{LOCAL}`, `{LOCAL_NOT_NODE}`, `{SERVING_TERMINATING}`, `{ETP_LOCAL_NO_LOCAL}` and `{ITP_LOCAL_EXTERNAL}` stand for
+addresses of the cluster, see placeholders()). Prints one block per cluster with differences, then the totals: clusters and Services
 compared, lines compared, differences per deviation, unexplained differences (each one a defect of kipvs or
 a deviation to write down). Exit status 1 when a difference is unexplained or a result is missing.
 """
 import fnmatch
+import json
 import os
 import re
 import sys
 
 import yaml
 
-GUEST_NIC = "10.0.2.15"  # the guest's user-mode NIC (tests/kube-proxy/guest.sh)
+# the guest's user-mode NIC (tests/kube-proxy/guest.sh) and the address QEMU's router advertisement gives it
+GUEST_NIC = ["10.0.2.15", "fec0::5054:ff:fe12:3456"]
 
 
-def local_not_node(cluster_dir):
-    """A regular expression matching the cluster's local addresses that are not node IPs, as ipvsadm -Sn
-    and the bind lines print them (IPv6 in brackets in ipvsadm's address:port)."""
+def alternation(addrs):
+    """A regular expression matching any of ADDRS as ipvsadm prints them (IPv6 in brackets) or on a bind line."""
+    alts = []
+    for a in addrs:
+        e = re.escape(a)
+        alts.append(rf"\[{e}\]" if ":" in a else rf"(?<![0-9.]){e}(?![0-9])")
+        if ":" in a:
+            alts.append(rf"(?<=bind ){e}$")
+    return "(?:" + "|".join(alts) + ")" if alts else "(?!)"
+
+
+def placeholders(cluster_dir):
+    """The values of the placeholders a deviation's lines may use, for one cluster:
+    LOCAL: its local addresses (the guest's NIC, addrs);
+    LOCAL_NOT_NODE: those that are not node IPs (not in node-ips);
+    SERVING_TERMINATING: addresses of its endpoints that are serving and terminating, not ready;
+    ETP_LOCAL_NO_LOCAL: node IPs, externalIPs and load-balancer IPs of its externalTrafficPolicy Local
+    Services whose endpoints include no local ready or serving+terminating one;
+    ITP_LOCAL_EXTERNAL: the same addresses of its internalTrafficPolicy Local Services."""
     def read(f):
         return [a.strip() for a in open(os.path.join(cluster_dir, f)) if a.strip()]
-    node = set(read("node-ips"))
-    alts = []
-    for a in [GUEST_NIC] + read("addrs"):
-        if a not in node:
-            e = re.escape(a)
-            alts.append(rf"\[{e}\]" if ":" in a else rf"{e}(?![0-9])")
-            if ":" in a:
-                alts.append(rf"(?<=bind ){e}$")
-    return "(?:" + "|".join(alts) + ")"
+    node = read("node-ips")
+    docs = [d for d in yaml.safe_load_all(open(os.path.join(cluster_dir, "objects.yaml"))) if d]
+    slices = {}
+    for d in docs:
+        if d["kind"] == "EndpointSlice":
+            owner = (d["metadata"].get("namespace", "default"), d["metadata"]["labels"].get("kubernetes.io/service-name"))
+            slices.setdefault(owner, []).extend(d.get("endpoints") or [])
+    serving_terminating, etp_local = [], []
+    for eps in slices.values():
+        for e in eps:
+            c = e.get("conditions") or {}
+            if c.get("ready") is False and c.get("serving") and c.get("terminating"):
+                serving_terminating += e["addresses"][:1]
+    status = {}
+    for line in open(os.path.join(cluster_dir, "status.txt")):
+        path, body = line.split(" ", 1)
+        status[path] = json.loads(body)
+    itp_local = []
+
+    def usable(e):
+        c = e.get("conditions") or {}
+        return e.get("nodeName") == "test-node" and (c.get("ready", True) or (c.get("serving") and c.get("terminating")))
+    for d in docs:
+        spec = d.get("spec") or {}
+        if d["kind"] != "Service":
+            continue
+        ns = d["metadata"].get("namespace", "default")
+        ingress = status.get(f"/api/v1/namespaces/{ns}/services/{d['metadata']['name']}", {})
+        ingress = (ingress.get("status", {}).get("loadBalancer") or {}).get("ingress") or []
+        external = (node if spec.get("type") in ("NodePort", "LoadBalancer") else []) + \
+            (spec.get("externalIPs") or []) + [i["ip"] for i in ingress if "ip" in i]
+        if spec.get("internalTrafficPolicy") == "Local":
+            itp_local += external
+        if spec.get("externalTrafficPolicy") == "Local" and \
+                not any(usable(e) for e in slices.get((ns, d["metadata"]["name"]), [])):
+            etp_local += external
+    return {
+        "LOCAL": alternation(GUEST_NIC + read("addrs")),
+        "LOCAL_NOT_NODE": alternation([a for a in GUEST_NIC + read("addrs") if a not in node]),
+        "SERVING_TERMINATING": alternation(serving_terminating),
+        "ETP_LOCAL_NO_LOCAL": alternation(etp_local),
+        "ITP_LOCAL_EXTERNAL": alternation(itp_local),
+    }
 
 
 def load_state(path):
@@ -106,8 +158,15 @@ def main():
             scale_rows.append((name, n, fig))
         compared_lines += len(state["kube-proxy"] | state["kipvs"])
         report = []
-        lnn = local_not_node(os.path.join(corpus, name))
-        regexes = {d["id"]: [re.compile(r.replace("{LOCAL_NOT_NODE}", lnn)) for r in d["lines"]] for d in deviations}
+        values = placeholders(os.path.join(corpus, name))
+        regexes = {}
+        for d in deviations:
+            rs = []
+            for r in d["lines"]:
+                for k, v in values.items():
+                    r = r.replace("{" + k + "}", v)
+                rs.append(re.compile(r))
+            regexes[d["id"]] = rs
         for side, other in (("kube-proxy", "kipvs"), ("kipvs", "kube-proxy")):
             for line in sorted(state[side] - state[other]):
                 why = next((d for d in deviations if d["only_in"] == side
