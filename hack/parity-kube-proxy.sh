@@ -130,8 +130,12 @@ for c in $CLUSTERS; do
   # pruned, as a 1.24 cluster does (--validate=false: no client-side schema check).
   k apply --validate=false -f "$CORPUS/$c/objects.yaml" > "$R/$c/apply.log" 2>&1 || true
   if [ -f "$CORPUS/$c/create-0.json" ]; then # a scale cluster: four kubectl at once
-    for f in "$CORPUS/$c"/create-*.json; do k create -f "$f" 2>&1 | grep -v ' created$' >> "$R/$c/apply.log" & done
-    wait
+    creates=()
+    for f in "$CORPUS/$c"/create-*.json; do
+      { k create -f "$f" 2>&1 | grep -v ' created$' >> "$R/$c/apply.log"; } &
+      creates+=($!)
+    done
+    wait "${creates[@]}" || true # (not the VM, the other background job)
   fi
   grep -E '^(Error|error)|is invalid' "$R/$c/apply.log" | sed 's/^Error from server ([A-Za-z]*): error when [a-z]* "[^"]*": //' > "$R/$c/rejected-objects" || true
   while read -r path body; do
