@@ -23,16 +23,9 @@ NODES=${1:-500}
 shift || true
 OUT=${OUT:-$(mktemp -d /tmp/kipvs-fleet.XXXXXX)}
 mkdir -p "$OUT"
-executables() {
-  python3 -c 'import json, sys
-want = set(sys.argv[1:])
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
-        print(m["target"]["name"], m["executable"])' "$@"
-}
+. hack/lib/executables.sh # executables_built
 built=$(cargo build -q ${FLEET_RELEASE:+--release} --workspace --bin kipvs-operator --example fleet --message-format=json-render-diagnostics |
-  executables kipvs-operator fleet)
+  executables_built kipvs-operator fleet)
 OPERATOR=$(awk '$1 == "kipvs-operator" {print $2}' <<<"$built")
 FLEET=$(awk '$1 == "fleet" {print $2}' <<<"$built")
 [ -x "$OPERATOR" ] && [ -x "$FLEET" ] || { echo "fleet: build produced no executables" >&2; exit 1; }

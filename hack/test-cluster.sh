@@ -84,15 +84,9 @@ LOG=$STATE/proxier.log
 code() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://$1"; }
 body() { curl -s -m 2 "http://$1"; }
 metric() { curl -s -m 2 "http://$MP/metrics" | awk -v n="$1" '$1 == n { print $2 }'; }
-# until TIMEOUT_S COMMAND...: retry every $POLL s (0.2)
-until_() {
-  local end; end=$(awk "BEGIN{printf \"%.3f\", $(now) + $1}"); shift
-  while :; do
-    "$@" && return 0
-    awk "BEGIN{exit !($(now) > $end)}" && return 1
-    sleep "${POLL:-0.2}"
-  done
-}
+. hack/lib/wait.sh
+# until_ TIMEOUT_S COMMAND...: wait_for COMMAND, retried every $POLL s (0.2)
+until_() { WAIT_STEP=${POLL:-0.2} wait_for "$1" "${*:2}" "${@:2}"; }
 is() { [ "$("${@:2}")" = "$1" ]; } # is EXPECTED COMMAND...
 alive() { kill -0 "$proxier_pid" 2>/dev/null; }
 
@@ -184,7 +178,7 @@ check "  ... while /livez stays 200" is 200 code "$HZ/livez"
 # The apiserver goes away (SIGKILL: on SIGTERM 1.24 stops listening but keeps open watches for a while): the
 # proxier keeps running with what it knows.
 kill -9 "$(cat "$STATE/apiserver.pid")"
-sleep 5
+sleep 5 # on purpose: the watchers' retries (0.8-6 s apart, source::Retry) against no apiserver
 check "apiserver gone: the proxier keeps running" alive
 check "  ... and keeps its objects (kipvs_virtual_servers 2)" is 2 metric kipvs_virtual_servers
 check "  ... and /livez 200" is 200 code "$HZ/livez"

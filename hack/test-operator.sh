@@ -22,16 +22,9 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "build crdgen, kipvs-operator, kipvs-proxier and the fake proxier"
 # --workspace: the same feature set as the rest of CI's builds, so nothing is rebuilt for this.
-executables() { # prints "name path" of the built executables named in $@
-  python3 -c 'import json, sys
-want = set(sys.argv[1:])
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
-        print(m["target"]["name"], m["executable"])' "$@"
-}
+. hack/lib/executables.sh # executables_built
 built=$(cargo build -q --workspace --bin crdgen --bin kipvs-operator --bin kipvs-proxier --example fake_proxier \
-  --message-format=json-render-diagnostics | executables crdgen kipvs-operator kipvs-proxier fake_proxier)
+  --message-format=json-render-diagnostics | executables_built crdgen kipvs-operator kipvs-proxier fake_proxier)
 CRDGEN=$(awk '$1 == "crdgen" {print $2}' <<<"$built")
 KIPVS_OPERATOR=$(awk '$1 == "kipvs-operator" {print $2}' <<<"$built")
 KIPVS_FAKE_PROXIER=$(awk '$1 == "fake_proxier" {print $2}' <<<"$built")

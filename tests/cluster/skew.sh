@@ -24,13 +24,16 @@ programmed() { [ "$(skew_metric "$1" kipvs_virtual_servers)" -ge 3 ] 2>/dev/null
 k patch crd nodeproxyconfigs.kipvs.io --type=json -p '[{"op": "add",
   "path": "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/config/properties/ipvs/properties/futureSetting",
   "value": {"type": "string"}}]' > /dev/null
-sleep 1 # the apiserver re-reads the CRD's schema
-k apply -f - > /dev/null <<EOT
-apiVersion: kipvs.io/v1alpha1
+skew_new_npc='apiVersion: kipvs.io/v1alpha1
 kind: NodeProxyConfig
 metadata: {name: skew-new}
-spec: {revision: r-new, assignedAt: "2026-11-22T00:00:00Z", config: {ipvs: {scheduler: wrr, futureSetting: "on"}}}
-EOT
+spec: {revision: r-new, assignedAt: "2026-11-22T00:00:00Z", config: {ipvs: {scheduler: wrr, futureSetting: "on"}}}'
+# The apiserver takes the patched schema up asynchronously: until then it prunes futureSetting.
+future_setting_kept() {
+  is on k apply --dry-run=server -o 'jsonpath={.spec.config.ipvs.futureSetting}' -f - <<<"$skew_new_npc" 2> /dev/null
+}
+wait_for 20 "the apiserver to serve the patched NodeProxyConfig schema" future_setting_kept || true
+k apply -f - > /dev/null <<<"$skew_new_npc"
 check "the newer NodeProxyConfig keeps ipvs.futureSetting (the patched CRD)" \
   is on k get nodeproxyconfig skew-new -o 'jsonpath={.spec.config.ipvs.futureSetting}'
 t=$(now)

@@ -21,37 +21,11 @@ ROOT=$(cd "$HERE/../.." && pwd)
 OUT=${OUT:-$(mktemp -d /tmp/kipvs-operator-e2e-proxiers.XXXXXX)}
 mkdir -p "$OUT"
 export KUBECONFIG RUST_BACKTRACE=0
-. "$(dirname "$0")/../../hack/lib/kube-status.sh" # patch_status
 cd "$ROOT"
 PORT=${PROXIER_PORT:-21256}
 NODES=(pnode-0 pnode-1 pnode-2 pnode-3 pnode-4)
 PC=proxiers
-
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-checks=0
-ok() { checks=$((checks + 1)); printf '  ok   %s\n' "$*"; }
-dump() {
-  echo "---- kubectl get proxyconfig $PC -o yaml"; kubectl get proxyconfig "$PC" -o yaml 2>&1 | sed -n '/^status:/,$p' || true
-  echo "---- nodeproxyconfigs"; kubectl get nodeproxyconfigs 2>&1 || true
-  for f in "$OUT"/*.log; do echo "---- $f (last 20 lines)"; tail -n 20 "$f"; done
-}
-fail() { printf '  FAIL %s\n' "$*"; dump; exit 1; }
-section() { printf '\n== %s\n' "$*"; }
-wait_until() { # wait_until SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.5 s
-  local limit=$1 what=$2; shift 2
-  local deadline=$(( $(date +%s) + limit ))
-  until "$@" >/dev/null 2>&1; do
-    [ "$(date +%s)" -lt "$deadline" ] || fail "timed out after ${limit}s waiting for: $what"
-    sleep 0.5
-  done
-}
-pc() { kubectl get proxyconfig "$PC" -o jsonpath="$1"; }
-reason() { pc "{.status.conditions[?(@.type==\"$1\")].reason}"; }
+. "$HERE/lib.sh" # ok, fail, section, wait_until, pc, reason, follow_stages; PIDS stopped on exit
 npc() { kubectl get nodeproxyconfig "$1" -o jsonpath="$2" 2>/dev/null; }
 ip_of() { echo "127.0.0.$((20 + ${1#pnode-}))"; }
 code() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://$1"; }
@@ -69,26 +43,6 @@ all_applied() {
     [ "$(in_force "$n")" = "$1" ] || return 1
   done
 }
-# The stage sequence of the current rollout, once it completes or fails: from the operator's own
-# "stage X started for revision R" lines (race-free: a fast stage can start and finish between
-# two polls of status.stage).
-follow_stages() {
-  local deadline=$(( $(date +%s) + $1 )) seen="" stage progressing
-  local generation observed
-  while [ "$(date +%s)" -lt "$deadline" ]; do
-    # one read: fields read one by one can mix the previous rollout's end with the new generation
-    IFS='|' read -r generation observed stage progressing <<<"$(pc '{.metadata.generation}|{.status.observedGeneration}|{.status.stage}|{.status.conditions[?(@.type=="Progressing")].reason}')"
-    [ -n "$stage" ] && [ "${seen##* }" != "$stage" ] && seen="$seen $stage"
-    if [ "$observed" = "$generation" ] && [ -z "$stage" ] && [[ "$progressing" =~ ^(RolloutComplete|RolledBack|Halted)$ ]]; then
-      grep -o "stage [a-z0-9-]* started for revision $(pc '{.status.revision}')" "$OUT/operator-p.log" |
-        awk '{print $2}' | paste -sd' '
-      return 0
-    fi
-    sleep 0.3
-  done
-  echo "${seen# } (timeout)"; return 1
-}
-
 section "setup: CRDs, RBAC, a clean slate"
 for n in "${NODES[@]}"; do
   ip=$(ip_of "$n")
@@ -158,7 +112,7 @@ spec:
 EOF
 
 section "first revision (scheduler rr)"
-stages=$(follow_stages 120) || fail "first rollout: $stages"
+stages=$(follow_stages 120 "$OUT/operator-p.log") || fail "first rollout: $stages"
 [ "$stages" = "canary rest" ] || fail "first rollout went: $stages"
 [ "$(reason Progressing)" = RolloutComplete ] || fail "first rollout: Progressing $(reason Progressing)"
 R1=$(pc '{.status.lastGoodRevision}')
@@ -173,7 +127,7 @@ R2=$(pc '{.status.revision}')
 wait_until 60 "the canary to apply $R2" \
   bash -c "[ \"\$(kubectl get nodeproxyconfig pnode-0 -o jsonpath='{.status.phase} {.status.observedRevision}')\" = 'Applied $R2' ]"
 [ "$(in_force pnode-0)" = "$R2" ] || fail "pnode-0 reports $R2 Applied, its log says $(in_force pnode-0) is in force"
-stages=$(follow_stages 120) || fail "scheduler change: $stages"
+stages=$(follow_stages 120 "$OUT/operator-p.log") || fail "scheduler change: $stages"
 [[ "$stages" =~ ^(canary )?rest$ ]] || fail "scheduler change went: $stages (after the canary applied it)"
 [ "$(reason Progressing)" = RolloutComplete ] || fail "scheduler change: Progressing $(reason Progressing)"
 [ "$(pc '{.status.lastGoodRevision}')" = "$R2" ] || fail "lastGoodRevision $(pc '{.status.lastGoodRevision}'), want $R2"
@@ -199,7 +153,7 @@ ok "status.observedRevision owned by the proxier's field manager (kipvs-proxier)
 
 section "a scheduler the canary's kernel lacks (sed): halt and roll back"
 kubectl patch proxyconfig "$PC" --type=merge -p '{"spec":{"config":{"ipvs":{"scheduler":"sed"}}}}' >/dev/null
-stages=$(follow_stages 120) || fail "bad revision: $stages"
+stages=$(follow_stages 120 "$OUT/operator-p.log") || fail "bad revision: $stages"
 R3=$(pc '{.status.revision}')
 [ "$R3" != "$R2" ] || fail "no new revision"
 [ "$(reason Degraded)" = RevisionFailed ] || fail "Degraded: $(reason Degraded)"

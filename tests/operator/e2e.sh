@@ -21,59 +21,14 @@ ROOT=$(cd "$HERE/../.." && pwd)
 OUT=${OUT:-$(mktemp -d /tmp/kipvs-operator-e2e.XXXXXX)}
 mkdir -p "$OUT"
 export KUBECONFIG RUST_BACKTRACE=0
-. "$(dirname "$0")/../../hack/lib/kube-status.sh" # patch_status
+PC=fleet
+. "$HERE/lib.sh" # ok, fail, section, wait_until, pc, reason, follow_stages; PIDS stopped on exit
 cd "$ROOT"
 
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-checks=0
-ok() { checks=$((checks + 1)); printf '  ok   %s\n' "$*"; }
-dump() {
-  echo "---- kubectl get proxyconfig fleet -o yaml"; kubectl get proxyconfig fleet -o yaml 2>&1 | sed -n '/^status:/,$p' || true
-  echo "---- nodeproxyconfigs"; kubectl get nodeproxyconfigs 2>&1 || true
-  for f in "$OUT"/*.log; do echo "---- $f (last 30 lines)"; tail -n 30 "$f"; done
-}
-fail() { printf '  FAIL %s\n' "$*"; dump; exit 1; }
-section() { printf '\n== %s\n' "$*"; }
-# wait_until SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.5 s
-wait_until() {
-  local limit=$1 what=$2; shift 2
-  local deadline=$(( $(date +%s) + limit ))
-  until "$@" >/dev/null 2>&1; do
-    [ "$(date +%s)" -lt "$deadline" ] || fail "timed out after ${limit}s waiting for: $what"
-    sleep 0.5
-  done
-}
-pc() { kubectl get proxyconfig fleet -o jsonpath="$1"; }
-reason() { pc "{.status.conditions[?(@.type==\"$1\")].reason}"; }
 reason_is() { [ "$(reason "$1")" = "$2" ]; }
 revision_of() { kubectl get nodeproxyconfig "$1" -o jsonpath='{.spec.revision}' 2>/dev/null; }
 header() { sed -n "s/^# $1: //p" "$2"; }
 show() { echo "  \$ kubectl get proxyconfig   # $*"; kubectl get proxyconfig | sed 's/^/    /'; }
-
-# Watches status.stage until the rollout of the current spec completes or fails; prints the stage
-# sequence (each stage once, in order) on stdout, snapshots of `kubectl get proxyconfig` to the log.
-follow_stages() {
-  local deadline=$(( $(date +%s) + $1 )) seen="" stage progressing
-  local generation observed
-  while [ "$(date +%s)" -lt "$deadline" ]; do
-    # one read: fields read one by one can mix the previous rollout's end with the new generation
-    IFS='|' read -r generation observed stage progressing <<<"$(pc '{.metadata.generation}|{.status.observedGeneration}|{.status.stage}|{.status.conditions[?(@.type=="Progressing")].reason}')"
-    if [ -n "$stage" ] && [ "${seen##* }" != "$stage" ]; then
-      seen="$seen $stage"
-      { echo "# stage $stage"; kubectl get proxyconfig; } >> "$OUT/snapshots.log"
-    fi
-    if [ "$observed" = "$generation" ] && [ -z "$stage" ] && [[ "$progressing" =~ ^(RolloutComplete|RolledBack|Halted)$ ]]; then
-      echo "${seen# }"; return 0
-    fi
-    sleep 0.3
-  done
-  echo "${seen# } (timeout)"; return 1
-}
 
 section "CRDs, RBAC, sample"
 # Kubernetes 1.20 does not know x-kubernetes-validations (CEL): kubectl's client-side validation
@@ -122,7 +77,7 @@ holder() { kubectl -n kipvs-system get lease kipvs-operator -o jsonpath='{.spec.
 wait_until 30 "a Lease holder" bash -c "[ -n \"\$(kubectl -n kipvs-system get lease kipvs-operator -o jsonpath='{.spec.holderIdentity}')\" ]"
 LEADER=$(holder)
 ok "leader: $LEADER"
-sleep 2
+sleep 2 # on purpose: one retry period of the other replica (operator/src/lease.rs, 2 s), in which a second leader would show
 [ "$(grep -l '"leading"\|leading' "$OUT"/operator-*.log | wc -l)" = 1 ] || fail "not exactly one replica leads"
 ok "the other replica waits"
 
