@@ -62,6 +62,7 @@ check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; 
 now() { date +%s.%N; }
 
 . hack/lib/executables.sh
+. hack/lib/wait.sh
 # The proxier in the VM is the one of the proxier image (release build, hack/test-vm.sh builds it), as on a node;
 # the backends and the load client are a release build too (std + clap: seconds to build), so that the emulated
 # CPU spends its time on the traffic, not on debug code.
@@ -72,12 +73,13 @@ TRAFFIC=${CARGO_TARGET_DIR:-$ROOT/target}/release/e2e_traffic
 
 STATE=$(mktemp -d /tmp/kipvs-e2e.XXXXXX)
 vm_pid="" operator_pid="" sampler_pid=""
+vm_gone() { ! kill -0 "$vm_pid" 2>/dev/null; }
 cleanup() {
   [ -z "$operator_pid" ] || kill "$operator_pid" 2>/dev/null || true
   [ -z "$sampler_pid" ] || kill "$sampler_pid" 2>/dev/null || true
   if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then
     agent finish 1 > /dev/null 2>&1 || true
-    sleep 5; kill "$vm_pid" 2>/dev/null || true
+    wait_for 5 "the VM to exit" vm_gone 2> /dev/null || kill "$vm_pid" 2>/dev/null || true
   fi
   hack/control-plane.sh stop "$STATE" || true
   if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
@@ -201,14 +203,15 @@ sample_vcpu() {
   local q="" t=""
   until q=$(descendant "$vm_pid" qemu-system); do kill -0 "$vm_pid" 2>/dev/null || return 0; sleep 1; done
   for t in /proc/"$q"/task/*; do case $(cat "$t/comm") in CPU*) break ;; esac; done
+  # the sampling period
   while [ -r "$t/schedstat" ]; do echo "$(date +%s.%N) $(cat "$t/schedstat" 2>/dev/null)"; sleep 0.5; done > "$STATE/vcpu"
 }
+agent_up() {
+  ! vm_gone || { tail -n 40 "$STATE/vm.log"; say "the VM exited before its agent answered"; exit 1; }
+  [ "$(AGENT_TIMEOUT=5 agent ping 2>/dev/null)" = pong ]
+}
 t=$(date +%s)
-until [ "$(AGENT_TIMEOUT=5 agent ping 2>/dev/null)" = pong ]; do
-  kill -0 "$vm_pid" 2>/dev/null || { tail -n 40 "$STATE/vm.log"; say "the VM exited before its agent answered"; exit 1; }
-  [ $(( $(date +%s) - t )) -lt 900 ] || { tail -n 40 "$STATE/vm.log"; say "no agent after 900 s"; exit 1; }
-  sleep 2
-done
+WAIT_STEP=1 wait_for 900 "the guest agent" agent_up || { tail -n 40 "$STATE/vm.log"; say "no agent after 900 s"; exit 1; }
 say "guest agent up after $(( $(date +%s) - t )) s"
 sample_vcpu &
 sampler_pid=$!
@@ -249,7 +252,8 @@ end_phase() { # prints the phase's figures; any failure fails the check
 }
 FIG=()
 must load-start $CIP $CIP
-sleep 3
+long_opened() { [ "$(field "$(stats)" long_opened)" = 4 ]; }
+wait_for 30 "the load's 4 long-lived connections" long_opened || true
 s=$(stats)
 check "load running: $(field "$s" long_opened) long-lived connections on $(field "$s" long)" [ "$(field "$s" long_opened)" = 4 ]
 
@@ -260,7 +264,7 @@ rollout() { # rollout FROM TO: replace every pod of generation FROM by one of TO
     CUR+=("$(gen "$2" "$i"):ready")
     slice web-e2e web "${CUR[@]}"
     agent wait tcp $CIP "$(gen "$2" "$i"):8080" 1 30 > /dev/null || bad "gen$2-$i not programmed"
-    sleep 1
+    sleep 1 # on purpose, here and below: each step of the update carries load for a second
     CUR=("${CUR[@]/$(gen "$1" "$i"):ready/$(gen "$1" "$i"):terminating}")
     slice web-e2e web "${CUR[@]}"
     agent wait tcp $CIP "$(gen "$1" "$i"):8080" 0 30 > /dev/null || bad "gen$1-$i not at weight 0"
@@ -282,7 +286,8 @@ check "after rolling update 2 new connections reach generation 3 ($a)" grep -qx 
 begin "proxier restart"
 agent table > "$STATE/table.before-restart"
 must proxier-restart
-sleep 8
+restarted_synced() { agent log 100000 | grep -q 'sync complete'; }
+wait_for 60 "the restarted proxier's first sync" restarted_synced || bad "the restarted proxier did not sync within 60 s"
 agent table > "$STATE/table.after-restart"
 check "proxier restart: the same virtual servers and weighted real servers" \
   cmp -s <(active < "$STATE/table.before-restart") <(active < "$STATE/table.after-restart")
@@ -305,13 +310,12 @@ EOF
 }
 npc_state() { k get nodeproxyconfig test-node -o jsonpath='{.spec.revision} {.status.observedRevision} {.status.phase}' 2>/dev/null; }
 applied() { local s; s=$(npc_state); read -r a b c <<<"$s"; [ -n "$a" ] && [ "$a" = "$b" ] && [ "$c" = Applied ]; }
-until_() { local end=$(( $(date +%s) + $1 )); shift; until "$@"; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 0.5; done; }
 proxyconfig false
 check "gate ProxyTerminatingEndpoints off: the operator wrote test-node's NodeProxyConfig, the proxier reports it Applied" \
-  until_ 90 applied
+  wait_for 90 "test-node's NodeProxyConfig Applied" applied
 check "  ... and the terminating real server of term left the kernel" quiet agent wait tcp 10.96.0.82:80 10.244.1.98:8080 absent 30
 proxyconfig true
-check "gate ProxyTerminatingEndpoints on again: Applied" until_ 90 applied
+check "gate ProxyTerminatingEndpoints on again: Applied" wait_for 90 "test-node's NodeProxyConfig Applied" applied
 check "  ... the terminating real server is back at weight 0" quiet agent wait tcp 10.96.0.82:80 10.244.1.98:8080 0 30
 k get nodeproxyconfig test-node -o wide | sed 's/^/    /' || true
 end_phase
@@ -319,7 +323,7 @@ end_phase
 begin "apiserver outage (30 s)"
 agent table > "$STATE/table.before-outage"
 hack/control-plane.sh stop-apiserver "$STATE"
-sleep 30
+sleep 30 # on purpose: the outage
 agent table > "$STATE/table.during-outage"
 check "apiserver down 30 s: the same virtual servers and weighted real servers (nothing deleted)" \
   cmp -s <(active < "$STATE/table.before-outage") <(active < "$STATE/table.during-outage")
@@ -350,7 +354,7 @@ for n in $(seq "$SAMPLES"); do
   if [ $((n % 2)) = 1 ]; then want=1; eps=("10.244.1.99:ready" "10.244.1.96:ready"); else want=absent; eps=("10.244.1.99:ready"); fi
   agent wait tcp 10.96.0.81:80 10.244.1.96:8080 "$want" 30 > "$STATE/wait.out" &
   w=$!
-  sleep 1 # the guest is polling before the write
+  sleep 1 # on purpose: the guest is polling before the write (the agent answers only when the wait ends)
   slice lat-e2e lat "${eps[@]}"
   t0=$(now)
   if wait "$w"; then

@@ -37,9 +37,8 @@ case $cmd in
       "$addr" | /sbin/ip -n "$n" -batch - || exit 1
     nsenter --net="/run/netns/$n" setsid "$TRAFFIC" serve --name "$n" --port 8080 < /dev/null > "$W/$n.log" 2>&1 &
     # answering directly from the root netns (no IPVS) before it is listed anywhere
-    i=0; until [ "$("$TRAFFIC" probe tcp "$addr:8080" 2>/dev/null)" = "$n" ]; do
-      i=$((i + 1)); [ $i -lt 50 ] || { echo "pod $n does not answer"; exit 1; }; sleep 0.2
-    done
+    answers() { [ "$("$TRAFFIC" probe tcp "$addr:8080" 2>/dev/null)" = "$n" ]; }
+    wait_for 10 "pod $n to answer" answers 2>/dev/null || { echo "pod $n does not answer"; exit 1; }
     echo "pod $n $addr up" ;;
   proxier-start) proxier_start < /dev/null ;;
   proxier-restart) proxier_stop && proxier_start < /dev/null ;;
@@ -59,13 +58,13 @@ case $cmd in
     nsenter --net=/run/netns/client setsid "$TRAFFIC" load --tcp "$1" --udp "$2" --rate 25 --udp-rate 5 --long 4 \
       --stats "$W/load.stats" --stop "$W/load.stop" < /dev/null > /dev/null 2> "$W/load.log" &
     echo $! > "$W/load.pid"
-    i=0; until [ -s "$W/load.stats" ]; do i=$((i + 1)); [ $i -lt 50 ] || exit 1; sleep 0.2; done
+    wait_for 10 "the load's first stats" test -s "$W/load.stats" || exit 1
     cat "$W/load.stats" ;;
   load-stats) cat "$W/load.stats" ;;
   load-log) grep -v 'talking to' "$W/load.log" ;;
   load-stop)
-    touch "$W/load.stop"; p=$(cat "$W/load.pid"); i=0
-    while alive "$p" && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
+    touch "$W/load.stop"; p=$(cat "$W/load.pid")
+    wait_for 20 "the load to stop" gone "$p" 2>/dev/null
     cat "$W/load.stats"; echo "--- load failures (first 20)"; grep -v 'talking to' "$W/load.log" | head -n 20 ;;
   log) tail -n "${1:-50}" "$(proxier_log)" ;;
   finish) echo "$1" > "$W/e2e.done" ;;

@@ -11,7 +11,7 @@ ip addr add 10.0.2.15/32 dev eth0 && ip link set eth0 up && ip route add 10.0.2.
   { echo "FAIL e2e: no user-mode NIC (eth0)"; exit 1; }
 httpd -p 7000 -h /payload/tests/e2e/www
 echo "E2E-AGENT-READY uptime=$(now)"
-while [ ! -f "$W/e2e.done" ]; do sleep 1; done
+while [ ! -f "$W/e2e.done" ]; do sleep 1; done # the host decides when the run ends (VMTIMEOUT bounds it)
 p=$(proxier_pid); [ -n "$p" ] && alive "$p" && kill "$p"
 rc=$(cat "$W/e2e.done")
 errs=$(grep -hE '(ERROR|WARN)' "$W"/proxier.*.log 2>/dev/null | head -n 40)
