@@ -99,8 +99,8 @@ pub fn diff_scoped(
     // Each op goes straight to its place in the order ([`position`]): the ops of one place
     // keep the order they are pushed in, and the places are joined at the end. A virtual
     // server's real-server ops wait for the main nftables transaction when it is new or when
-    // its own set elements change, which the element loop, run first, records. (A sort of the
-    // whole list by position took a third of a full diff of 50k Services.)
+    // its own set elements change, which the element loop, run first, records. (No sort of the
+    // whole list: at 50k Services it would dominate a full diff.)
     let mut places: [Vec<Op>; PLACES] = Default::default();
     let rules_change =
         nft::rule_comments(&desired.nft_rules) != observed.nft_rule_comments.as_slice();
@@ -200,8 +200,8 @@ const PLACES: usize = 12;
 ///
 /// Real-server ops of an existing virtual server go before the main transaction so that a new
 /// endpoint takes traffic at once: that transaction can hold what only `nft` applies (rules,
-/// `firewall-allow` intervals), a process that takes seconds on a loaded or emulated CPU (the
-/// end to end measured median 1.3 s, max 11.8 s per run in its VM), and an endpoint change
+/// `firewall-allow` intervals), a process that takes seconds on a loaded or emulated CPU
+/// (figures in docs/performance.md), and an endpoint change
 /// waiting behind it leaves a Service with fewer real servers than it should have, or none when
 /// the old one went in the same sync. What such an op may not outrun, it waits for:
 /// - its endpoint's `hairpin` element (a connection from that endpoint to its own Service that

@@ -815,7 +815,7 @@ pub enum NftError {
 }
 
 /// How long one `nft` process may run before it is killed, so that a hung one cannot stall
-/// the sync loop (the slowest seen: 11.8 s for a transaction in the QEMU VM under load).
+/// the sync loop; far above the slowest transaction seen in the emulated test VM.
 pub const NFT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Runs the `nft` executable (`NFT` in the environment, else `nft` from `PATH`).

@@ -2,8 +2,8 @@
 //! Service's ClusterIP, ...) as one nfnetlink batch (`NFNL_MSG_BATCH_BEGIN`, one
 //! `NFT_MSG_DELSETELEM` / `NFT_MSG_NEWSETELEM` per set, `NFNL_MSG_BATCH_END`) in one `sendmsg`,
 //! instead of an `nft` process. The kernel applies a batch atomically, as `nft -f` does (it is
-//! what `nft` itself sends). An `nft` run took median 1.3 s, up to 11.8 s, in the end to end's
-//! emulated VM (hack/test-e2e.sh); a batch is one system call.
+//! what `nft` itself sends). An `nft` run takes seconds on a loaded or emulated CPU (figures in
+//! docs/performance.md); a batch is one system call.
 //!
 //! The rules, the table and its sets stay with `nft -f` ([`super::nft::transaction`]), and so do
 //! the interval elements of `firewall-allow` (a key range per element): [`batch`] answers `None`

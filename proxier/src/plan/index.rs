@@ -3,7 +3,7 @@
 //! [`DesiredIndex::update`] replaces one Service's plan and reports exactly which virtual
 //! servers, bind addresses and health-check node ports may have changed, in time proportional
 //! to that Service's size (plus `log n` map operations), never to the number of Services.
-//! This is what makes a sync's cost follow the change (issue 3, "Incremental sync").
+//! This is what makes a sync's cost follow the change, not the cluster's size.
 //!
 //! Conflicts are resolved by [`Rank`]: when several Services claim one virtual server or
 //! health-check node port, a claim through `spec.externalIPs` yields to one through a ClusterIP
