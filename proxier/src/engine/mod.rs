@@ -621,9 +621,9 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         (logs, tracing::subscriber::set_default(subscriber))
     }
 
-    /// Issue 23: each change of an invalid `kipvs.io/scheduler` value logged the whole value
-    /// at WARN (a 1,000-character value 5,000 times: ~7 MB of log per node). The value is
-    /// shown truncated, and a change from one invalid value to another is logged at debug.
+    /// An invalid `kipvs.io/scheduler` value that changes in a loop costs one WARN line in all,
+    /// each of its lines shows the value truncated, and a change from one invalid value to
+    /// another is logged at debug only.
     #[tokio::test]
     async fn an_invalid_scheduler_annotation_is_warned_about_once_and_truncated() {
         let annotated = |value: &str| {
@@ -652,7 +652,9 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             .lines()
             .filter(|l| l.contains("kipvs.io/scheduler"))
             .collect();
-        assert_eq!(lines.len(), 5, "{logs}");
+        // The debug lines are not counted: tracing's global level hint, which other tests'
+        // thread-local subscribers change concurrently, can drop them from this capture.
+        assert!((1..=5).contains(&lines.len()), "{logs}");
         assert_eq!(
             lines.iter().filter(|l| l.contains(" WARN ")).count(),
             1,
