@@ -41,11 +41,8 @@ export CP_PORT=${CP_PORT:-26443} CP_ETCD_PORT=${CP_ETCD_PORT:-24790}
 PORT_BASE=${PORT_BASE:-20256}
 HZ=127.0.0.1:$PORT_BASE MP=127.0.0.1:$((PORT_BASE + 1)) GP=127.0.0.1:$((PORT_BASE + 2))
 NODE=test-node
-pass=0 fail=0
 say() { printf 'cluster: %s\n' "$*"; }
-ok() { pass=$((pass + 1)); say "ok   $*"; }
-bad() { fail=$((fail + 1)); say "FAIL $*"; }
-check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+. hack/lib/checks.sh # pass/fail tally: ok, bad, check
 now() { date +%s.%N; }
 
 if [ -z "${KIPVS_PROXIER:-}" ]; then

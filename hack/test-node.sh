@@ -48,10 +48,7 @@ if [ "$K8S" != 1.24 ]; then
 fi
 T0=$(date +%s)
 LOAD0=$(uptime | sed 's/.*load average/load average/')
-pass=0 fail=0
-ok() { pass=$((pass + 1)); say "ok   $*"; }
-bad() { fail=$((fail + 1)); say "FAIL $*"; }
-check() { local what=$1; shift; if "$@"; then ok "$what"; else bad "$what"; fi; }
+. hack/lib/checks.sh # pass/fail tally: ok, bad, check
 elapsed() { awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $1}"; }
 until_() { local end=$(( $(date +%s) + $1 )); shift; until "$@"; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 1; done; }
 
