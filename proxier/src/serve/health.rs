@@ -261,8 +261,8 @@ impl ProxyHealth {
                     StatusCode::SERVICE_UNAVAILABLE
                 };
                 let counter = match probe {
-                    Probe::Healthz => &metrics.healthz_total,
-                    Probe::Livez => &metrics.livez_total,
+                    Probe::Healthz => &metrics.servers.healthz_total,
+                    Probe::Livez => &metrics.servers.livez_total,
                 };
                 counter.with_label_values(&[code.as_str()]).inc();
                 json_reply(code, &body)

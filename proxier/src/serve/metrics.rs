@@ -6,69 +6,60 @@
 //!
 //! | metric | type | meaning |
 //! |---|---|---|
+//! | **sync** | | |
 //! | `kubeproxy_sync_proxy_rules_duration_seconds` | histogram (1 ms × 2ⁿ, 15 buckets) | wall time of one sync (observe, diff, apply) |
 //! | `kubeproxy_sync_proxy_rules_last_timestamp_seconds` | gauge | Unix time of the last successful sync |
-//! | `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds` | gauge | Unix time of the last change a source queued |
 //! | `kubeproxy_network_programming_duration_seconds` | histogram (0.25 s … 300 s) | from an EndpointSlice's `endpoints.kubernetes.io/last-change-trigger-time` to the end of the sync that programmed it |
+//! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed), the name of a failed op (`AddRealServer`, ...), or `conntrack` (a UDP conntrack listing or delete failed) |
+//! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP conntrack entries deleted ([`crate::dataplane::conntrack`]) |
+//! | **changes** | | |
+//! | `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds` | gauge | Unix time of the last change a source queued |
 //! | `kubeproxy_sync_proxy_rules_{endpoint,service}_changes_total` | counter | EndpointSlice / Service changes received |
 //! | `kubeproxy_sync_proxy_rules_{endpoint,service}_changes_pending` | gauge | such changes not yet synced |
-//! | `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}` | gauge | Services with a Local policy (`internal`/`external`) and no local endpoint |
-//! | `kubeproxy_proxy_healthz_total{code}`, `kubeproxy_proxy_livez_total{code}` | counter | `/healthz` and `/livez` answers by status code |
+//! | **table** | | |
 //! | `kipvs_virtual_servers`, `kipvs_real_servers` | gauge | virtual and real servers in the desired state after the last successful sync |
+//! | `kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy}` | gauge | Services with a Local policy (`internal`/`external`) and no local endpoint |
+//! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
 //! | `kipvs_real_servers_draining` | gauge | real servers at weight 0 waiting for their connections to end |
 //! | `kipvs_real_servers_draining_oldest_seconds` | gauge | age of the oldest drain at the last sync (0 when none) |
-//! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP conntrack entries deleted ([`crate::dataplane::conntrack`]) |
-//! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed), the name of a failed op (`AddRealServer`, ...), or `conntrack` (a UDP conntrack listing or delete failed) |
+//! | **servers** | | |
+//! | `kubeproxy_proxy_healthz_total{code}`, `kubeproxy_proxy_livez_total{code}` | counter | `/healthz` and `/livez` answers by status code |
 //! | `kipvs_server_bind_failures_total{server}` | counter | failed attempts to bind `healthz`, `metrics` or `gRPC health` (retried every 5 s while programming goes on) |
-//! | `kipvs_services_terminating_fallback` | gauge | Services routing to serving+terminating endpoints because none is ready (KEP-1669) |
-//! | `kipvs_manifests_invalid_files` | gauge | manifests files (`run --manifests`) that cannot be read or do not load as they are; each keeps its last good content |
-//! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
-//! | `kipvs_config_ignored_settings` | gauge | settings of the NodeProxyConfig in force that this version does not know and left out (a newer kipvs wrote them; named in the log and the status message) |
+//! | **inputs** | | |
 //! | `kipvs_api_resource_unavailable{resource}` | gauge | 1 while the API server does not serve a resource kipvs watches (e.g. `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21) |
+//! | `kipvs_manifests_invalid_files` | gauge | manifests files (`run --manifests`) that cannot be read or do not load as they are; each keeps its last good content |
+//! | `kipvs_config_ignored_settings` | gauge | settings of the NodeProxyConfig in force that this version does not know and left out (a newer kipvs wrote them; named in the log and the status message) |
+//! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
 
 use crate::engine::observer::{Observer, SyncOutcome};
+use crate::engine::syncer::SyncReport;
 use crate::source::StoreObserver;
 use crate::source::store::{ChangeCounts, Store};
-use kipvs_exposition::register;
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    register_gauge_with_registry, register_histogram_with_registry,
+    register_int_counter_vec_with_registry, register_int_counter_with_registry,
+    register_int_gauge_vec_with_registry, register_int_gauge_with_registry,
 };
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 use warp::Filter;
 
-/// Every metric of the proxier, in one registry. Cheap to clone (handles to shared metrics).
+/// Why registering one of this module's metrics cannot fail: its name and help are constants
+/// here, valid and unique in the registry.
+const VALID: &str = "a valid metric name, unique in the registry";
+
+/// Every metric of the proxier, in one registry, in the groups of the module table. Cheap to
+/// clone (handles to shared metrics).
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    sync_duration: Histogram,
-    last_sync: Gauge,
-    last_queued: Gauge,
-    network_programming: Histogram,
-    endpoint_changes_total: IntCounter,
-    endpoint_changes_pending: IntGauge,
-    service_changes_total: IntCounter,
-    service_changes_pending: IntGauge,
-    no_local_endpoints: IntGaugeVec,
-    /// `/healthz` answers by code (`kubeproxy_proxy_healthz_total`).
-    pub healthz_total: IntCounterVec,
-    /// `/livez` answers by code (`kubeproxy_proxy_livez_total`).
-    pub livez_total: IntCounterVec,
-    virtual_servers: IntGauge,
-    real_servers: IntGauge,
-    draining: IntGauge,
-    draining_oldest: Gauge,
-    sync_errors: IntCounterVec,
-    bind_failures: IntCounterVec,
-    conntrack_deleted: IntCounter,
-    terminating_fallback: IntGauge,
-    api_unavailable: IntGaugeVec,
-    scheduler_unavailable: IntGaugeVec,
-    invalid_manifests: IntGauge,
-    config_ignored: IntGauge,
-    /// Store change totals already counted.
-    counted: Arc<Mutex<ChangeCounts>>,
+    sync: SyncMetrics,
+    changes: ChangeMetrics,
+    table: TableMetrics,
+    /// The answers and bind failures of the proxier's own servers.
+    pub servers: ServerMetrics,
+    inputs: InputMetrics,
 }
 
 impl Default for Metrics {
@@ -80,154 +71,23 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry with every metric at zero.
     pub fn new() -> Self {
-        let r = Registry::new();
-        let int_gauge =
-            |name: &str, help: &str| register(&r, IntGauge::new(name, help).expect("valid metric"));
-        let int_counter = |name: &str, help: &str| {
-            register(&r, IntCounter::new(name, help).expect("valid metric"))
-        };
-        let gauge =
-            |name: &str, help: &str| register(&r, Gauge::new(name, help).expect("valid metric"));
-        let counter_vec = |name: &str, help: &str, label: &str| {
-            register(
-                &r,
-                IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric"),
-            )
-        };
-        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
-            let opts = HistogramOpts::new(name, help).buckets(buckets);
-            register(&r, Histogram::with_opts(opts).expect("valid metric"))
-        };
+        let registry = Registry::new();
         Metrics {
-            sync_duration: histogram(
-                "kubeproxy_sync_proxy_rules_duration_seconds",
-                "SyncProxyRules latency in seconds",
-                prometheus::exponential_buckets(0.001, 2.0, 15).expect("valid buckets"),
-            ),
-            last_sync: gauge(
-                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-                "The last time proxy rules were successfully synced",
-            ),
-            last_queued: gauge(
-                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-                "The last time a sync of proxy rules was queued",
-            ),
-            network_programming: histogram(
-                "kubeproxy_network_programming_duration_seconds",
-                "In Cluster Network Programming Latency in seconds",
-                network_programming_buckets(),
-            ),
-            endpoint_changes_total: int_counter(
-                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-                "Cumulative proxy rules EndpointSlice changes",
-            ),
-            endpoint_changes_pending: int_gauge(
-                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-                "Pending proxy rules EndpointSlice changes",
-            ),
-            service_changes_total: int_counter(
-                "kubeproxy_sync_proxy_rules_service_changes_total",
-                "Cumulative proxy rules Service changes",
-            ),
-            service_changes_pending: int_gauge(
-                "kubeproxy_sync_proxy_rules_service_changes_pending",
-                "Pending proxy rules Service changes",
-            ),
-            no_local_endpoints: register(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-                        "Number of Services with a Local traffic policy and no local endpoints",
-                    ),
-                    &["traffic_policy"],
-                )
-                .expect("valid metric"),
-            ),
-            healthz_total: counter_vec(
-                "kubeproxy_proxy_healthz_total",
-                "Cumulative proxy healthz HTTP status",
-                "code",
-            ),
-            livez_total: counter_vec(
-                "kubeproxy_proxy_livez_total",
-                "Cumulative proxy livez HTTP status",
-                "code",
-            ),
-            virtual_servers: int_gauge(
-                "kipvs_virtual_servers",
-                "IPVS virtual servers in the desired state after the last successful sync",
-            ),
-            real_servers: int_gauge(
-                "kipvs_real_servers",
-                "IPVS real servers in the desired state after the last successful sync",
-            ),
-            draining: int_gauge(
-                "kipvs_real_servers_draining",
-                "Real servers at weight 0 waiting for their connections to end",
-            ),
-            draining_oldest: gauge(
-                "kipvs_real_servers_draining_oldest_seconds",
-                "Age of the oldest draining real server in seconds (0 when none drains)",
-            ),
-            bind_failures: counter_vec(
-                "kipvs_server_bind_failures_total",
-                "Failed attempts to bind one of the proxier's servers (healthz, metrics, gRPC \
-                 health), retried every 5 s",
-                "server",
-            ),
-            sync_errors: counter_vec(
-                "kipvs_sync_errors_total",
-                "Sync errors by cause: observe, or the name of the failed op",
-                "cause",
-            ),
-            conntrack_deleted: int_counter(
-                "kubeproxy_conntrack_reconciler_deleted_entries_total",
-                "Cumulative stale UDP conntrack entries deleted",
-            ),
-            terminating_fallback: int_gauge(
-                "kipvs_services_terminating_fallback",
-                "Services routing to serving+terminating endpoints because none is ready",
-            ),
-            invalid_manifests: int_gauge(
-                "kipvs_manifests_invalid_files",
-                "manifests files that do not load as they are (their last good content is used)",
-            ),
-            config_ignored: int_gauge(
-                "kipvs_config_ignored_settings",
-                "Settings of the NodeProxyConfig in force this version does not know (ignored)",
-            ),
-            scheduler_unavailable: register(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "kipvs_ipvs_scheduler_unavailable",
-                        "1 for an IPVS scheduler a kipvs.io/scheduler annotation asks for and \
-                         this node's kernel lacks (those Services get ipvs.scheduler)",
-                    ),
-                    &["scheduler"],
-                )
-                .expect("valid metric"),
-            ),
-            api_unavailable: register(
-                &r,
-                IntGaugeVec::new(
-                    Opts::new(
-                        "kipvs_api_resource_unavailable",
-                        "1 while the API server does not serve a resource the proxier watches",
-                    ),
-                    &["resource"],
-                )
-                .expect("valid metric"),
-            ),
-            counted: Arc::default(),
-            registry: r,
+            sync: SyncMetrics::new(&registry),
+            changes: ChangeMetrics::new(&registry),
+            table: TableMetrics::new(&registry),
+            servers: ServerMetrics::new(&registry),
+            inputs: InputMetrics::new(&registry),
+            registry,
         }
     }
 
     /// Counts one failed attempt to bind the server named `server` (`"healthz"`, ...).
     pub fn bind_failed(&self, server: &str) {
-        self.bind_failures.with_label_values(&[server]).inc();
+        self.servers
+            .bind_failures
+            .with_label_values(&[server])
+            .inc();
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
@@ -241,6 +101,308 @@ impl Metrics {
     ) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone + use<>
     {
         kipvs_exposition::route(self.registry.clone())
+    }
+}
+
+/// One sync's result: its wall time, the last success, how long a change took to reach the
+/// kernel, what failed, and the stale conntrack entries it deleted.
+#[derive(Clone)]
+struct SyncMetrics {
+    duration: Histogram,
+    last_success: Gauge,
+    network_programming: Histogram,
+    errors: IntCounterVec,
+    conntrack_deleted: IntCounter,
+}
+
+impl SyncMetrics {
+    fn new(r: &Registry) -> Self {
+        SyncMetrics {
+            duration: register_histogram_with_registry!(
+                "kubeproxy_sync_proxy_rules_duration_seconds",
+                "SyncProxyRules latency in seconds",
+                prometheus::exponential_buckets(0.001, 2.0, 15).expect("valid buckets"),
+                r
+            )
+            .expect(VALID),
+            last_success: register_gauge_with_registry!(
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                "The last time proxy rules were successfully synced",
+                r
+            )
+            .expect(VALID),
+            network_programming: register_histogram_with_registry!(
+                "kubeproxy_network_programming_duration_seconds",
+                "In Cluster Network Programming Latency in seconds",
+                network_programming_buckets(),
+                r
+            )
+            .expect(VALID),
+            errors: register_int_counter_vec_with_registry!(
+                "kipvs_sync_errors_total",
+                "Sync errors by cause: observe, or the name of the failed op",
+                &["cause"],
+                r
+            )
+            .expect(VALID),
+            conntrack_deleted: register_int_counter_with_registry!(
+                "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                "Cumulative stale UDP conntrack entries deleted",
+                r
+            )
+            .expect(VALID),
+        }
+    }
+
+    /// Records a sync that observed the dataplane and finished at `now`, with the EndpointSlice
+    /// change `trigger_times` it programmed.
+    fn succeeded(&self, report: &SyncReport, trigger_times: &[SystemTime], now: SystemTime) {
+        self.duration.observe(report.duration.as_secs_f64());
+        self.last_success.set(unix_seconds(now));
+        for failure in &report.failures {
+            self.errors.with_label_values(&[failure.op.name()]).inc();
+        }
+        self.conntrack_deleted
+            .inc_by(report.conntrack.deleted as u64);
+        if report.conntrack.failed > 0 {
+            self.errors
+                .with_label_values(&["conntrack"])
+                .inc_by(report.conntrack.failed as u64);
+        }
+        for trigger in trigger_times {
+            if let Ok(latency) = now.duration_since(*trigger) {
+                self.network_programming.observe(latency.as_secs_f64());
+            }
+        }
+    }
+}
+
+/// Service and EndpointSlice changes the sources received, and those not yet synced.
+#[derive(Clone)]
+struct ChangeMetrics {
+    last_queued: Gauge,
+    endpoint_total: IntCounter,
+    endpoint_pending: IntGauge,
+    service_total: IntCounter,
+    service_pending: IntGauge,
+    /// Store change totals already counted.
+    counted: Arc<Mutex<ChangeCounts>>,
+}
+
+impl ChangeMetrics {
+    fn new(r: &Registry) -> Self {
+        ChangeMetrics {
+            last_queued: register_gauge_with_registry!(
+                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                "The last time a sync of proxy rules was queued",
+                r
+            )
+            .expect(VALID),
+            endpoint_total: register_int_counter_with_registry!(
+                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                "Cumulative proxy rules EndpointSlice changes",
+                r
+            )
+            .expect(VALID),
+            endpoint_pending: register_int_gauge_with_registry!(
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                "Pending proxy rules EndpointSlice changes",
+                r
+            )
+            .expect(VALID),
+            service_total: register_int_counter_with_registry!(
+                "kubeproxy_sync_proxy_rules_service_changes_total",
+                "Cumulative proxy rules Service changes",
+                r
+            )
+            .expect(VALID),
+            service_pending: register_int_gauge_with_registry!(
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                "Pending proxy rules Service changes",
+                r
+            )
+            .expect(VALID),
+            counted: Arc::default(),
+        }
+    }
+
+    /// Counts the changes `store` received since the last call and sets those pending.
+    fn store_updated(&self, store: &Store) {
+        let totals = store.change_totals();
+        let mut counted = self.counted.lock().expect("metrics lock");
+        let new_services = totals.services - counted.services;
+        let new_slices = totals.endpoint_slices - counted.endpoint_slices;
+        if new_services + new_slices > 0 {
+            self.last_queued.set(unix_seconds(SystemTime::now()));
+        }
+        self.service_total.inc_by(new_services);
+        self.endpoint_total.inc_by(new_slices);
+        *counted = totals;
+        let pending = store.pending_changes();
+        self.service_pending.set(saturating_i64(pending.services));
+        self.endpoint_pending
+            .set(saturating_i64(pending.endpoint_slices));
+    }
+}
+
+/// The desired table after the last successful sync: its size, the Services without a local
+/// endpoint or on the terminating fallback, and the real servers draining.
+#[derive(Clone)]
+struct TableMetrics {
+    virtual_servers: IntGauge,
+    real_servers: IntGauge,
+    no_local_endpoints: IntGaugeVec,
+    terminating_fallback: IntGauge,
+    draining: IntGauge,
+    draining_oldest: Gauge,
+}
+
+impl TableMetrics {
+    fn new(r: &Registry) -> Self {
+        TableMetrics {
+            virtual_servers: register_int_gauge_with_registry!(
+                "kipvs_virtual_servers",
+                "IPVS virtual servers in the desired state after the last successful sync",
+                r
+            )
+            .expect(VALID),
+            real_servers: register_int_gauge_with_registry!(
+                "kipvs_real_servers",
+                "IPVS real servers in the desired state after the last successful sync",
+                r
+            )
+            .expect(VALID),
+            no_local_endpoints: register_int_gauge_vec_with_registry!(
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                "Number of Services with a Local traffic policy and no local endpoints",
+                &["traffic_policy"],
+                r
+            )
+            .expect(VALID),
+            terminating_fallback: register_int_gauge_with_registry!(
+                "kipvs_services_terminating_fallback",
+                "Services routing to serving+terminating endpoints because none is ready",
+                r
+            )
+            .expect(VALID),
+            draining: register_int_gauge_with_registry!(
+                "kipvs_real_servers_draining",
+                "Real servers at weight 0 waiting for their connections to end",
+                r
+            )
+            .expect(VALID),
+            draining_oldest: register_gauge_with_registry!(
+                "kipvs_real_servers_draining_oldest_seconds",
+                "Age of the oldest draining real server in seconds (0 when none drains)",
+                r
+            )
+            .expect(VALID),
+        }
+    }
+
+    /// Records the table `outcome` synced towards.
+    fn synced(&self, outcome: &SyncOutcome<'_>) {
+        self.virtual_servers
+            .set(saturating_i64(outcome.desired.virtual_servers.len()));
+        self.real_servers.set(saturating_i64(outcome.real_servers));
+        self.no_local_endpoints
+            .with_label_values(&["internal"])
+            .set(saturating_i64(outcome.no_local_endpoints.internal));
+        self.no_local_endpoints
+            .with_label_values(&["external"])
+            .set(saturating_i64(outcome.no_local_endpoints.external));
+        self.terminating_fallback
+            .set(saturating_i64(outcome.terminating_fallback_services));
+        self.draining.set(saturating_i64(outcome.drains.len()));
+        let oldest = outcome.drains.values().min().map_or(0.0, |since| {
+            tokio::time::Instant::now()
+                .duration_since(*since)
+                .as_secs_f64()
+        });
+        self.draining_oldest.set(oldest);
+    }
+}
+
+/// The proxier's own servers: `/healthz` and `/livez` answers, and failed binds.
+#[derive(Clone)]
+pub struct ServerMetrics {
+    /// `/healthz` answers by code (`kubeproxy_proxy_healthz_total`).
+    pub healthz_total: IntCounterVec,
+    /// `/livez` answers by code (`kubeproxy_proxy_livez_total`).
+    pub livez_total: IntCounterVec,
+    bind_failures: IntCounterVec,
+}
+
+impl ServerMetrics {
+    fn new(r: &Registry) -> Self {
+        ServerMetrics {
+            healthz_total: register_int_counter_vec_with_registry!(
+                "kubeproxy_proxy_healthz_total",
+                "Cumulative proxy healthz HTTP status",
+                &["code"],
+                r
+            )
+            .expect(VALID),
+            livez_total: register_int_counter_vec_with_registry!(
+                "kubeproxy_proxy_livez_total",
+                "Cumulative proxy livez HTTP status",
+                &["code"],
+                r
+            )
+            .expect(VALID),
+            bind_failures: register_int_counter_vec_with_registry!(
+                "kipvs_server_bind_failures_total",
+                "Failed attempts to bind one of the proxier's servers (healthz, metrics, gRPC \
+                 health), retried every 5 s",
+                &["server"],
+                r
+            )
+            .expect(VALID),
+        }
+    }
+}
+
+/// Inputs the proxier cannot use as given: API resources not served, manifests files that do
+/// not load, settings this version does not know, schedulers the kernel lacks.
+#[derive(Clone)]
+struct InputMetrics {
+    api_unavailable: IntGaugeVec,
+    invalid_manifests: IntGauge,
+    config_ignored: IntGauge,
+    scheduler_unavailable: IntGaugeVec,
+}
+
+impl InputMetrics {
+    fn new(r: &Registry) -> Self {
+        InputMetrics {
+            api_unavailable: register_int_gauge_vec_with_registry!(
+                "kipvs_api_resource_unavailable",
+                "1 while the API server does not serve a resource the proxier watches",
+                &["resource"],
+                r
+            )
+            .expect(VALID),
+            invalid_manifests: register_int_gauge_with_registry!(
+                "kipvs_manifests_invalid_files",
+                "manifests files that do not load as they are (their last good content is used)",
+                r
+            )
+            .expect(VALID),
+            config_ignored: register_int_gauge_with_registry!(
+                "kipvs_config_ignored_settings",
+                "Settings of the NodeProxyConfig in force this version does not know (ignored)",
+                r
+            )
+            .expect(VALID),
+            scheduler_unavailable: register_int_gauge_vec_with_registry!(
+                "kipvs_ipvs_scheduler_unavailable",
+                "1 for an IPVS scheduler a kipvs.io/scheduler annotation asks for and \
+                 this node's kernel lacks (those Services get ipvs.scheduler)",
+                &["scheduler"],
+                r
+            )
+            .expect(VALID),
+        }
     }
 }
 
@@ -260,32 +422,23 @@ fn unix_seconds(at: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// A count as a gauge value (`i64::MAX` beyond it).
+fn saturating_i64(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
 impl StoreObserver for Metrics {
     fn store_updated(&self, store: &Store) {
-        let totals = store.change_totals();
-        let mut counted = self.counted.lock().expect("metrics lock");
-        let new_services = totals.services - counted.services;
-        let new_slices = totals.endpoint_slices - counted.endpoint_slices;
-        if new_services + new_slices > 0 {
-            self.last_queued.set(unix_seconds(SystemTime::now()));
-        }
-        self.service_changes_total.inc_by(new_services);
-        self.endpoint_changes_total.inc_by(new_slices);
-        *counted = totals;
-        let pending = store.pending_changes();
-        self.service_changes_pending
-            .set(i64::try_from(pending.services).unwrap_or(i64::MAX));
-        self.endpoint_changes_pending
-            .set(i64::try_from(pending.endpoint_slices).unwrap_or(i64::MAX));
+        self.changes.store_updated(store);
     }
 
     fn invalid_manifests(&self, files: usize) {
-        self.invalid_manifests
-            .set(i64::try_from(files).unwrap_or(i64::MAX));
+        self.inputs.invalid_manifests.set(saturating_i64(files));
     }
 
     fn resource_unavailable(&self, resource: &'static str, unavailable: bool) {
-        self.api_unavailable
+        self.inputs
+            .api_unavailable
             .with_label_values(&[resource])
             .set(unavailable.into());
     }
@@ -293,63 +446,25 @@ impl StoreObserver for Metrics {
 
 impl Observer for Metrics {
     fn config_ignored(&self, settings: &[String]) {
-        self.config_ignored
-            .set(i64::try_from(settings.len()).unwrap_or(i64::MAX));
+        self.inputs
+            .config_ignored
+            .set(saturating_i64(settings.len()));
     }
 
     fn sync_finished(&self, outcome: &SyncOutcome<'_>) {
-        let report = match outcome.result {
-            Ok(report) => report,
-            Err(_) => {
-                self.sync_errors.with_label_values(&["observe"]).inc();
-                return;
-            }
+        let Ok(report) = outcome.result else {
+            self.sync.errors.with_label_values(&["observe"]).inc();
+            return;
         };
-        let now = SystemTime::now();
-        self.sync_duration.observe(report.duration.as_secs_f64());
-        self.last_sync.set(unix_seconds(now));
-        for failure in &report.failures {
-            self.sync_errors
-                .with_label_values(&[failure.op.name()])
-                .inc();
-        }
-        self.conntrack_deleted
-            .inc_by(report.conntrack.deleted as u64);
-        if report.conntrack.failed > 0 {
-            self.sync_errors
-                .with_label_values(&["conntrack"])
-                .inc_by(report.conntrack.failed as u64);
-        }
-        for trigger in outcome.trigger_times {
-            if let Ok(latency) = now.duration_since(*trigger) {
-                self.network_programming.observe(latency.as_secs_f64());
-            }
-        }
-        let desired = outcome.desired;
-        let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.virtual_servers
-            .set(as_i64(desired.virtual_servers.len()));
-        self.real_servers.set(as_i64(outcome.real_servers));
-        self.no_local_endpoints
-            .with_label_values(&["internal"])
-            .set(as_i64(outcome.no_local_endpoints.internal));
-        self.no_local_endpoints
-            .with_label_values(&["external"])
-            .set(as_i64(outcome.no_local_endpoints.external));
-        self.terminating_fallback
-            .set(as_i64(outcome.terminating_fallback_services));
-        self.draining.set(as_i64(outcome.drains.len()));
+        self.sync
+            .succeeded(report, outcome.trigger_times, SystemTime::now());
+        self.table.synced(outcome);
         for scheduler in outcome.unavailable_schedulers {
-            self.scheduler_unavailable
+            self.inputs
+                .scheduler_unavailable
                 .with_label_values(&[scheduler.as_str()])
                 .set(1);
         }
-        let oldest = outcome.drains.values().min().map_or(0.0, |since| {
-            tokio::time::Instant::now()
-                .duration_since(*since)
-                .as_secs_f64()
-        });
-        self.draining_oldest.set(oldest);
     }
 }
 
