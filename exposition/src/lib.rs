@@ -2,21 +2,9 @@
 //! exposition (format 0.0.4, `text/plain; version=0.0.4`) and the `GET /metrics` route that
 //! serves it. Each binary keeps its own metrics and HTTP server; only this plumbing is common.
 
-use prometheus::core::Collector;
 use prometheus::{Encoder, Registry, TextEncoder};
 use warp::Filter;
 use warp::reply::{Reply, Response};
-
-/// Registers `metric` in `registry` and returns it.
-///
-/// Panics if a metric of the same name is already registered: metric names are static
-/// strings chosen by this project, so that is a programming error.
-pub fn register<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric names are unique");
-    metric
-}
 
 /// The text exposition (format 0.0.4) of every metric in `registry`.
 pub fn encode(registry: &Registry) -> String {
@@ -43,7 +31,8 @@ mod tests {
     #[tokio::test]
     async fn metrics_route_serves_the_registry_as_text() {
         let registry = Registry::new();
-        let total = register(&registry, IntCounter::new("demo_total", "A demo.").unwrap());
+        let total = IntCounter::new("demo_total", "A demo.").unwrap();
+        registry.register(Box::new(total.clone())).unwrap();
         total.inc_by(3);
         let answer = warp::test::request()
             .path("/metrics")

@@ -248,17 +248,26 @@ pub async fn reconcile_stored(
     let result = match stored.decode() {
         Ok(pc) => reconcile(Arc::new(pc), ctx).await,
         Err(error) => {
-            metrics.failures.with_label_values(&["decode"]).inc();
+            metrics
+                .reconcile
+                .failures
+                .with_label_values(&["decode"])
+                .inc();
             report_undecodable(&stored, &error, &ctx).await
         }
     };
     metrics
-        .reconcile_duration
+        .reconcile
+        .duration
         .observe(start.elapsed().as_secs_f64());
     let outcome = if result.is_ok() { "ok" } else { "error" };
-    metrics.reconciles.with_label_values(&[outcome]).inc();
+    metrics.reconcile.total.with_label_values(&[outcome]).inc();
     if let Err(e) = &result {
-        metrics.failures.with_label_values(&[e.kind()]).inc();
+        metrics
+            .reconcile
+            .failures
+            .with_label_values(&[e.kind()])
+            .inc();
     }
     result
 }
@@ -328,6 +337,7 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     let (decision, previous, seen) = decide_from_stores(&pc, &ctx, now);
     let skipped = submit_writes(&pc, &ctx, &decision, &seen);
     ctx.metrics
+        .reconcile
         .decision_writes
         .observe(decision.writes.len() as f64);
     ctx.metrics.rollout(&name, &decision.status);
@@ -347,7 +357,7 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     }
     for note in &decision.events {
         match ctx.events.publish(&*pc, note).await {
-            Ok(()) => ctx.metrics.writes.with_label_values(&["event"]).inc(),
+            Ok(()) => ctx.metrics.writes.total.with_label_values(&["event"]).inc(),
             Err(e) => {
                 tracing::warn!(proxyconfig = %name, error = %e, reason = note.reason, "cannot publish Event")
             }
@@ -551,7 +561,11 @@ async fn write_status(
             name: name.to_owned(),
             source,
         })?;
-    ctx.metrics.writes.with_label_values(&["status"]).inc();
+    ctx.metrics
+        .writes
+        .total
+        .with_label_values(&["status"])
+        .inc();
     ctx.expectations
         .lock()
         .expect("expectations lock")

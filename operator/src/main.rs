@@ -136,13 +136,13 @@ async fn lead(
             () = shutdown.clone() => return Ok(()),
         }
         tracing::info!(%identity, "leading");
-        metrics.leader.set(1);
+        metrics.leadership.leader.set(1);
         tokio::select! {
             result = controller::run(client.clone(), identity, metrics.clone(), shutdown.clone()) => return result,
             () = elector.hold() => {}
         }
-        metrics.leader.set(0);
-        metrics.leadership_lost.inc();
+        metrics.leadership.leader.set(0);
+        metrics.leadership.lost.inc();
         tracing::warn!(%identity, "lost the leader-election Lease: stopped writing; waiting for leadership again");
     }
 }

@@ -22,9 +22,11 @@
 //! should be).
 
 use kipvs_crds::ProxyConfigStatus;
-use kipvs_exposition::register;
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    register_histogram_with_registry, register_int_counter_vec_with_registry,
+    register_int_counter_with_registry, register_int_gauge_vec_with_registry,
+    register_int_gauge_with_registry,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,31 +35,164 @@ use warp::Filter;
 use warp::http::StatusCode;
 use warp::reply::Reply;
 
-/// The operator's metrics (cheap to clone: handles to one registry).
+/// Why registering one of this module's metrics cannot fail: its name and help are constants
+/// here, valid and unique in the registry.
+const VALID: &str = "a valid metric name, unique in the registry";
+
+/// The operator's metrics, by what they watch (cheap to clone: handles to one registry).
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// Reconciles by result.
-    pub reconciles: IntCounterVec,
+    /// Reconciles of ProxyConfigs.
+    pub reconcile: ReconcileMetrics,
+    /// API writes.
+    pub writes: WriteMetrics,
+    /// This replica's hold on the Lease.
+    pub leadership: LeadershipMetrics,
+    rollout: RolloutMetrics,
+    ready: Arc<AtomicBool>,
+}
+
+/// Reconciles of a ProxyConfig: results, failures, wall time, writes per decision.
+#[derive(Clone)]
+pub struct ReconcileMetrics {
+    /// Reconciles by result (`ok`, `error`).
+    pub total: IntCounterVec,
     /// Failed reconciles by cause.
     pub failures: IntCounterVec,
     /// Reconcile wall time.
-    pub reconcile_duration: Histogram,
+    pub duration: Histogram,
     /// Writes per decision.
     pub decision_writes: Histogram,
+}
+
+impl ReconcileMetrics {
+    fn new(r: &Registry) -> Self {
+        ReconcileMetrics {
+            total: register_int_counter_vec_with_registry!(
+                "kipvs_operator_reconciles_total",
+                "Reconciles of a ProxyConfig, by result (ok, error)",
+                &["result"],
+                r
+            )
+            .expect(VALID),
+            failures: register_int_counter_vec_with_registry!(
+                "kipvs_operator_reconcile_failures_total",
+                "Failed reconciles by cause (status, decode)",
+                &["kind"],
+                r
+            )
+            .expect(VALID),
+            duration: register_histogram_with_registry!(
+                "kipvs_operator_reconcile_duration_seconds",
+                "Wall time of one reconcile (decide, hand the writes over, status, Events)",
+                prometheus::exponential_buckets(0.001, 2.0, 15).expect("valid buckets"),
+                r
+            )
+            .expect(VALID),
+            decision_writes: register_histogram_with_registry!(
+                "kipvs_operator_decision_writes",
+                "NodeProxyConfig writes one decision asks for",
+                prometheus::exponential_buckets(1.0, 2.0, 14).expect("valid buckets"),
+                r
+            )
+            .expect(VALID),
+        }
+    }
+}
+
+/// API writes: those sent, the failed attempts, and the queue of those decided.
+#[derive(Clone)]
+pub struct WriteMetrics {
     /// API writes by kind.
-    pub writes: IntCounterVec,
+    pub total: IntCounterVec,
     /// Failed NodeProxyConfig write attempts by kind.
-    pub write_errors: IntCounterVec,
+    pub errors: IntCounterVec,
     /// NodeProxyConfig writes decided and not yet sent.
-    pub write_queue: IntGauge,
+    pub queue: IntGauge,
+}
+
+impl WriteMetrics {
+    fn new(r: &Registry) -> Self {
+        WriteMetrics {
+            total: register_int_counter_vec_with_registry!(
+                "kipvs_operator_writes_total",
+                "API writes by kind (apply, delete, status, event)",
+                &["kind"],
+                r
+            )
+            .expect(VALID),
+            errors: register_int_counter_vec_with_registry!(
+                "kipvs_operator_write_errors_total",
+                "Failed NodeProxyConfig write attempts by kind (apply, delete), each retried with backoff",
+                &["kind"],
+                r
+            )
+            .expect(VALID),
+            queue: register_int_gauge_with_registry!(
+                "kipvs_operator_write_queue",
+                "NodeProxyConfig writes decided and not yet sent",
+                r
+            )
+            .expect(VALID),
+        }
+    }
+}
+
+/// This replica's hold on the Lease.
+#[derive(Clone)]
+pub struct LeadershipMetrics {
     /// 1 while this replica leads.
     pub leader: IntGauge,
     /// Times this replica lost the Lease.
-    pub leadership_lost: IntCounter,
-    rollout_nodes: IntGaugeVec,
-    rollout_stage: IntGaugeVec,
-    ready: Arc<AtomicBool>,
+    pub lost: IntCounter,
+}
+
+impl LeadershipMetrics {
+    fn new(r: &Registry) -> Self {
+        LeadershipMetrics {
+            leader: register_int_gauge_with_registry!(
+                "kipvs_operator_leader",
+                "1 while this replica holds the Lease and runs the controller",
+                r
+            )
+            .expect(VALID),
+            lost: register_int_counter_with_registry!(
+                "kipvs_operator_leadership_lost_total",
+                "Times this replica lost the Lease (it stopped writing and is a candidate again)",
+                r
+            )
+            .expect(VALID),
+        }
+    }
+}
+
+/// Each ProxyConfig's rollout: its nodes by state and the stage being rolled out.
+#[derive(Clone)]
+struct RolloutMetrics {
+    nodes: IntGaugeVec,
+    stage: IntGaugeVec,
+}
+
+impl RolloutMetrics {
+    fn new(r: &Registry) -> Self {
+        RolloutMetrics {
+            nodes: register_int_gauge_vec_with_registry!(
+                "kipvs_operator_rollout_nodes",
+                "Nodes of a ProxyConfig by state (total, updated, healthy, failed, skipped, conflicting)",
+                &["proxyconfig", "state"],
+                r
+            )
+            .expect(VALID),
+            stage: register_int_gauge_vec_with_registry!(
+                "kipvs_operator_rollout_stage",
+                "1 for the stage being rolled out, with its phase; absent when complete",
+                &["proxyconfig", "stage", "phase"],
+                r
+            )
+            .expect(VALID),
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -69,89 +204,13 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry with every metric at zero.
     pub fn new() -> Self {
-        let r = Registry::new();
-        let counters = |name: &str, help: &str, labels: &[&str]| {
-            register(
-                &r,
-                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
-            )
-        };
-        let gauges = |name: &str, help: &str, labels: &[&str]| {
-            register(
-                &r,
-                IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
-            )
-        };
-        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
-            let opts = HistogramOpts::new(name, help).buckets(buckets);
-            register(&r, Histogram::with_opts(opts).expect("valid metric"))
-        };
+        let registry = Registry::new();
         Metrics {
-            reconciles: counters(
-                "kipvs_operator_reconciles_total",
-                "Reconciles of a ProxyConfig, by result (ok, error)",
-                &["result"],
-            ),
-            failures: counters(
-                "kipvs_operator_reconcile_failures_total",
-                "Failed reconciles by cause (status, decode)",
-                &["kind"],
-            ),
-            reconcile_duration: histogram(
-                "kipvs_operator_reconcile_duration_seconds",
-                "Wall time of one reconcile (decide, hand the writes over, status, Events)",
-                prometheus::exponential_buckets(0.001, 2.0, 15).expect("valid buckets"),
-            ),
-            decision_writes: histogram(
-                "kipvs_operator_decision_writes",
-                "NodeProxyConfig writes one decision asks for",
-                prometheus::exponential_buckets(1.0, 2.0, 14).expect("valid buckets"),
-            ),
-            writes: counters(
-                "kipvs_operator_writes_total",
-                "API writes by kind (apply, delete, status, event)",
-                &["kind"],
-            ),
-            write_errors: counters(
-                "kipvs_operator_write_errors_total",
-                "Failed NodeProxyConfig write attempts by kind (apply, delete), each retried with backoff",
-                &["kind"],
-            ),
-            write_queue: register(
-                &r,
-                IntGauge::new(
-                    "kipvs_operator_write_queue",
-                    "NodeProxyConfig writes decided and not yet sent",
-                )
-                .expect("valid metric"),
-            ),
-            leader: register(
-                &r,
-                IntGauge::new(
-                    "kipvs_operator_leader",
-                    "1 while this replica holds the Lease and runs the controller",
-                )
-                .expect("valid metric"),
-            ),
-            leadership_lost: register(
-                &r,
-                IntCounter::new(
-                    "kipvs_operator_leadership_lost_total",
-                    "Times this replica lost the Lease (it stopped writing and is a candidate again)",
-                )
-                .expect("valid metric"),
-            ),
-            rollout_nodes: gauges(
-                "kipvs_operator_rollout_nodes",
-                "Nodes of a ProxyConfig by state (total, updated, healthy, failed, skipped, conflicting)",
-                &["proxyconfig", "state"],
-            ),
-            rollout_stage: gauges(
-                "kipvs_operator_rollout_stage",
-                "1 for the stage being rolled out, with its phase; absent when complete",
-                &["proxyconfig", "stage", "phase"],
-            ),
-            registry: r,
+            reconcile: ReconcileMetrics::new(&registry),
+            writes: WriteMetrics::new(&registry),
+            leadership: LeadershipMetrics::new(&registry),
+            rollout: RolloutMetrics::new(&registry),
+            registry,
             ready: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -166,7 +225,8 @@ impl Metrics {
             ("skipped", status.skipped_nodes),
             ("conflicting", status.conflicting_node_count),
         ] {
-            self.rollout_nodes
+            self.rollout
+                .nodes
                 .with_label_values(&[name, state])
                 .set(i64::from(value));
         }
@@ -178,7 +238,8 @@ impl Metrics {
                 .find(|s| &s.name == stage)
                 .map(|s| format!("{:?}", s.phase))
                 .unwrap_or_default();
-            self.rollout_stage
+            self.rollout
+                .stage
                 .with_label_values(&[name, stage, &phase])
                 .set(1);
         }
@@ -186,13 +247,13 @@ impl Metrics {
 
     /// Drops the stage series of a ProxyConfig (its rollout completed or it was deleted).
     fn forget_stage(&self, name: &str) {
-        remove_proxy_configs(&self.rollout_stage, |n| n != name);
+        remove_proxy_configs(&self.rollout.stage, |n| n != name);
     }
 
     /// Drops the rollout series of every ProxyConfig for which `live` is false (deleted ones).
     pub fn retain_rollouts(&self, live: impl Fn(&str) -> bool) {
-        remove_proxy_configs(&self.rollout_nodes, &live);
-        remove_proxy_configs(&self.rollout_stage, &live);
+        remove_proxy_configs(&self.rollout.nodes, &live);
+        remove_proxy_configs(&self.rollout.stage, &live);
     }
 
     /// Marks this replica ready (see the module docs).

@@ -489,12 +489,17 @@ impl Writer {
             let write_kind = kind(&queued.write);
             let result = match result {
                 Ok(()) => {
-                    self.metrics.writes.with_label_values(&[write_kind]).inc();
+                    self.metrics
+                        .writes
+                        .total
+                        .with_label_values(&[write_kind])
+                        .inc();
                     Ok(())
                 }
                 Err(e) => {
                     self.metrics
-                        .write_errors
+                        .writes
+                        .errors
                         .with_label_values(&[write_kind])
                         .inc();
                     tracing::warn!(proxyconfig = %queued.owner.name, node = queued.write.node(), error = %e, "write failed; retrying");
@@ -505,7 +510,7 @@ impl Writer {
             let changed = {
                 let mut state = self.state.lock().expect("writer lock");
                 let changed = state.finish(queued, result, Instant::now());
-                self.metrics.write_queue.set(state.queued() as i64);
+                self.metrics.writes.queue.set(state.queued() as i64);
                 changed
             };
             if changed {
@@ -540,7 +545,8 @@ impl Drop for WriterGuard<'_> {
     fn drop(&mut self) {
         self.writer
             .metrics
-            .write_queue
+            .writes
+            .queue
             .set(self.state.queued() as i64);
         self.writer.wake.notify_waiters();
     }
