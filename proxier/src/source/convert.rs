@@ -11,8 +11,8 @@ use crate::model::objects::{
     ServiceInfo, ServicePortInfo, ServiceTypeField, SliceInfo, SlicePortInfo, ZONE_LABEL,
 };
 use crate::model::{IPVS_SCHEDULERS, Protocol};
-use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
-use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
+use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec, ServiceStatus};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointHints, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -31,18 +31,62 @@ pub fn service(service: &Service, strings: &mut Interner) -> ServiceInfo {
     let (namespace, name) = identity(meta, strings);
     let default_spec = ServiceSpec::default();
     let spec = service.spec.as_ref().unwrap_or(&default_spec);
-    let type_ = match spec.type_.as_deref().unwrap_or("ClusterIP") {
+    ServiceInfo {
+        namespace,
+        name,
+        created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+        other_proxy: meta
+            .labels
+            .as_ref()
+            .is_some_and(|labels| labels.contains_key(SERVICE_PROXY_NAME_LABEL)),
+        scheduler: scheduler(meta, strings),
+        type_: service_type(spec),
+        cluster_ips: cluster_ips(spec),
+        external_ips: spec
+            .external_ips
+            .iter()
+            .flatten()
+            .map(|text| Parsed::parse(text))
+            .collect(),
+        source_ranges: source_ranges(spec),
+        ingress: ingress(service.status.as_ref()),
+        client_ip_affinity: client_ip_affinity(spec),
+        external_local: spec.external_traffic_policy.as_deref() == Some("Local"),
+        internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+        ports: service_ports(spec, strings),
+        health_check_node_port: spec.health_check_node_port,
+    }
+}
+
+/// The `kipvs.io/scheduler` annotation of a Service.
+fn scheduler(meta: &ObjectMeta, strings: &mut Interner) -> Option<Arc<str>> {
+    let value = meta.annotations.as_ref()?.get(SCHEDULER_ANNOTATION)?;
+    // Any text may be written there: only the schedulers there are get shared.
+    Some(if IPVS_SCHEDULERS.contains(&value.as_str()) {
+        strings.intern(value)
+    } else {
+        Arc::from(value.as_str())
+    })
+}
+
+/// `spec.type` (`ClusterIP` when unset).
+fn service_type(spec: &ServiceSpec) -> ServiceTypeField {
+    match spec.type_.as_deref().unwrap_or("ClusterIP") {
         "ClusterIP" => ServiceTypeField::ClusterIp,
         "NodePort" => ServiceTypeField::NodePort,
         "LoadBalancer" => ServiceTypeField::LoadBalancer,
         "ExternalName" => ServiceTypeField::ExternalName,
         other => ServiceTypeField::Unknown(other.into()),
-    };
+    }
+}
+
+/// `spec.clusterIPs`, else the older `spec.clusterIP`: `None` is headless, empty is unset.
+fn cluster_ips(spec: &ServiceSpec) -> ClusterIps {
     let (indexed, texts): (bool, Vec<&String>) = match &spec.cluster_ips {
         Some(ips) if !ips.is_empty() => (true, ips.iter().collect()),
         _ => (false, spec.cluster_ip.iter().collect()),
     };
-    let cluster_ips = if texts.iter().any(|ip| *ip == "None") {
+    if texts.iter().any(|ip| *ip == "None") {
         ClusterIps::Headless
     } else if texts.iter().all(|ip| ip.is_empty()) {
         ClusterIps::Unset
@@ -51,10 +95,24 @@ pub fn service(service: &Service, strings: &mut Interner) -> ServiceInfo {
             indexed,
             ips: texts.iter().map(|text| Parsed::parse(text)).collect(),
         }
-    };
-    let ingress = service
-        .status
-        .as_ref()
+    }
+}
+
+/// `spec.loadBalancerSourceRanges`, each a CIDR (surrounding blanks allowed, as kube-proxy).
+fn source_ranges(spec: &ServiceSpec) -> Box<[Parsed<ipnet::IpNet>]> {
+    spec.load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .map(|text| match text.trim().parse() {
+            Ok(net) => Parsed::Ok(net),
+            Err(_) => Parsed::Invalid(text.as_str().into()),
+        })
+        .collect()
+}
+
+/// `status.loadBalancer.ingress`: each entry's IP (an empty one is none) and `ipMode`.
+fn ingress(status: Option<&ServiceStatus>) -> Box<[Ingress]> {
+    status
         .and_then(|status| status.load_balancer.as_ref())
         .and_then(|lb| lb.ingress.as_ref())
         .into_iter()
@@ -71,67 +129,32 @@ pub fn service(service: &Service, strings: &mut Interner) -> ServiceInfo {
                 other => IpMode::Unknown(other.into()),
             }),
         })
-        .collect();
-    let client_ip_affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        .collect()
+}
+
+/// `Some(timeout)` when `spec.sessionAffinity` is `ClientIP`, with
+/// `sessionAffinityConfig.clientIP.timeoutSeconds` if set.
+fn client_ip_affinity(spec: &ServiceSpec) -> Option<Option<i32>> {
+    (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
         spec.session_affinity_config
             .as_ref()
             .and_then(|config| config.client_ip.as_ref())
             .and_then(|client_ip| client_ip.timeout_seconds)
-    });
-    ServiceInfo {
-        namespace,
-        name,
-        created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
-        other_proxy: meta
-            .labels
-            .as_ref()
-            .is_some_and(|labels| labels.contains_key(SERVICE_PROXY_NAME_LABEL)),
-        scheduler: meta
-            .annotations
-            .as_ref()
-            .and_then(|annotations| annotations.get(SCHEDULER_ANNOTATION))
-            .map(|value| {
-                // Any text may be written there: only the schedulers there are get shared.
-                if IPVS_SCHEDULERS.contains(&value.as_str()) {
-                    strings.intern(value)
-                } else {
-                    Arc::from(value.as_str())
-                }
-            }),
-        type_,
-        cluster_ips,
-        external_ips: spec
-            .external_ips
-            .iter()
-            .flatten()
-            .map(|text| Parsed::parse(text))
-            .collect(),
-        source_ranges: spec
-            .load_balancer_source_ranges
-            .iter()
-            .flatten()
-            .map(|text| match text.trim().parse() {
-                Ok(net) => Parsed::Ok(net),
-                Err(_) => Parsed::Invalid(text.as_str().into()),
-            })
-            .collect(),
-        ingress,
-        client_ip_affinity,
-        external_local: spec.external_traffic_policy.as_deref() == Some("Local"),
-        internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
-        ports: spec
-            .ports
-            .iter()
-            .flatten()
-            .map(|port| ServicePortInfo {
-                name: strings.intern(port.name.as_deref().unwrap_or_default()),
-                protocol: parse_protocol(port.protocol.as_deref()),
-                port: port.port,
-                node_port: port.node_port,
-            })
-            .collect(),
-        health_check_node_port: spec.health_check_node_port,
-    }
+    })
+}
+
+/// `spec.ports`: name, protocol, port and node port of each.
+fn service_ports(spec: &ServiceSpec, strings: &mut Interner) -> Box<[ServicePortInfo]> {
+    spec.ports
+        .iter()
+        .flatten()
+        .map(|port| ServicePortInfo {
+            name: strings.intern(port.name.as_deref().unwrap_or_default()),
+            protocol: parse_protocol(port.protocol.as_deref()),
+            port: port.port,
+            node_port: port.node_port,
+        })
+        .collect()
 }
 
 /// What planning reads of `slice`.
@@ -148,50 +171,7 @@ pub fn slice(slice: &EndpointSlice, strings: &mut Interner) -> SliceInfo {
         .endpoints
         .iter()
         .flatten()
-        .map(|endpoint| {
-            let (ready, serving, terminating) = conditions(endpoint.conditions.as_ref());
-            let mut names = |list: Option<Vec<&str>>| -> Box<[Arc<str>]> {
-                list.into_iter()
-                    .flatten()
-                    .map(|name| strings.intern(name))
-                    .collect()
-            };
-            let hints = endpoint.hints.as_ref().map(|hints| Hints {
-                for_zones: names(
-                    hints
-                        .for_zones
-                        .as_ref()
-                        .map(|zones| zones.iter().map(|z| z.name.as_str()).collect()),
-                ),
-                for_nodes: names(
-                    hints
-                        .for_nodes
-                        .as_ref()
-                        .map(|nodes| nodes.iter().map(|n| n.name.as_str()).collect()),
-                ),
-            });
-            EndpointInfo {
-                address: endpoint.addresses.first().map(|text| {
-                    match (text.parse::<std::net::IpAddr>(), &address_type) {
-                        (Err(_), _) => EndpointAddress::Invalid(text.as_str().into()),
-                        (Ok(ip), AddressType::Ipv4) if !ip.is_ipv4() => {
-                            EndpointAddress::OtherFamily(text.as_str().into())
-                        }
-                        (Ok(ip), AddressType::Ipv6) if ip.is_ipv4() => {
-                            EndpointAddress::OtherFamily(text.as_str().into())
-                        }
-                        (Ok(ip), _) => EndpointAddress::Ip(ip),
-                    }
-                }),
-                ready,
-                serving,
-                terminating,
-                node_name: endpoint.node_name.as_deref().map(|n| strings.intern(n)),
-                hints: hints
-                    .filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty())
-                    .map(Box::new),
-            }
-        })
+        .map(|endpoint| self::endpoint(endpoint, &address_type, strings))
         .collect();
     let ports = slice
         .ports
@@ -214,6 +194,59 @@ pub fn slice(slice: &EndpointSlice, strings: &mut Interner) -> SliceInfo {
         address_type,
         endpoints,
         ports,
+    }
+}
+
+/// What planning reads of one endpoint of a slice of `address_type`.
+fn endpoint(
+    endpoint: &Endpoint,
+    address_type: &AddressType,
+    strings: &mut Interner,
+) -> EndpointInfo {
+    let (ready, serving, terminating) = conditions(endpoint.conditions.as_ref());
+    EndpointInfo {
+        address: endpoint
+            .addresses
+            .first()
+            .map(|text| endpoint_address(text, address_type)),
+        ready,
+        serving,
+        terminating,
+        node_name: endpoint.node_name.as_deref().map(|n| strings.intern(n)),
+        hints: endpoint
+            .hints
+            .as_ref()
+            .map(|hints| self::hints(hints, strings))
+            .filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty())
+            .map(Box::new),
+    }
+}
+
+/// An endpoint's first address: an IP of the slice's family, of the other one, or not an IP.
+fn endpoint_address(text: &str, address_type: &AddressType) -> EndpointAddress {
+    match (text.parse::<IpAddr>(), address_type) {
+        (Err(_), _) => EndpointAddress::Invalid(text.into()),
+        (Ok(ip), AddressType::Ipv4) if !ip.is_ipv4() => EndpointAddress::OtherFamily(text.into()),
+        (Ok(ip), AddressType::Ipv6) if ip.is_ipv4() => EndpointAddress::OtherFamily(text.into()),
+        (Ok(ip), _) => EndpointAddress::Ip(ip),
+    }
+}
+
+/// An endpoint's topology hints: the zones (`forZones`) and nodes (`forNodes`) it serves.
+fn hints(hints: &EndpointHints, strings: &mut Interner) -> Hints {
+    Hints {
+        for_zones: hints
+            .for_zones
+            .iter()
+            .flatten()
+            .map(|zone| strings.intern(&zone.name))
+            .collect(),
+        for_nodes: hints
+            .for_nodes
+            .iter()
+            .flatten()
+            .map(|node| strings.intern(&node.name))
+            .collect(),
     }
 }
 
