@@ -11,7 +11,7 @@ use super::context::port_number;
 use super::outcome::Problem;
 use crate::model::Protocol;
 use crate::model::RealServers;
-use crate::model::objects::{AddressType, EndpointAddress, EndpointInfo, SliceInfo};
+use crate::model::objects::{AddressType, EndpointAddress, EndpointInfo, SliceInfo, SlicePortInfo};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -110,49 +110,13 @@ pub(crate) fn collect(
     // Few ports: a vector searched in turn, each port's endpoints in slice order.
     let mut by_port: Vec<(SlicePort, Vec<Endpoint>)> = Vec::new();
     for slice in slices {
-        let problem =
-            |message: String| Problem::of("EndpointSlice", &slice.namespace, &slice.name, message);
-        let ipv4 = match &slice.address_type {
-            AddressType::Ipv4 => true,
-            AddressType::Ipv6 => false,
-            AddressType::Fqdn => continue,
-            AddressType::Unknown(other) => {
-                problems.push(problem(format!(
-                    "addressType {other:?} is unknown (expected IPv4, IPv6 or FQDN); slice ignored"
-                )));
-                continue;
-            }
+        let Some(ipv4) = is_ipv4(slice, problems) else {
+            continue;
         };
-        let mut addresses: Vec<(IpAddr, &EndpointInfo)> = Vec::new();
-        for (i, endpoint) in slice.endpoints.iter().enumerate() {
-            let Some(text) = &endpoint.address else {
-                continue;
-            };
-            match text {
-                EndpointAddress::Ip(ip) => addresses.push((*ip, endpoint)),
-                EndpointAddress::OtherFamily(text) => problems.push(problem(format!(
-                    "endpoints[{i}].addresses[0] {text:?} does not match addressType {}; ignored",
-                    if ipv4 { "IPv4" } else { "IPv6" }
-                ))),
-                EndpointAddress::Invalid(text) => problems.push(problem(format!(
-                    "endpoints[{i}].addresses[0] {text:?} is not a valid IP address"
-                ))),
-            }
-        }
+        let addresses = addresses(slice, ipv4, problems);
         for (i, port) in slice.ports.iter().enumerate() {
-            let Some(number) = port.port else {
+            let Some((protocol, number)) = port_of(slice, i, port, problems) else {
                 continue;
-            };
-            let Some(number) = port_number(number) else {
-                problems.push(problem(format!("ports[{i}].port {number} is out of range")));
-                continue;
-            };
-            let protocol = match &port.protocol {
-                Ok(protocol) => *protocol,
-                Err(message) => {
-                    problems.push(problem(format!("ports[{i}]: {message}")));
-                    continue;
-                }
             };
             let at = match by_port
                 .iter()
@@ -166,41 +130,133 @@ pub(crate) fn collect(
             };
             let entries = &mut by_port[at].1;
             entries.reserve(addresses.len());
-            for &(ip, endpoint) in &addresses {
-                let hints = endpoint.hints.as_deref();
-                let for_zones = hints.into_iter().flat_map(|h| h.for_zones.iter());
-                let for_nodes = hints.into_iter().flat_map(|h| h.for_nodes.iter());
-                let candidate = Endpoint {
-                    address: SocketAddr::new(ip, number),
-                    ready: endpoint.ready,
-                    serving: endpoint.serving,
-                    terminating: endpoint.terminating,
-                    local: endpoint.node_name.as_deref() == Some(node_name),
-                    zone_hint: Hint::of(for_zones.map(|z| &**z), zone),
-                    node_hint: Hint::of(for_nodes.map(|n| &**n), Some(node_name)),
-                };
-                entries.push(candidate);
-            }
+            entries.extend(addresses.iter().map(|&(ip, endpoint)| {
+                Endpoint::of(SocketAddr::new(ip, number), endpoint, node_name, zone)
+            }));
         }
     }
     by_port
         .into_iter()
-        .map(|(key, mut endpoints)| {
-            // By address; of one address listed twice, the first with the best conditions
-            // (the sort is stable: duplicates stay in slice order).
-            endpoints.sort_by_key(|e| e.address);
-            endpoints.dedup_by(|later, kept| {
-                if later.address != kept.address {
-                    return false;
-                }
-                if later.rank() > kept.rank() {
-                    *kept = *later;
-                }
-                true
-            });
-            (key, endpoints)
-        })
+        .map(|(key, endpoints)| (key, merge_duplicates(endpoints)))
         .collect()
+}
+
+/// A problem with `slice`, for its report.
+fn problem(slice: &SliceInfo, message: String) -> Problem {
+    Problem::of("EndpointSlice", &slice.namespace, &slice.name, message)
+}
+
+/// The family of `slice` from its `addressType`: `Some(true)` for IPv4, `Some(false)` for
+/// IPv6, `None` for a slice that is skipped (FQDN, or an unknown type, which is reported).
+fn is_ipv4(slice: &SliceInfo, problems: &mut Vec<Problem>) -> Option<bool> {
+    match &slice.address_type {
+        AddressType::Ipv4 => Some(true),
+        AddressType::Ipv6 => Some(false),
+        AddressType::Fqdn => None,
+        AddressType::Unknown(other) => {
+            problems.push(problem(
+                slice,
+                format!(
+                    "addressType {other:?} is unknown (expected IPv4, IPv6 or FQDN); slice ignored"
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// The endpoints of `slice` with an address of its family, with that address; the others are
+/// reported.
+fn addresses<'s>(
+    slice: &'s SliceInfo,
+    ipv4: bool,
+    problems: &mut Vec<Problem>,
+) -> Vec<(IpAddr, &'s EndpointInfo)> {
+    let mut addresses = Vec::new();
+    for (i, endpoint) in slice.endpoints.iter().enumerate() {
+        let Some(text) = &endpoint.address else {
+            continue;
+        };
+        match text {
+            EndpointAddress::Ip(ip) => addresses.push((*ip, endpoint)),
+            EndpointAddress::OtherFamily(text) => problems.push(problem(
+                slice,
+                format!(
+                    "endpoints[{i}].addresses[0] {text:?} does not match addressType {}; ignored",
+                    if ipv4 { "IPv4" } else { "IPv6" }
+                ),
+            )),
+            EndpointAddress::Invalid(text) => problems.push(problem(
+                slice,
+                format!("endpoints[{i}].addresses[0] {text:?} is not a valid IP address"),
+            )),
+        }
+    }
+    addresses
+}
+
+/// The protocol and number of `port`, the `i`th of `slice`; `None` without a number, or when
+/// the number is out of range or the protocol unknown (both reported).
+fn port_of(
+    slice: &SliceInfo,
+    i: usize,
+    port: &SlicePortInfo,
+    problems: &mut Vec<Problem>,
+) -> Option<(Protocol, u16)> {
+    let number = port.port?;
+    let Some(number) = port_number(number) else {
+        problems.push(problem(
+            slice,
+            format!("ports[{i}].port {number} is out of range"),
+        ));
+        return None;
+    };
+    match &port.protocol {
+        Ok(protocol) => Some((*protocol, number)),
+        Err(message) => {
+            problems.push(problem(slice, format!("ports[{i}]: {message}")));
+            None
+        }
+    }
+}
+
+impl Endpoint {
+    /// `endpoint` at `address` as seen from the node `node_name` in `zone`.
+    fn of(
+        address: SocketAddr,
+        endpoint: &EndpointInfo,
+        node_name: &str,
+        zone: Option<&str>,
+    ) -> Endpoint {
+        let hints = endpoint.hints.as_deref();
+        let for_zones = hints.into_iter().flat_map(|h| h.for_zones.iter());
+        let for_nodes = hints.into_iter().flat_map(|h| h.for_nodes.iter());
+        Endpoint {
+            address,
+            ready: endpoint.ready,
+            serving: endpoint.serving,
+            terminating: endpoint.terminating,
+            local: endpoint.node_name.as_deref() == Some(node_name),
+            zone_hint: Hint::of(for_zones.map(|z| &**z), zone),
+            node_hint: Hint::of(for_nodes.map(|n| &**n), Some(node_name)),
+        }
+    }
+}
+
+/// `endpoints` by address; of one address listed twice, the first with the best conditions
+/// (the sort is stable: duplicates stay in slice order).
+fn merge_duplicates(mut endpoints: Vec<Endpoint>) -> Vec<Endpoint> {
+    endpoints.sort_by_key(|e| e.address);
+    endpoints.dedup_by(|later, kept| {
+        if later.address != kept.address {
+            return false;
+        }
+        if later.rank() > kept.rank() {
+            *kept = *later;
+        }
+        true
+    });
+    endpoints
 }
 
 /// The real servers chosen for one traffic scope (all endpoints, or only local ones).
