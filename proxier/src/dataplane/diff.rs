@@ -4,7 +4,8 @@
 
 use super::{Op, ascending_contains, ascending_get, nft};
 use crate::model::{
-    DesiredState, ObservedState, Protocol, Scope, SetElement, VirtualServerKey, full_scope,
+    DesiredState, ObservedState, ObservedVirtualServer, Protocol, Scope, SetElement, VirtualServer,
+    VirtualServerKey, full_scope,
 };
 use ipnet::IpNet;
 use std::collections::BTreeSet;
@@ -86,9 +87,9 @@ pub fn diff(desired: &DesiredState, observed: &ObservedState, ownership: &Owners
 /// [`diff`] restricted to `scope` (what an incremental sync touched), in O(size of those
 /// entries · log n); a scope of at least `1 / BULK_RATIO` of a state's entries walks that
 /// state alongside it instead, O(n) (a full diff). Real servers listed in `expired_drains` are
-/// deleted even though they still have connections (their maximum drain time passed). The nftables rules are compared
-/// (by their comments) whatever the scope; kipvs owns its whole table, so every observed set
-/// element in scope that is not desired is deleted.
+/// deleted even though they still have connections (their maximum drain time passed). The
+/// nftables rules are compared (by their comments) whatever the scope; kipvs owns its whole
+/// table, so every observed set element in scope that is not desired is deleted.
 pub fn diff_scoped(
     desired: &DesiredState,
     observed: &ObservedState,
@@ -96,23 +97,83 @@ pub fn diff_scoped(
     scope: &Scope,
     expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
 ) -> Vec<Op> {
-    // Each op goes straight to its place in the order ([`position`]): the ops of one place
-    // keep the order they are pushed in, and the places are joined at the end. A virtual
-    // server's real-server ops wait for the main nftables transaction when it is new or when
-    // its own set elements change, which the element loop, run first, records. (No sort of the
-    // whole list: at 50k Services it would dominate a full diff.)
-    let mut places: [Vec<Op>; PLACES] = Default::default();
     let rules_change =
         nft::rule_comments(&desired.nft_rules) != observed.nft_rule_comments.as_slice();
     // New hairpin elements go ahead of the real servers, in a transaction of their own, unless
     // the rules are (re)written: then the whole table is one transaction before the new
     // virtual servers anyway.
-    let early_hairpin = !rules_change;
-    let mut push = |op: Op, waits: bool| places[position(&op, waits, early_hairpin)].push(op);
+    let mut ops = Ordered::new(!rules_change);
     if rules_change {
-        push(Op::WriteRules(desired.nft_rules.clone()), false);
+        ops.push(Op::WriteRules(desired.nft_rules.clone()), false);
     }
-    // Virtual servers whose own elements (masquerade, firewall) change in this diff.
+    let elements_change = diff_set_elements(desired, observed, scope, &mut ops);
+    diff_addresses(desired, observed, scope, &mut ops);
+    let n = scope.virtual_servers.len();
+    let (mut wanted, mut present) = (
+        ascending_get(&desired.virtual_servers, n),
+        ascending_get(&observed.virtual_servers, n),
+    );
+    for key in &scope.virtual_servers {
+        let ovs = present(key);
+        let Some(dvs) = wanted(key) else {
+            if ovs.is_some() && ownership.owns(key, desired, observed) {
+                ops.push(Op::DeleteVirtualServer(*key), false);
+            }
+            continue;
+        };
+        let waits = ovs.is_none() || elements_change.binary_search(key).is_ok();
+        match ovs {
+            None => ops.push(Op::AddVirtualServer(*key, dvs.spec.clone()), waits),
+            Some(o) if o.spec != dvs.spec => {
+                ops.push(Op::UpdateVirtualServer(*key, dvs.spec.clone()), waits)
+            }
+            Some(_) => {}
+        }
+        diff_real_servers(*key, dvs, ovs, waits, expired_drains, &mut ops);
+    }
+    ops.into_vec()
+}
+
+/// Ops in the order of [`diff`]: each goes straight to its place ([`position`]); the ops of
+/// one place keep the order they are pushed in, and the places are joined at the end (no sort
+/// of the whole list: at 50k Services it would dominate a full diff).
+struct Ordered {
+    places: [Vec<Op>; PLACES],
+    /// New hairpin elements go in a transaction of their own ahead of the real servers.
+    early_hairpin: bool,
+}
+
+impl Ordered {
+    fn new(early_hairpin: bool) -> Self {
+        Ordered {
+            places: Default::default(),
+            early_hairpin,
+        }
+    }
+
+    /// Places `op`; `waits`: a real-server op waits for the main nftables transaction.
+    fn push(&mut self, op: Op, waits: bool) {
+        self.places[position(&op, waits, self.early_hairpin)].push(op);
+    }
+
+    fn into_vec(self) -> Vec<Op> {
+        let mut ops = Vec::with_capacity(self.places.iter().map(Vec::len).sum());
+        for place in self.places {
+            ops.extend(place);
+        }
+        ops
+    }
+}
+
+/// The set-element ops of `scope`; returns the virtual servers whose own elements (masquerade,
+/// firewall) change, sorted: their real-server ops wait for the main nftables transaction,
+/// which is why this runs first.
+fn diff_set_elements(
+    desired: &DesiredState,
+    observed: &ObservedState,
+    scope: &Scope,
+    ops: &mut Ordered,
+) -> Vec<VirtualServerKey> {
     let mut elements_change: Vec<VirtualServerKey> = Vec::new();
     let n = scope.set_elements.len();
     let mut wanted = ascending_contains(&desired.set_elements, n);
@@ -124,70 +185,64 @@ pub fn diff_scoped(
             _ => continue,
         };
         elements_change.extend(element.virtual_server());
-        push(op, false);
+        ops.push(op, false);
     }
     elements_change.sort_unstable();
     elements_change.dedup();
+    elements_change
+}
+
+/// The bind and unbind ops of the `kube-ipvs0` addresses in `scope`.
+fn diff_addresses(
+    desired: &DesiredState,
+    observed: &ObservedState,
+    scope: &Scope,
+    ops: &mut Ordered,
+) {
     for address in &scope.addresses {
         let wanted = desired.bind_addresses.contains(address);
         match (wanted, observed.bound_addresses.contains(address)) {
-            (true, false) => push(Op::BindAddress(*address), false),
-            (false, true) => push(Op::UnbindAddress(*address), false),
+            (true, false) => ops.push(Op::BindAddress(*address), false),
+            (false, true) => ops.push(Op::UnbindAddress(*address), false),
             _ => {}
         }
     }
-    let n = scope.virtual_servers.len();
-    let (mut wanted, mut present) = (
-        ascending_get(&desired.virtual_servers, n),
-        ascending_get(&observed.virtual_servers, n),
-    );
-    for key in &scope.virtual_servers {
-        let ovs = present(key);
-        let Some(dvs) = wanted(key) else {
-            if ovs.is_some() && ownership.owns(key, desired, observed) {
-                push(Op::DeleteVirtualServer(*key), false);
-            }
-            continue;
-        };
-        let waits = ovs.is_none() || elements_change.binary_search(key).is_ok();
-        match ovs {
-            None => push(Op::AddVirtualServer(*key, dvs.spec.clone()), waits),
-            Some(o) if o.spec != dvs.spec => {
-                push(Op::UpdateVirtualServer(*key, dvs.spec.clone()), waits)
+}
+
+/// The real-server ops of the kept virtual server `vs` (`waits`: they wait for the main
+/// nftables transaction). Desired real servers absent or at another weight are added or
+/// updated; observed ones not desired drain: a TCP real server with connections goes to
+/// weight 0 until they end or its drain expires (`expired_drains`), anything else is deleted.
+fn diff_real_servers(
+    vs: VirtualServerKey,
+    dvs: &VirtualServer,
+    ovs: Option<&ObservedVirtualServer>,
+    waits: bool,
+    expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
+    ops: &mut Ordered,
+) {
+    for (rs, &weight) in &dvs.real_servers {
+        match ovs.and_then(|o| o.real_servers.get(&rs)) {
+            None => ops.push(Op::AddRealServer { vs, rs, weight }, waits),
+            Some(o) if o.weight != weight => {
+                ops.push(Op::UpdateRealServer { vs, rs, weight }, waits)
             }
             Some(_) => {}
         }
-        for (rs, &weight) in &dvs.real_servers {
-            let vs = *key;
-            match ovs.and_then(|o| o.real_servers.get(&rs)) {
-                None => push(Op::AddRealServer { vs, rs, weight }, waits),
-                Some(o) if o.weight != weight => {
-                    push(Op::UpdateRealServer { vs, rs, weight }, waits)
-                }
-                Some(_) => {}
-            }
+    }
+    for (&rs, ors) in ovs.iter().flat_map(|o| &o.real_servers) {
+        if dvs.real_servers.contains_key(&rs) {
+            continue;
         }
-        for (rs, ors) in ovs.iter().flat_map(|o| &o.real_servers) {
-            if dvs.real_servers.contains_key(rs) {
-                continue;
-            }
-            let (vs, rs) = (*key, *rs);
-            let connections = ors.active_connections + ors.inactive_connections;
-            let drains = key.protocol == Protocol::Tcp
-                && connections > 0
-                && !expired_drains.contains(&(vs, rs));
-            if !drains {
-                push(Op::DeleteRealServer { vs, rs }, waits);
-            } else if ors.weight != 0 {
-                push(Op::UpdateRealServer { vs, rs, weight: 0 }, waits);
-            }
+        let connections = ors.active_connections + ors.inactive_connections;
+        let drains =
+            vs.protocol == Protocol::Tcp && connections > 0 && !expired_drains.contains(&(vs, rs));
+        if !drains {
+            ops.push(Op::DeleteRealServer { vs, rs }, waits);
+        } else if ors.weight != 0 {
+            ops.push(Op::UpdateRealServer { vs, rs, weight: 0 }, waits);
         }
     }
-    let mut ops = Vec::with_capacity(places.iter().map(Vec::len).sum());
-    for place in places {
-        ops.extend(place);
-    }
-    ops
 }
 
 /// How many places [`position`] has.
