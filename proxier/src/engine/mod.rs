@@ -23,6 +23,7 @@ use kipvs_node_status::{StatusReport, SyncResult};
 use observer::{Observer, SyncOutcome};
 use planner::{Planner, Replanned};
 use std::collections::BTreeSet;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use syncer::{SyncReport, Syncer};
@@ -361,8 +362,9 @@ impl<D: Dataplane> Engine<D> {
     /// Sync once the source is ready ([`SourceHandle::wait_ready`]), then whenever a source
     /// reports a change (at most once per `ipvs.minSyncPeriod`) and at least every
     /// `ipvs.syncPeriod`, until `shutdown` resolves. A failed sync is logged and retried after
-    /// [`RETRY_INTERVAL`], doubling while it fails; the kernel is left as it is on shutdown (never flushed).
-    pub async fn run(&mut self, shutdown: impl std::future::Future<Output = ()>) {
+    /// [`RETRY_INTERVAL`], doubling while it fails; the kernel is left as it is on shutdown
+    /// (never flushed).
+    pub async fn run(&mut self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let source = self.source.clone();
         tokio::select! {
@@ -372,27 +374,16 @@ impl<D: Dataplane> Engine<D> {
         let mut assigned = self.following.as_ref().map(|f| f.follower.assigned.clone());
         let mut unreadable = false;
         if let Some(rx) = &mut assigned {
-            let known =
-                tokio::time::timeout(ASSIGNMENT_WAIT, rx.wait_for(|a| *a != Assigned::Unknown));
-            tokio::select! {
+            let first = tokio::select! {
                 _ = &mut shutdown => return,
-                _ = known => {}
+                first = first_assignment(rx) => first,
+            };
+            unreadable = first == Assigned::Unknown;
+            if unreadable {
+                self.assignment_unreadable();
             }
-            let mut first = rx.borrow_and_update().clone();
-            if first == Assigned::Unknown {
-                tracing::warn!(
-                    resource = NODE_PROXY_CONFIGS_RESOURCE,
-                    "the node's NodeProxyConfig could not be read in {}s (see the watch errors): \
-                     programming with the local configuration, and applying the NodeProxyConfig \
-                     once it is read",
-                    ASSIGNMENT_WAIT.as_secs()
-                );
-                self.observer
-                    .resource_unavailable(NODE_PROXY_CONFIGS_RESOURCE, true);
-                unreadable = true;
-                first = Assigned::Local;
-            }
-            self.apply_assigned(first).await;
+            self.apply_assigned(if unreadable { Assigned::Local } else { first })
+                .await;
         }
         let mut retry = Duration::ZERO;
         loop {
@@ -404,45 +395,13 @@ impl<D: Dataplane> Engine<D> {
                     true
                 }
             };
-            let ipvs = &self.planner.config().ipvs;
-            let (min_next, mut period) = (started + ipvs.min_sync_period, ipvs.sync_period);
-            if failed {
-                // Retry soon rather than a whole syncPeriod later, backing off while it fails.
-                retry = (retry * 2).clamp(RETRY_INTERVAL, period);
-                period = retry;
-            } else {
-                retry = Duration::ZERO;
-            }
-            if self.planner.replan_pending() {
-                // E.g. a scheduler was found missing: re-plan without waiting for a change.
-                period = Duration::ZERO;
-            }
-            // Failed ops are retried per entry, when due (see `syncer`).
-            if let Some(due) = self.syncer.next_retry() {
-                period = period.min(due.saturating_duration_since(Instant::now()));
-            }
-            let resync = tokio::time::sleep(period);
-            tokio::pin!(resync);
-            loop {
-                let draining = !self.syncer.drains().is_empty();
-                tokio::select! {
-                    _ = &mut shutdown => return,
-                    _ = source.changed() => break,
-                    _ = &mut resync => break,
-                    next = next_assigned(&mut assigned) => {
-                        if std::mem::take(&mut unreadable) && next != Assigned::Unknown {
-                            tracing::info!("the node's NodeProxyConfig is readable now");
-                            self.observer.resource_unavailable(NODE_PROXY_CONFIGS_RESOURCE, false);
-                        }
-                        self.apply_assigned(next).await;
-                        break;
-                    }
-                    _ = tokio::time::sleep(DRAIN_CHECK_INTERVAL), if draining => {
-                        if let Err(e) = self.check_drains().await {
-                            tracing::error!("drain check failed, will retry: {e}");
-                        }
-                    }
-                }
+            let min_next = started + self.planner.config().ipvs.min_sync_period;
+            let period = self.next_sync_in(failed, &mut retry);
+            let waited = self
+                .wait_for_sync(period, &mut shutdown, &mut assigned, &mut unreadable)
+                .await;
+            if !waited {
+                return;
             }
             tokio::select! {
                 _ = &mut shutdown => return,
@@ -450,6 +409,89 @@ impl<D: Dataplane> Engine<D> {
             }
         }
     }
+
+    /// The node's NodeProxyConfig could not be read in [`ASSIGNMENT_WAIT`]: says so (log and
+    /// observers) before programming with the local configuration.
+    fn assignment_unreadable(&self) {
+        tracing::warn!(
+            resource = NODE_PROXY_CONFIGS_RESOURCE,
+            "the node's NodeProxyConfig could not be read in {}s (see the watch errors): \
+             programming with the local configuration, and applying the NodeProxyConfig \
+             once it is read",
+            ASSIGNMENT_WAIT.as_secs()
+        );
+        self.observer
+            .resource_unavailable(NODE_PROXY_CONFIGS_RESOURCE, true);
+    }
+
+    /// How long after a sync the next one is due at the latest: `ipvs.syncPeriod`; after a
+    /// failed sync `retry` (doubled, from [`RETRY_INTERVAL`] up to that period, and reset by a
+    /// sync that succeeds); at once when a re-plan is pending; and no later than the syncer's
+    /// next retry of failed ops.
+    fn next_sync_in(&self, failed: bool, retry: &mut Duration) -> Duration {
+        let mut period = self.planner.config().ipvs.sync_period;
+        if failed {
+            // Retry soon rather than a whole syncPeriod later, backing off while it fails.
+            *retry = (*retry * 2).clamp(RETRY_INTERVAL, period);
+            period = *retry;
+        } else {
+            *retry = Duration::ZERO;
+        }
+        if self.planner.replan_pending() {
+            // E.g. a scheduler was found missing: re-plan without waiting for a change.
+            period = Duration::ZERO;
+        }
+        // Failed ops are retried per entry, when due (see `syncer`).
+        if let Some(due) = self.syncer.next_retry() {
+            period = period.min(due.saturating_duration_since(Instant::now()));
+        }
+        period
+    }
+
+    /// Waits for what triggers the next sync: a source change, `period` elapsed, or a new
+    /// NodeProxyConfig assignment on `assigned` (applied here; `unreadable` is cleared once one
+    /// is known). Checks the draining real servers every [`DRAIN_CHECK_INTERVAL`] meanwhile.
+    /// False when `shutdown` resolved first.
+    async fn wait_for_sync(
+        &mut self,
+        period: Duration,
+        shutdown: &mut Pin<&mut impl Future<Output = ()>>,
+        assigned: &mut Option<watch::Receiver<Assigned>>,
+        unreadable: &mut bool,
+    ) -> bool {
+        let source = self.source.clone();
+        let resync = tokio::time::sleep(period);
+        tokio::pin!(resync);
+        loop {
+            let draining = !self.syncer.drains().is_empty();
+            tokio::select! {
+                _ = &mut *shutdown => return false,
+                _ = source.changed() => return true,
+                _ = &mut resync => return true,
+                next = next_assigned(assigned) => {
+                    if std::mem::take(unreadable) && next != Assigned::Unknown {
+                        tracing::info!("the node's NodeProxyConfig is readable now");
+                        self.observer.resource_unavailable(NODE_PROXY_CONFIGS_RESOURCE, false);
+                    }
+                    self.apply_assigned(next).await;
+                    return true;
+                }
+                _ = tokio::time::sleep(DRAIN_CHECK_INTERVAL), if draining => {
+                    if let Err(e) = self.check_drains().await {
+                        tracing::error!("drain check failed, will retry: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The first NodeProxyConfig assignment on `rx`, once known or after [`ASSIGNMENT_WAIT`]
+/// ([`Assigned::Unknown`] then).
+async fn first_assignment(rx: &mut watch::Receiver<Assigned>) -> Assigned {
+    // Known or timed out: either way, what the receiver holds now is the answer.
+    let _ = tokio::time::timeout(ASSIGNMENT_WAIT, rx.wait_for(|a| *a != Assigned::Unknown)).await;
+    rx.borrow_and_update().clone()
 }
 
 /// The next assignment on `assigned`; never resolves without a receiver or once its sender
