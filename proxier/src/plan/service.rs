@@ -163,6 +163,68 @@ struct Policy {
     internal_local: bool,
 }
 
+impl Policy {
+    /// The set element of an externally reachable virtual server `key`: `external-local` under
+    /// `externalTrafficPolicy: Local`, else `external`.
+    fn external_element(self, key: VirtualServerKey) -> SetElement {
+        if self.external_local {
+            SetElement::ExternalLocal(key)
+        } else {
+            SetElement::External(key)
+        }
+    }
+}
+
+/// The real servers one IP family of a port can have: the cluster-wide selection and the
+/// local one (this node's endpoints).
+struct Scopes {
+    cluster: Selection,
+    local: Selection,
+}
+
+impl Scopes {
+    /// The scopes of the endpoints of one family. Topology hints narrow the cluster-wide set
+    /// only (kube-proxy's CategorizeEndpoints: "topology ignored for Local endpoints").
+    fn of(in_family: &[&Endpoint], terminating_endpoints: bool) -> Scopes {
+        Scopes {
+            cluster: endpoints::select(
+                in_family.iter().copied(),
+                terminating_endpoints,
+                Topology::from_hints(in_family.iter().copied()),
+            ),
+            local: endpoints::select(
+                in_family.iter().copied().filter(|e| e.local),
+                terminating_endpoints,
+                Topology::All,
+            ),
+        }
+    }
+
+    /// Endpoints exist, none of them on this node.
+    fn no_local(&self) -> bool {
+        self.local.is_empty() && !self.cluster.is_empty()
+    }
+
+    /// The real servers of cluster IPs: the local ones under `internalTrafficPolicy: Local`.
+    fn internal(&self, policy: Policy) -> &Selection {
+        if policy.internal_local {
+            &self.local
+        } else {
+            &self.cluster
+        }
+    }
+
+    /// The real servers of externally reachable addresses: the local ones under
+    /// `externalTrafficPolicy: Local` when there are any, else the cluster-wide ones.
+    fn external(&self, policy: Policy) -> &Selection {
+        if policy.external_local && !self.local.is_empty() {
+            &self.local
+        } else {
+            &self.cluster
+        }
+    }
+}
+
 /// The addresses of a Service, each valid and of one of its IP families (those of its cluster
 /// IPs: kube-proxy runs one proxier per family).
 struct Addresses {
@@ -423,38 +485,10 @@ impl PortPlan {
             .iter()
             .filter(|e| e.address.is_ipv4() == ipv4)
             .collect();
-        // Topology hints narrow the cluster-wide set only (kube-proxy's CategorizeEndpoints:
-        // "topology ignored for Local endpoints").
-        let cluster = endpoints::select(
-            in_family.iter().copied(),
-            context.terminating_endpoints,
-            Topology::from_hints(in_family.iter().copied()),
-        );
-        let local = endpoints::select(
-            in_family.iter().copied().filter(|e| e.local),
-            context.terminating_endpoints,
-            Topology::All,
-        );
-        let no_local = local.is_empty() && !cluster.is_empty();
-        let internal = if policy.internal_local {
-            &local
-        } else {
-            &cluster
-        };
-        let external = if policy.external_local && !local.is_empty() {
-            &local
-        } else {
-            &cluster
-        };
-        plan.no_local_endpoints_internal |= policy.internal_local && no_local;
-        plan.no_local_endpoints_external |= policy.external_local && no_local;
-        let external_element = |k| {
-            if policy.external_local {
-                SetElement::ExternalLocal(k)
-            } else {
-                SetElement::External(k)
-            }
-        };
+        let scopes = Scopes::of(&in_family, context.terminating_endpoints);
+        plan.no_local_endpoints_internal |= policy.internal_local && scopes.no_local();
+        plan.no_local_endpoints_external |= policy.external_local && scopes.no_local();
+        let (internal, external) = (scopes.internal(policy), scopes.external(policy));
         for &ip in addresses.cluster_ips.iter().filter(family) {
             self.add(plan, ip, self.number, internal);
             plan.bind_addresses.insert(ip);
@@ -466,22 +500,14 @@ impl PortPlan {
             .iter()
             .chain(&addresses.load_balancer_ips);
         for &ip in outside.filter(family) {
-            self.add(plan, ip, self.number, external);
-            if !context.other_interface_addresses.contains(&ip) {
-                plan.bind_addresses.insert(ip);
-            }
-            let key = self.key(ip, self.number);
-            plan.set_elements.insert(external_element(key));
-            if !addresses.load_balancer_ips.contains(&ip) && !addresses.cluster_ips.contains(&ip) {
-                plan.external_ip_virtual_servers.insert(key);
-            }
+            self.plan_outside_ip(plan, ip, addresses, external, policy, context);
         }
         self.firewall(plan, addresses, context, ipv4);
         if let Some(node_port) = self.node_port {
             for &ip in context.node_port_ips.iter().filter(family) {
                 self.add(plan, ip, node_port, external);
                 plan.set_elements
-                    .insert(external_element(self.key(ip, node_port)));
+                    .insert(policy.external_element(self.key(ip, node_port)));
             }
         }
         // Hairpin: a local endpoint that reaches itself through the Service.
@@ -491,6 +517,29 @@ impl PortPlan {
         {
             plan.set_elements
                 .insert(SetElement::Hairpin(e.address.ip()));
+        }
+    }
+
+    /// The virtual server of an externalIP or load-balancer IP `ip`, with the `external` real
+    /// servers: its address is bound unless it is on another interface of the node, and its
+    /// element names the external policy.
+    fn plan_outside_ip(
+        &self,
+        plan: &mut ServicePlan,
+        ip: IpAddr,
+        addresses: &Addresses,
+        external: &Selection,
+        policy: Policy,
+        context: &PlanContext,
+    ) {
+        self.add(plan, ip, self.number, external);
+        if !context.other_interface_addresses.contains(&ip) {
+            plan.bind_addresses.insert(ip);
+        }
+        let key = self.key(ip, self.number);
+        plan.set_elements.insert(policy.external_element(key));
+        if !addresses.load_balancer_ips.contains(&ip) && !addresses.cluster_ips.contains(&ip) {
+            plan.external_ip_virtual_servers.insert(key);
         }
     }
 
