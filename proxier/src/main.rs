@@ -485,7 +485,7 @@ async fn connect_kernel() -> anyhow::Result<KernelDataplane> {
 /// Kernel settings made at start (sysctls and IPVS timeouts, each logged; kube-proxy
 /// `NewProxier`); a NodeProxyConfig revision sets them again live.
 async fn setup_kernel(config: &ProxierConfiguration, kernel: &Kernel) -> anyhow::Result<()> {
-    kernel.apply(config).await.map_err(anyhow::Error::msg)?;
+    kernel.apply(config).await?;
     let osrelease =
         std::fs::read_to_string(kernel.proc_sys.join("kernel/osrelease")).unwrap_or_default();
     let now = kernel.ipvs.timeouts().await?;

@@ -1,6 +1,6 @@
 //! An in-memory [`Dataplane`] with the kernel's error behaviour, for unit tests.
 
-use super::settings::{FakeKernel, KernelSettings};
+use super::settings::{FakeKernel, KernelSettings, SchedulerError, SettingsError};
 use super::{Dataplane, DataplaneError, NFT_STAGE, Op, OpFailure, isolate};
 use crate::dataplane::conntrack::{Listing, UdpEntry};
 use crate::model::{ObservedState, ObservedVirtualServer, SetElement, VirtualServerKey};
@@ -162,19 +162,22 @@ pub struct FakeModules {
 }
 
 impl KernelSettings for FakeModules {
-    fn check<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
+    fn check<'a>(
+        &'a self,
+        config: &'a ProxierConfiguration,
+    ) -> BoxFuture<'a, Result<(), SchedulerError>> {
         let scheduler = config.ipvs.effective_scheduler();
         if self.missing_schedulers.contains(scheduler) {
-            return Box::pin(async move {
-                Err(format!(
-                    "IPVS scheduler {scheduler:?} is not available: the kernel lacks ip_vs_{scheduler}"
-                ))
-            });
+            let scheduler = scheduler.to_owned();
+            return Box::pin(async move { Err(SchedulerError::Missing { scheduler }) });
         }
         FakeKernel.check(config)
     }
 
-    fn apply<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
+    fn apply<'a>(
+        &'a self,
+        config: &'a ProxierConfiguration,
+    ) -> BoxFuture<'a, Result<(), SettingsError>> {
         FakeKernel.apply(config)
     }
 }
@@ -203,7 +206,7 @@ impl Dataplane for FakeDataplane {
         Ok(self.state.set_elements.clone())
     }
 
-    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
+    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), SchedulerError> {
         self.scheduler_checks.push(scheduler.to_owned());
         let mut config = ProxierConfiguration::default();
         config.ipvs.scheduler = scheduler.to_owned();
@@ -306,7 +309,10 @@ mod tests {
         let mut config = ProxierConfiguration::default();
         config.ipvs.scheduler = "sed".into();
         let err = futures::executor::block_on(kernel.check(&config)).unwrap_err();
-        assert!(err.contains("\"sed\" is not available"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "IPVS scheduler \"sed\" is not available: the kernel lacks ip_vs_sed"
+        );
         config.ipvs.scheduler = "wrr".into();
         futures::executor::block_on(kernel.check(&config)).unwrap();
         config.ipvs.scheduler = "nope".into();

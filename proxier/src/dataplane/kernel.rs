@@ -4,6 +4,7 @@
 use super::batch::Batcher;
 use super::conntrack::{Conntrack, Listing, UdpEntry};
 use super::diff::{Ownership, diff};
+use super::settings::SchedulerError;
 use super::{Dataplane, DataplaneError, NFT_STAGE, Op, OpFailure, isolate, nft_transaction};
 use crate::dataplane::nft::{self, Nft};
 use crate::dataplane::nft_elements::{self, SetElements};
@@ -350,7 +351,7 @@ impl Dataplane for KernelDataplane {
         Ok(self.nft.observe().await?.elements)
     }
 
-    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), String> {
+    async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), SchedulerError> {
         super::settings::probe_scheduler(&self.ipvs, scheduler).await
     }
 

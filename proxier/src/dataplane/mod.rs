@@ -488,11 +488,12 @@ pub trait Dataplane {
 
     /// Whether the IPVS scheduler `scheduler` is available (its kernel module is there).
     ///
-    /// Errors: a message saying why not.
+    /// # Errors
+    /// Why it cannot be used.
     fn check_scheduler(
         &mut self,
         scheduler: &str,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    ) -> impl Future<Output = Result<(), settings::SchedulerError>> + Send;
 
     /// Apply `ops` in order, each run of consecutive ops of one stage ([`Op::stage`]) together,
     /// continuing past failures, and return the failures. Ops of one run may run concurrently.

@@ -5,7 +5,7 @@
 use super::sysctl;
 use crate::model::IPVS_SCHEDULERS;
 use futures::future::BoxFuture;
-use kipvs_crds::config::ProxierConfiguration;
+use kipvs_crds::config::{ConfigError, ProxierConfiguration};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
@@ -30,14 +30,71 @@ pub const PROBE_MARK_TIMEOUT: u32 = 1_000_000;
 pub trait KernelSettings: Send + Sync {
     /// Whether `config` can run here: its scheduler is available.
     ///
-    /// Errors: a message saying why not (it becomes the Failed status's message).
-    fn check<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>>;
+    /// # Errors
+    /// Why the scheduler cannot be used; its message becomes the Failed status's message.
+    fn check<'a>(
+        &'a self,
+        config: &'a ProxierConfiguration,
+    ) -> BoxFuture<'a, Result<(), SchedulerError>>;
 
     /// Set `config`'s IPVS timeouts and strictARP sysctls, logging each.
     ///
-    /// Errors: a message naming the setting that could not be made (the ones before it stay
-    /// set).
-    fn apply<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>>;
+    /// # Errors
+    /// The setting that could not be made (the ones before it stay set).
+    fn apply<'a>(
+        &'a self,
+        config: &'a ProxierConfiguration,
+    ) -> BoxFuture<'a, Result<(), SettingsError>>;
+}
+
+/// Why an IPVS scheduler cannot be used on this node.
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    /// The kernel refused a virtual server with it (its `ip_vs_<name>` module is missing).
+    #[error("IPVS scheduler {scheduler:?} is not available: {error}")]
+    Refused {
+        /// The scheduler's name.
+        scheduler: String,
+        /// The kernel's answer (part of the message, so not also a `source()`).
+        error: ipvs::Error,
+    },
+    /// Every probe port holds a virtual server of someone else: nothing was probed.
+    #[error(
+        "cannot probe IPVS scheduler {scheduler:?}: {PROBE_ADDRESS} ports {PROBE_PORT}-{} hold \
+         virtual servers of others",
+        PROBE_PORT + PROBE_PORTS - 1
+    )]
+    ProbePortsTaken {
+        /// The scheduler's name.
+        scheduler: String,
+    },
+    /// Not one of the schedulers IPVS has ([`IPVS_SCHEDULERS`]; the in-memory dataplane).
+    #[error("IPVS scheduler {scheduler:?} is not available")]
+    Unknown {
+        /// The name asked for.
+        scheduler: String,
+    },
+    /// A scheduler the in-memory dataplane's kernel is set to lack
+    /// ([`super::fake::FakeModules`]).
+    #[error("IPVS scheduler {scheduler:?} is not available: the kernel lacks ip_vs_{scheduler}")]
+    Missing {
+        /// The scheduler's name.
+        scheduler: String,
+    },
+}
+
+/// Which node-wide kernel setting of a configuration could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A sysctl could not be read or written.
+    #[error("cannot set sysctls: {0}")]
+    Sysctl(std::io::Error),
+    /// The configuration's IPVS timeouts do not fit the kernel's (seconds, 32 bits).
+    #[error("cannot set IPVS timeouts: {0}")]
+    TimeoutsOutOfRange(ConfigError),
+    /// The kernel refused the IPVS timeouts.
+    #[error("cannot set IPVS timeouts: {0}")]
+    Timeouts(ipvs::Error),
 }
 
 /// [`KernelSettings`] of the in-memory dataplane: a scheduler is available when it is one of
@@ -46,17 +103,23 @@ pub trait KernelSettings: Send + Sync {
 pub struct FakeKernel;
 
 impl KernelSettings for FakeKernel {
-    fn check<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
+    fn check<'a>(
+        &'a self,
+        config: &'a ProxierConfiguration,
+    ) -> BoxFuture<'a, Result<(), SchedulerError>> {
         let scheduler = config.ipvs.effective_scheduler();
         let known = IPVS_SCHEDULERS.contains(&scheduler);
         Box::pin(async move {
-            known
-                .then_some(())
-                .ok_or_else(|| format!("IPVS scheduler {scheduler:?} is not available"))
+            known.then_some(()).ok_or_else(|| SchedulerError::Unknown {
+                scheduler: scheduler.to_owned(),
+            })
         })
     }
 
-    fn apply<'a>(&'a self, _: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
+    fn apply<'a>(
+        &'a self,
+        _: &'a ProxierConfiguration,
+    ) -> BoxFuture<'a, Result<(), SettingsError>> {
         Box::pin(async { Ok(()) })
     }
 }
@@ -72,14 +135,20 @@ pub struct Kernel {
 }
 
 impl KernelSettings for Kernel {
-    fn check<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
+    fn check<'a>(
+        &'a self,
+        config: &'a ProxierConfiguration,
+    ) -> BoxFuture<'a, Result<(), SchedulerError>> {
         Box::pin(probe_scheduler(
             &self.ipvs,
             config.ipvs.effective_scheduler(),
         ))
     }
 
-    fn apply<'a>(&'a self, config: &'a ProxierConfiguration) -> BoxFuture<'a, Result<(), String>> {
+    fn apply<'a>(
+        &'a self,
+        config: &'a ProxierConfiguration,
+    ) -> BoxFuture<'a, Result<(), SettingsError>> {
         Box::pin(async move {
             let osrelease =
                 std::fs::read_to_string(self.proc_sys.join("kernel/osrelease")).unwrap_or_default();
@@ -87,8 +156,7 @@ impl KernelSettings for Kernel {
                 sysctl::parse_kernel_version(&osrelease),
                 config.ipvs.strict_arp,
             );
-            let applied = sysctl::ensure(&self.proc_sys, wanted)
-                .map_err(|e| format!("cannot set sysctls: {e}"))?;
+            let applied = sysctl::ensure(&self.proc_sys, wanted).map_err(SettingsError::Sysctl)?;
             for a in applied {
                 tracing::info!(
                     sysctl = a.sysctl.path,
@@ -101,7 +169,7 @@ impl KernelSettings for Kernel {
             let secs = config
                 .ipvs
                 .timeout_seconds()
-                .map_err(|e| format!("cannot set IPVS timeouts: {e}"))?;
+                .map_err(SettingsError::TimeoutsOutOfRange)?;
             let timeouts = ipvs::Timeouts {
                 tcp: secs.tcp,
                 tcp_fin: secs.tcp_fin,
@@ -111,7 +179,7 @@ impl KernelSettings for Kernel {
                 self.ipvs
                     .set_timeouts(&timeouts)
                     .await
-                    .map_err(|e| format!("cannot set IPVS timeouts: {e}"))?;
+                    .map_err(SettingsError::Timeouts)?;
             }
             Ok(())
         })
@@ -155,9 +223,13 @@ impl ProbeTable for ipvs::Handle {
 /// (left by an interrupted check) is deleted, anything else is left alone, and the next port
 /// is tried.
 ///
-/// Errors: a message naming the scheduler and the kernel's answer, or saying that every probe
-/// port holds another virtual server.
-pub async fn probe_scheduler(ipvs: &impl ProbeTable, scheduler: &str) -> Result<(), String> {
+/// # Errors
+/// [`SchedulerError::Refused`] with the kernel's answer, or
+/// [`SchedulerError::ProbePortsTaken`] when every probe port holds another virtual server.
+pub async fn probe_scheduler(
+    ipvs: &impl ProbeTable,
+    scheduler: &str,
+) -> Result<(), SchedulerError> {
     for port in PROBE_PORT..PROBE_PORT + PROBE_PORTS {
         let id = ipvs::ServiceId::Inet {
             address: PROBE_ADDRESS,
@@ -181,18 +253,17 @@ pub async fn probe_scheduler(ipvs: &impl ProbeTable, scheduler: &str) -> Result<
                     let _ = ipvs.delete(&id).await;
                 }
             }
-            Err(e) => {
-                return Err(format!(
-                    "IPVS scheduler {scheduler:?} is not available: {e}"
-                ));
+            Err(error) => {
+                return Err(SchedulerError::Refused {
+                    scheduler: scheduler.to_owned(),
+                    error,
+                });
             }
         }
     }
-    Err(format!(
-        "cannot probe IPVS scheduler {scheduler:?}: {PROBE_ADDRESS} ports {PROBE_PORT}-{} hold \
-         virtual servers of others",
-        PROBE_PORT + PROBE_PORTS - 1
-    ))
+    Err(SchedulerError::ProbePortsTaken {
+        scheduler: scheduler.to_owned(),
+    })
 }
 
 /// Whether `service` is a probe of [`probe_scheduler`] (by its mark).
@@ -263,12 +334,18 @@ mod tests {
             ])),
             schedulers: &["rr", "wrr", "mh"],
         };
-        assert_eq!(probe_scheduler(&table, "mh").await, Ok(()));
+        probe_scheduler(&table, "mh").await.unwrap();
         let left = table.services.lock().unwrap().clone();
         assert_eq!(left, HashMap::from([(users.id, users.clone())]));
 
-        let error = probe_scheduler(&table, "twos").await.unwrap_err();
-        assert!(error.contains("\"twos\" is not available"), "{error}");
+        let error = probe_scheduler(&table, "twos")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("IPVS scheduler \"twos\" is not available: not found (ENOENT)"),
+            "{error}"
+        );
         assert_eq!(*table.services.lock().unwrap(), left);
 
         // Every probe port taken by others: an error, and nothing touched.
@@ -276,8 +353,12 @@ mod tests {
             .map(|port| (at(port), ipvs::Service::new(at(port), "rr")))
             .collect();
         *table.services.lock().unwrap() = taken.clone();
-        let error = probe_scheduler(&table, "rr").await.unwrap_err();
-        assert!(error.contains("virtual servers of others"), "{error}");
+        let error = probe_scheduler(&table, "rr").await.unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "cannot probe IPVS scheduler \"rr\": 198.51.100.0 ports 20000-20015 hold virtual \
+             servers of others"
+        );
         assert_eq!(*table.services.lock().unwrap(), taken);
     }
 }

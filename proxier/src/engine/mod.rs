@@ -164,10 +164,18 @@ impl<D: Dataplane> Engine<D> {
         }
         let mut outcome = config.validate().map_err(|e| e.to_string());
         if outcome.is_ok() {
-            outcome = follower.kernel.check(&config).await;
+            outcome = follower
+                .kernel
+                .check(&config)
+                .await
+                .map_err(|e| e.to_string());
         }
         if outcome.is_ok() {
-            outcome = follower.kernel.apply(&config).await;
+            outcome = follower
+                .kernel
+                .apply(&config)
+                .await
+                .map_err(|e| e.to_string());
         }
         let name = revision.as_deref().unwrap_or("local");
         if let Err(message) = outcome {
