@@ -50,6 +50,28 @@ impl fmt::Display for Protocol {
     }
 }
 
+impl std::str::FromStr for Protocol {
+    type Err = UnknownProtocol;
+
+    /// Parses `TCP`, `UDP` or `SCTP`, as the API spells them (case-sensitive).
+    ///
+    /// # Errors
+    /// [`UnknownProtocol`] for any other text.
+    fn from_str(text: &str) -> Result<Protocol, UnknownProtocol> {
+        match text {
+            "TCP" => Ok(Protocol::Tcp),
+            "UDP" => Ok(Protocol::Udp),
+            "SCTP" => Ok(Protocol::Sctp),
+            other => Err(UnknownProtocol(other.into())),
+        }
+    }
+}
+
+/// A port `protocol` that is not `TCP`, `UDP` or `SCTP` (the text as written).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown protocol {0:?} (expected TCP, UDP or SCTP)")]
+pub struct UnknownProtocol(pub Box<str>);
+
 /// Identity of a virtual server: address, port and protocol (IPVS's `(af, protocol, addr, port)`).
 ///
 /// Ordered by address, then port, then protocol (`plan --format ipvsadm` uses ipvsadm's own

@@ -9,7 +9,7 @@ mod keys;
 pub mod objects;
 mod sets;
 
-pub use keys::{Protocol, VirtualServerKey};
+pub use keys::{Protocol, UnknownProtocol, VirtualServerKey};
 pub use sets::{NftRules, SetElement};
 
 use serde::Serialize;

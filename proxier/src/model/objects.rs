@@ -8,7 +8,7 @@
 //! read the API objects itself; everything else about an object that planning does not read
 //! (other metadata, labels, annotations, status) is dropped.
 
-use super::keys::Protocol;
+use super::keys::{Protocol, UnknownProtocol};
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -173,8 +173,8 @@ pub struct Ingress {
 pub struct ServicePortInfo {
     /// `name` (`""` when unset).
     pub name: Arc<str>,
-    /// `protocol` (unset is TCP), or the message naming an unknown one.
-    pub protocol: Result<Protocol, String>,
+    /// `protocol` (unset is TCP), or the unknown one.
+    pub protocol: Result<Protocol, UnknownProtocol>,
     /// `port`, as the API's `int32`.
     pub port: i32,
     /// `nodePort`, as the API's `int32`.
@@ -274,8 +274,8 @@ pub struct SlicePortInfo {
     pub name: Arc<str>,
     /// `port`, as the API's `int32`.
     pub port: Option<i32>,
-    /// `protocol` (unset is TCP), or the message naming an unknown one.
-    pub protocol: Result<Protocol, String>,
+    /// `protocol` (unset is TCP), or the unknown one.
+    pub protocol: Result<Protocol, UnknownProtocol>,
 }
 
 /// What planning reads of an EndpointSlice.

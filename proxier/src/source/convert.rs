@@ -10,7 +10,7 @@ use crate::model::objects::{
     NodeInfo, Parsed, SCHEDULER_ANNOTATION, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL,
     ServiceInfo, ServicePortInfo, ServiceTypeField, SliceInfo, SlicePortInfo, ZONE_LABEL,
 };
-use crate::model::{IPVS_SCHEDULERS, Protocol};
+use crate::model::{IPVS_SCHEDULERS, Protocol, UnknownProtocol};
 use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec, ServiceStatus};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointHints, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -303,15 +303,8 @@ fn node_addresses<'a>(node: &'a Node, type_: &'a str) -> impl Iterator<Item = Ip
 }
 
 /// Parses a Service or EndpointSlice port protocol; unset means TCP (the API default).
-fn parse_protocol(protocol: Option<&str>) -> Result<Protocol, String> {
-    match protocol.unwrap_or("TCP") {
-        "TCP" => Ok(Protocol::Tcp),
-        "UDP" => Ok(Protocol::Udp),
-        "SCTP" => Ok(Protocol::Sctp),
-        other => Err(format!(
-            "unknown protocol {other:?} (expected TCP, UDP or SCTP)"
-        )),
-    }
+fn parse_protocol(protocol: Option<&str>) -> Result<Protocol, UnknownProtocol> {
+    protocol.unwrap_or("TCP").parse()
 }
 
 #[cfg(test)]
@@ -418,9 +411,10 @@ mod tests {
         assert_eq!(parse_protocol(None), Ok(Protocol::Tcp));
         assert_eq!(parse_protocol(Some("UDP")), Ok(Protocol::Udp));
         assert_eq!(parse_protocol(Some("SCTP")), Ok(Protocol::Sctp));
+        let unknown = parse_protocol(Some("tcp")).unwrap_err();
         assert_eq!(
-            parse_protocol(Some("tcp")),
-            Err("unknown protocol \"tcp\" (expected TCP, UDP or SCTP)".into())
+            unknown.to_string(),
+            "unknown protocol \"tcp\" (expected TCP, UDP or SCTP)"
         );
     }
 }
