@@ -4,12 +4,10 @@
 //! published on the channel [`crate::report_status`] writes from.
 
 use crate::report::{StatusReport, SyncResult};
-use crate::writer::Liveness;
 use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
 use std::sync::Mutex;
 use std::time::SystemTime;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// One simulated proxier's status: the reducer, and the channel its status is published on.
 #[derive(Debug)]
@@ -74,26 +72,6 @@ impl SimulatedProxier {
         if changed {
             self.publish.send_replace(report.status().cloned());
         }
-    }
-}
-
-/// The verdict of a stand-in whose `/livez` always answers 200.
-#[derive(Debug, Default)]
-pub struct AlwaysLive {
-    changed: watch::Sender<()>,
-}
-
-impl Liveness for AlwaysLive {
-    fn live(&self) -> bool {
-        true
-    }
-
-    fn stale_at(&self) -> Option<Instant> {
-        None
-    }
-
-    fn subscribe(&self) -> watch::Receiver<()> {
-        self.changed.subscribe()
     }
 }
 

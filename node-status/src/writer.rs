@@ -1,6 +1,7 @@
 //! Writing the status of a node's NodeProxyConfig: what the reducer ([`crate::report`])
 //! publishes, with `healthy` from the proxier's `/livez` verdict ([`Liveness`]).
 
+use crate::liveness::Liveness;
 use kipvs_crds::nodeproxyconfig::{NodeProxyConfig, NodeProxyConfigStatus, PROXIER_FIELD_MANAGER};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
@@ -10,21 +11,6 @@ use tokio::time::Instant;
 
 /// How soon a failed status write is retried.
 pub const STATUS_RETRY: Duration = Duration::from_secs(2);
-
-/// The proxier's `/livez` verdict, which the status reports as `healthy` (kube-proxy's
-/// `ProxyHealth`: unhealthy once a queued change waits longer than its timeout).
-pub trait Liveness: Send + Sync + 'static {
-    /// Whether `/livez` answers 200 now.
-    fn live(&self) -> bool;
-
-    /// When the verdict turns unhealthy unless something happens first (`None`: nothing is
-    /// pending, or it is already unhealthy).
-    fn stale_at(&self) -> Option<Instant>;
-
-    /// A receiver that sees a change whenever what the verdict depends on changes (time passing
-    /// does not count: see [`stale_at`](Self::stale_at)).
-    fn subscribe(&self) -> watch::Receiver<()>;
-}
 
 /// Writes the status of the NodeProxyConfig named `node` forever: `report`'s (`None`: nothing
 /// to report, e.g. no NodeProxyConfig) with `healthy` set to `health`'s verdict, by server-side

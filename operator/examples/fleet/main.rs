@@ -2,12 +2,12 @@
 //! each deciding what to report with the proxier's own status reducer
 //! ([`kipvs_node_status::StatusReport`]: Pending, Applied or Failed, and what a sync publishes)
 //! and writing it with the proxier's own status writer ([`kipvs_node_status::report_status`],
-//! with the proxier's `ProxyHealth` for `healthy`), and each syncing every `syncPeriod` (30 s,
-//! spread evenly) through that reducer, so the fleet writes exactly what real proxiers would (a
-//! healthy, idle proxier writes nothing), while a real `kipvs-operator` process rolls
-//! ProxyConfig revisions out. Prints a table of figures; with `--check`, fails unless the
-//! rollouts complete, the canary's first write comes within `--max-first-write`, and every node
-//! gets exactly one NodeProxyConfig write per revision.
+//! with the proxier's `/livez` rule, [`kipvs_node_status::StalenessClock`], for `healthy`), and
+//! each syncing every `syncPeriod` (30 s, spread evenly) through that reducer, so the fleet
+//! writes exactly what real proxiers would (a healthy, idle proxier writes nothing), while a
+//! real `kipvs-operator` process rolls ProxyConfig revisions out. Prints a table of figures;
+//! with `--check`, fails unless the rollouts complete, the canary's first write comes within
+//! `--max-first-write`, and every node gets exactly one NodeProxyConfig write per revision.
 //!
 //! Nodes are `fleet-00000`.. labelled `kipvs.io/fleet=yes`; `fleet-00000` is the canary
 //! (`kipvs.io/canary=true`); every 100th node (index % 100 == 99) is tainted
@@ -19,8 +19,8 @@
 //!
 //! With `--flap-share`, that share of nodes (apart from the failing and silent ones) blips
 //! `/livez` once the second revision is complete and its `applyTimeout` (then 15 s) has passed
-//! for every node: their sync hangs past the health timeout, so the proxier's own
-//! [`ProxyHealth`] turns unhealthy and its status writer reports `healthy: false`, until the
+//! for every node: their sync hangs past the health timeout, so the proxier's own `/livez` rule
+//! turns unhealthy and its status writer reports `healthy: false`, until the
 //! harness lets them sync again. Health is latched per revision
 //! (`operator/src/rollout/stages.rs`): a node unhealthy after its stage completed is reported,
 //! not a failure. `--check` fails unless

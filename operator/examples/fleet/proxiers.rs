@@ -1,6 +1,7 @@
 //! The simulated proxiers: each decides what to report with the proxier's status reducer
 //! ([`SimulatedProxier`]), writes it with the proxier's status writer
-//! ([`kipvs_node_status::report_status`]) with `healthy` from a [`ProxyHealth`], answers new
+//! ([`kipvs_node_status::report_status`]) with `healthy` from the proxier's `/livez` rule
+//! ([`SimulatedLiveness`]), answers new
 //! revisions after a delay, and syncs every `syncPeriod`; and what the harness sees of the
 //! NodeProxyConfigs meanwhile ([`Seen`]).
 
@@ -9,9 +10,7 @@ use crate::nodes::{name, share, silent, told_to_fail};
 use futures::StreamExt;
 use kipvs_crds::NodeProxyConfig;
 use kipvs_crds::config::ProxierConfiguration;
-use kipvs_node_status::{SimulatedProxier, SyncResult, report_status};
-use kipvs_proxier::serve::health::ProxyHealth;
-use kipvs_proxier::source::Retry;
+use kipvs_node_status::{Retry, SimulatedLiveness, SimulatedProxier, SyncResult, report_status};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use std::collections::HashMap;
@@ -31,7 +30,7 @@ pub(crate) type Proxiers = Arc<HashMap<String, Arc<Proxier>>>;
 /// written by the proxier's status writer.
 pub(crate) struct Proxier {
     status: SimulatedProxier,
-    health: ProxyHealth,
+    health: SimulatedLiveness,
     /// Its sync hangs (a `/livez` blip): syncs do nothing until it recovers.
     hung: AtomicBool,
 }
@@ -43,7 +42,7 @@ impl Proxier {
         if self.hung.load(Ordering::Relaxed) {
             return false;
         }
-        self.health.updated();
+        self.health.synced();
         self.status
             .synced(&SyncResult::Clean, std::time::SystemTime::now())
     }
@@ -53,14 +52,14 @@ impl Proxier {
     /// 2 × syncPeriod); its status writer then reports `healthy: false`.
     pub(crate) fn hang(&self) {
         self.hung.store(true, Ordering::Relaxed);
-        self.health.configure(BLIP_TIMEOUT, false);
-        self.health.queued_update();
+        self.health.set_timeout(BLIP_TIMEOUT);
+        self.health.queued();
     }
 
     /// The hung sync ends: the health timeout back to [`HEALTH_TIMEOUT`], and a clean sync
     /// (healthy again).
     pub(crate) fn recover(&self) {
-        self.health.configure(HEALTH_TIMEOUT, false);
+        self.health.set_timeout(HEALTH_TIMEOUT);
         self.hung.store(false, Ordering::Relaxed);
         self.synced();
     }
@@ -118,8 +117,8 @@ pub(crate) fn start(client: &Client, n: usize) -> Proxiers {
     for i in 0..n {
         let node = name(i);
         let (status, receiver) = SimulatedProxier::new();
-        let health = ProxyHealth::new(HEALTH_TIMEOUT, false);
-        health.updated();
+        let health = SimulatedLiveness::new(HEALTH_TIMEOUT);
+        health.synced();
         tokio::spawn(report_status(
             client.clone(),
             node.clone(),
@@ -147,7 +146,7 @@ pub(crate) fn answer_assignments(
     args: &Args,
 ) {
     let args = args.clone();
-    // Retried as the proxier's own NodeProxyConfig watch is (`source::Retry`: back within
+    // Retried as the proxier's own NodeProxyConfig watch is (`Retry`: back within
     // a few seconds of the apiserver), not with kube-runtime's default backoff, which
     // waits up to 30 s more after an outage.
     let mut events = watcher(npcs, watcher::Config::default()).boxed();

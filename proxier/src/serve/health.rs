@@ -31,6 +31,7 @@ use crate::source::store::Store;
 use k8s_openapi::api::core::v1::Node;
 use kipvs_crds::Gate;
 use kipvs_crds::config::ProxierConfiguration;
+use kipvs_node_status::StalenessClock;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -76,13 +77,11 @@ pub enum Probe {
 
 #[derive(Debug)]
 struct State {
-    /// When the last sync ended (monotonic, for staleness; wall clock, for bodies).
-    last_updated: Option<(Instant, SystemTime)>,
-    /// When the oldest change not yet synced was queued.
-    oldest_queued: Option<Instant>,
+    /// When the last sync ended (wall clock, for bodies).
+    last_updated: Option<SystemTime>,
+    /// When a queued change makes `/livez` fail.
+    clock: StalenessClock,
     node_eligible: bool,
-    /// How long a queued change may wait before `/livez` fails.
-    timeout: Duration,
     /// The `KubeProxyDrainingTerminatingNodes` gate.
     node_gate: bool,
 }
@@ -143,9 +142,8 @@ impl ProxyHealth {
         ProxyHealth {
             state: Arc::new(Mutex::new(State {
                 last_updated: None,
-                oldest_queued: None,
+                clock: StalenessClock::new(timeout),
                 node_eligible: true,
-                timeout,
                 node_gate,
             })),
             changed: Arc::new(watch::Sender::new(())),
@@ -160,16 +158,14 @@ impl ProxyHealth {
     /// A change is waiting to be synced (kube-proxy's `QueuedUpdate`): starts the staleness
     /// clock unless it already runs.
     pub fn queued_update(&self) {
-        self.modify(|s| {
-            s.oldest_queued.get_or_insert_with(Instant::now);
-        });
+        self.modify(|s| s.clock.queued());
     }
 
     /// A sync ended (kube-proxy's `Updated`): nothing is waiting any more.
     pub fn updated(&self) {
         self.modify(|s| {
-            s.oldest_queued = None;
-            s.last_updated = Some((Instant::now(), SystemTime::now()));
+            s.clock.synced();
+            s.last_updated = Some(SystemTime::now());
         });
     }
 
@@ -185,7 +181,7 @@ impl ProxyHealth {
     /// [`new`](Self::new)), e.g. when a new configuration is applied live.
     pub fn configure(&self, timeout: Duration, node_gate: bool) {
         self.modify(|s| {
-            s.timeout = timeout;
+            s.clock.set_timeout(timeout);
             s.node_gate = node_gate;
         });
     }
@@ -199,13 +195,11 @@ impl ProxyHealth {
     pub fn check(&self, probe: Probe) -> HealthBody {
         let state = self.state.lock().expect("health lock");
         let now = SystemTime::now();
-        let live = state
-            .oldest_queued
-            .is_none_or(|queued| queued.elapsed() < state.timeout);
+        let live = state.clock.live();
         let node_eligible =
             (probe == Probe::Healthz && state.node_gate).then_some(state.node_eligible);
         let healthy = live && node_eligible.unwrap_or(true);
-        let last = state.last_updated.map(|(_, wall)| rfc3339(wall));
+        let last = state.last_updated.map(rfc3339);
         let status = last
             .iter()
             .flat_map(|last| {
@@ -235,9 +229,7 @@ impl ProxyHealth {
     /// When `/livez` turns unhealthy unless a sync ends first (`None`: not pending, or
     /// already stale).
     pub fn stale_at(&self) -> Option<Instant> {
-        let state = self.state.lock().expect("health lock");
-        let at = state.oldest_queued? + state.timeout;
-        (at > Instant::now()).then_some(at)
+        self.state.lock().expect("health lock").clock.stale_at()
     }
 
     /// A receiver that sees a change whenever the health state changes (time passing does

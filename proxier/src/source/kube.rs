@@ -26,10 +26,11 @@
 //! ([`PROXY_LABEL_SELECTOR`]); the Node by the field selector `metadata.name=<node>`.
 
 use super::store::{ConvertedService, ConvertedSlice, Store, object_key};
-use super::{Retry, SourceHandle, is_not_found};
+use super::{SourceHandle, is_not_found};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kipvs_node_status::Retry;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;

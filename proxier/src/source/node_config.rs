@@ -36,11 +36,12 @@
 //!   starts, then `Applied` after the first sync with it (at start, directly `Applied`), or
 //!   `Failed`.
 
-use super::{Retry, is_not_found};
+use super::is_not_found;
 use futures::StreamExt;
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::NodeProxyConfig;
 use kipvs_crds::revision::{config_revision, is_config_revision};
+use kipvs_node_status::Retry;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -85,7 +86,7 @@ pub enum Assigned {
 /// (only when that changes). It is read as plain JSON and decoded by [`assigned_by`], so an
 /// object a newer operator wrote (unknown fields) is still followed. A 404 (the CRD is not
 /// installed) is logged once and counts as [`Assigned::Local`]; the watch keeps retrying with
-/// the backoff of [`Retry`](super::Retry) and picks the CRD up when it appears. Other errors
+/// the backoff of [`Retry`] and picks the CRD up when it appears. Other errors
 /// (403 from RBAC, 5xx) are logged and keep the last assignment; while none is known yet, the engine
 /// runs on the local configuration after [`ASSIGNMENT_WAIT`](crate::engine::ASSIGNMENT_WAIT).
 pub async fn watch_assigned(client: Client, node: String, assigned: watch::Sender<Assigned>) {
