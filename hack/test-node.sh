@@ -227,14 +227,26 @@ PODS=$(k get pods -l app=web -o jsonpath='{.items[*].metadata.name}')
 answered() { # answered DESCRIPTION COMMAND...: the answer is one of the web pods' names
   local a
   a=$("${@:2}" 2>&1) || true
-  if grep -qxF -e "${PODS// /$'\n'}" <<<"$a"; then ok "$1: answered by $a"; else bad "$1: got '${a:0:200}'"; fi
+  if grep -qxF -e "${PODS// /$'\n'}" <<<"$a"; then ok "$1: answered by $a"; else bad "$1: got '${a:0:200}'"; return 1; fi
 }
 web_programmed() { [ "$(node_agent ipvs | grep -c -- "-a -t $CIP:80 ")" = 2 ]; }
 check "the web Service's ClusterIP is programmed with both pods" until_ 60 web_programmed
-answered "ClusterIP $CIP:80 from a pod" k exec client -- wget -q -T 5 -O - "http://$CIP/hostname"
-answered "ClusterIP $CIP:80 from the node" node_agent get "http://$CIP/hostname"
-answered "NodePort $NODE_IP:30080 from the node" node_agent get "http://$NODE_IP:30080/hostname"
-answered "NodePort $NODE_IP:30080 from outside the node" nsx curl -s -m 5 "http://$NODE_IP:30080/hostname"
+CLIENT_IP=$(k get pod client -o jsonpath='{.status.podIP}')
+dial() { # dial HOST PORT: the answer to "hostname" the client pod got over HTTP (agnhost netexec's /dial, as
+  # upstream's e2e tests reach a Service from a pod), or its errors
+  nsx curl -s -m 15 "http://$CLIENT_IP:8080/dial?request=hostname&protocol=http&host=$1&port=$2&tries=1" |
+    python3 -c 'import json, sys; d = json.load(sys.stdin); print("\n".join(d.get("responses") or d.get("errors") or ["?"]))'
+}
+answered "ClusterIP $CIP:80 from a pod" dial "$CIP" 80 || true
+answered "NodePort $NODE_IP:30080 from a pod" dial "$NODE_IP" 30080 || true
+from_node() { # from_node DESCRIPTION URL: answered from the node; on failure, what the node saw meanwhile
+  answered "$1" node_agent get "$2" && return
+  AGENT_TIMEOUT=60 node_agent trace "$2" | sed 's/^/    /' || true
+  k -n kipvs-system exec "$PP" -- nft list table inet kipvs | sed 's/^/    /' || true
+}
+from_node "ClusterIP $CIP:80 from the node" "http://$CIP/hostname"
+from_node "NodePort $NODE_IP:30080 from the node" "http://$NODE_IP:30080/hostname"
+answered "NodePort $NODE_IP:30080 from outside the node" nsx curl -s -m 5 "http://$NODE_IP:30080/hostname" || true
 
 # ---- the probes: the kubelet's own counters (prober_probe_total on its /metrics/probes) -------------------------
 probes() { # probes CONTAINER: "<probe_type>/<result> <count>" per series of the kipvs-system pods' CONTAINER

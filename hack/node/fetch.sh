@@ -21,7 +21,12 @@ host_tools
 KUBELET=$(realpath "${1:?usage: hack/node/fetch.sh KUBELET}")
 VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 NODECACHE=${NODECACHE:-$HOME/.cache/kipvs-node}
-PKGS=(containerd runc containernetworking-plugins iptables)
+PKGS=(containerd runc containernetworking-plugins iptables conntrack tcpdump)
+# what the packages above declare but a node without users, package manager or PAM never runs (tcpdump's adduser
+# and what that pulls in)
+NOT_RUN=(adduser passwd debconf cdebconf dpkg install-info tar libpam-modules libpam-modules-bin libpam0g
+  libsemanage2 libsemanage-common libsepol2 libnewt0.52 libslang2 libtextwrap1 libdebian-installer4 readline-common
+  libreadline8 libaudit1 libaudit-common libdb5.3 libcap-ng0)
 # kernel modules of a node, on top of the base initramfs's IPVS/conntrack/nf_tables set
 MODS=(bridge br_netfilter overlay nft_compat nft_nat nft_fib_inet nft_limit xt_MASQUERADE xt_comment xt_addrtype
   xt_conntrack xt_mark xt_multiport xt_nat xt_tcpudp xt_statistic xt_physdev ipt_REJECT nf_reject_ipv4
@@ -47,7 +52,7 @@ if [ ! -f "$BASE" ]; then
 fi
 
 # --- the node's userland: Debian packages + the kubelet ---
-mapfile -t closure < <(deb_closure "${PKGS[@]}" | grep -vx -e libgcc-s1 -e gcc-12-base)
+mapfile -t closure < <(deb_closure "${PKGS[@]}" | grep -vx -e libgcc-s1 -e gcc-12-base $(printf -- "-e %s " "${NOT_RUN[@]}"))
 deb_fetch "$NODECACHE/debs" "${closure[@]}"
 debs=()
 for p in "${closure[@]}"; do debs+=("$(ls "$NODECACHE/debs/${p}"_*.deb | head -n1)"); done
