@@ -233,7 +233,7 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
             .flat_map(expand_node_port_keyword)
             .collect(),
         // KubeProxyConfiguration has no NodePort range (only kube-apiserver knows it).
-        node_port_range: crate::config::DEFAULT_NODE_PORT_RANGE.to_owned(),
+        node_port_range: config::DEFAULT_NODE_PORT_RANGE.to_owned(),
         healthz_bind_address,
         metrics_bind_address,
     };

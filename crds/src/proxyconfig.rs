@@ -341,7 +341,7 @@ impl<'de> Deserialize<'de> for CountOrPercent {
         }
         impl serde::de::Visitor<'_> for Visitor {
             type Value = CountOrPercent;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a count of at least 1 or a percentage such as \"10%\"")
             }
             fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {

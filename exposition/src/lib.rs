@@ -2,6 +2,8 @@
 //! exposition (format 0.0.4, `text/plain; version=0.0.4`) and the `GET /metrics` route that
 //! serves it. Each binary keeps its own metrics and HTTP server; only this plumbing is common.
 
+#![warn(missing_docs)]
+
 use prometheus::{Encoder, Registry, TextEncoder};
 use warp::Filter;
 use warp::reply::{Reply, Response};

@@ -282,8 +282,8 @@ mod tests {
 
     fn store<K>(objects: Vec<K>) -> (Store<K>, Writer<K>)
     where
-        K: kube::Resource + Clone + 'static,
-        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+        K: Resource + Clone + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone,
     {
         let mut writer = Writer::default();
         writer.apply_watcher_event(&Event::Init);

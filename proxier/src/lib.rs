@@ -5,6 +5,8 @@
 //! [`model::objects`]) → [`plan::plan_service`] → [`model::DesiredState`] →
 //! [`dataplane::diff::diff`] → [`dataplane::Op`]s → [`dataplane::Dataplane`].
 
+#![warn(missing_docs)]
+
 pub mod dataplane;
 pub mod engine;
 pub mod format;

@@ -40,10 +40,12 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
         PEAK.fetch_max(live, Relaxed);
+        // SAFETY: the caller's contract for `alloc`, passed on unchanged.
         unsafe { self.0.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size(), Relaxed);
+        // SAFETY: `ptr` was allocated by `alloc`/`realloc` above, i.e. by mimalloc, with `layout`.
         unsafe { self.0.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -53,6 +55,7 @@ unsafe impl GlobalAlloc for Counting {
         } else {
             LIVE.fetch_sub(layout.size() - new_size, Relaxed);
         }
+        // SAFETY: as for `dealloc`; the caller's contract on `new_size` is passed on unchanged.
         unsafe { self.0.realloc(ptr, layout, new_size) }
     }
 }
@@ -111,7 +114,7 @@ fn breakdown(desired: &kipvs_proxier::model::DesiredState) {
             .collect();
         v
     });
-    let vector = (copy.capacity() * std::mem::size_of_val(&copy[0])) as f64 / (1 << 20) as f64;
+    let vector = (copy.capacity() * size_of_val(&copy[0])) as f64 / (1 << 20) as f64;
     drop(copy);
     let (elements, copy) = heap_of(|| desired.set_elements.clone());
     drop(copy);

@@ -176,8 +176,8 @@ impl fmt::Display for Op {
 }
 
 /// The nftables ops among `ops` as one [`crate::dataplane::nft::Transaction`] (the others are ignored).
-pub fn nft_transaction(ops: &[Op]) -> crate::dataplane::nft::Transaction<'_> {
-    let mut tx = crate::dataplane::nft::Transaction::default();
+pub fn nft_transaction(ops: &[Op]) -> nft::Transaction<'_> {
+    let mut tx = nft::Transaction::default();
     for op in ops {
         match op {
             Op::WriteRules(rules) => tx.rules = Some(rules),
@@ -432,13 +432,13 @@ pub enum DataplaneError {
     NoInterface(String),
     /// An nftables transaction or listing failed.
     #[error("nftables: {0}")]
-    Nft(#[from] crate::dataplane::nft::NftError),
+    Nft(#[from] nft::NftError),
     /// The nftables transaction this op was part of failed (the reason, once per op).
     #[error("nftables transaction: {0}")]
     NftTransaction(String),
     /// A conntrack request failed.
     #[error("{0}")]
-    Conntrack(#[from] crate::dataplane::conntrack::ConntrackError),
+    Conntrack(#[from] conntrack::ConntrackError),
     /// Not applied: kept back with the failed op it depends on ([`isolate::Withholding`]) and
     /// retried with it.
     #[error("withheld: {reason} ({key})")]

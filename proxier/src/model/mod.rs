@@ -361,6 +361,6 @@ mod tests {
             serde_json::to_string(&servers).unwrap(),
             serde_json::to_string(&map).unwrap()
         );
-        assert_eq!(std::mem::size_of::<RealServer>(), 24);
+        assert_eq!(size_of::<RealServer>(), 24);
     }
 }

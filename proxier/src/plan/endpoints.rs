@@ -529,7 +529,7 @@ mod tests {
             Topology,
             Vec<(u8, u32)>,
         );
-        let cases: Vec<Case> = vec![
+        let cases: Vec<Case<'_>> = vec![
             (
                 "hints used: all ready endpoints hinted, some for the node's zone",
                 Some("zone-a"),

@@ -314,7 +314,7 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// How long one of the proxier's servers whose address cannot be bound waits before the next
 /// attempt: kube-proxy retries its healthz and metrics servers every 5 s (`wait.Until`).
-pub const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+pub const BIND_RETRY: Duration = Duration::from_secs(5);
 
 /// Binds `addr` for the server named `what` (`"healthz"`, `"metrics"`, `"gRPC health"`),
 /// retrying every [`BIND_RETRY`] while it fails, e.g. while another process holds the port (kube-proxy

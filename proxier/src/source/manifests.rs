@@ -436,7 +436,7 @@ impl<'a> Header<'a> {
         if !raw.get().trim_start().starts_with('{') {
             return Some(Header::default());
         }
-        let header = serde_json::from_str::<JsonHeader>(raw.get()).ok()?;
+        let header = serde_json::from_str::<JsonHeader<'_>>(raw.get()).ok()?;
         let metadata = header
             .metadata
             .and_then(|m| serde_json::from_str::<JsonMetadata>(m.get()).ok());

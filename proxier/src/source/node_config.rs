@@ -242,7 +242,7 @@ mod tests {
         let mut config = ProxierConfiguration::default();
         config.ipvs.scheduler = "wlc".into();
         let named = config_revision(&config);
-        let revision = |spec: &str, config: &serde_json::Value| match assigned_by(
+        let revision = |spec: &str, config: &Value| match assigned_by(
             &json!({"spec": {"revision": spec, "config": config}}),
         ) {
             Assigned::Revision { revision, .. } => revision,
