@@ -13,11 +13,11 @@ pub mod planner;
 pub mod syncer;
 
 use crate::dataplane::diff::Ownership;
-use crate::dataplane::settings::KernelSettings;
+use crate::dataplane::settings::{KernelSettings, SchedulerError, SettingsError};
 use crate::dataplane::{Dataplane, DataplaneError, Op};
 use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
-use kipvs_crds::config::ProxierConfiguration;
+use kipvs_crds::config::{ConfigError, ProxierConfiguration};
 use kipvs_crds::nodeproxyconfig::NodeProxyConfigStatus;
 use kipvs_node_status::{StatusReport, SyncResult};
 use observer::{Observer, SyncOutcome};
@@ -162,53 +162,18 @@ impl<D: Dataplane> Engine<D> {
             following.report.reassigned();
             return;
         }
-        let mut outcome = config.validate().map_err(|e| e.to_string());
-        if outcome.is_ok() {
-            outcome = follower
-                .kernel
-                .check(&config)
-                .await
-                .map_err(|e| e.to_string());
-        }
-        if outcome.is_ok() {
-            outcome = follower
-                .kernel
-                .apply(&config)
-                .await
-                .map_err(|e| e.to_string());
-        }
         let name = revision.as_deref().unwrap_or("local");
-        if let Err(message) = outcome {
+        if let Err(rejection) = admit(&*follower.kernel, &config).await {
             tracing::error!(
                 revision = name,
-                "cannot apply the configuration, keeping the previous one: {message}"
+                "cannot apply the configuration, keeping the previous one: {rejection}"
             );
             // The spec asks for this revision now: the one in force is not reported Applied.
-            let changed = following.report.rejected(revision, message);
+            let changed = following.report.rejected(revision, rejection.to_string());
             following.publish(changed);
             return;
         }
-        let old = self.planner.config();
-        if (&old.healthz_bind_address, &old.metrics_bind_address)
-            != (&config.healthz_bind_address, &config.metrics_bind_address)
-        {
-            tracing::warn!(
-                revision = name,
-                "healthzBindAddress and metricsBindAddress changes take effect at the next restart"
-            );
-        }
-        tracing::info!(
-            revision = name,
-            "configuration in force; re-planning everything"
-        );
-        if !ignored.is_empty() {
-            tracing::warn!(
-                revision = name,
-                "ignoring settings this kipvs version does not know (written by a newer \
-                 one?): {}",
-                ignored.join(", ")
-            );
-        }
+        announce(name, self.planner.config(), &config, &ignored);
         self.syncer.max_drain = config.ipvs.drain_timeout;
         self.observer.config_changed(&config);
         self.observer.config_ignored(&ignored);
@@ -491,6 +456,64 @@ impl<D: Dataplane> Engine<D> {
                 }
             }
         }
+    }
+}
+
+/// Why a configuration cannot be put in force on this node (the message of its `Failed`
+/// status).
+#[derive(Debug, thiserror::Error)]
+enum Rejection {
+    /// It is not valid.
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+    /// Its scheduler is not available.
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    /// Its kernel settings could not be made.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+}
+
+/// What a configuration passes before it is put in force: it is valid, `kernel` has its
+/// scheduler ([`KernelSettings::check`]), and its kernel settings are made
+/// ([`KernelSettings::apply`]).
+async fn admit(
+    kernel: &dyn KernelSettings,
+    config: &ProxierConfiguration,
+) -> Result<(), Rejection> {
+    config.validate()?;
+    kernel.check(config).await?;
+    kernel.apply(config).await?;
+    Ok(())
+}
+
+/// Logs a configuration put in force as revision `name` over `old`: which of its settings wait
+/// for a restart and which (`ignored`) this version leaves out.
+fn announce(
+    name: &str,
+    old: &ProxierConfiguration,
+    config: &ProxierConfiguration,
+    ignored: &[String],
+) {
+    if (&old.healthz_bind_address, &old.metrics_bind_address)
+        != (&config.healthz_bind_address, &config.metrics_bind_address)
+    {
+        tracing::warn!(
+            revision = name,
+            "healthzBindAddress and metricsBindAddress changes take effect at the next restart"
+        );
+    }
+    tracing::info!(
+        revision = name,
+        "configuration in force; re-planning everything"
+    );
+    if !ignored.is_empty() {
+        tracing::warn!(
+            revision = name,
+            "ignoring settings this kipvs version does not know (written by a newer \
+             one?): {}",
+            ignored.join(", ")
+        );
     }
 }
 
