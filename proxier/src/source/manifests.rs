@@ -271,58 +271,29 @@ impl Loader {
             );
             return;
         }
-        let api_version = header.api_version.as_deref().unwrap_or_default();
-        let kind = header.kind.as_deref().unwrap_or_default();
         let label = || Some(header.label()).filter(|l| !l.is_empty());
-        let expected = match kind {
-            "Service" | "Node" => "v1",
-            "EndpointSlice" => "discovery.k8s.io/v1",
-            "NodeProxyConfig" => "kipvs.io/v1alpha1",
-            "" => {
-                self.error(Some(document), item, label(), "has no kind".into());
-                return;
-            }
-            _ => {
+        let kind = match header.kind_to_load() {
+            Ok(Some(kind)) => kind,
+            Ok(None) => {
                 tracing::debug!(
                     file = %self.file.display(),
                     document,
-                    kind,
+                    kind = header.kind.as_deref().unwrap_or_default(),
                     "ignoring object of a kind the proxier does not use"
                 );
                 return;
             }
+            Err(message) => {
+                self.error(Some(document), item, label(), message);
+                return;
+            }
         };
-        if api_version != expected {
-            self.error(
-                Some(document),
-                item,
-                label(),
-                format!(
-                    "apiVersion {api_version:?} is not supported for {kind} (expected {expected})"
-                ),
-            );
-            return;
-        }
-        if header.name.as_deref().is_none_or(str::is_empty) {
-            self.error(
-                Some(document),
-                item,
-                label(),
-                format!(
-                    "invalid {kind}: no metadata.name (every object has one: a file cut short?)"
-                ),
-            );
-            return;
-        }
+        let snapshot = &mut self.snapshot;
         let result = match kind {
-            "Service" => object.typed().map(|o| self.snapshot.services.push(o)),
-            "EndpointSlice" => object
-                .typed()
-                .map(|o| self.snapshot.endpoint_slices.push(o)),
-            "NodeProxyConfig" => object
-                .typed()
-                .map(|o| self.snapshot.node_proxy_configs.push(o)),
-            _ => object.typed().map(|o| self.snapshot.nodes.push(o)),
+            "Service" => object.typed().map(|o| snapshot.services.push(o)),
+            "EndpointSlice" => object.typed().map(|o| snapshot.endpoint_slices.push(o)),
+            "NodeProxyConfig" => object.typed().map(|o| snapshot.node_proxy_configs.push(o)),
+            _ => object.typed().map(|o| snapshot.nodes.push(o)),
         };
         if let Err(e) = result {
             self.error(
@@ -409,6 +380,32 @@ fn parsed(raw: &RawValue) -> Value {
 }
 
 impl<'a> Header<'a> {
+    /// The kind of the object if the proxier loads it (`Service`, `Node`, `EndpointSlice`,
+    /// `NodeProxyConfig`), `None` for a kind it does not use; the error message when it has no
+    /// kind, an apiVersion other than its kind's, or no name.
+    fn kind_to_load(&self) -> Result<Option<&str>, String> {
+        let api_version = self.api_version.as_deref().unwrap_or_default();
+        let kind = self.kind.as_deref().unwrap_or_default();
+        let expected = match kind {
+            "Service" | "Node" => "v1",
+            "EndpointSlice" => "discovery.k8s.io/v1",
+            "NodeProxyConfig" => "kipvs.io/v1alpha1",
+            "" => return Err("has no kind".into()),
+            _ => return Ok(None),
+        };
+        if api_version != expected {
+            return Err(format!(
+                "apiVersion {api_version:?} is not supported for {kind} (expected {expected})"
+            ));
+        }
+        if self.name.as_deref().is_none_or(str::is_empty) {
+            return Err(format!(
+                "invalid {kind}: no metadata.name (every object has one: a file cut short?)"
+            ));
+        }
+        Ok(Some(kind))
+    }
+
     /// A parsed object's header.
     fn of_value(object: &serde_json::Map<String, Value>) -> Self {
         let metadata = object.get("metadata");
@@ -558,6 +555,66 @@ pub struct ManifestsSource {
     pub node_configs: Option<watch::Sender<Assigned>>,
 }
 
+/// The manifests files under `path`, each read once (for the fingerprint, and parsed if that
+/// changed), and the fingerprint of their names and contents.
+///
+/// # Errors
+/// `path` cannot be listed; a file that cannot be read is returned with its error.
+fn read_files(path: &Path) -> io::Result<(u64, Vec<(PathBuf, io::Result<Vec<u8>>)>)> {
+    let mut hasher = DefaultHasher::new();
+    let contents = files(path)?
+        .into_iter()
+        .map(|file| {
+            let bytes = std::fs::read(&file);
+            (&file, bytes.as_ref().ok()).hash(&mut hasher);
+            (file, bytes)
+        })
+        .collect();
+    Ok((hasher.finish(), contents))
+}
+
+/// Adds what `file` (read as `bytes`) loads to `snapshot`, and its content to `loaded` when it
+/// loads whole; returns whether it did. A file that does not load is logged and gives its
+/// `last_good` content instead if there is one, else whatever of it did load.
+fn add_file(
+    file: PathBuf,
+    bytes: io::Result<Vec<u8>>,
+    last_good: Option<&Vec<u8>>,
+    loaded: &mut Loaded,
+    snapshot: &mut Snapshot,
+) -> bool {
+    let (partial, reason) = match bytes {
+        Ok(bytes) => match parse_file(&file, &bytes) {
+            (s, errors) if errors.is_empty() => {
+                loaded.good.insert(file, bytes);
+                snapshot.extend(s);
+                return true;
+            }
+            (s, errors) => {
+                let reason: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                (Some(s), reason.join("; "))
+            }
+        },
+        Err(e) => (None, with_path(e, &file).to_string()),
+    };
+    match last_good {
+        Some(good) => {
+            tracing::warn!(
+                file = %file.display(),
+                "keeping the file's last good content: {reason}"
+            );
+            // It parsed without an error before: it does again.
+            snapshot.extend(parse_file(&file, good).0);
+            loaded.good.insert(file, good.clone());
+        }
+        None => {
+            tracing::warn!("skipped manifest: {reason}");
+            snapshot.extend(partial.unwrap_or_default());
+        }
+    }
+    false
+}
+
 /// How often the manifests are checked for changes.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -571,24 +628,15 @@ impl ManifestsSource {
     /// Without a last good content (at start) what did load is used. A file that is removed
     /// takes its objects with it.
     ///
-    /// Errors: when the path itself cannot be listed (the store is left unchanged).
+    /// # Errors
+    /// The path itself cannot be listed (the store is left unchanged).
     pub fn load_into(
         &self,
         handle: &SourceHandle,
         last: Option<&Loaded>,
     ) -> io::Result<Option<Loaded>> {
         let started = std::time::Instant::now();
-        // Each file is read once: for the fingerprint, and parsed if that changed.
-        let mut hasher = DefaultHasher::new();
-        let contents: Vec<(PathBuf, io::Result<Vec<u8>>)> = files(&self.path)?
-            .into_iter()
-            .map(|file| {
-                let bytes = std::fs::read(&file);
-                (&file, bytes.as_ref().ok()).hash(&mut hasher);
-                (file, bytes)
-            })
-            .collect();
-        let fingerprint = hasher.finish();
+        let (fingerprint, contents) = read_files(&self.path)?;
         if last.is_some_and(|l| l.fingerprint == fingerprint) {
             return Ok(None);
         }
@@ -599,35 +647,9 @@ impl ManifestsSource {
         let mut snapshot = Snapshot::default();
         let mut invalid = 0;
         for (file, bytes) in contents {
-            let reason = match bytes {
-                Ok(bytes) => match parse_file(&file, &bytes) {
-                    (s, errors) if errors.is_empty() => {
-                        loaded.good.insert(file, bytes);
-                        snapshot.extend(s);
-                        continue;
-                    }
-                    (s, errors) => {
-                        let reason: Vec<String> = errors.iter().map(ToString::to_string).collect();
-                        (Some(s), reason.join("; "))
-                    }
-                },
-                Err(e) => (None, with_path(e, &file).to_string()),
-            };
-            invalid += 1;
-            match (last.and_then(|l| l.good.get(&file)), reason) {
-                (Some(good), (_, reason)) => {
-                    tracing::warn!(
-                        file = %file.display(),
-                        "keeping the file's last good content: {reason}"
-                    );
-                    // It parsed without an error before: it does again.
-                    snapshot.extend(parse_file(&file, good).0);
-                    loaded.good.insert(file, good.clone());
-                }
-                (None, (partial, reason)) => {
-                    tracing::warn!("skipped manifest: {reason}");
-                    snapshot.extend(partial.unwrap_or_default());
-                }
+            let good = last.and_then(|l| l.good.get(&file));
+            if !add_file(file, bytes, good, &mut loaded, &mut snapshot) {
+                invalid += 1;
             }
         }
         handle.invalid_manifests(invalid);
