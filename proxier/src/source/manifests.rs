@@ -555,12 +555,15 @@ pub struct ManifestsSource {
     pub node_configs: Option<watch::Sender<Assigned>>,
 }
 
+/// A manifests file and its bytes, or why they cannot be read.
+type FileRead = (PathBuf, io::Result<Vec<u8>>);
+
 /// The manifests files under `path`, each read once (for the fingerprint, and parsed if that
 /// changed), and the fingerprint of their names and contents.
 ///
 /// # Errors
 /// `path` cannot be listed; a file that cannot be read is returned with its error.
-fn read_files(path: &Path) -> io::Result<(u64, Vec<(PathBuf, io::Result<Vec<u8>>)>)> {
+fn read_files(path: &Path) -> io::Result<(u64, Vec<FileRead>)> {
     let mut hasher = DefaultHasher::new();
     let contents = files(path)?
         .into_iter()
