@@ -247,6 +247,36 @@ impl Addresses {
         context: &PlanContext,
         plan: &mut ServicePlan,
     ) -> Option<Self> {
+        let cluster_ips = Self::cluster_ips(service, plan)?;
+        let external_ips = parse_ips(
+            &service.external_ips,
+            |i| indexed_field("spec.externalIPs", Some(i)),
+            |m| plan.report(m),
+        );
+        let external_ips = in_families(&cluster_ips, "spec.externalIPs", external_ips, plan);
+        if service_type != ServiceType::LoadBalancer {
+            return Some(Addresses {
+                cluster_ips,
+                external_ips,
+                load_balancer_ips: Vec::new(),
+                source_ranges: SourceRanges::default(),
+            });
+        }
+        let vips = load_balancer_vips(&service.ingress, context, |m| plan.report(m));
+        let load_balancer_ips =
+            in_families(&cluster_ips, "status.loadBalancer.ingress", vips, plan);
+        let source_ranges = Self::source_ranges(service, &load_balancer_ips, plan);
+        Some(Addresses {
+            cluster_ips,
+            external_ips,
+            load_balancer_ips,
+            source_ranges,
+        })
+    }
+
+    /// The valid cluster IPs of `service`; `None` when it is headless, has none set (reported)
+    /// or none valid.
+    fn cluster_ips(service: &ServiceInfo, plan: &mut ServicePlan) -> Option<Vec<IpAddr>> {
         let (indexed, texts) = match &service.cluster_ips {
             ClusterIps::Headless => return None,
             ClusterIps::Unset => {
@@ -268,56 +298,47 @@ impl Addresses {
             |i| indexed_field(field, indexed.then_some(i)),
             |m| plan.report(m),
         );
-        if cluster_ips.is_empty() {
-            return None;
-        }
-        // Every dropped address is a Problem (a single-stack IPv4 Service with an IPv6
-        // externalIP must not lose it without a word).
-        let other_family = |field: &str, ips: Vec<IpAddr>, plan: &mut ServicePlan| {
-            let (kept, dropped): (Vec<IpAddr>, Vec<IpAddr>) = ips
-                .into_iter()
-                .partition(|ip| cluster_ips.iter().any(|c| c.is_ipv4() == ip.is_ipv4()));
-            for ip in dropped {
+        (!cluster_ips.is_empty()).then_some(cluster_ips)
+    }
+
+    /// `spec.loadBalancerSourceRanges` of a LoadBalancer `service` by family; a family of its
+    /// `load_balancer_ips` without a range is reported (those IPs are not filtered).
+    fn source_ranges(
+        service: &ServiceInfo,
+        load_balancer_ips: &[IpAddr],
+        plan: &mut ServicePlan,
+    ) -> SourceRanges {
+        let ranges = source_ranges(&service.source_ranges, |m| plan.report(m));
+        for (family, name) in [(IpFamily::V4, "IPv4"), (IpFamily::V6, "IPv6")] {
+            if ranges.none_of(family) && load_balancer_ips.iter().any(|ip| family.has(ip)) {
                 plan.report(format!(
-                    "{field} {ip} is not of the Service's IP families (spec.clusterIPs); ignored"
+                    "spec.loadBalancerSourceRanges has no {name} range: the {name} \
+                     load-balancer IPs are not filtered (as kube-proxy)"
                 ));
             }
-            kept
-        };
-        let external_ips = parse_ips(
-            &service.external_ips,
-            |i| indexed_field("spec.externalIPs", Some(i)),
-            |m| plan.report(m),
-        );
-        let external_ips = other_family("spec.externalIPs", external_ips, plan);
-        let load_balancer = service_type == ServiceType::LoadBalancer;
-        let load_balancer_ips = if load_balancer {
-            let vips = load_balancer_vips(&service.ingress, context, |m| plan.report(m));
-            other_family("status.loadBalancer.ingress", vips, plan)
-        } else {
-            Vec::new()
-        };
-        let source_ranges = if load_balancer {
-            let ranges = source_ranges(&service.source_ranges, |m| plan.report(m));
-            for (family, name) in [(IpFamily::V4, "IPv4"), (IpFamily::V6, "IPv6")] {
-                if ranges.none_of(family) && load_balancer_ips.iter().any(|ip| family.has(ip)) {
-                    plan.report(format!(
-                        "spec.loadBalancerSourceRanges has no {name} range: the {name} \
-                         load-balancer IPs are not filtered (as kube-proxy)"
-                    ));
-                }
-            }
-            ranges
-        } else {
-            SourceRanges::default()
-        };
-        Some(Addresses {
-            cluster_ips,
-            external_ips,
-            load_balancer_ips,
-            source_ranges,
-        })
+        }
+        ranges
     }
+}
+
+/// The addresses `ips` of `field` that are of one of the Service's families (those of its
+/// `cluster_ips`). Every dropped address is reported: a single-stack IPv4 Service with an IPv6
+/// externalIP must not lose it without a word.
+fn in_families(
+    cluster_ips: &[IpAddr],
+    field: &str,
+    ips: Vec<IpAddr>,
+    plan: &mut ServicePlan,
+) -> Vec<IpAddr> {
+    let (kept, dropped): (Vec<IpAddr>, Vec<IpAddr>) = ips
+        .into_iter()
+        .partition(|ip| cluster_ips.iter().any(|c| c.is_ipv4() == ip.is_ipv4()));
+    for ip in dropped {
+        plan.report(format!(
+            "{field} {ip} is not of the Service's IP families (spec.clusterIPs); ignored"
+        ));
+    }
+    kept
 }
 
 /// The scheduler and persistence of a Service's virtual servers: `ipvs.scheduler`, or the
