@@ -74,10 +74,6 @@ fn unit_nanos(unit: &str) -> Option<u128> {
 /// # Errors
 /// A syntax error, an unknown unit, a negative duration, or one longer than [`MAX`].
 pub fn parse(input: &str) -> Result<Duration, DurationError> {
-    let syntax = |reason| DurationError::Syntax {
-        input: input.to_owned(),
-        reason,
-    };
     let (negative, mut rest) = match input.as_bytes().first() {
         Some(b'-') => (true, &input[1..]),
         Some(b'+') => (false, &input[1..]),
@@ -87,57 +83,21 @@ pub fn parse(input: &str) -> Result<Duration, DurationError> {
         return Ok(Duration::ZERO);
     }
     if rest.is_empty() {
-        return Err(syntax("empty"));
+        return Err(DurationError::Syntax {
+            input: input.to_owned(),
+            reason: "empty",
+        });
     }
     let mut total: u128 = 0;
     while !rest.is_empty() {
-        let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let (int_digits, after_int) = rest.split_at(int_len);
-        let (frac_digits, after_number) = match after_int.strip_prefix('.') {
-            Some(after_dot) => {
-                let frac_len = after_dot.bytes().take_while(u8::is_ascii_digit).count();
-                after_dot.split_at(frac_len)
-            }
-            None => ("", after_int),
-        };
-        if int_digits.is_empty() && frac_digits.is_empty() {
-            return Err(syntax("missing number"));
-        }
-        let unit_len = after_number
-            .find(|c: char| c == '.' || c.is_ascii_digit())
-            .unwrap_or(after_number.len());
-        let (unit, after_unit) = after_number.split_at(unit_len);
-        if unit.is_empty() {
-            return Err(syntax("missing unit"));
-        }
-        let scale = unit_nanos(unit).ok_or_else(|| DurationError::UnknownUnit {
-            input: input.to_owned(),
-            unit: unit.to_owned(),
-        })?;
-        let overflow = || DurationError::Overflow {
-            input: input.to_owned(),
-        };
-        // Digits beyond what fits are irrelevant: anything that large overflows below.
-        let int: u128 = if int_digits.is_empty() {
-            0
-        } else {
-            int_digits.parse().map_err(|_| overflow())?
-        };
-        let mut nanos = int.checked_mul(scale).ok_or_else(overflow)?;
-        // The fraction contributes frac * scale / 10^len, truncated like Go does.
-        let mut place = scale;
-        for digit in frac_digits.bytes() {
-            place /= 10;
-            if place == 0 {
-                break;
-            }
-            nanos += u128::from(digit - b'0') * place;
-        }
-        total = total.checked_add(nanos).ok_or_else(overflow)?;
-        if total > MAX_NANOS {
-            return Err(overflow());
-        }
-        rest = after_unit;
+        let (nanos, after) = term(input, rest)?;
+        total = total
+            .checked_add(nanos)
+            .filter(|total| *total <= MAX_NANOS)
+            .ok_or_else(|| DurationError::Overflow {
+                input: input.to_owned(),
+            })?;
+        rest = after;
     }
     if negative && total != 0 {
         return Err(DurationError::Negative {
@@ -147,6 +107,58 @@ pub fn parse(input: &str) -> Result<Duration, DurationError> {
     let secs = (total / 1_000_000_000) as u64;
     let nanos = (total % 1_000_000_000) as u32;
     Ok(Duration::new(secs, nanos))
+}
+
+/// The first term of `rest` (a part of `input`): a decimal number with an optional fraction
+/// and its unit, as nanoseconds, and what follows it.
+fn term<'a>(input: &str, rest: &'a str) -> Result<(u128, &'a str), DurationError> {
+    let syntax = |reason| DurationError::Syntax {
+        input: input.to_owned(),
+        reason,
+    };
+    let overflow = || DurationError::Overflow {
+        input: input.to_owned(),
+    };
+    let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let (int_digits, after_int) = rest.split_at(int_len);
+    let (frac_digits, after_number) = match after_int.strip_prefix('.') {
+        Some(after_dot) => {
+            let frac_len = after_dot.bytes().take_while(u8::is_ascii_digit).count();
+            after_dot.split_at(frac_len)
+        }
+        None => ("", after_int),
+    };
+    if int_digits.is_empty() && frac_digits.is_empty() {
+        return Err(syntax("missing number"));
+    }
+    let unit_len = after_number
+        .find(|c: char| c == '.' || c.is_ascii_digit())
+        .unwrap_or(after_number.len());
+    let (unit, after_unit) = after_number.split_at(unit_len);
+    if unit.is_empty() {
+        return Err(syntax("missing unit"));
+    }
+    let scale = unit_nanos(unit).ok_or_else(|| DurationError::UnknownUnit {
+        input: input.to_owned(),
+        unit: unit.to_owned(),
+    })?;
+    // Digits beyond what fits are irrelevant: anything that large overflows below.
+    let int: u128 = if int_digits.is_empty() {
+        0
+    } else {
+        int_digits.parse().map_err(|_| overflow())?
+    };
+    let mut nanos = int.checked_mul(scale).ok_or_else(overflow)?;
+    // The fraction contributes frac * scale / 10^len, truncated like Go does.
+    let mut place = scale;
+    for digit in frac_digits.bytes() {
+        place /= 10;
+        if place == 0 {
+            break;
+        }
+        nanos += u128::from(digit - b'0') * place;
+    }
+    Ok((nanos, after_unit))
 }
 
 /// Formats a [`Duration`] the way Go's `time.Duration.String` does: `"0s"`, `"500ms"`,
