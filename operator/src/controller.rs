@@ -160,65 +160,33 @@ pub async fn run(
     metrics: Metrics,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    let pc_api: Api<StoredProxyConfig> = Api::all(client.clone());
-    let node_api: Api<Node> = Api::all(client.clone());
-    let npc_api: Api<NodeProxyConfig> = Api::all(client.clone());
-
-    let (proxy_configs, pc_writer) = reflector::store();
-    let (nodes, node_writer) = reflector::store();
-    let (npcs, npc_writer) = reflector::store();
-    let pc_events = reflector::reflector(pc_writer, watcher(pc_api, watcher::Config::default()));
-    // No debounce: kube-runtime's debounce restarts with every trigger, so a steady stream of
-    // triggers postpones the reconcile indefinitely. Without it, triggers that arrive while a
-    // reconcile of the same ProxyConfig runs are merged into one reconcile right after it, so
-    // the controller runs at most back to back and never waits for a quiet moment.
-    let controller = Controller::for_stream(
-        proxy_config_triggers(pc_events, proxy_configs.clone(), metrics.clone()),
-        proxy_configs.clone(),
-    )
-    .with_config(ControllerConfig::default().debounce(Duration::ZERO));
-    let concerned = Arc::new(Concerned::new(
-        proxy_configs.clone(),
-        nodes.clone(),
-        npcs.clone(),
-    ));
-
-    // Each relevant change reconciles the ProxyConfigs it concerns (crate::triggers).
-    let node_events = node_triggers(
-        reflector::reflector(node_writer, watcher(node_api, watcher::Config::default()))
-            .default_backoff(),
-        concerned.clone(),
-    );
-    let npc_events = npc_triggers(
-        reflector::reflector(npc_writer, watcher(npc_api, watcher::Config::default()))
-            .default_backoff(),
-        concerned,
-    );
+    let watches = Watches::start(&client, &metrics);
     // A ProxyConfig whose NodeProxyConfig writes start or stop failing reports it.
-    let (writer, write_failures) =
-        Writer::new(client.clone(), metrics.clone(), Some(proxy_configs.clone()));
-    let triggers = stream::select(stream::select(node_events, npc_events), write_failures).boxed();
-    let _workers = writer.start(WRITE_CONCURRENCY);
-
-    let ctx = Arc::new(
-        Context::new(client, identity, proxy_configs, nodes, npcs, writer).with_metrics(metrics),
+    let (writer, write_failures) = Writer::new(
+        client.clone(),
+        metrics.clone(),
+        Some(watches.proxy_configs.clone()),
     );
-
+    let triggers = stream::select(watches.changes, write_failures).boxed();
+    let _workers = writer.start(WRITE_CONCURRENCY);
+    let ctx = Arc::new(
+        Context::new(
+            client,
+            identity,
+            watches.proxy_configs,
+            watches.nodes,
+            watches.npcs,
+            writer,
+        )
+        .with_metrics(metrics),
+    );
     // The trigger stream also drives the Node and NodeProxyConfig reflectors; readiness is
     // awaited inside the first reconciles (see `reconcile`).
-    controller
+    watches
+        .controller
         .reconcile_on(triggers)
         .graceful_shutdown_on(shutdown)
-        .run(
-            |pc, ctx| async move {
-                let result = reconcile_stored(pc, ctx).await;
-                // Holds this ProxyConfig's slot: triggers meanwhile make one reconcile after.
-                tokio::time::sleep(MIN_RECONCILE_INTERVAL).await;
-                result
-            },
-            error_policy,
-            ctx,
-        )
+        .run(reconcile_paced, error_policy, ctx)
         .for_each(|result| async move {
             match result {
                 Ok((object, _)) => tracing::debug!(proxyconfig = %object.name, "reconciled"),
@@ -227,6 +195,71 @@ pub async fn run(
         })
         .await;
     Ok(())
+}
+
+/// What the controller watches: the reflectors of ProxyConfigs (driving the controller),
+/// Nodes and NodeProxyConfigs, and the ProxyConfigs each Node or NodeProxyConfig change
+/// concerns ([`crate::triggers`]).
+struct Watches {
+    controller: Controller<StoredProxyConfig>,
+    proxy_configs: Store<StoredProxyConfig>,
+    nodes: Store<Node>,
+    npcs: Store<NodeProxyConfig>,
+    /// Driving the Node and NodeProxyConfig reflectors as it is polled.
+    changes: stream::BoxStream<'static, ObjectRef<StoredProxyConfig>>,
+}
+
+impl Watches {
+    /// Starts the three reflectors (they run as the controller and `changes` are polled).
+    fn start(client: &Client, metrics: &Metrics) -> Self {
+        let (proxy_configs, pc_writer) = reflector::store();
+        let (nodes, node_writer) = reflector::store();
+        let (npcs, npc_writer) = reflector::store();
+        let pc_api: Api<StoredProxyConfig> = Api::all(client.clone());
+        let pc_events =
+            reflector::reflector(pc_writer, watcher(pc_api, watcher::Config::default()));
+        // No debounce: kube-runtime's debounce restarts with every trigger, so a steady stream of
+        // triggers postpones the reconcile indefinitely. Without it, triggers that arrive while a
+        // reconcile of the same ProxyConfig runs are merged into one reconcile right after it, so
+        // the controller runs at most back to back and never waits for a quiet moment.
+        let controller = Controller::for_stream(
+            proxy_config_triggers(pc_events, proxy_configs.clone(), metrics.clone()),
+            proxy_configs.clone(),
+        )
+        .with_config(ControllerConfig::default().debounce(Duration::ZERO));
+        let concerned = Arc::new(Concerned::new(
+            proxy_configs.clone(),
+            nodes.clone(),
+            npcs.clone(),
+        ));
+        let node_api: Api<Node> = Api::all(client.clone());
+        let node_events = node_triggers(
+            reflector::reflector(node_writer, watcher(node_api, watcher::Config::default()))
+                .default_backoff(),
+            concerned.clone(),
+        );
+        let npc_api: Api<NodeProxyConfig> = Api::all(client.clone());
+        let npc_events = npc_triggers(
+            reflector::reflector(npc_writer, watcher(npc_api, watcher::Config::default()))
+                .default_backoff(),
+            concerned,
+        );
+        Watches {
+            controller,
+            proxy_configs,
+            nodes,
+            npcs,
+            changes: stream::select(node_events, npc_events).boxed(),
+        }
+    }
+}
+
+/// [`reconcile_stored`], then holding this ProxyConfig's slot for [`MIN_RECONCILE_INTERVAL`]:
+/// triggers meanwhile make one reconcile after.
+async fn reconcile_paced(pc: Arc<StoredProxyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let result = reconcile_stored(pc, ctx).await;
+    tokio::time::sleep(MIN_RECONCILE_INTERVAL).await;
+    result
 }
 
 /// Reconciles one stored ProxyConfig: [`reconcile`] if its spec decodes; otherwise reports
