@@ -49,7 +49,8 @@ t=$(date +%s%N)
 "$VM/fetch.sh"
 T_FETCH=$(ms "$t"); t=$(date +%s%N)
 OUT=$TARGET/vm; mkdir -p "$OUT" "$VMCACHE/initramfs"
-key=$(cat "$VM/build-initramfs.sh" "$VM/init" "$VM/moddeps.py" "$VMCACHE/stamp" "$(command -v ip)" | sha256sum | cut -c1-16)
+key=$(cat "$VM/build-initramfs.sh" "$ROOT/hack/lib/modules.sh" "$VM/init" "$VM/moddeps.py" "$VMCACHE/stamp" "$(command -v ip)" |
+  sha256sum | cut -c1-16)
 BASE=$VMCACHE/initramfs/base-$key.cpio.gz
 if [ ! -f "$BASE" ]; then
   rm -f "$VMCACHE"/initramfs/base-*.cpio.gz

@@ -36,8 +36,8 @@ mkdir -p "$NODECACHE"
 
 # --- the base initramfs: the VM cache's env.sh with a module tree that has fs/ too ---
 KDEB=$(ls "$VMCACHE"/debs/linux-image-[0-9]*.deb | head -n1)
-kkey=$(echo "$KDEB" "${MODS[*]}" | cat - "$ROOT/hack/vm/build-initramfs.sh" "$ROOT/hack/vm/init" "$ROOT/hack/vm/moddeps.py" \
-  "$(command -v ip)" | sha256sum | cut -c1-16)
+kkey=$(echo "$KDEB" "${MODS[*]}" | cat - "$ROOT/hack/vm/build-initramfs.sh" "$ROOT/hack/lib/modules.sh" "$ROOT/hack/vm/init" \
+  "$ROOT/hack/vm/moddeps.py" "$(command -v ip)" | sha256sum | cut -c1-16)
 BASE=$NODECACHE/base-$kkey.cpio.gz
 if [ ! -f "$BASE" ]; then
   rm -rf "$NODECACHE/kernel" "$NODECACHE/vmcache" "$NODECACHE"/base-*.cpio.gz

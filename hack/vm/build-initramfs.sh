@@ -11,6 +11,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 # shellcheck source=/dev/null
 . "$VMCACHE/env.sh" # KERNEL MODDIR USERLAND
+. "$HERE/../lib/modules.sh"
 OUT=$(realpath -m "$1"); shift; mkdir -p "$(dirname "$OUT")"
 # IPVS with every scheduler kube-proxy accepts, netns plumbing, conntrack for NAT from the root netns,
 # nf_tables with what kipvs's table uses (ct state, nat chains, masquerade, reject), virtio-net for the
@@ -38,13 +39,8 @@ for a in $("$R/bin/busybox" --list); do # applet links; `ip` stays iproute2's
   [ "$a" = ip ] || [ "$a" = busybox ] || ln -s busybox "$R/bin/$a"
 done
 
-: > "$R/lib/modules/order"
 # shellcheck disable=SC2086
-for ko in $(python3 "$HERE/moddeps.py" "$MODDIR" $MODS); do
-  m=$(basename "$ko" .xz)
-  case $ko in *.xz) xz -dc "$ko" > "$R/lib/modules/$m" ;; *) cp "$ko" "$R/lib/modules/$m" ;; esac
-  echo "$m" >> "$R/lib/modules/order"
-done
+unpack_modules "$MODDIR" "$R/lib/modules" $MODS
 
 # static (glibc) busybox segfaults in NSS look-ups without these; tests use IP literals anyway
 printf 'passwd: files\ngroup: files\nhosts: files\nservices: files\nprotocols: files\n' > "$R/etc/nsswitch.conf"

@@ -18,6 +18,7 @@ VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 # shellcheck source=/dev/null
 . "$VMCACHE/env.sh" # MODDIR
 . "$HERE/../lib/host-tools.sh"
+. "$HERE/../lib/modules.sh"
 OUT=$(realpath -m "$1")
 # pkg/proxy/ipvs (CanUseIPVSProxier, the ipsets and the iptables rules of the IPVS proxier), and the ipv6
 # tables: with both families' iptables present kube-proxy 1.24 runs its dual-stack proxier.
@@ -43,11 +44,6 @@ for t in iptables ip6tables; do
 done
 wrap ipset /usr/sbin/ipset
 wrap conntrack /usr/sbin/conntrack
-: > "$OUT/modules/order"
 # shellcheck disable=SC2086
-for ko in $(python3 "$HERE/moddeps.py" "$MODDIR" $MODS); do
-  m=$(basename "$ko" .xz)
-  case $ko in *.xz) xz -dc "$ko" > "$OUT/modules/$m" ;; *) cp "$ko" "$OUT/modules/$m" ;; esac
-  echo "$m" >> "$OUT/modules/order"
-done
+unpack_modules "$MODDIR" "$OUT/modules" $MODS
 echo "kube-proxy userland: $(echo $PKGS | wc -w) packages, modules: $(tr '\n' ' ' < "$OUT/modules/order")" >&2
