@@ -1,7 +1,8 @@
 #!/bin/bash
 # Build the two container images without a registry or a container daemon, as OCI image layouts:
 #   $OUT/kipvs-proxier  static kipvs-proxier + nft (Debian's nftables and the libraries it needs, libc6
-#                       included), runs as root (config/proxier/daemonset.yaml: privileged, as kube-proxy;
+#                       included) + iptables (both backends) and ipset (a takeover from kube-proxy removes
+#                       its rules and sets with them), runs as root (config/proxier/daemonset.yaml: privileged, as kube-proxy;
 #                       capabilities: add NET_ADMIN, drop ALL)
 #   $OUT/kipvs-operator static kipvs-operator, runs as 65532:65532 (non-root)
 # each tagged $TAG. The binaries are the workspace's release build, statically linked against glibc
@@ -66,8 +67,9 @@ for w in "${WANT[@]}"; do
   strip "$R/usr/local/bin/kipvs-$w"
   case $w in
     proxier)
-      # nft and everything it needs at run time, libc6 included: the image has nothing else
-      mapfile -t pkgs < <(deb_closure nftables)
+      # nft, iptables and ipset and everything they need at run time, libc6 included: the image has
+      # nothing else
+      mapfile -t pkgs < <(deb_closure nftables iptables ipset)
       deb_fetch "$TOOLSCACHE/image-debs" "${pkgs[@]}"
       for p in "${pkgs[@]}"; do dpkg -x "$(ls "$TOOLSCACHE/image-debs/${p}"_*.deb | head -n1)" "$R"; done
       rm -rf "$R"/usr/share/{doc,man,info,locale,lintian,bug} "$R"/usr/lib/x86_64-linux-gnu/gconv "$R"/etc/nftables.conf
@@ -75,6 +77,10 @@ for w in "${WANT[@]}"; do
       chmod 1777 "$R/tmp"
       # the image must run what it carries: nft and the proxier, with nothing from the host
       chroot "$R" /usr/sbin/nft --version >/dev/null || { echo "build-images: nft does not run in the image" >&2; exit 1; }
+      for t in iptables-legacy-save iptables-nft-save ip6tables-legacy-restore ip6tables-nft-restore; do
+        chroot "$R" "/usr/sbin/$t" --version >/dev/null || { echo "build-images: $t does not run in the image" >&2; exit 1; }
+      done
+      [ -x "$R/usr/sbin/ipset" ] || { echo "build-images: no ipset in the image" >&2; exit 1; }
       chroot "$R" /usr/local/bin/kipvs-proxier --version >/dev/null ||
         { echo "build-images: kipvs-proxier does not run in the image" >&2; exit 1; }
       image kipvs-proxier "$R" 0:0 /usr/local/bin/kipvs-proxier ;;

@@ -13,5 +13,6 @@ pub mod format;
 pub mod inspect;
 pub mod model;
 pub mod plan;
+pub mod preview;
 pub mod serve;
 pub mod source;

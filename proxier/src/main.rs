@@ -6,12 +6,16 @@ use kipvs_crds::Gate;
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_node_status::report_status;
 use kipvs_proxier::dataplane::Dataplane;
+use kipvs_proxier::dataplane::diff::{Ownership, diff};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
+use kipvs_proxier::dataplane::kube_proxy::{HostKubeProxy, KubeProxyNode};
 use kipvs_proxier::dataplane::settings::{Kernel, KernelSettings};
 use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
+use kipvs_proxier::engine::takeover::{Takeover, standby};
 use kipvs_proxier::engine::{ConfigFollower, Engine};
+use kipvs_proxier::preview::Preview;
 use kipvs_proxier::serve::grpc;
 use kipvs_proxier::serve::health::{self, ProxyHealth, ServiceHealthServers};
 use kipvs_proxier::serve::metrics::Metrics;
@@ -20,6 +24,7 @@ use kipvs_proxier::source::kube::KubeSource;
 use kipvs_proxier::source::manifests::ManifestsSource;
 use kipvs_proxier::source::node_config::{self, Assigned};
 use kipvs_proxier::{format, inspect};
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -155,6 +160,11 @@ struct ClusterArgs {
     /// The dataplane to program (`fake`: in memory, for tests without kernel IPVS).
     #[arg(long, value_enum, default_value = "kernel", hide = true)]
     dataplane: DataplaneKind,
+    /// Take the node over from kube-proxy's IPVS mode (README, "Moving from kube-proxy"): wait
+    /// in standby while kube-proxy runs, then adopt its table and remove its iptables rules
+    /// and ipsets once kipvs's nftables table is in place. `false`: none of it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    kube_proxy_takeover: bool,
     /// Test only, with --dataplane=fake: simulate a kernel without this IPVS scheduler module
     /// (a configuration using it is reported Failed). Repeatable.
     #[arg(long, value_name = "NAME", hide = true, requires = "dataplane")]
@@ -184,6 +194,21 @@ enum Command {
         /// The dataplane to read (`fake`: an empty table, for tests without kernel IPVS).
         #[arg(long, value_enum, default_value = "kernel", hide = true)]
         dataplane: DataplaneKind,
+    },
+    /// Preview a takeover from kube-proxy's IPVS mode on this node, changing nothing: every
+    /// IPVS and kube-ipvs0 operation of the first full sync (those touching established
+    /// connections marked with their count), kipvs's nftables table, and kube-proxy's
+    /// iptables rules, chains and ipsets that would go. Exits 3 when an operation would
+    /// delete, unbind or re-weight something carrying connections, unless
+    /// --allow-connection-changes.
+    Takeover {
+        #[command(flatten)]
+        source: SourceArgs,
+        #[command(flatten)]
+        api: ApiArgs,
+        /// Exit 0 even when operations touch established connections.
+        #[arg(long)]
+        allow_connection_changes: bool,
     },
     /// Remove what kipvs (or kube-proxy in IPVS mode) programmed: its virtual servers, the
     /// addresses on kube-ipvs0 and the kube-ipvs0 link. Other virtual servers are left alone.
@@ -262,6 +287,7 @@ async fn start(
     args: &SourceArgs,
     cluster: &ClusterArgs,
     config: &ProxierConfiguration,
+    kube_proxy: &HostKubeProxy,
 ) -> anyhow::Result<Started> {
     let metrics = Metrics::new();
     let health = ProxyHealth::new(
@@ -298,9 +324,16 @@ async fn start(
     let never = std::future::pending::<()>;
     let routes = health.routes(&metrics);
     let m = metrics.clone();
+    // Once bound on kube-proxy's healthz port, an answer there is no longer kube-proxy's.
+    let own_healthz =
+        (healthz_addr.port() == kube_proxy.healthz.port()).then(|| kube_proxy.own_healthz.clone());
     tokio::spawn(async move {
         let listener = health::bind_retrying(healthz_addr, "healthz", || m.bind_failed("healthz"));
-        health::serve(listener.await, routes, never()).await;
+        let listener = listener.await;
+        if let Some(own) = own_healthz {
+            own.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        health::serve(listener, routes, never()).await;
     });
     let (routes, m) = (metrics.routes(), metrics.clone());
     tokio::spawn(async move {
@@ -411,6 +444,16 @@ async fn desired_state(
     args: &SourceArgs,
     api: &ApiArgs,
 ) -> anyhow::Result<kipvs_proxier::model::DesiredState> {
+    Ok(planned(args, api, BTreeSet::new()).await?.desired().clone())
+}
+
+/// A planner that planned every Service of `args` (from the manifests, or listed from the
+/// Kubernetes API) on a node with these addresses on other interfaces than `kube-ipvs0`.
+async fn planned(
+    args: &SourceArgs,
+    api: &ApiArgs,
+    other_interface_addresses: BTreeSet<IpAddr>,
+) -> anyhow::Result<Planner> {
     let config = load_config(args.config.as_deref())?;
     let handle = SourceHandle::gated();
     if args.manifests.is_some() {
@@ -430,8 +473,17 @@ async fn desired_state(
         listing.abort();
     }
     let mut planner = Planner::new(identity(args), config);
+    planner.set_other_interface_addresses(other_interface_addresses);
     handle.with_store(|store| planner.replan(store));
-    Ok(planner.desired().clone())
+    Ok(planner)
+}
+
+/// What the engine of `run` drives: the dataplane, the node-wide kernel settings and, on a node
+/// taken over from kube-proxy, the removal of its leftovers.
+struct EngineParts<D> {
+    dataplane: D,
+    kernel: Box<dyn KernelSettings>,
+    takeover: Option<Takeover>,
 }
 
 /// Sync once the source is ready, then once (`--once`) or until a shutdown signal, following
@@ -440,8 +492,7 @@ async fn run_engine<D: Dataplane>(
     args: &SourceArgs,
     started: Started,
     config: ProxierConfiguration,
-    dataplane: D,
-    kernel: Box<dyn KernelSettings>,
+    parts: EngineParts<D>,
     once: bool,
 ) -> anyhow::Result<()> {
     let Started {
@@ -450,8 +501,16 @@ async fn run_engine<D: Dataplane>(
         health,
         follow,
     } = started;
+    let EngineParts {
+        dataplane,
+        kernel,
+        takeover,
+    } = parts;
     let planner = Planner::new(identity(args), config.clone());
     let mut engine = Engine::new(handle.clone(), planner, dataplane).observed_by(observer);
+    if let Some(takeover) = takeover {
+        engine = engine.taking_over(takeover);
+    }
     if !once {
         let follower = match follow {
             Follow::Api(client) => follow_node_config(client, &args.node, health, config, kernel),
@@ -520,6 +579,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             format,
             dataplane,
         } => inspect(&source, &api, format, dataplane).await,
+        Command::Takeover {
+            source,
+            api,
+            allow_connection_changes,
+        } => takeover(&source, &api, allow_connection_changes).await,
         Command::Cleanup { config } => cleanup(config.as_deref()).await,
         Command::Run {
             source,
@@ -578,6 +642,41 @@ async fn inspect(
     Ok(())
 }
 
+/// `takeover`: what taking this node over from kube-proxy would change ([`preview`]).
+///
+/// # Errors
+/// The sources or the kernel cannot be read; or (exit status 3) operations touch established
+/// connections and `allow_connection_changes` is false.
+async fn takeover(
+    args: &SourceArgs,
+    api: &ApiArgs,
+    allow_connection_changes: bool,
+) -> anyhow::Result<()> {
+    let mut kernel = connect_kernel().await?;
+    let local = kernel.other_interface_addresses().await?;
+    let planner = planned(args, api, local.clone()).await?;
+    let config = planner.config();
+    let ownership = Ownership {
+        node_ips: planner.node_ips().iter().copied().collect(),
+        node_port_range: Some(config.parsed_node_port_range()?),
+        exclude_cidrs: config.ipvs.parsed_exclude_cidrs()?,
+        local_addresses: local,
+    };
+    let observed = kernel.observe().await?;
+    let ops = diff(planner.desired(), &observed, &ownership);
+    let leftovers = HostKubeProxy::default().leftovers().await;
+    let preview = Preview::new(&ops, &observed, leftovers);
+    print!("{}", preview.text());
+    let touching = preview.touching_connections().count();
+    if touching > 0 && !allow_connection_changes {
+        eprintln!(
+            "error: {touching} operations would delete, unbind or re-weight something carrying              connections (marked above); --allow-connection-changes to go ahead anyway"
+        );
+        std::process::exit(3);
+    }
+    Ok(())
+}
+
 /// `cleanup`: removes what kipvs or kube-proxy's IPVS mode programmed, keeping
 /// `ipvs.excludeCIDRs`.
 ///
@@ -620,24 +719,45 @@ async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Resu
                 cluster.fake_missing_scheduler.is_empty(),
                 "--fake-missing-scheduler needs --dataplane=fake"
             );
+            let kube_proxy = HostKubeProxy::default();
+            let started = start(&args, &cluster, &config, &kube_proxy).await?;
+            let takeover = if cluster.kube_proxy_takeover {
+                // Nothing is written to the kernel (not even kube-ipvs0 or a sysctl) while
+                // kube-proxy runs.
+                if !standby(&kube_proxy, &*started.observer, shutdown_signal()).await {
+                    return Ok(());
+                }
+                Some(Takeover::new(Box::new(kube_proxy)))
+            } else {
+                None
+            };
             let dataplane = connect_kernel().await?;
             let kernel = Kernel {
                 ipvs: dataplane.ipvs().clone(),
                 proc_sys: PathBuf::from("/proc/sys"),
             };
             setup_kernel(&config, &kernel).await?;
-            let started = start(&args, &cluster, &config).await?;
-            run_engine(&args, started, config, dataplane, Box::new(kernel), once).await
+            let engine = EngineParts {
+                dataplane,
+                kernel: Box::new(kernel),
+                takeover,
+            };
+            run_engine(&args, started, config, engine, once).await
         }
         DataplaneKind::Fake => {
             tracing::warn!("fake dataplane: nothing is programmed into the kernel");
-            let started = start(&args, &cluster, &config).await?;
+            let started = start(&args, &cluster, &config, &HostKubeProxy::default()).await?;
             let dataplane = FakeDataplane {
                 missing_schedulers: cluster.fake_missing_scheduler.iter().cloned().collect(),
                 ..Default::default()
             };
             let kernel = Box::new(dataplane.kernel_settings());
-            run_engine(&args, started, config, dataplane, kernel, once).await
+            let engine = EngineParts {
+                dataplane,
+                kernel,
+                takeover: None,
+            };
+            run_engine(&args, started, config, engine, once).await
         }
     }
 }

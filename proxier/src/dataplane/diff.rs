@@ -4,8 +4,8 @@
 
 use super::{Op, ascending_contains, ascending_get, nft};
 use crate::model::{
-    DesiredState, ObservedState, ObservedVirtualServer, Protocol, Scope, SetElement, VirtualServer,
-    VirtualServerKey, full_scope,
+    DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol, Scope,
+    SetElement, VirtualServer, VirtualServerKey, full_scope,
 };
 use ipnet::IpNet;
 use std::collections::BTreeSet;
@@ -25,6 +25,12 @@ use std::ops::RangeInclusive;
 /// `kube-ipvs0`), and it is not inside `ipvs.excludeCIDRs` (kube-proxy's `cleanLegacyService`
 /// rule). Owned virtual servers that are not desired are deleted; others are left alone even
 /// if they collide with nothing.
+///
+/// A NodePort virtual server on a local address that is not a node IP (`local_addresses`) is
+/// kube-proxy's: its default `nodePortAddresses` is every local address, kipvs's the node IPs.
+/// kipvs owns it too, and drains it rather than deleting it outright ([`Ownership::drains`]):
+/// its TCP real servers with connections go to weight 0 and stay until those end (or
+/// `ipvs.drainTimeout`), the virtual server goes with its last real server.
 #[derive(Clone, Debug, Default)]
 pub struct Ownership {
     /// The node IPs NodePort virtual servers are programmed on.
@@ -34,6 +40,9 @@ pub struct Ownership {
     pub node_port_range: Option<RangeInclusive<u16>>,
     /// `ipvs.excludeCIDRs`: virtual servers inside these are never deleted.
     pub exclude_cidrs: Vec<IpNet>,
+    /// The node's addresses on every interface but `kube-ipvs0`: NodePort virtual servers on
+    /// them that are not node IPs are kube-proxy's, owned and drained.
+    pub local_addresses: BTreeSet<IpAddr>,
 }
 
 impl Ownership {
@@ -53,6 +62,7 @@ impl Ownership {
                 .as_ref()
                 .is_some_and(|r| r.contains(&key.port));
         node_port
+            || self.drains(key)
             || observed.bound_addresses.contains(&key.address)
             || desired.bind_addresses.contains(&key.address)
             || [
@@ -62,6 +72,19 @@ impl Ownership {
             ]
             .into_iter()
             .any(|element| observed.set_elements.contains(&element(*key)))
+    }
+
+    /// Whether `key` is a NodePort virtual server on a local address that is not a node IP
+    /// (kube-proxy's; see the type's docs), outside `ipvs.excludeCIDRs`: when not desired it
+    /// is drained, not deleted outright.
+    pub fn drains(&self, key: &VirtualServerKey) -> bool {
+        !self.node_ips.contains(&key.address)
+            && self.local_addresses.contains(&key.address)
+            && self
+                .node_port_range
+                .as_ref()
+                .is_some_and(|r| r.contains(&key.port))
+            && !self.exclude_cidrs.iter().any(|c| c.contains(&key.address))
     }
 }
 
@@ -116,8 +139,14 @@ pub fn diff_scoped(
     for key in &scope.virtual_servers {
         let ovs = present(key);
         let Some(dvs) = wanted(key) else {
-            if ovs.is_some() && ownership.owns(key, desired, observed) {
-                ops.push(Op::DeleteVirtualServer(*key), false);
+            match ovs {
+                Some(ovs) if ownership.drains(key) => {
+                    drain_virtual_server(*key, ovs, expired_drains, &mut ops)
+                }
+                Some(_) if ownership.owns(key, desired, observed) => {
+                    ops.push(Op::DeleteVirtualServer(*key), false)
+                }
+                _ => {}
             }
             continue;
         };
@@ -231,18 +260,51 @@ fn diff_real_servers(
         }
     }
     for (&rs, ors) in ovs.iter().flat_map(|o| &o.real_servers) {
-        if dvs.real_servers.contains_key(&rs) {
-            continue;
-        }
-        let connections = ors.active_connections + ors.inactive_connections;
-        let drains =
-            vs.protocol == Protocol::Tcp && connections > 0 && !expired_drains.contains(&(vs, rs));
-        if !drains {
-            ops.push(Op::DeleteRealServer { vs, rs }, waits);
-        } else if ors.weight != 0 {
-            ops.push(Op::UpdateRealServer { vs, rs, weight: 0 }, waits);
+        if !dvs.real_servers.contains_key(&rs) {
+            drain(vs, rs, ors, waits, expired_drains, ops);
         }
     }
+}
+
+/// The ops of the virtual server `vs` that is not desired and drains as a whole
+/// ([`Ownership::drains`]): each real server drains ([`drain`]); the virtual server is deleted
+/// once none is left draining.
+fn drain_virtual_server(
+    vs: VirtualServerKey,
+    ovs: &ObservedVirtualServer,
+    expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
+    ops: &mut Ordered,
+) {
+    let mut left = 0;
+    for (&rs, ors) in &ovs.real_servers {
+        left += usize::from(drain(vs, rs, ors, false, expired_drains, ops));
+    }
+    if left == 0 {
+        ops.push(Op::DeleteVirtualServer(vs), false);
+    }
+}
+
+/// The ops for the real server `rs` of `vs` that is no longer wanted (`waits`: they wait for
+/// the main nftables transaction): a TCP one with active or inactive connections whose drain
+/// has not expired (`expired_drains`) goes to weight 0 (if not there yet) and stays; anything
+/// else is deleted. Returns whether it stays (drains).
+fn drain(
+    vs: VirtualServerKey,
+    rs: SocketAddr,
+    ors: &ObservedRealServer,
+    waits: bool,
+    expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
+    ops: &mut Ordered,
+) -> bool {
+    let connections = ors.active_connections + ors.inactive_connections;
+    let drains =
+        vs.protocol == Protocol::Tcp && connections > 0 && !expired_drains.contains(&(vs, rs));
+    if !drains {
+        ops.push(Op::DeleteRealServer { vs, rs }, waits);
+    } else if ors.weight != 0 {
+        ops.push(Op::UpdateRealServer { vs, rs, weight: 0 }, waits);
+    }
+    drains
 }
 
 /// How many places [`position`] has.

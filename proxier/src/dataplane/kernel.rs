@@ -106,6 +106,8 @@ impl KernelDataplane {
             node_ips: self.other_interface_addresses().await?,
             node_port_range: Some(node_port_range),
             exclude_cidrs,
+            // Every local address counts as a node IP here: deleted, not drained.
+            local_addresses: BTreeSet::new(),
         };
         let ops = diff(&DesiredState::default(), &observed, &ownership);
         let ops: Vec<Op> = ops

@@ -31,8 +31,10 @@ pub mod diff;
 pub mod fake;
 pub mod isolate;
 pub mod kernel;
+pub mod kube_proxy;
 pub mod nft;
 pub mod nft_elements;
+pub mod program;
 pub mod settings;
 pub mod sysctl;
 

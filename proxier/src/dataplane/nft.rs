@@ -29,6 +29,7 @@
 //! `output` at priority -150 (`mangle`), both before IPVS's own hooks (`LOCAL_IN` priority 98,
 //! `LOCAL_OUT` priority -98), so they still see the virtual address.
 
+use super::program::{Program, ProgramError};
 use crate::model::{NftRules, Protocol, SetElement, VirtualServerKey};
 use ipnet::IpNet;
 use nftables::expr::{BinaryOperation, CT, Expression, Meta, MetaKey, NamedExpression};
@@ -777,38 +778,14 @@ fn parse_net(expr: &Expression<'_>) -> Option<IpNet> {
     }
 }
 
-/// Errors of running `nft`.
+/// Errors of `nft`: running it ([`ProgramError`]) or reading what it printed.
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
-    /// `nft` could not be started or its output read (not installed: the `nftables` package).
-    #[error("cannot run {program}: {source}")]
-    Exec {
-        /// The program.
-        program: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// `nft` refused the transaction or the listing; nothing was changed.
-    #[error("{program} {args} failed: {stderr}")]
-    Failed {
-        /// The program.
-        program: String,
-        /// Its arguments.
-        args: String,
-        /// What it printed on stderr (trimmed).
-        stderr: String,
-    },
-    /// `nft` did not finish within [`NFT_TIMEOUT`] and was killed: a transaction may or may
-    /// not have been committed (the next sync reads the table again).
-    #[error("{program} {args} did not finish within {} s: killed", timeout.as_secs())]
-    Timeout {
-        /// The program.
-        program: String,
-        /// Its arguments.
-        args: String,
-        /// How long it was given.
-        timeout: std::time::Duration,
-    },
+    /// `nft` could not be run, refused the transaction or the listing (nothing was changed),
+    /// or was killed after [`NFT_TIMEOUT`] (a transaction may or may not have been committed:
+    /// the next sync reads the table again).
+    #[error(transparent)]
+    Program(#[from] ProgramError),
     /// `nft -j list` printed something that is not libnftables JSON.
     #[error("cannot parse nft output: {0}")]
     Parse(#[from] serde_json::Error),
@@ -825,65 +802,24 @@ pub const NFT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// with its reason.
 #[derive(Clone, Debug)]
 pub struct Nft {
-    program: String,
-    /// How long one process may run ([`NFT_TIMEOUT`]).
-    timeout: std::time::Duration,
+    program: Program,
 }
 
 impl Default for Nft {
     fn default() -> Self {
         Nft {
-            program: std::env::var("NFT").unwrap_or_else(|_| "nft".to_owned()),
-            timeout: NFT_TIMEOUT,
+            program: Program {
+                name: std::env::var("NFT").unwrap_or_else(|_| "nft".to_owned()),
+                timeout: NFT_TIMEOUT,
+            },
         }
     }
 }
 
 impl Nft {
-    /// Runs `nft` with `args` (and `stdin`), killed after `self.timeout`; its stdout.
+    /// Runs `nft` with `args` (and `stdin`), killed after [`NFT_TIMEOUT`]; its stdout.
     async fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<String, NftError> {
-        tokio::time::timeout(self.timeout, self.run_to_end(args, stdin))
-            .await
-            .unwrap_or_else(|_| {
-                Err(NftError::Timeout {
-                    program: self.program.clone(),
-                    args: args.join(" "),
-                    timeout: self.timeout,
-                })
-            })
-    }
-
-    /// [`Nft::run`] without the timeout (the child is killed when this future is dropped).
-    async fn run_to_end(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<String, NftError> {
-        use tokio::io::AsyncWriteExt;
-        let exec = |source| NftError::Exec {
-            program: self.program.clone(),
-            source,
-        };
-        let mut child = tokio::process::Command::new(&self.program)
-            .args(args)
-            .stdin(if stdin.is_some() {
-                std::process::Stdio::piped()
-            } else {
-                std::process::Stdio::null()
-            })
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(exec)?;
-        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(input).await.map_err(exec)?;
-        }
-        let output = child.wait_with_output().await.map_err(exec)?;
-        if !output.status.success() {
-            return Err(NftError::Failed {
-                program: self.program.clone(),
-                args: args.join(" "),
-                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-            });
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        Ok(self.program.run(args, stdin).await?)
     }
 
     /// Applies a batch as one atomic transaction (`nft -j -f -`): all of it or nothing.
@@ -899,7 +835,7 @@ impl Nft {
             .await
         {
             Ok(json) => Ok(parse_table(&json)?),
-            Err(NftError::Failed { stderr, .. })
+            Err(NftError::Program(ProgramError::Failed { stderr, .. }))
                 if stderr.contains("No such file or directory") =>
             {
                 Ok(ObservedTable::default())
@@ -911,7 +847,7 @@ impl Nft {
     /// Deletes kipvs's table (`cleanup`); not an error when it does not exist.
     pub async fn delete_table(&self) -> Result<(), NftError> {
         match self.apply(&delete_table()).await {
-            Err(NftError::Failed { stderr, .. })
+            Err(NftError::Program(ProgramError::Failed { stderr, .. }))
                 if stderr.contains("No such file or directory") =>
             {
                 Ok(())
@@ -938,8 +874,10 @@ mod tests {
             std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
                 .unwrap();
             Nft {
-                program: path.to_string_lossy().into_owned(),
-                timeout: NFT_TIMEOUT,
+                program: Program {
+                    name: path.to_string_lossy().into_owned(),
+                    timeout: NFT_TIMEOUT,
+                },
             }
         };
         let missing = script(
@@ -953,7 +891,7 @@ mod tests {
         );
         assert!(matches!(
             refused.observe().await,
-            Err(NftError::Failed { .. })
+            Err(NftError::Program(ProgramError::Failed { .. }))
         ));
         let garbage = script("garbage", "echo 'not json'");
         assert!(matches!(garbage.observe().await, Err(NftError::Parse(_))));
@@ -979,12 +917,17 @@ mod tests {
         )
         .unwrap();
         let hung = Nft {
-            program: program.to_string_lossy().into_owned(),
-            timeout: Duration::from_millis(300),
+            program: Program {
+                name: program.to_string_lossy().into_owned(),
+                timeout: Duration::from_millis(300),
+            },
         };
         let started = std::time::Instant::now();
         let error = hung.apply(&delete_table()).await.unwrap_err();
-        assert!(matches!(error, NftError::Timeout { .. }), "{error}");
+        assert!(
+            matches!(error, NftError::Program(ProgramError::Timeout { .. })),
+            "{error}"
+        );
         assert!(started.elapsed() < Duration::from_secs(5));
         let pid = std::fs::read_to_string(&pid_file).unwrap();
         let proc = std::path::PathBuf::from(format!("/proc/{}", pid.trim()));

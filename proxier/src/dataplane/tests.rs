@@ -203,6 +203,7 @@ fn foreign_virtual_servers_are_left_alone() {
         node_ips: ["192.168.1.5".parse().unwrap()].into(),
         node_port_range: Some(30000..=32767),
         exclude_cidrs: vec!["10.96.5.0/24".parse().unwrap()],
+        ..Ownership::default()
     };
     let ops = diff(&DesiredState::default(), &o, &ownership);
     assert!(ops.contains(&Op::DeleteVirtualServer(ours)));
@@ -434,6 +435,7 @@ proptest! {
             node_ips: ["192.168.1.5".parse().unwrap()].into(),
             node_port_range: Some(30000..=32767),
             exclude_cidrs: vec![],
+            ..Ownership::default()
         };
         let ops = diff(&d, &o, &ownership);
         let mut fake = FakeDataplane::new(o.clone());
@@ -534,6 +536,7 @@ fn node_port_ownership_follows_the_configured_range() {
         node_ips: ["192.168.1.5".parse().unwrap()].into(),
         node_port_range: Some(config.parsed_node_port_range().unwrap()),
         exclude_cidrs: vec![],
+        ..Ownership::default()
     };
     assert_eq!(
         diff(&DesiredState::default(), &o, &ownership),

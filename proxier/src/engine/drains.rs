@@ -7,6 +7,7 @@
 //! servers and deletes them once idle or expired.
 
 use crate::dataplane::ascending_get;
+use crate::dataplane::diff::Ownership;
 use crate::model::{DesiredState, ObservedState, VirtualServerKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -52,15 +53,17 @@ impl Drains {
 
     /// Updates the drains of the virtual servers `keys` (those a sync looked at; all of them in a
     /// full sync) from the kernel's state `observed` after the sync: new ones start at `now`,
-    /// those that ended are forgotten, the others keep their start.
+    /// those that ended are forgotten, the others keep their start. `ownership` says which
+    /// virtual servers that are not desired drain as a whole ([`Ownership::drains`]).
     pub fn track(
         &mut self,
         desired: &DesiredState,
         observed: &ObservedState,
+        ownership: &Ownership,
         keys: &BTreeSet<VirtualServerKey>,
         now: Instant,
     ) {
-        let draining: BTreeSet<Drain> = draining(desired, observed, keys).collect();
+        let draining: BTreeSet<Drain> = draining(desired, observed, ownership, keys).collect();
         self.0
             .retain(|drain, _| !keys.contains(&drain.0) || draining.contains(drain));
         for drain in draining {
@@ -70,12 +73,14 @@ impl Drains {
 }
 
 /// Real servers of the virtual servers `keys` that are draining in `observed`: present at
-/// weight 0 in a desired virtual server that no longer wants them. Cost: O(`keys` · log n +
+/// weight 0 in a desired virtual server that no longer wants them, or in a virtual server that
+/// is not desired and drains as a whole ([`Ownership::drains`]). Cost: O(`keys` · log n +
 /// their real servers), so a sync looks only at the virtual servers it touched; O(n) for a full
 /// sync (the states are walked alongside `keys`, as [`diff_scoped`](crate::dataplane::diff::diff_scoped) does).
 fn draining<'a>(
     desired: &'a DesiredState,
     observed: &'a ObservedState,
+    ownership: &'a Ownership,
     keys: &'a BTreeSet<VirtualServerKey>,
 ) -> impl Iterator<Item = (VirtualServerKey, SocketAddr)> + 'a {
     let mut wanted = ascending_get(&desired.virtual_servers, keys.len());
@@ -87,7 +92,11 @@ fn draining<'a>(
             ovs.real_servers
                 .iter()
                 .filter(move |(rs, o)| {
-                    o.weight == 0 && dvs.is_some_and(|d| !d.real_servers.contains_key(rs))
+                    o.weight == 0
+                        && dvs.map_or_else(
+                            || ownership.drains(key),
+                            |d| !d.real_servers.contains_key(rs),
+                        )
                 })
                 .map(move |(rs, _)| (*key, *rs))
         })

@@ -11,6 +11,7 @@ pub mod drains;
 pub mod observer;
 pub mod planner;
 pub mod syncer;
+pub mod takeover;
 
 use crate::dataplane::diff::Ownership;
 use crate::dataplane::settings::{KernelSettings, SchedulerError, SettingsError};
@@ -83,6 +84,7 @@ pub struct Engine<D> {
     syncer: Syncer<D>,
     last_full_sync: Option<Instant>,
     following: Option<Following>,
+    takeover: Option<takeover::Takeover>,
 }
 
 impl<D: Dataplane> Engine<D> {
@@ -96,6 +98,7 @@ impl<D: Dataplane> Engine<D> {
             syncer: Syncer::new(dataplane, Ownership::default(), max_drain),
             last_full_sync: None,
             following: None,
+            takeover: None,
         }
     }
 
@@ -103,6 +106,13 @@ impl<D: Dataplane> Engine<D> {
     /// store changes it takes). The source handle's observer should be the same one.
     pub fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = observer;
+        self
+    }
+
+    /// The same engine, removing kube-proxy's iptables rules and ipsets from the node after
+    /// its first full sync ([`takeover`]).
+    pub fn taking_over(mut self, takeover: takeover::Takeover) -> Self {
+        self.takeover = Some(takeover);
         self
     }
 
@@ -256,8 +266,10 @@ impl<D: Dataplane> Engine<D> {
             node_ips: self.planner.node_ips().iter().copied().collect(),
             node_port_range: config.parsed_node_port_range().ok(),
             exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
+            local_addresses: self.planner.other_interface_addresses().clone(),
         };
         let desired = self.planner.desired();
+        let full = period_over || !matches!(replanned, Replanned::Touched(_));
         let result = match &replanned {
             Replanned::Touched(touched) if !period_over => {
                 self.syncer.sync_touched(desired, touched).await
@@ -290,6 +302,11 @@ impl<D: Dataplane> Engine<D> {
         self.report_sync(&result);
         if let Ok(report) = &result {
             self.probe_schedulers(report).await;
+            // After the observers: removing kube-proxy's rules runs processes, and the sync's
+            // outcome (health, status) does not wait for them.
+            if let Some(takeover) = self.takeover.as_mut().filter(|_| full) {
+                takeover.after_full_sync(report, &*observer).await;
+            }
         }
         result
     }

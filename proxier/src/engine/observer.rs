@@ -25,6 +25,28 @@ pub trait Observer: StoreObserver {
     /// The configuration put in force left out these settings (paths such as
     /// `ipvs.newSetting`): a newer kipvs wrote them and this version does not know them.
     fn config_ignored(&self, _settings: &[String]) {}
+    /// A step of a takeover from kube-proxy ([`super::takeover`]).
+    fn takeover(&self, _event: &TakeoverEvent) {}
+}
+
+/// A step of a takeover from kube-proxy ([`super::takeover`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TakeoverEvent {
+    /// kube-proxy runs on the node (why the proxier thinks so): nothing is programmed.
+    Standby(String),
+    /// kube-proxy does not run (any more): the proxier programs.
+    Programming,
+    /// kube-proxy's iptables rules, chains and ipsets were removed (how many of each).
+    Removed {
+        /// Rules deleted from chains that stay (jumps, kube-proxy's rules in kubelet's chains).
+        rules: usize,
+        /// Chains flushed and deleted.
+        chains: usize,
+        /// ipsets destroyed.
+        sets: usize,
+    },
+    /// Removing them failed (why); retried after the next full sync.
+    RemovalFailed(String),
 }
 
 impl StoreObserver for Vec<Arc<dyn Observer>> {
@@ -63,6 +85,12 @@ impl Observer for Vec<Arc<dyn Observer>> {
     fn config_ignored(&self, settings: &[String]) {
         for o in self {
             o.config_ignored(settings);
+        }
+    }
+
+    fn takeover(&self, event: &TakeoverEvent) {
+        for o in self {
+            o.takeover(event);
         }
     }
 }

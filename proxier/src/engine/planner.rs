@@ -95,6 +95,11 @@ impl Planner {
         &self.node_ips
     }
 
+    /// The node's addresses on interfaces other than `kube-ipvs0`, as last set.
+    pub fn other_interface_addresses(&self) -> &BTreeSet<IpAddr> {
+        &self.other_addresses
+    }
+
     /// Set the node's addresses on interfaces other than `kube-ipvs0` (externalIPs and
     /// load-balancer IPs among them are not bound); a change re-plans every Service.
     pub fn set_other_interface_addresses(&mut self, addresses: BTreeSet<IpAddr>) {

@@ -461,8 +461,13 @@ impl<D: Dataplane> Syncer<D> {
         if let Some(cache) = &self.cache {
             // Drains change only where this sync looked: the virtual servers of `scope` (all of
             // them in a full sync).
-            self.drains
-                .track(desired, cache, &scope.virtual_servers, start);
+            self.drains.track(
+                desired,
+                cache,
+                &self.ownership,
+                &scope.virtual_servers,
+                start,
+            );
         }
         let cleaning = Instant::now();
         let conntrack = self
@@ -677,6 +682,104 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         let report = syncer.check_drains(&one).await.unwrap();
         assert!(matches!(report.ops[..], [Op::DeleteRealServer { .. }]));
+    }
+
+    /// A node kube-proxy programmed: its virtual servers and real servers that kipvs wants are
+    /// adopted in place (a re-weight at most, never a delete and re-add), and its NodePort
+    /// virtual server on a local address that is not a node IP (docker0's here) drains: its
+    /// real server with a connection goes to weight 0, the one without goes, and the virtual
+    /// server goes with the last real server once the connection ended.
+    #[tokio::test]
+    async fn kube_proxys_table_is_adopted_in_place_and_its_other_node_ports_drain() {
+        let desired = state(&["10.244.1.2:8080", "10.244.1.3:8080"]);
+        let mut kernel = ObservedState::from(&desired);
+        // kube-proxy left 10.244.1.3 at weight 0 (its graceful delete) and has a NodePort on
+        // docker0's address with two real servers.
+        let cluster = kernel.virtual_servers.get_mut(&key(80)).unwrap();
+        let gracefully_deleted: SocketAddr = "10.244.1.3:8080".parse().unwrap();
+        cluster
+            .real_servers
+            .get_mut(&gracefully_deleted)
+            .unwrap()
+            .weight = 0;
+        let docker0 = VirtualServerKey {
+            address: "172.17.0.1".parse().unwrap(),
+            port: 30080,
+            protocol: Protocol::Tcp,
+        };
+        let mut node_port = kernel.virtual_servers[&key(80)].clone();
+        for (_, rs) in node_port.real_servers.iter_mut() {
+            rs.weight = 1;
+        }
+        let busy: SocketAddr = "10.244.1.2:8080".parse().unwrap();
+        node_port
+            .real_servers
+            .get_mut(&busy)
+            .unwrap()
+            .active_connections = 1;
+        kernel.virtual_servers.insert(docker0, node_port);
+        let ownership = Ownership {
+            node_ips: ["192.168.1.5".parse().unwrap()].into(),
+            node_port_range: Some(30000..=32767),
+            local_addresses: [
+                "172.17.0.1".parse().unwrap(),
+                "192.168.1.5".parse().unwrap(),
+            ]
+            .into(),
+            ..Ownership::default()
+        };
+        let mut syncer = Syncer::new(FakeDataplane::new(kernel), ownership, DRAIN);
+        let report = syncer.sync(&desired).await.unwrap();
+        let ipvs: Vec<&Op> = report
+            .ops
+            .iter()
+            .filter(|op| op.stage() != crate::dataplane::NFT_STAGE)
+            .collect();
+        let (vs, weight) = (key(80), 1);
+        assert_eq!(
+            ipvs,
+            [
+                &Op::DeleteRealServer {
+                    vs: docker0,
+                    rs: gracefully_deleted
+                },
+                &Op::UpdateRealServer {
+                    vs,
+                    rs: gracefully_deleted,
+                    weight
+                },
+                &Op::UpdateRealServer {
+                    vs: docker0,
+                    rs: busy,
+                    weight: 0
+                },
+            ]
+        );
+        assert_eq!(syncer.drains().len(), 1);
+        // The connection ends: the real server goes, and its virtual server with it.
+        syncer
+            .dataplane
+            .state
+            .virtual_servers
+            .get_mut(&docker0)
+            .unwrap()
+            .real_servers
+            .get_mut(&busy)
+            .unwrap()
+            .active_connections = 0;
+        let report = syncer.check_drains(&desired).await.unwrap();
+        assert_eq!(
+            report.ops,
+            [
+                Op::DeleteRealServer {
+                    vs: docker0,
+                    rs: busy
+                },
+                Op::DeleteVirtualServer(docker0)
+            ]
+        );
+        assert!(syncer.drains().is_empty());
+        assert_eq!(syncer.dataplane.state, ObservedState::from(&desired));
     }
 
     #[tokio::test]

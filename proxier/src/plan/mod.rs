@@ -67,6 +67,7 @@
 mod context;
 mod endpoints;
 mod index;
+pub mod kube_proxy;
 mod outcome;
 mod service;
 

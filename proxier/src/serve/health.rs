@@ -23,7 +23,7 @@
 //!   `{"service":{"namespace","name"},"localEndpoints":N,"serviceProxyHealthy":bool}` and the
 //!   header `X-Load-Balancing-Endpoint-Weight: N`.
 
-use crate::engine::observer::{Observer, SyncOutcome};
+use crate::engine::observer::{Observer, SyncOutcome, TakeoverEvent};
 use crate::model::HealthCheckNodePort;
 use crate::serve::metrics::Metrics;
 use crate::source::StoreObserver;
@@ -84,6 +84,9 @@ struct State {
     node_eligible: bool,
     /// The `KubeProxyDrainingTerminatingNodes` gate.
     node_gate: bool,
+    /// In standby while kube-proxy runs ([`crate::engine::takeover`]): changes wait on
+    /// purpose, so they do not make the proxier stale.
+    standby: bool,
 }
 
 /// The proxier's health: the sync timestamps and the Node's eligibility. Cheap to clone
@@ -145,6 +148,7 @@ impl ProxyHealth {
                 clock: StalenessClock::new(timeout),
                 node_eligible: true,
                 node_gate,
+                standby: false,
             })),
             changed: Arc::new(watch::Sender::new(())),
         }
@@ -195,7 +199,7 @@ impl ProxyHealth {
     pub fn check(&self, probe: Probe) -> HealthBody {
         let state = self.state.lock().expect("health lock");
         let now = SystemTime::now();
-        let live = state.clock.live();
+        let live = state.standby || state.clock.live();
         let node_eligible =
             (probe == Probe::Healthz && state.node_gate).then_some(state.node_eligible);
         let healthy = live && node_eligible.unwrap_or(true);
@@ -229,7 +233,11 @@ impl ProxyHealth {
     /// When `/livez` turns unhealthy unless a sync ends first (`None`: not pending, or
     /// already stale).
     pub fn stale_at(&self) -> Option<Instant> {
-        self.state.lock().expect("health lock").clock.stale_at()
+        let state = self.state.lock().expect("health lock");
+        if state.standby {
+            return None;
+        }
+        state.clock.stale_at()
     }
 
     /// A receiver that sees a change whenever the health state changes (time passing does
@@ -280,6 +288,21 @@ impl Observer for ProxyHealth {
         if outcome.result.is_ok() {
             self.updated();
         }
+    }
+
+    /// Standby keeps `/livez` healthy; leaving it gives the queued changes a whole timeout.
+    fn takeover(&self, event: &TakeoverEvent) {
+        let standby = match event {
+            TakeoverEvent::Standby(_) => true,
+            TakeoverEvent::Programming => false,
+            _ => return,
+        };
+        self.modify(|s| {
+            if s.standby && !standby {
+                s.clock.restart();
+            }
+            s.standby = standby;
+        });
     }
 
     fn config_changed(&self, config: &ProxierConfiguration) {

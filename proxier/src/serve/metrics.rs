@@ -30,8 +30,11 @@
 //! | `kipvs_manifests_invalid_files` | gauge | manifests files (`run --manifests`) that cannot be read or do not load as they are; each keeps its last good content |
 //! | `kipvs_config_ignored_settings` | gauge | settings of the NodeProxyConfig in force that this version does not know and left out (a newer kipvs wrote them; named in the log and the status message) |
 //! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
+//! | **takeover** ([`crate::engine::takeover`]) | | |
+//! | `kipvs_standby` | gauge | 1 while kube-proxy runs on the node and the proxier waits, programming nothing |
+//! | `kipvs_kube_proxy_removed_total{kind}` | counter | kube-proxy's iptables `rule`s, `chain`s and `ipset`s a takeover removed (a failed removal counts in `kipvs_sync_errors_total{cause="kube-proxy-removal"}`) |
 
-use crate::engine::observer::{Observer, SyncOutcome};
+use crate::engine::observer::{Observer, SyncOutcome, TakeoverEvent};
 use crate::engine::syncer::SyncReport;
 use crate::source::StoreObserver;
 use crate::source::store::{ChangeCounts, Store};
@@ -60,6 +63,7 @@ pub struct Metrics {
     /// The answers and bind failures of the proxier's own servers.
     pub servers: ServerMetrics,
     inputs: InputMetrics,
+    takeover: TakeoverMetrics,
 }
 
 impl Default for Metrics {
@@ -78,6 +82,7 @@ impl Metrics {
             table: TableMetrics::new(&registry),
             servers: ServerMetrics::new(&registry),
             inputs: InputMetrics::new(&registry),
+            takeover: TakeoverMetrics::new(&registry),
             registry,
         }
     }
@@ -406,6 +411,33 @@ impl InputMetrics {
     }
 }
 
+/// A takeover from kube-proxy: standby, and what of kube-proxy's was removed.
+#[derive(Clone)]
+struct TakeoverMetrics {
+    standby: IntGauge,
+    removed: IntCounterVec,
+}
+
+impl TakeoverMetrics {
+    fn new(r: &Registry) -> Self {
+        TakeoverMetrics {
+            standby: register_int_gauge_with_registry!(
+                "kipvs_standby",
+                "1 while kube-proxy runs on the node and the proxier programs nothing",
+                r
+            )
+            .expect(VALID),
+            removed: register_int_counter_vec_with_registry!(
+                "kipvs_kube_proxy_removed_total",
+                "kube-proxy's iptables rules, chains and ipsets removed by a takeover",
+                &["kind"],
+                r
+            )
+            .expect(VALID),
+        }
+    }
+}
+
 /// kube-proxy's network programming buckets: 0.25 s and 0.5 s, every second to 59 s, every
 /// 5 s to 115 s, every 30 s to 300 s.
 fn network_programming_buckets() -> Vec<f64> {
@@ -449,6 +481,28 @@ impl Observer for Metrics {
         self.inputs
             .config_ignored
             .set(saturating_i64(settings.len()));
+    }
+
+    fn takeover(&self, event: &TakeoverEvent) {
+        match event {
+            TakeoverEvent::Standby(_) => self.takeover.standby.set(1),
+            TakeoverEvent::Programming => self.takeover.standby.set(0),
+            TakeoverEvent::Removed {
+                rules,
+                chains,
+                sets,
+            } => {
+                for (kind, n) in [("rule", rules), ("chain", chains), ("ipset", sets)] {
+                    let n = u64::try_from(*n).unwrap_or(u64::MAX);
+                    self.takeover.removed.with_label_values(&[kind]).inc_by(n);
+                }
+            }
+            TakeoverEvent::RemovalFailed(_) => self
+                .sync
+                .errors
+                .with_label_values(&["kube-proxy-removal"])
+                .inc(),
+        }
     }
 
     fn sync_finished(&self, outcome: &SyncOutcome<'_>) {

@@ -1,0 +1,294 @@
+//! kube-proxy on this node, for a takeover: whether it still runs, what of its iptables rules
+//! and ipsets is left ([`crate::plan::kube_proxy`] decides what goes), and removing that.
+//!
+//! The tools are the node's `iptables`/`ip6tables` of both backends
+//! (`{ip,ip6}tables-{legacy,nft}-{save,restore}`) and `ipset`, from the proxier image as `nft`
+//! is: the legacy backend has no library interface (`iptables-restore` is its transaction), and
+//! `iptables-restore --noflush` removes exactly the named rules and chains, atomically per table.
+//! A legacy ruleset is read only when its tables are loaded (`/proc/net/ip_tables_names`,
+//! `ip6_tables_names`), so a node without them does not get the modules loaded by the reading.
+
+use super::program::{Program, ProgramError};
+use crate::plan::kube_proxy::{self, IptablesRemoval};
+use futures::future::BoxFuture;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// kube-proxy's healthz address (`healthzBindAddress` default `0.0.0.0:10256`), probed on the
+/// loopback.
+pub const KUBE_PROXY_HEALTHZ: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10256);
+
+/// How long one iptables or ipset run may take.
+const TOOL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One ruleset's removal: which iptables backend and family, and what goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ruleset {
+    /// `legacy` or `nft`.
+    pub backend: &'static str,
+    /// `iptables` (IPv4) or `ip6tables` (IPv6).
+    pub family: &'static str,
+    /// What of it is kube-proxy's.
+    pub removal: IptablesRemoval,
+}
+
+/// What kube-proxy left on the node: its rules per ruleset, its ipsets, and the rulesets that
+/// could not be read (why).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Rulesets with something of kube-proxy's in them.
+    pub rulesets: Vec<Ruleset>,
+    /// kube-proxy's ipsets (destroyed after the rules that match them).
+    pub ipsets: Vec<String>,
+    /// What could not be read, and why (a missing tool, a refused listing).
+    pub unreadable: Vec<String>,
+}
+
+impl Leftovers {
+    /// Whether nothing of kube-proxy's was found.
+    pub fn is_empty(&self) -> bool {
+        self.rulesets.iter().all(|r| r.removal.is_empty()) && self.ipsets.is_empty()
+    }
+
+    /// How many rules, chains and sets go.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let rules = self.rulesets.iter().map(|r| r.removal.rules.len()).sum();
+        let chains = self.rulesets.iter().map(|r| r.removal.chains.len()).sum();
+        (rules, chains, self.ipsets.len())
+    }
+}
+
+impl fmt::Display for Leftovers {
+    /// One line per removal: `iptables-legacy -D nat PREROUTING ...`, `... -X nat CHAIN`,
+    /// `ipset destroy NAME`; then `unreadable: ...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for ruleset in &self.rulesets {
+            for line in ruleset.removal.to_string().lines() {
+                writeln!(f, "{}-{} {line}", ruleset.family, ruleset.backend)?;
+            }
+        }
+        for set in &self.ipsets {
+            writeln!(f, "ipset destroy {set}")?;
+        }
+        for why in &self.unreadable {
+            writeln!(f, "unreadable: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+/// kube-proxy on a node: the engine's view of it during a takeover.
+pub trait KubeProxyNode: Send + Sync {
+    /// Why kube-proxy is taken to run on the node (`None`: it does not).
+    fn running(&self) -> BoxFuture<'_, Option<String>>;
+    /// What kube-proxy left (rulesets that cannot be read are named in
+    /// [`Leftovers::unreadable`]).
+    fn leftovers(&self) -> BoxFuture<'_, Leftovers>;
+    /// Remove `leftovers`: each ruleset's rules and chains (`iptables-restore --noflush`), then
+    /// the ipsets.
+    ///
+    /// # Errors
+    /// A message per ruleset or set that could not be removed (the others are removed).
+    fn remove<'a>(&'a self, leftovers: &'a Leftovers) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// kube-proxy on this host: `/proc` and the tools on `PATH`.
+#[derive(Clone, Debug)]
+pub struct HostKubeProxy {
+    /// Where `/proc` is.
+    pub proc: PathBuf,
+    /// kube-proxy's healthz address ([`KUBE_PROXY_HEALTHZ`]).
+    pub healthz: SocketAddr,
+    /// Set once the proxier's own healthz server listens on `healthz`'s port: from then on an
+    /// answer there is the proxier's own.
+    pub own_healthz: Arc<AtomicBool>,
+}
+
+impl Default for HostKubeProxy {
+    fn default() -> Self {
+        HostKubeProxy {
+            proc: PathBuf::from("/proc"),
+            healthz: KUBE_PROXY_HEALTHZ,
+            own_healthz: Arc::default(),
+        }
+    }
+}
+
+/// The backends and families read, with the `/proc/net` file that says a legacy ruleset is
+/// loaded.
+const RULESETS: [(&str, &str, &str); 4] = [
+    ("legacy", "iptables", "ip_tables_names"),
+    ("legacy", "ip6tables", "ip6_tables_names"),
+    ("nft", "iptables", ""),
+    ("nft", "ip6tables", ""),
+];
+
+fn tool(name: String) -> Program {
+    Program {
+        name,
+        timeout: TOOL_TIMEOUT,
+    }
+}
+
+impl HostKubeProxy {
+    /// The pids of processes named `kube-proxy` (visible when the proxier shares the host's PID
+    /// namespace).
+    fn processes(&self) -> Vec<u32> {
+        let Ok(dir) = std::fs::read_dir(&self.proc) else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(self.proc.join(pid.to_string()).join("comm"))
+                    .is_ok_and(|comm| comm.trim() == "kube-proxy")
+            })
+            .collect()
+    }
+
+    /// Whether someone other than the proxier answers on kube-proxy's healthz port.
+    async fn healthz_held(&self) -> bool {
+        if self.own_healthz.load(Ordering::Relaxed) {
+            return false;
+        }
+        let connect = tokio::net::TcpStream::connect(self.healthz);
+        matches!(
+            tokio::time::timeout(Duration::from_millis(500), connect).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// One ruleset's removal; `None` when that backend's tables are not loaded.
+    async fn ruleset(
+        &self,
+        backend: &'static str,
+        family: &'static str,
+        loaded: &str,
+    ) -> Result<Option<Ruleset>, String> {
+        if !loaded.is_empty() {
+            let names = std::fs::read_to_string(self.proc.join("net").join(loaded));
+            if !names.is_ok_and(|n| !n.trim().is_empty()) {
+                return Ok(None);
+            }
+        }
+        let save = tool(format!("{family}-{backend}-save"));
+        let text = match save.run(&[], None).await {
+            Ok(text) => text,
+            Err(ProgramError::Exec { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && backend == "nft" =>
+            {
+                return Err(format!("{}: not installed", save.name));
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let tables = kube_proxy::parse_save(&text).map_err(|e| format!("{}: {e}", save.name))?;
+        Ok(Some(Ruleset {
+            backend,
+            family,
+            removal: kube_proxy::iptables_removal(&tables),
+        }))
+    }
+}
+
+impl KubeProxyNode for HostKubeProxy {
+    fn running(&self) -> BoxFuture<'_, Option<String>> {
+        Box::pin(async move {
+            let pids = self.processes();
+            if !pids.is_empty() {
+                return Some(format!("process kube-proxy (pid {pids:?})"));
+            }
+            self.healthz_held()
+                .await
+                .then(|| format!("kube-proxy's healthz port {} answers", self.healthz))
+        })
+    }
+
+    fn leftovers(&self) -> BoxFuture<'_, Leftovers> {
+        Box::pin(async move {
+            let mut leftovers = Leftovers::default();
+            for (backend, family, loaded) in RULESETS {
+                match self.ruleset(backend, family, loaded).await {
+                    Ok(Some(ruleset)) if !ruleset.removal.is_empty() => {
+                        leftovers.rulesets.push(ruleset)
+                    }
+                    Ok(_) => {}
+                    Err(why) => leftovers.unreadable.push(why),
+                }
+            }
+            match tool("ipset".into()).run(&["list", "-n"], None).await {
+                Ok(names) => leftovers.ipsets = kube_proxy::ipsets_to_destroy(&names),
+                // No ip_set module: no set of anyone's.
+                Err(ProgramError::Failed { stderr, .. }) if stderr.contains("Kernel error") => {}
+                Err(e) => leftovers.unreadable.push(e.to_string()),
+            }
+            leftovers
+        })
+    }
+
+    fn remove<'a>(&'a self, leftovers: &'a Leftovers) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let mut errors = Vec::new();
+            for ruleset in &leftovers.rulesets {
+                let input = ruleset.removal.restore_input();
+                if input.is_empty() {
+                    continue;
+                }
+                let restore = tool(format!("{}-{}-restore", ruleset.family, ruleset.backend));
+                if let Err(e) = restore.run(&["--noflush"], Some(input.as_bytes())).await {
+                    errors.push(e.to_string());
+                }
+            }
+            for set in &leftovers.ipsets {
+                if let Err(e) = tool("ipset".into()).run(&["destroy", set], None).await {
+                    errors.push(e.to_string());
+                }
+            }
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(errors.join("; "))
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process named kube-proxy in `/proc`, or an answer on its healthz port that is not
+    /// the proxier's own, is kube-proxy running.
+    #[tokio::test]
+    async fn kube_proxy_runs_while_its_process_or_its_healthz_port_is_there() {
+        let proc = std::env::temp_dir().join(format!("kipvs-kp-proc-{}", std::process::id()));
+        std::fs::create_dir_all(proc.join("4242")).unwrap();
+        std::fs::write(proc.join("4242/comm"), "kube-proxy\n").unwrap();
+        std::fs::create_dir_all(proc.join("17")).unwrap();
+        std::fs::write(proc.join("17/comm"), "kipvs-proxier\n").unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let free_addr = free.local_addr().unwrap();
+        drop(free);
+        let node = HostKubeProxy {
+            proc: proc.clone(),
+            healthz: free_addr,
+            own_healthz: Arc::default(),
+        };
+        assert!(node.running().await.unwrap().contains("4242"));
+        std::fs::remove_dir_all(proc.join("4242")).unwrap();
+        assert_eq!(node.running().await, None);
+        let held = HostKubeProxy {
+            healthz: listener.local_addr().unwrap(),
+            ..node.clone()
+        };
+        assert!(held.running().await.unwrap().contains("healthz"));
+        held.own_healthz.store(true, Ordering::Relaxed);
+        assert_eq!(held.running().await, None, "the proxier's own healthz");
+        std::fs::remove_dir_all(proc).unwrap();
+    }
+}

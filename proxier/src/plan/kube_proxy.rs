@@ -1,0 +1,518 @@
+//! What of kube-proxy's IPVS mode a takeover removes from a node: its iptables jumps, chains and
+//! rules, and its ipsets. Pure: the input is what `iptables-save` (each family, each backend)
+//! and `ipset list -n` print, the output the `iptables-restore --noflush` input and the set
+//! names to destroy; `dataplane::kube_proxy` runs the tools.
+//!
+//! The names are the union of kube-proxy's IPVS mode from 1.24 to the current release
+//! (`pkg/proxy/ipvs/proxier.go`: `iptablesJumpChain`, `iptablesChains`,
+//! `iptablesEnsureChains`; `pkg/proxy/ipvs/ipset.go`; kubernetes#108460, #110628, #119791 for
+//! the later filter chains and `KUBE-IPVS-IPS`). IPv6 sets are named `KUBE-6-…`, cut to 31
+//! characters (`ipset.go`, `NewIPSet`).
+//!
+//! kubelet owns chains of the same names (`pkg/kubelet/kubelet_network_linux.go`: nat
+//! `KUBE-MARK-MASQ`, `KUBE-POSTROUTING`, `KUBE-MARK-DROP`, filter `KUBE-FIREWALL`, and its
+//! canary `KUBE-KUBELET-CANARY`). When a ruleset holds kubelet's canary, kubelet manages it: those
+//! chains and the jumps to them stay, and only the rules kube-proxy added in them (those that
+//! match one of its ipsets or jump to one of its removed chains) go. Without the canary
+//! (kubelet 1.28+ dropped them, or no kubelet), the shared names are kube-proxy's and go.
+//! filter `KUBE-FIREWALL` and the canary are never kube-proxy's and always stay. IPVS, the
+//! `kube-ipvs0` link and its addresses are not touched here (the proxier adopts them).
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+/// kubelet's canary chain: its presence in a ruleset says kubelet manages the shared chains.
+pub const KUBELET_CANARY: &str = "KUBE-KUBELET-CANARY";
+
+/// kube-proxy's chains in the nat table, 1.24 to current (IPVS mode).
+const NAT_CHAINS: &[&str] = &[
+    "KUBE-SERVICES",
+    "KUBE-POSTROUTING",
+    "KUBE-FIREWALL",
+    "KUBE-NODE-PORT",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-MARK-MASQ",
+    "KUBE-MARK-DROP",
+];
+
+/// kube-proxy's chains in the filter table, 1.24 to current (IPVS mode).
+const FILTER_CHAINS: &[&str] = &[
+    "KUBE-FORWARD",
+    "KUBE-NODE-PORT",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-SOURCE-RANGES-FIREWALL",
+    "KUBE-IPVS-FILTER",
+    "KUBE-IPVS-OUT-FILTER",
+];
+
+/// Chains of kube-proxy's names that kubelet owns while its canary is there, by table.
+const KUBELET_CHAINS: &[(&str, &str)] = &[
+    ("nat", "KUBE-MARK-MASQ"),
+    ("nat", "KUBE-POSTROUTING"),
+    ("nat", "KUBE-MARK-DROP"),
+];
+
+/// kube-proxy's ipsets (IPv4 names), 1.24 to current (IPVS mode).
+const IPSETS: &[&str] = &[
+    "KUBE-LOOP-BACK",
+    "KUBE-CLUSTER-IP",
+    "KUBE-EXTERNAL-IP",
+    "KUBE-EXTERNAL-IP-LOCAL",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-LOAD-BALANCER-FW",
+    "KUBE-LOAD-BALANCER-LOCAL",
+    "KUBE-LOAD-BALANCER-SOURCE-IP",
+    "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+    "KUBE-NODE-PORT-TCP",
+    "KUBE-NODE-PORT-LOCAL-TCP",
+    "KUBE-NODE-PORT-UDP",
+    "KUBE-NODE-PORT-LOCAL-UDP",
+    "KUBE-NODE-PORT-SCTP-HASH",
+    "KUBE-NODE-PORT-LOCAL-SCTP-HASH",
+    "KUBE-HEALTH-CHECK-NODE-PORT",
+    "KUBE-IPVS-IPS",
+];
+
+/// The IPv6 name kube-proxy gives the set `name` (`KUBE-` → `KUBE-6-`, cut to 31 characters).
+pub fn ipv6_set_name(name: &str) -> String {
+    let mut v6 = name.replacen("KUBE-", "KUBE-6-", 1);
+    v6.truncate(31);
+    v6
+}
+
+/// Whether `name` is one of kube-proxy's ipsets (either family).
+pub fn is_kube_proxy_set(name: &str) -> bool {
+    IPSETS
+        .iter()
+        .any(|set| *set == name || ipv6_set_name(set) == name)
+}
+
+/// One rule as `iptables-save` prints it: `-A CHAIN SPEC`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// Its chain.
+    pub chain: String,
+    /// The rest of the line after `-A CHAIN `, as `iptables-restore` reads it back.
+    pub spec: String,
+}
+
+/// One table of an `iptables-save` output.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Table {
+    /// `nat`, `filter`, `mangle`, ...
+    pub name: String,
+    /// Every chain declared (`:NAME POLICY [p:b]`), built-in ones included.
+    pub chains: Vec<String>,
+    /// Every rule, in order.
+    pub rules: Vec<Rule>,
+}
+
+/// Parse an `iptables-save` / `ip6tables-save` output (either backend).
+///
+/// # Errors
+/// A rule or chain line outside a table, or a rule line without a chain.
+pub fn parse_save(text: &str) -> Result<Vec<Table>, String> {
+    let mut tables: Vec<Table> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_end();
+        if line.is_empty() || line.starts_with('#') || line == "COMMIT" {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('*') {
+            tables.push(Table {
+                name: name.to_owned(),
+                ..Table::default()
+            });
+            continue;
+        }
+        let table = tables
+            .last_mut()
+            .ok_or_else(|| format!("line {}: {line:?} outside a table", n + 1))?;
+        if let Some(chain) = line.strip_prefix(':') {
+            let name = chain.split_whitespace().next().unwrap_or_default();
+            table.chains.push(name.to_owned());
+        } else if let Some(rule) = line.strip_prefix("-A ") {
+            let (chain, spec) = rule
+                .split_once(' ')
+                .ok_or_else(|| format!("line {}: a rule without a match: {line:?}", n + 1))?;
+            table.rules.push(Rule {
+                chain: chain.to_owned(),
+                spec: spec.to_owned(),
+            });
+        } else {
+            return Err(format!(
+                "line {}: not iptables-save output: {line:?}",
+                n + 1
+            ));
+        }
+    }
+    Ok(tables)
+}
+
+/// Words of a rule spec, with `"..."` kept as one word (as `iptables-restore` splits it).
+fn words(spec: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = spec.trim_start();
+    while !rest.is_empty() {
+        let end = if let Some(quoted) = rest.strip_prefix('"') {
+            quoted.find('"').map_or(rest.len(), |i| i + 2)
+        } else {
+            rest.find(' ').unwrap_or(rest.len())
+        };
+        out.push(rest[..end].trim_matches('"'));
+        rest = rest[end..].trim_start();
+    }
+    out
+}
+
+/// The chain a rule jumps or goes to (`-j`/`--jump`/`-g`/`--goto`), if any.
+fn target(spec: &str) -> Option<&str> {
+    let words = words(spec);
+    words
+        .windows(2)
+        .find(|w| matches!(w[0], "-j" | "--jump" | "-g" | "--goto"))
+        .map(|w| w[1])
+}
+
+/// The ipsets a rule matches (`--match-set NAME`).
+fn matched_sets(spec: &str) -> impl Iterator<Item = &str> {
+    let words = words(spec);
+    let sets: Vec<&str> = words
+        .windows(2)
+        .filter(|w| w[0] == "--match-set")
+        .map(|w| w[1])
+        .collect();
+    sets.into_iter()
+}
+
+/// What a takeover removes from one ruleset (one family, one backend), table by table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IptablesRemoval {
+    /// Rules deleted from chains that stay: jumps to kube-proxy's chains, kube-proxy's rules
+    /// in kubelet's chains. (table, rule)
+    pub rules: Vec<(String, Rule)>,
+    /// kube-proxy's chains, flushed then deleted. (table, chain)
+    pub chains: Vec<(String, String)>,
+    /// Chains of kube-proxy's names that stay because kubelet owns them. (table, chain)
+    pub kept: Vec<(String, String)>,
+}
+
+impl IptablesRemoval {
+    /// Whether nothing is to be removed.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.chains.is_empty()
+    }
+
+    /// The `iptables-restore --noflush` input that removes it: per table, the rule deletions,
+    /// then every chain flushed, then every chain deleted (a chain referenced by another
+    /// removed one is deleted only once both are flushed), then `COMMIT`. Empty when nothing is
+    /// to be removed.
+    pub fn restore_input(&self) -> String {
+        let mut tables: Vec<&str> = self
+            .rules
+            .iter()
+            .map(|(t, _)| t.as_str())
+            .chain(self.chains.iter().map(|(t, _)| t.as_str()))
+            .collect();
+        tables.sort_unstable();
+        tables.dedup();
+        let mut out = String::new();
+        for table in tables {
+            out.push_str(&format!("*{table}\n"));
+            for (_, rule) in self.rules.iter().filter(|(t, _)| t == table) {
+                out.push_str(&format!("-D {} {}\n", rule.chain, rule.spec));
+            }
+            let chains = self.chains.iter().filter(|(t, _)| t == table);
+            for (_, chain) in chains.clone() {
+                out.push_str(&format!("-F {chain}\n"));
+            }
+            for (_, chain) in chains {
+                out.push_str(&format!("-X {chain}\n"));
+            }
+            out.push_str("COMMIT\n");
+        }
+        out
+    }
+}
+
+impl fmt::Display for IptablesRemoval {
+    /// One line per removal: `-D table CHAIN SPEC`, `-X table CHAIN`, `kept table CHAIN`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (table, rule) in &self.rules {
+            writeln!(f, "-D {table} {} {}", rule.chain, rule.spec)?;
+        }
+        for (table, chain) in &self.chains {
+            writeln!(f, "-X {table} {chain}")?;
+        }
+        for (table, chain) in &self.kept {
+            writeln!(f, "kept {table} {chain} (kubelet's)")?;
+        }
+        Ok(())
+    }
+}
+
+/// What of `tables` (one `iptables-save` output) is kube-proxy's and goes (see the module
+/// docs for kubelet's chains).
+pub fn iptables_removal(tables: &[Table]) -> IptablesRemoval {
+    let kubelet = tables
+        .iter()
+        .any(|t| t.chains.iter().any(|c| c == KUBELET_CANARY));
+    let mut removal = IptablesRemoval::default();
+    for table in tables {
+        let names: &[&str] = match table.name.as_str() {
+            "nat" => NAT_CHAINS,
+            "filter" => FILTER_CHAINS,
+            _ => &[],
+        };
+        let mut removed: BTreeSet<&str> = BTreeSet::new();
+        for chain in &table.chains {
+            if !names.contains(&chain.as_str()) {
+                continue;
+            }
+            let pair = (table.name.clone(), chain.clone());
+            if kubelet && KUBELET_CHAINS.contains(&(table.name.as_str(), chain.as_str())) {
+                removal.kept.push(pair);
+            } else {
+                removed.insert(chain);
+                removal.chains.push(pair);
+            }
+        }
+        for rule in &table.rules {
+            if removed.contains(rule.chain.as_str()) {
+                continue; // flushed with its chain
+            }
+            let jumps = target(&rule.spec).is_some_and(|t| removed.contains(t));
+            let matches = matched_sets(&rule.spec).any(is_kube_proxy_set);
+            if jumps || matches {
+                removal.rules.push((table.name.clone(), rule.clone()));
+            }
+        }
+    }
+    removal
+}
+
+/// kube-proxy's sets among `names` (one per line, as `ipset list -n` prints them), in order.
+pub fn ipsets_to_destroy(names: &str) -> Vec<String> {
+    names
+        .lines()
+        .map(str::trim)
+        .filter(|name| is_kube_proxy_set(name))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What kube-proxy 1.24's IPVS mode leaves in the nat and filter tables (its
+    /// `iptables-save` on a node with a LoadBalancer Service with source ranges and a NodePort),
+    /// with Docker's and a user's rules next to it.
+    const KUBE_PROXY_124: &str = r#"# Generated by iptables-save v1.8.9 (legacy) on Thu Nov 26 13:00:00 2026
+*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:DOCKER - [0:0]
+:KUBE-FIREWALL - [0:0]
+:KUBE-LOAD-BALANCER - [0:0]
+:KUBE-MARK-DROP - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-NODE-PORT - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SERVICES - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE
+-A KUBE-FIREWALL -j KUBE-MARK-DROP
+-A KUBE-LOAD-BALANCER -m comment --comment "Kubernetes service load balancer ip + port with source range for loadBalancerSourceRanges" -m set --match-set KUBE-LOAD-BALANCER-FW dst,dst -j KUBE-FIREWALL
+-A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
+-A KUBE-MARK-DROP -j MARK --set-xmark 0x8000/0x8000
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
+-A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ
+-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT
+-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-NODE-PORT - [0:0]
+:USER - [0:0]
+-A INPUT -m comment --comment "kubernetes health check rules" -j KUBE-NODE-PORT
+-A INPUT -j USER
+-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-NODE-PORT -m comment --comment "Kubernetes health check node port" -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT
+-A USER -s 198.51.100.0/24 -j DROP
+COMMIT
+"#;
+
+    fn pairs(list: &[(String, String)]) -> Vec<String> {
+        list.iter().map(|(t, c)| format!("{t} {c}")).collect()
+    }
+
+    /// Without kubelet's canary every chain of kube-proxy's names goes, with exactly the jumps
+    /// to them; Docker's and the user's rules and chains stay.
+    #[test]
+    fn kube_proxys_chains_and_jumps_go_and_nothing_else() {
+        let removal = iptables_removal(&parse_save(KUBE_PROXY_124).unwrap());
+        assert_eq!(
+            pairs(&removal.chains),
+            [
+                "nat KUBE-FIREWALL",
+                "nat KUBE-LOAD-BALANCER",
+                "nat KUBE-MARK-DROP",
+                "nat KUBE-MARK-MASQ",
+                "nat KUBE-NODE-PORT",
+                "nat KUBE-POSTROUTING",
+                "nat KUBE-SERVICES",
+                "filter KUBE-FORWARD",
+                "filter KUBE-NODE-PORT",
+            ]
+        );
+        let rules: Vec<String> = removal
+            .rules
+            .iter()
+            .map(|(t, r)| format!("{t} {} {}", r.chain, r.spec))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                r#"nat PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
+                r#"nat OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#,
+                r#"nat POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING"#,
+                r#"filter INPUT -m comment --comment "kubernetes health check rules" -j KUBE-NODE-PORT"#,
+                r#"filter FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD"#,
+            ]
+        );
+        assert!(removal.kept.is_empty());
+        let input = removal.restore_input();
+        assert!(input.starts_with("*filter\n-D INPUT -m comment"), "{input}");
+        // Every chain is flushed before any is deleted (KUBE-SERVICES jumps to KUBE-NODE-PORT).
+        let nat = &input[input.find("*nat").unwrap()..];
+        let last_flush = nat.rfind("-F ").unwrap();
+        assert!(last_flush < nat.find("-X ").unwrap(), "{nat}");
+        assert_eq!(input.matches("COMMIT").count(), 2);
+    }
+
+    /// With kubelet's canary, kubelet's chains of the same names and the jump to its
+    /// KUBE-POSTROUTING stay; kube-proxy's hairpin rule in it (matching its set) goes.
+    #[test]
+    fn kubelets_chains_stay_while_its_canary_is_there() {
+        let text = KUBE_PROXY_124
+            .replace(
+                ":KUBE-FIREWALL - [0:0]",
+                ":KUBE-FIREWALL - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]",
+            )
+            .replace(
+                ":USER - [0:0]",
+                ":USER - [0:0]\n:KUBE-FIREWALL - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]",
+            )
+            + "*mangle\n:PREROUTING ACCEPT [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n";
+        let removal = iptables_removal(&parse_save(&text).unwrap());
+        assert_eq!(
+            pairs(&removal.kept),
+            [
+                "nat KUBE-MARK-DROP",
+                "nat KUBE-MARK-MASQ",
+                "nat KUBE-POSTROUTING"
+            ]
+        );
+        let chains = pairs(&removal.chains);
+        for kept in ["KUBE-KUBELET-CANARY", "KUBE-MARK-MASQ", "KUBE-POSTROUTING"] {
+            assert!(!chains.iter().any(|c| c.ends_with(kept)), "{chains:?}");
+        }
+        assert!(chains.contains(&"nat KUBE-FIREWALL".to_owned()));
+        assert!(!chains.contains(&"filter KUBE-FIREWALL".to_owned()));
+        let rules: Vec<String> = removal
+            .rules
+            .iter()
+            .map(|(t, r)| format!("{t} {}", r.chain))
+            .collect();
+        assert!(!rules.contains(&"nat POSTROUTING".to_owned()), "{rules:?}");
+        assert!(
+            rules.contains(&"nat KUBE-POSTROUTING".to_owned()),
+            "{rules:?}"
+        );
+        let hairpin = removal
+            .rules
+            .iter()
+            .find(|(_, r)| r.chain == "KUBE-POSTROUTING")
+            .unwrap();
+        assert!(hairpin.1.spec.contains("KUBE-LOOP-BACK"));
+    }
+
+    /// kube-proxy's later filter chains and their jumps go too; an empty ruleset removes nothing.
+    #[test]
+    fn later_versions_chains_go_and_an_empty_ruleset_removes_nothing() {
+        let text = "*filter\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-IPVS-FILTER - [0:0]\n\
+            :KUBE-IPVS-OUT-FILTER - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n:KUBE-SOURCE-RANGES-FIREWALL - [0:0]\n\
+            -A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\n\
+            -A INPUT -m comment --comment \"kube-proxy firewall rules\" -j KUBE-PROXY-FIREWALL\n\
+            -A OUTPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-OUT-FILTER\n\
+            -A KUBE-IPVS-FILTER -m set --match-set KUBE-IPVS-IPS dst -m conntrack --ctstate NEW -j REJECT\n\
+            -A KUBE-PROXY-FIREWALL -j KUBE-SOURCE-RANGES-FIREWALL\nCOMMIT\n";
+        let removal = iptables_removal(&parse_save(text).unwrap());
+        assert_eq!(removal.chains.len(), 4);
+        assert_eq!(removal.rules.len(), 3);
+        let empty =
+            "*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n";
+        let none = iptables_removal(&parse_save(empty).unwrap());
+        assert!(none.is_empty() && none.restore_input().is_empty());
+        assert!(parse_save("-A INPUT -j DROP\n").is_err());
+    }
+
+    /// Both families' set names, the 31-character cut included, and nothing else.
+    #[test]
+    fn kube_proxys_sets_of_both_families_and_no_other() {
+        assert_eq!(
+            ipv6_set_name("KUBE-LOAD-BALANCER-SOURCE-CIDR"),
+            "KUBE-6-LOAD-BALANCER-SOURCE-CID"
+        );
+        assert_eq!(
+            ipv6_set_name("KUBE-NODE-PORT-LOCAL-SCTP-HASH"),
+            "KUBE-6-NODE-PORT-LOCAL-SCTP-HAS"
+        );
+        let listed = "KUBE-CLUSTER-IP\nKUBE-6-CLUSTER-IP\nKUBE-6-LOAD-BALANCER-SOURCE-CID\n\
+            my-set\nKUBE-CLUSTER-IPX\nKUBE-IPVS-IPS\n";
+        assert_eq!(
+            ipsets_to_destroy(listed),
+            [
+                "KUBE-CLUSTER-IP",
+                "KUBE-6-CLUSTER-IP",
+                "KUBE-6-LOAD-BALANCER-SOURCE-CID",
+                "KUBE-IPVS-IPS"
+            ]
+        );
+    }
+
+    /// Quoted words stay one word, so a comment naming a chain is not taken for a jump.
+    #[test]
+    fn a_quoted_comment_is_one_word() {
+        assert_eq!(
+            words(r#"-m comment --comment "a -j KUBE-SERVICES b" -j ACCEPT"#),
+            [
+                "-m",
+                "comment",
+                "--comment",
+                "a -j KUBE-SERVICES b",
+                "-j",
+                "ACCEPT"
+            ]
+        );
+        assert_eq!(
+            target(r#"-m comment --comment "a -j KUBE-SERVICES b" -j ACCEPT"#),
+            Some("ACCEPT")
+        );
+    }
+}
