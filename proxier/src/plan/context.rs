@@ -64,46 +64,7 @@ impl PlanContext {
         config: &ProxierConfiguration,
     ) -> (Self, Vec<Problem>) {
         let mut problems = Vec::new();
-        let selectors = config.parsed_node_port_addresses().unwrap_or_else(|e| {
-            problems.push(Problem::config(format!("{e}; using every node IP")));
-            Vec::new()
-        });
-        let cidrs: Option<Vec<IpNet>> = match selectors.as_slice() {
-            [NodePortAddress::Primary] => match node {
-                Some(node) => Some(
-                    node.primary_ips
-                        .iter()
-                        .copied()
-                        .filter(|ip| !ip.is_loopback())
-                        .map(IpNet::from)
-                        .collect(),
-                ),
-                None => {
-                    problems.push(Problem::config(format!(
-                        "nodePortAddresses: \"primary\" needs the Node object {node_name:?}, which is \
-                         not known; no NodePort virtual servers"
-                    )));
-                    None
-                }
-            },
-            selectors => Some(
-                selectors
-                    .iter()
-                    .filter_map(|selector| match selector {
-                        NodePortAddress::Cidr(net) => Some(*net),
-                        NodePortAddress::Primary => None,
-                    })
-                    .collect(),
-            ),
-        };
-        let node_port_ips: BTreeSet<IpAddr> = match cidrs {
-            None => BTreeSet::new(),
-            Some(cidrs) => node_ips
-                .iter()
-                .copied()
-                .filter(|ip| node_port_address_selected(ip, &cidrs))
-                .collect(),
-        };
+        let node_port_ips = node_port_ips(node_name, node, node_ips, config, &mut problems);
         let cluster_cidrs = config.parsed_cluster_cidrs().unwrap_or_else(|e| {
             problems.push(Problem::config(format!(
                 "{e}; no ClusterIP traffic is masqueraded for coming from outside the cluster"
@@ -114,7 +75,7 @@ impl PlanContext {
         let context = PlanContext {
             node_name: node_name.to_owned(),
             zone,
-            node_port_ips: node_port_ips.into_iter().collect(),
+            node_port_ips,
             other_interface_addresses: BTreeSet::new(),
             vs_spec: scheduler_spec(config.ipvs.effective_scheduler()),
             terminating_endpoints: config.gate_enabled(Gate::ProxyTerminatingEndpoints),
@@ -164,6 +125,68 @@ impl PlanContext {
     /// The node's zone (`topology.kubernetes.io/zone`), if it has one.
     pub fn zone(&self) -> Option<&str> {
         self.zone.as_deref()
+    }
+}
+
+/// The `node_ips` NodePorts are served on, as [`PlanContext::new`] describes; configuration
+/// problems go to `problems`.
+fn node_port_ips(
+    node_name: &str,
+    node: Option<&NodeInfo>,
+    node_ips: &[IpAddr],
+    config: &ProxierConfiguration,
+    problems: &mut Vec<Problem>,
+) -> Vec<IpAddr> {
+    let selectors = config.parsed_node_port_addresses().unwrap_or_else(|e| {
+        problems.push(Problem::config(format!("{e}; using every node IP")));
+        Vec::new()
+    });
+    let Some(cidrs) = node_port_cidrs(&selectors, node_name, node, problems) else {
+        return Vec::new();
+    };
+    let selected: BTreeSet<IpAddr> = node_ips
+        .iter()
+        .copied()
+        .filter(|ip| node_port_address_selected(ip, &cidrs))
+        .collect();
+    selected.into_iter().collect()
+}
+
+/// The CIDRs `nodePortAddresses` (`selectors`) stands for: `"primary"` is the Node's primary
+/// IPs, `None` when the Node is not known (a problem: no NodePort virtual servers).
+fn node_port_cidrs(
+    selectors: &[NodePortAddress],
+    node_name: &str,
+    node: Option<&NodeInfo>,
+    problems: &mut Vec<Problem>,
+) -> Option<Vec<IpNet>> {
+    match selectors {
+        [NodePortAddress::Primary] => match node {
+            Some(node) => Some(
+                node.primary_ips
+                    .iter()
+                    .copied()
+                    .filter(|ip| !ip.is_loopback())
+                    .map(IpNet::from)
+                    .collect(),
+            ),
+            None => {
+                problems.push(Problem::config(format!(
+                    "nodePortAddresses: \"primary\" needs the Node object {node_name:?}, which is \
+                     not known; no NodePort virtual servers"
+                )));
+                None
+            }
+        },
+        selectors => Some(
+            selectors
+                .iter()
+                .filter_map(|selector| match selector {
+                    NodePortAddress::Cidr(net) => Some(*net),
+                    NodePortAddress::Primary => None,
+                })
+                .collect(),
+        ),
     }
 }
 
