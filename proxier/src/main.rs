@@ -306,7 +306,29 @@ async fn start(
     ];
     let observer: Arc<dyn Observer> = Arc::new(observers);
     let handle = SourceHandle::gated().with_observer(observer.clone());
+    serve(cluster, config, &metrics, &health, kube_proxy)?;
+    let follow = start_source(args, &cluster.api, &handle).await?;
+    Ok(Started {
+        handle,
+        observer,
+        health,
+        follow,
+    })
+}
 
+/// Starts the healthz (`/healthz`, `/livez`), metrics and, when asked for, gRPC health servers.
+/// Each binds in a task of its own, retried while its port is taken: programming never waits
+/// for it (kube-proxy's healthz and metrics servers do the same).
+///
+/// # Errors
+/// A bind address that does not parse.
+fn serve(
+    cluster: &ClusterArgs,
+    config: &ProxierConfiguration,
+    metrics: &Metrics,
+    health: &ProxyHealth,
+    kube_proxy: &HostKubeProxy,
+) -> anyhow::Result<()> {
     let healthz_addr = match &cluster.healthz_bind_address {
         Some(a) => a
             .parse()
@@ -319,10 +341,8 @@ async fn start(
             .with_context(|| format!("--metrics-bind-address {a:?}"))?,
         None => config.metrics_socket_addr()?,
     };
-    // Each server binds in a task of its own, retried while its port is taken: programming never
-    // waits for it (kube-proxy's healthz and metrics servers do the same).
     let never = std::future::pending::<()>;
-    let routes = health.routes(&metrics);
+    let routes = health.routes(metrics);
     let m = metrics.clone();
     // Once bound on kube-proxy's healthz port, an answer there is no longer kube-proxy's.
     let own_healthz =
@@ -352,7 +372,19 @@ async fn start(
         });
         tracing::info!(%addr, "serving grpc.health.v1.Health");
     }
+    Ok(())
+}
 
+/// Starts the source of `args` writing into `handle`: the manifests (they also hold the node's
+/// NodeProxyConfig), or the Kubernetes API of `api`.
+///
+/// # Errors
+/// No API client can be made from `api`.
+async fn start_source(
+    args: &SourceArgs,
+    api: &ApiArgs,
+    handle: &SourceHandle,
+) -> anyhow::Result<Follow> {
     if args.manifests.is_some() {
         let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
         let source = ManifestsSource {
@@ -360,25 +392,15 @@ async fn start(
             ..manifests_source(args)?
         };
         tokio::spawn(source.watch(handle.clone()));
-        return Ok(Started {
-            handle,
-            observer,
-            health,
-            follow: Follow::Manifests(assigned),
-        });
+        return Ok(Follow::Manifests(assigned));
     }
-    let client = kube_client(&cluster.api).await?;
+    let client = kube_client(api).await?;
     let source = KubeSource {
         client: client.clone(),
         node_name: args.node.clone(),
     };
     tokio::spawn(source.run(handle.clone()));
-    Ok(Started {
-        handle,
-        observer,
-        health,
-        follow: Follow::Api(client),
-    })
+    Ok(Follow::Api(client))
 }
 
 /// Where the node's NodeProxyConfig comes from.
