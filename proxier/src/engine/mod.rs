@@ -16,6 +16,7 @@ pub mod takeover;
 use crate::dataplane::diff::Ownership;
 use crate::dataplane::settings::{KernelSettings, SchedulerError, SettingsError};
 use crate::dataplane::{Dataplane, DataplaneError, Op};
+use crate::plan::Touched;
 use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
 use kipvs_crds::config::{ConfigError, ProxierConfiguration};
@@ -227,7 +228,8 @@ impl<D: Dataplane> Engine<D> {
     /// Re-plan what changed and sync the dataplane: in full on the first sync, after a Node or
     /// configuration change and once per `ipvs.syncPeriod`; otherwise only what changed.
     ///
-    /// Errors: only when the dataplane cannot be observed; nothing is changed then.
+    /// # Errors
+    /// Only when the dataplane cannot be observed; nothing is changed then.
     ///
     /// The source's observer hears of the taken changes and of the outcome.
     #[tracing::instrument(name = "engine", skip_all)]
@@ -236,16 +238,56 @@ impl<D: Dataplane> Engine<D> {
             .last_full_sync
             .is_none_or(|t| t.elapsed() >= self.planner.config().ipvs.sync_period);
         if period_over {
-            match self
-                .syncer
-                .dataplane_mut()
-                .other_interface_addresses()
-                .await
-            {
-                Ok(a) => self.planner.set_other_interface_addresses(a),
-                Err(e) => tracing::warn!("cannot list the node's addresses: {e}"),
+            self.refresh_other_interface_addresses().await;
+        }
+        let (replanned, trigger_times) = self.replan();
+        self.syncer.ownership = self.ownership();
+        // What changed, unless the whole table is due.
+        let touched = match &replanned {
+            Replanned::Touched(touched) if !period_over => Some(touched),
+            _ => None,
+        };
+        let desired = self.planner.desired();
+        let result = match touched {
+            Some(touched) => self.syncer.sync_touched(desired, touched).await,
+            None => {
+                let result = self.syncer.sync(desired).await;
+                if result.is_ok() {
+                    self.last_full_sync = Some(Instant::now());
+                }
+                result
+            }
+        };
+        self.tell_observers(&result, touched, &trigger_times);
+        self.report_sync(&result);
+        if let Ok(report) = &result {
+            self.probe_schedulers(report).await;
+            // After the observers: removing kube-proxy's rules runs processes, and the sync's
+            // outcome (health, status) does not wait for them.
+            if let Some(takeover) = self.takeover.as_mut().filter(|_| touched.is_none()) {
+                takeover.after_full_sync(report, &*self.observer).await;
             }
         }
+        result
+    }
+
+    /// Reads the node's addresses on other interfaces than `kube-ipvs0` for the planner (a
+    /// failure is logged, and the last ones kept).
+    async fn refresh_other_interface_addresses(&mut self) {
+        match self
+            .syncer
+            .dataplane_mut()
+            .other_interface_addresses()
+            .await
+        {
+            Ok(a) => self.planner.set_other_interface_addresses(a),
+            Err(e) => tracing::warn!("cannot list the node's addresses: {e}"),
+        }
+    }
+
+    /// Takes the store's changes and re-plans them; the EndpointSlice change trigger times
+    /// they bring ([`Store::take_trigger_times`](crate::source::store::Store::take_trigger_times)).
+    fn replan(&mut self) -> (Replanned, Vec<SystemTime>) {
         let observer = self.observer.clone();
         let planning = Instant::now();
         let planner = &mut self.planner;
@@ -261,54 +303,40 @@ impl<D: Dataplane> Engine<D> {
                 "re-planned every Service"
             );
         }
+        (replanned, trigger_times)
+    }
+
+    /// Which virtual servers the syncer may delete, from the configuration in force and the
+    /// node's addresses.
+    fn ownership(&self) -> Ownership {
         let config = self.planner.config();
-        self.syncer.ownership = Ownership {
+        Ownership {
             node_ips: self.planner.node_ips().iter().copied().collect(),
             node_port_range: config.parsed_node_port_range().ok(),
             exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
             local_addresses: self.planner.other_interface_addresses().clone(),
-        };
-        let desired = self.planner.desired();
-        let full = period_over || !matches!(replanned, Replanned::Touched(_));
-        let result = match &replanned {
-            Replanned::Touched(touched) if !period_over => {
-                self.syncer.sync_touched(desired, touched).await
-            }
-            _ => {
-                let result = self.syncer.sync(desired).await;
-                if result.is_ok() {
-                    self.last_full_sync = Some(Instant::now());
-                }
-                result
-            }
-        };
+        }
+    }
+
+    /// Tells the observers how the sync of `touched` (`None`: the whole table) ended.
+    fn tell_observers(
+        &self,
+        result: &Result<SyncReport, DataplaneError>,
+        touched: Option<&Touched>,
+        trigger_times: &[SystemTime],
+    ) {
         let (no_local_endpoints, terminating_fallback_services) = self.planner.counts();
-        observer.sync_finished(&SyncOutcome {
-            result: &result,
-            desired,
+        self.observer.sync_finished(&SyncOutcome {
+            result,
+            desired: self.planner.desired(),
             real_servers: self.planner.real_servers(),
-            health_check_changes: match &replanned {
-                Replanned::Touched(touched) if !period_over => {
-                    Some(&touched.health_check_node_ports)
-                }
-                _ => None,
-            },
+            health_check_changes: touched.map(|touched| &touched.health_check_node_ports),
             no_local_endpoints,
             terminating_fallback_services,
             drains: self.syncer.drains(),
             unavailable_schedulers: self.planner.unavailable_schedulers(),
-            trigger_times: &trigger_times,
+            trigger_times,
         });
-        self.report_sync(&result);
-        if let Ok(report) = &result {
-            self.probe_schedulers(report).await;
-            // After the observers: removing kube-proxy's rules runs processes, and the sync's
-            // outcome (health, status) does not wait for them.
-            if let Some(takeover) = self.takeover.as_mut().filter(|_| full) {
-                takeover.after_full_sync(report, &*observer).await;
-            }
-        }
-        result
     }
 
     /// Probe (once each) the IPVS schedulers of virtual server ops that failed, other than
