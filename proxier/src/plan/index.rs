@@ -373,33 +373,11 @@ impl DesiredIndex {
             .sum()
     }
 
+    /// Withdraws every claim of the Service `key`, whose plan was `old`.
     fn retract(&mut self, key: &ServiceKey, old: &Stored, touched: &mut Touched) {
         for (at, Own { vs, .. }) in old.virtual_servers.iter().enumerate() {
             touched.virtual_servers.insert(*vs);
-            let claims = self.vs_claims.get_mut(vs).expect("claimed");
-            let was_winner = claims.first() == Some(key);
-            claims.remove(key);
-            let winner = claims.first().cloned();
-            if winner.is_none() {
-                self.vs_claims.remove(vs);
-                self.desired.virtual_servers.remove(vs);
-            }
-            if !was_winner {
-                continue;
-            }
-            for element in old.vs_elements(at) {
-                self.desired.set_elements.remove(&element);
-                touched.set_elements.insert(element);
-            }
-            if let Some(winner) = winner {
-                let plan = self.plans.get_mut(&winner).expect("planned");
-                let entry = plan.take_entry(vs, &self.desired);
-                self.desired.virtual_servers.insert(*vs, entry);
-                for element in plan.vs_elements(plan.position(vs)) {
-                    self.desired.set_elements.insert(element);
-                    touched.set_elements.insert(element);
-                }
-            }
+            self.retract_virtual_server(key, old, at, vs, touched);
         }
         for address in &old.bind_addresses {
             let count = self.address_claims.get_mut(address).expect("claimed");
@@ -420,25 +398,68 @@ impl DesiredIndex {
             }
         }
         if let Some((port, _)) = old.health_check_node_port.as_deref() {
-            let claims = self.health_check_claims.get_mut(port).expect("claimed");
-            claims.remove(key);
-            match claims.first() {
-                None => {
-                    self.health_check_claims.remove(port);
-                    self.desired.health_check_node_ports.remove(port);
-                }
-                Some(winner) => {
-                    let entry = self.plans[winner].health_check_node_port.as_deref();
-                    let (_, health_check) = entry.cloned().expect("claimed");
-                    self.desired
-                        .health_check_node_ports
-                        .insert(*port, health_check);
-                }
-            }
+            self.retract_health_check(key, *port);
         }
         self.count(old, false);
     }
 
+    /// Withdraws `key`'s claim on `vs`, the `at`th virtual server of its plan `old`: the next
+    /// claimant's entry and elements take its place if it held it, or the virtual server goes.
+    fn retract_virtual_server(
+        &mut self,
+        key: &ServiceKey,
+        old: &Stored,
+        at: usize,
+        vs: &VirtualServerKey,
+        touched: &mut Touched,
+    ) {
+        let claims = self.vs_claims.get_mut(vs).expect("claimed");
+        let was_winner = claims.first() == Some(key);
+        claims.remove(key);
+        let winner = claims.first().cloned();
+        if winner.is_none() {
+            self.vs_claims.remove(vs);
+            self.desired.virtual_servers.remove(vs);
+        }
+        if !was_winner {
+            return;
+        }
+        for element in old.vs_elements(at) {
+            self.desired.set_elements.remove(&element);
+            touched.set_elements.insert(element);
+        }
+        if let Some(winner) = winner {
+            let plan = self.plans.get_mut(&winner).expect("planned");
+            let entry = plan.take_entry(vs, &self.desired);
+            self.desired.virtual_servers.insert(*vs, entry);
+            for element in plan.vs_elements(plan.position(vs)) {
+                self.desired.set_elements.insert(element);
+                touched.set_elements.insert(element);
+            }
+        }
+    }
+
+    /// Withdraws `key`'s claim on the health-check node port `port`: the next claimant's
+    /// health check takes its place, or the port goes.
+    fn retract_health_check(&mut self, key: &ServiceKey, port: u16) {
+        let claims = self.health_check_claims.get_mut(&port).expect("claimed");
+        claims.remove(key);
+        match claims.first() {
+            None => {
+                self.health_check_claims.remove(&port);
+                self.desired.health_check_node_ports.remove(&port);
+            }
+            Some(winner) => {
+                let entry = self.plans[winner].health_check_node_port.as_deref();
+                let (_, health_check) = entry.cloned().expect("claimed");
+                self.desired
+                    .health_check_node_ports
+                    .insert(port, health_check);
+            }
+        }
+    }
+
+    /// Puts in every claim of the Service `key`'s plan `new`; returns the plan as stored.
     fn assert_plan(
         &mut self,
         key: &Arc<ServiceKey>,
@@ -448,29 +469,7 @@ impl DesiredIndex {
         let mut stored = Stored::new(&new);
         for (at, (vs, entry)) in new.virtual_servers.into_iter().enumerate() {
             touched.virtual_servers.insert(vs);
-            let claims = self.vs_claims.entry(vs).or_default();
-            let previous = claims.first().cloned();
-            claims.insert(stored.rank(at), key);
-            if claims.first() != Some(&**key) {
-                stored.lose(at, entry, &self.desired.virtual_servers);
-                continue;
-            }
-            let replaced = self.desired.virtual_servers.insert(vs, entry);
-            if let Some(previous) = previous {
-                // The previous winner's entry goes back into its plan.
-                let plan = self.plans.get_mut(&previous).expect("planned");
-                let other = plan.position(&vs);
-                let entry = replaced.expect("the winner's entry");
-                plan.virtual_servers[other].slot = Slot::Lost(Box::new(entry));
-                for element in plan.vs_elements(other) {
-                    self.desired.set_elements.remove(&element);
-                    touched.set_elements.insert(element);
-                }
-            }
-            for element in stored.vs_elements(at) {
-                self.desired.set_elements.insert(element);
-                touched.set_elements.insert(element);
-            }
+            self.assert_virtual_server(key, &mut stored, at, vs, entry, touched);
         }
         for address in &stored.bind_addresses {
             let count = self.address_claims.entry(*address).or_default();
@@ -499,6 +498,43 @@ impl DesiredIndex {
         }
         self.count(&stored, true);
         stored
+    }
+
+    /// Puts in `key`'s claim on `vs` with `entry`, the `at`th virtual server of its plan
+    /// `stored`: it takes the entry and elements over from the previous winner if it outranks
+    /// it, else its entry waits in `stored`.
+    fn assert_virtual_server(
+        &mut self,
+        key: &Arc<ServiceKey>,
+        stored: &mut Stored,
+        at: usize,
+        vs: VirtualServerKey,
+        entry: VirtualServer,
+        touched: &mut Touched,
+    ) {
+        let claims = self.vs_claims.entry(vs).or_default();
+        let previous = claims.first().cloned();
+        claims.insert(stored.rank(at), key);
+        if claims.first() != Some(&**key) {
+            stored.lose(at, entry, &self.desired.virtual_servers);
+            return;
+        }
+        let replaced = self.desired.virtual_servers.insert(vs, entry);
+        if let Some(previous) = previous {
+            // The previous winner's entry goes back into its plan.
+            let plan = self.plans.get_mut(&previous).expect("planned");
+            let other = plan.position(&vs);
+            let entry = replaced.expect("the winner's entry");
+            plan.virtual_servers[other].slot = Slot::Lost(Box::new(entry));
+            for element in plan.vs_elements(other) {
+                self.desired.set_elements.remove(&element);
+                touched.set_elements.insert(element);
+            }
+        }
+        for element in stored.vs_elements(at) {
+            self.desired.set_elements.insert(element);
+            touched.set_elements.insert(element);
+        }
     }
 
     fn count(&mut self, plan: &Stored, add: bool) {
