@@ -704,38 +704,13 @@ impl IndexBuilder {
         let IndexBuilder {
             mut index,
             plans,
-            mut claims,
+            claims,
             mut vs_elements,
             addresses,
             elements,
-            mut health_checks,
+            health_checks,
         } = self;
-        // The claims of one virtual server in rank, then key order: the winner first. Where the
-        // winner is not the first in key order (who took the entry in `push`), the entry is
-        // handed over once every plan is in.
-        claims.sort_unstable();
-        let mut vs_claims: Vec<(VirtualServerKey, Claims)> = Vec::new();
-        let mut first_pushed: Vec<u32> = Vec::new();
-        for (vs, rank, service) in claims {
-            let key = plans[service as usize].0.clone();
-            match vs_claims.last_mut() {
-                Some((last, claims)) if *last == vs => {
-                    claims.0.push((rank, key));
-                    let first = first_pushed.last_mut().expect("one per virtual server");
-                    *first = (*first).min(service);
-                }
-                _ => {
-                    vs_claims.push((vs, Claims(vec![(rank, key)])));
-                    first_pushed.push(service);
-                }
-            }
-        }
-        let hand_overs: Vec<(VirtualServerKey, Arc<ServiceKey>)> = vs_claims
-            .iter()
-            .zip(first_pushed)
-            .filter(|((_, claims), first)| claims.first() != Some(&*plans[*first as usize].0))
-            .map(|((vs, _), first)| (*vs, plans[first as usize].0.clone()))
-            .collect();
+        let (vs_claims, hand_overs) = rank_virtual_server_claims(claims, &plans);
         index.vs_claims = vs_claims.into_iter().collect();
         // Inserted as the plans came (in no order of their own): refilled.
         compact_map(&mut index.desired.virtual_servers);
@@ -748,24 +723,72 @@ impl IndexBuilder {
         let addresses = counted(addresses);
         index.desired.bind_addresses = addresses.iter().map(|(address, _)| *address).collect();
         index.address_claims = addresses.into_iter().collect();
-        health_checks.sort_unstable();
-        for (port, rank, service) in health_checks {
-            let (key, plan) = &plans[service as usize];
-            let claims = index.health_check_claims.entry(port).or_default();
-            claims.0.push((rank, key.clone()));
-            if claims.0.len() == 1 {
-                let (_, health_check) = plan.health_check_node_port.as_deref().expect("claimed");
-                index
-                    .desired
-                    .health_check_node_ports
-                    .insert(port, health_check.clone());
-            }
-        }
+        index.rank_health_check_claims(health_checks, &plans);
         index.plans = plans.into_iter().collect();
         for (vs, from) in hand_overs {
             index.hand_over(&vs, &from);
         }
         index
+    }
+}
+
+/// A virtual server whose entry goes from the Service that took it to the winner of its claims.
+type HandOver = (VirtualServerKey, Arc<ServiceKey>);
+
+/// The claims of each virtual server (`vs`, rank, the claiming Service's position in `plans`)
+/// in rank, then key order: the winner first. Also the virtual servers whose winner is not
+/// the first claimant in key order (who took the entry in [`IndexBuilder::push`]), with that
+/// claimant: their entry is handed over once every plan is in.
+fn rank_virtual_server_claims(
+    mut claims: Vec<(VirtualServerKey, Rank, u32)>,
+    plans: &[(Arc<ServiceKey>, Stored)],
+) -> (Vec<(VirtualServerKey, Claims)>, Vec<HandOver>) {
+    claims.sort_unstable();
+    let mut vs_claims: Vec<(VirtualServerKey, Claims)> = Vec::new();
+    let mut first_pushed: Vec<u32> = Vec::new();
+    for (vs, rank, service) in claims {
+        let key = plans[service as usize].0.clone();
+        match vs_claims.last_mut() {
+            Some((last, claims)) if *last == vs => {
+                claims.0.push((rank, key));
+                let first = first_pushed.last_mut().expect("one per virtual server");
+                *first = (*first).min(service);
+            }
+            _ => {
+                vs_claims.push((vs, Claims(vec![(rank, key)])));
+                first_pushed.push(service);
+            }
+        }
+    }
+    let hand_overs = vs_claims
+        .iter()
+        .zip(first_pushed)
+        .filter(|((_, claims), first)| claims.first() != Some(&*plans[*first as usize].0))
+        .map(|((vs, _), first)| (*vs, plans[first as usize].0.clone()))
+        .collect();
+    (vs_claims, hand_overs)
+}
+
+impl DesiredIndex {
+    /// Ranks the claims of each health-check node port (port, rank, the claiming Service's
+    /// position in `plans`); the winner's health check is desired.
+    fn rank_health_check_claims(
+        &mut self,
+        mut health_checks: Vec<(u16, Rank, u32)>,
+        plans: &[(Arc<ServiceKey>, Stored)],
+    ) {
+        health_checks.sort_unstable();
+        for (port, rank, service) in health_checks {
+            let (key, plan) = &plans[service as usize];
+            let claims = self.health_check_claims.entry(port).or_default();
+            claims.0.push((rank, key.clone()));
+            if claims.0.len() == 1 {
+                let (_, health_check) = plan.health_check_node_port.as_deref().expect("claimed");
+                self.desired
+                    .health_check_node_ports
+                    .insert(port, health_check.clone());
+            }
+        }
     }
 }
 
