@@ -61,6 +61,44 @@ fn convert_into<K: Kind>(
         .with_store(|store| listed.extend(batch.drain(..).map(|object| K::convert(store, object))));
 }
 
+/// One kind's list in progress: its objects converted so far, and those not converted yet
+/// (converted [`LIST_BATCH`] at a time).
+struct Listing<K: Kind> {
+    listed: Vec<K::Converted>,
+    batch: Vec<K>,
+}
+
+impl<K: Kind> Default for Listing<K> {
+    fn default() -> Self {
+        Listing {
+            listed: Vec::new(),
+            batch: Vec::new(),
+        }
+    }
+}
+
+impl<K: Kind> Listing<K> {
+    /// A list starts (again): what an earlier one gathered goes.
+    fn clear(&mut self) {
+        self.listed.clear();
+        self.batch.clear();
+    }
+
+    /// A listed object.
+    fn add(&mut self, handle: &SourceHandle, object: K) {
+        self.batch.push(object);
+        if self.batch.len() == LIST_BATCH {
+            convert_into::<K>(handle, &mut self.batch, &mut self.listed);
+        }
+    }
+
+    /// The list is complete: every object of it, converted.
+    fn done(&mut self, handle: &SourceHandle) -> Vec<K::Converted> {
+        convert_into::<K>(handle, &mut self.batch, &mut self.listed);
+        std::mem::take(&mut self.listed)
+    }
+}
+
 /// A kind the source watches and how it goes into the store.
 trait Kind:
     Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
@@ -189,46 +227,35 @@ impl KubeSource {
         let api = Api::<K>::all(self.client.clone());
         let mut events = watcher::watcher(api, config).boxed();
         let mut retry = Retry::new(K::WATCH);
-        // A list in progress: its objects converted so far, and those not converted yet.
-        let (mut listed, mut batch) = (Vec::new(), Vec::new());
+        let mut listing = Listing::<K>::default();
         let mut unavailable = false;
         while let Some(event) = events.next().await {
             if event.is_ok() {
                 retry.succeeded();
             } else {
                 // A failed list starts again with `Init`: free what it held during the backoff.
-                (listed, batch) = (Vec::new(), Vec::new());
+                listing = Listing::default();
             }
             match event {
-                Ok(Event::Init) => {
-                    listed.clear();
-                    batch.clear();
-                }
-                Ok(Event::InitApply(object)) => {
-                    batch.push(object);
-                    if batch.len() == LIST_BATCH {
-                        convert_into::<K>(handle, &mut batch, &mut listed);
-                    }
-                }
+                Ok(Event::Init) => listing.clear(),
+                Ok(Event::InitApply(object)) => listing.add(handle, object),
                 Ok(Event::InitDone) => {
-                    convert_into::<K>(handle, &mut batch, &mut listed);
-                    let listed = std::mem::take(&mut listed);
+                    let listed = listing.done(handle);
                     tracing::info!(kind = K::NAME, count = listed.len(), "listed");
                     handle.update(|store| K::replace(store, listed));
-                    if unavailable {
+                    if std::mem::take(&mut unavailable) {
                         tracing::info!(
                             resource = ENDPOINT_SLICES_RESOURCE,
                             "the API server serves it now"
                         );
                         handle.resource_unavailable(ENDPOINT_SLICES_RESOURCE, false);
-                        unavailable = false;
                     }
                     synced.mark(K::NAME);
                 }
                 Ok(Event::Apply(object)) => handle.update(|store| K::apply(store, object)),
                 Ok(Event::Delete(object)) => handle.update(|store| K::delete(store, &object)),
                 Err(e) if K::OPTIONAL && is_not_found(&e) => {
-                    if !unavailable {
+                    if !std::mem::replace(&mut unavailable, true) {
                         tracing::error!(
                             resource = ENDPOINT_SLICES_RESOURCE,
                             "the API server does not serve {ENDPOINT_SLICES_RESOURCE} (404; \
@@ -236,7 +263,6 @@ impl KubeSource {
                              without endpoints, and retrying"
                         );
                         handle.resource_unavailable(ENDPOINT_SLICES_RESOURCE, true);
-                        unavailable = true;
                     }
                     synced.mark(K::NAME);
                     retry.wait(&e).await;
