@@ -9,7 +9,8 @@
 # usage: hack/test-vm.sh [--demo|--bench|--e2e|--kube-proxy]   (--demo: what hack/demo.sh shows; --bench:
 #        hack/bench-vm.sh; --e2e: the guest half of hack/test-e2e.sh, which sets KIPVS_E2E_KUBECONFIG,
 #        KIPVS_TRAFFIC and VMNET; --kube-proxy: the guest half of hack/parity-kube-proxy.sh, which sets
-#        KIPVS_KUBE_PROXY_DIR, copied to the guest's /payload/kube-proxy, and VMNET)
+#        VMNET; KIPVS_KUBE_PROXY_DIR (kube-proxy and its userland, hack/lib/kube-proxy-vm.sh; the end to
+#        end through kube-proxy too) is copied to the guest's /payload/kube-proxy)
 # env:   VMCACHE (~/.cache/kipvs-vm), VMTIMEOUT (s, 600), CARGO_TARGET_DIR; output in $target/vm/
 #        KIPVS_PROXIER: run this kipvs-proxier instead of the image's (nft still comes from the image)
 #        KIPVS_KERNEL_TEST: use this ipvs-rs kernel test executable instead of building it
@@ -81,7 +82,7 @@ cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
 if [ "$MODE" = e2e ]; then
   cp "${KIPVS_TRAFFIC:?}" "$P/bin/e2e_traffic"; cp "${KIPVS_E2E_KUBECONFIG:?}" "$P/tests/e2e/kubeconfig"
 fi
-[ "$MODE" != kube-proxy ] || cp -r "${KIPVS_KUBE_PROXY_DIR:?}" "$P/kube-proxy"
+[ -z "${KIPVS_KUBE_PROXY_DIR:-}" ] || cp -r "$KIPVS_KUBE_PROXY_DIR" "$P/kube-proxy"
 if [ "$MODE" = bench ]; then
   mkdir -p "$P/manifests/bench"
   python3 "$ROOT/hack/gen-manifests.py" "${BENCH_SERVICES:-10000}" "${BENCH_ENDPOINTS:-2}" "$P/manifests/bench/cluster.json"

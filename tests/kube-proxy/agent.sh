@@ -14,9 +14,21 @@
 #                           (kubeproxy_sync_proxy_rules_duration_seconds_count on 127.0.0.1:10249) and the
 #                           state has not changed for 3 s. kipvs: `kipvs-proxier run --once` (it syncs once
 #                           the API's lists are complete, then exits).
+#   clock                   the guest's clock (seconds since boot, /proc/uptime, 10 ms steps)
+#   start PROXIER CLUSTER VS RS [LIMIT]  (hack/bench-vs-kube-proxy.sh) as run, but the proxier keeps running
+#                           (kipvs: `kipvs-proxier run`): converged once the kernel holds at least VS virtual
+#                           and RS real servers (/proc/net/ip_vs); prints `seconds S` (start to converged)
+#                           and the usage lines; exit 1 when it fails or does not converge within LIMIT (600)
+#   usage                   of the running proxier: `cpu S` (user + system, its waited-for children's
+#                           included: kube-proxy's iptables-restore and ipset), `maxrss KB` (VmHWM) and its
+#                           `sync_count N`, `sync_sum S` (kubeproxy_sync_proxy_rules_duration_seconds, which
+#                           both export on 127.0.0.1:10249)
+#   stop                    prints usage, stops the running proxier, removes all it programmed
+#   watch-start VS|watch-stop  polls `ipvsadm -Ln -t VS` every 0.1 s from start to stop; stop prints each
+#                           poll's output followed by `T CLOCK` (the clock when the poll had returned)
 #   finish RC               ends the run (guest.sh prints PASS/FAIL kube-proxy)
 . /payload/tests/lib.sh
-K=/payload/kube-proxy
+K=$KP # tests/vm/lib.sh
 PATH=$K/bin:$PATH # iptables, ipset, conntrack for kube-proxy
 
 state() {
@@ -40,6 +52,28 @@ node_up() { # ADDRS_FILE
   done
 }
 fail() { echo "$1"; echo "--- $2 (last 40 lines)"; tail -n 40 "$2"; flush; ip link del node0 2>/dev/null; exit 1; }
+kube_proxy() { # CONFIG LOG [WRAPPER...]: starts kube-proxy in the background, $! its process or the wrapper's
+  conf=$1 log=$2; shift 2
+  "$@" "$K/kube-proxy" --config "$conf" --v=2 > "$log" 2>&1 < /dev/null &
+}
+kipvs() { # CONFIG LOG ONCE [WRAPPER...]: starts `kipvs-proxier run [--once]` in the background, $! as above
+  conf=$1 log=$2 once=$3; shift 3
+  NO_COLOR=1 RUST_LOG=info,kube_client::client::builder=off "$@" "$KIPVS" run $once --node "$NODE" \
+    --kubeconfig "$K/kipvs-kubeconfig" --config "$conf" > "$log" 2>&1 < /dev/null &
+}
+ipvs_mode() { # LOG: kube-proxy falls back to iptables mode when it cannot use IPVS
+  grep -q 'Using ipvs Proxier' "$1"
+}
+usage() { # PID
+  sed 's/.*) //' "/proc/$1/stat" | awk '{ printf "cpu %.2f\n", ($12 + $13 + $14 + $15) / 100 }'
+  awk '$1 == "VmHWM:" { print "maxrss " $2 }' "/proc/$1/status"
+  wget -qO- http://127.0.0.1:10249/metrics 2>/dev/null | awk '
+    $1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" { print "sync_count " int($2) }
+    $1 == "kubeproxy_sync_proxy_rules_duration_seconds_sum" { print "sync_sum " $2 }'
+}
+counts() { # virtual and real servers in the kernel
+  awk '/^(TCP|UDP|SCTP) / { v++ } /^  -> [0-9A-F]/ { r++ } END { print v + 0, r + 0 }' /proc/net/ip_vs
+}
 
 cmd=$1; shift
 case $cmd in
@@ -52,7 +86,7 @@ case $cmd in
     log=$W/$proxier.$2.log; t0=$(now)
     case $proxier in
       kube-proxy)
-        time -v -o "$W/rusage" "$K/kube-proxy" --config "$C/kube-proxy.yaml" --v=2 > "$log" 2>&1 &
+        kube_proxy "$C/kube-proxy.yaml" "$log" time -v -o "$W/rusage"
         tpid=$!; pid=""; i=0
         while [ -z "$pid" ] && [ $i -lt 25 ]; do
           sleep 0.2; pid=$(cut -d' ' -f1 "/proc/$tpid/task/$tpid/children" 2>/dev/null); i=$((i + 1))
@@ -71,14 +105,14 @@ case $cmd in
         done
         # (it falls back to iptables mode when it cannot use IPVS: no virtual server at all, not even the
         # kubernetes Service's)
-        grep -q 'Using ipvs Proxier' "$log" && [ -n "$(ipvsadm -Sn)" ] || { kill "$pid"; fail "kube-proxy is not in IPVS mode" "$log"; }
+        ipvs_mode "$log" && [ -n "$(ipvsadm -Sn)" ] || { kill "$pid"; fail "kube-proxy is not in IPVS mode" "$log"; }
         state
         kill "$pid"; i=0
         while alive "$tpid" && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
         alive "$pid" && kill -9 "$pid" ;;
       kipvs)
-        NO_COLOR=1 RUST_LOG=info,kube_client::client::builder=off time -v -o "$W/rusage" timeout "$limit" "$KIPVS" run --once \
-          --node "$NODE" --kubeconfig "$K/kipvs-kubeconfig" --config "$C/kipvs.yaml" > "$log" 2>&1 ||
+        kipvs "$C/kipvs.yaml" "$log" --once time -v -o "$W/rusage" timeout "$limit"
+        wait $! ||
           fail "kipvs-proxier run --once failed" "$log"
         t1=$(awk "BEGIN{print $(now) - $t0}")
         state ;;
@@ -90,6 +124,48 @@ case $cmd in
       END { printf "cpu %.2f\nmaxrss %d\n", u + s, m }' "$W/rusage"
     flush || { echo "the table is not empty after the flush"; exit 1; }
     ip link del node0 ;;
+  clock) now ;;
+  start)
+    proxier=$1; C=$K/clusters/$2; vs=$3; rs=$4; limit=${5:-600}
+    [ -d "$C" ] || { echo "no cluster $2"; exit 2; }
+    flush || { echo "the kernel still holds a table before the run"; exit 1; }
+    node_up "$C/addrs" || { echo "cannot add the node addresses"; ip link del node0 2>/dev/null; exit 1; }
+    log=$W/$proxier.$2.log; t0=$(now)
+    case $proxier in
+      kube-proxy) kube_proxy "$C/kube-proxy.yaml" "$log" ;;
+      kipvs) kipvs "$C/kipvs.yaml" "$log" "" ;;
+      *) echo "unknown proxier $proxier"; exit 2 ;;
+    esac
+    pid=$!; echo "$pid" > "$W/bench.pid"; echo "$log" > "$W/bench.log"
+    converged() { set -- $(counts); [ "$1" -ge "$vs" ] && [ "$2" -ge "$rs" ]; }
+    until converged; do
+      alive "$pid" || fail "$proxier exited" "$log"
+      [ "$(awk "BEGIN{print ($(now) - $t0 < $limit)}")" = 1 ] || fail "$proxier did not converge in $limit s ($(counts))" "$log"
+      sleep 0.5
+    done
+    echo "seconds $(awk "BEGIN{print $(now) - $t0}")"
+    [ "$proxier" != kube-proxy ] || ipvs_mode "$log" || fail "kube-proxy is not in IPVS mode" "$log"
+    usage "$pid" ;;
+  usage) usage "$(cat "$W/bench.pid")" ;;
+  stop)
+    pid=$(cat "$W/bench.pid"); log=$(cat "$W/bench.log")
+    alive "$pid" || fail "the proxier had exited" "$log"
+    usage "$pid"; grep -E '^[EW][0-9]{4}|ERROR' "$log" | head -n 20 | sed 's/^/log /'
+    kill "$pid"; i=0
+    while alive "$pid" && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
+    alive "$pid" && kill -9 "$pid"
+    flush || { echo "the table is not empty after the flush"; exit 1; }
+    ip link del node0 ;;
+  watch-start)
+    rm -f "$W/watch" "$W/watch.stop"
+    while [ ! -f "$W/watch.stop" ]; do
+      ipvsadm -Ln -t "$1"; read -r up _ < /proc/uptime; echo "T $up"; sleep 0.1
+    done > "$W/watch" 2>&1 < /dev/null &
+    echo $! > "$W/watch.pid" ;;
+  watch-stop)
+    touch "$W/watch.stop"; p=$(cat "$W/watch.pid"); i=0
+    while alive "$p" && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
+    cat "$W/watch" ;;
   finish) echo "$1" > "$W/kube-proxy.done" ;;
   *) echo "unknown command $cmd"; exit 2 ;;
 esac

@@ -7,14 +7,11 @@
 # line hack/test-vm.sh looks for.
 . /payload/tests/lib.sh
 TEST=kube-proxy
-K=/payload/kube-proxy
-for m in $(cat "$K/modules/order"); do
-  grep -q "^${m%.ko} " /proc/modules || insmod "$K/modules/$m" || echo "kube-proxy: insmod $m failed"
-done
+kube_proxy_modules
 ip addr add 10.0.2.15/32 dev eth0 && ip link set eth0 up && ip route add 10.0.2.2/32 dev eth0 ||
   { echo "FAIL kube-proxy: no user-mode NIC (eth0)"; exit 1; }
 mkdir -p "$W"
-httpd -p 7000 -h "$K/www"
+httpd -p 7000 -h "$KP/www"
 echo "KUBE-PROXY-AGENT-READY uptime=$(now)"
 while [ ! -f "$W/kube-proxy.done" ]; do sleep 1; done
 rc=$(cat "$W/kube-proxy.done")

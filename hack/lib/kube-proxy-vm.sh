@@ -1,0 +1,105 @@
+# kube-proxy 1.24 and kipvs in one boot of the test VM against a real kube-apiserver on this machine: the
+# harness of hack/parity-kube-proxy.sh and hack/bench-vs-kube-proxy.sh (sourced, bash; run from the
+# repository's root with hack/lib/host-tools.sh's host_tools done). The guest half is tests/kube-proxy/
+# (guest.sh, agent.sh); the kube-apiserver is reached through QEMU's user-mode network as in
+# hack/test-e2e.sh.
+#
+#   kpvm_init STATE          the control plane started in STATE/cp, the guest's files in STATE/guest
+#                            (hack/lib/kube-proxy-payload.sh, the agent, kipvs's kubeconfig);
+#                            sets KC (the host's kubeconfig) and G (the guest's /payload/kube-proxy); installs
+#                            the EXIT trap that stops the VM and the control plane (and removes STATE unless KEEP=1)
+#   kpvm_cluster CORPUS C    copies cluster C of a corpus (tests/kube-proxy/corpus.py) into the guest's files
+#   kpvm_apply CORPUS C DIR  replaces the objects of the previous cluster by those of cluster C in the API (four
+#                            `kubectl create` at once for a scale cluster), patches their status; writes
+#                            DIR/apply.log and DIR/rejected-objects (what the apiserver refused)
+#   kpvm_boot                boots the VM (hack/test-vm.sh --kube-proxy, log in STATE/vm.log; env VMMEM,
+#                            VMTIMEOUT) and waits for the guest agent
+#   kpvm_finish RC           ends the guest's run with RC, waits for the VM; fails when the VM run did
+#   agent CMD ARGS...        one agent command (tests/kube-proxy/agent.sh); prints the answer without its
+#                            AGENT-RC line, fails when the command did; AGENT_TIMEOUT (300) bounds it
+# env: CP_PORT/CP_ETCD_PORT (the caller's defaults), PARITY_AGENT_PORT (27100), KEEP=1, VMCACHE, CPCACHE
+. hack/lib/kube-proxy-payload.sh # kube_proxy_payload
+. hack/lib/kube-status.sh # patch_status
+KPVM_AGENT_PORT=${PARITY_AGENT_PORT:-27100}
+KPVM_STATE="" vm_pid=""
+
+agent() {
+  local out
+  out=$(curl -s -m "${AGENT_TIMEOUT:-300}" "http://127.0.0.1:$KPVM_AGENT_PORT/cgi-bin/agent?$(tr ' ' '+' <<<"$*")") || return 1
+  sed '$d' <<<"$out"
+  [ "$(tail -n1 <<<"$out")" = AGENT-RC=0 ]
+}
+
+kpvm_cleanup() {
+  if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then
+    AGENT_TIMEOUT=5 agent finish 1 > /dev/null 2>&1 || true
+    sleep 5; kill "$vm_pid" 2>/dev/null || true
+  fi
+  [ -z "$KPVM_STATE" ] || hack/control-plane.sh stop "$KPVM_STATE/cp" || true
+  if [ "${KEEP:-0}" = 1 ]; then echo "state kept in $KPVM_STATE"; else rm -rf "$KPVM_STATE"; fi
+}
+
+kpvm_init() {
+  KPVM_STATE=$1
+  trap kpvm_cleanup EXIT
+  hack/control-plane.sh start "$KPVM_STATE/cp"
+  KC=$KPVM_STATE/cp/kubeconfig
+  G=$KPVM_STATE/guest
+  kube_proxy_payload "$G" "$KC"
+  mkdir -p "$G/clusters"
+  cp tests/kube-proxy/guest.sh tests/kube-proxy/agent.sh "$G/" && cp -r tests/kube-proxy/www "$G/"
+  # kipvs's rustls client also gets the apiserver's certificate as CA (it loads a CA bundle otherwise, and the
+  # guest has none); client-go (kube-proxy) refuses a CA together with insecure-skip-tls-verify (the
+  # certificate does not name 10.0.2.2).
+  sed "s#insecure-skip-tls-verify: true#insecure-skip-tls-verify: true, certificate-authority-data: $(base64 -w0 "$KPVM_STATE/cp/certs/apiserver.crt")#" \
+    "$G/kubeconfig" > "$G/kipvs-kubeconfig"
+}
+
+kpvm_cluster() {
+  mkdir -p "$G/clusters/$2" && cp "$1/$2"/{kube-proxy.yaml,kipvs.yaml,addrs} "$G/clusters/$2/"
+}
+
+kpvm_apply() {
+  local creates=() f path body
+  kubectl --kubeconfig "$KC" delete svc,endpointslices -A -l kipvs-parity=1 --wait=false > /dev/null 2>&1
+  kubectl --kubeconfig "$KC" delete node test-node --ignore-not-found --wait=false > /dev/null
+  # The apiserver's validation stands: an object it rejects (an invalid vector input, a second Service on one
+  # ClusterIP) is left out and named in the report; fields 1.24 does not know (trafficDistribution) are
+  # pruned, as a 1.24 cluster does (--validate=false: no client-side schema check).
+  kubectl --kubeconfig "$KC" apply --validate=false -f "$1/$2/objects.yaml" > "$3/apply.log" 2>&1 || true
+  if [ -f "$1/$2/create-0.json" ]; then # a scale cluster: four kubectl at once
+    for f in "$1/$2"/create-*.json; do
+      { kubectl --kubeconfig "$KC" create -f "$f" 2>&1 | grep -v ' created$' >> "$3/apply.log"; } &
+      creates+=($!)
+    done
+    wait "${creates[@]}" || true # (not the VM, the other background job)
+  fi
+  grep -E '^(Error|error)|is invalid' "$3/apply.log" | sed 's/^Error from server ([A-Za-z]*): error when [a-z]* "[^"]*": //' > "$3/rejected-objects" || true
+  while read -r path body; do
+    KUBECONFIG=$KC patch_status "$path" "$body" > /dev/null
+  done < "$1/$2/status.txt"
+}
+
+kpvm_boot() {
+  echo "starting the VM (hack/test-vm.sh --kube-proxy; console log in target/vm/console.log)"
+  KIPVS_KUBE_PROXY_DIR=$G VMTIMEOUT=${VMTIMEOUT:-3600} VMNET="net=10.0.2.0/24,hostfwd=tcp:127.0.0.1:$KPVM_AGENT_PORT-10.0.2.15:7000" \
+    hack/test-vm.sh --kube-proxy > "$KPVM_STATE/vm.log" 2>&1 &
+  vm_pid=$!
+  local t
+  t=$(date +%s)
+  until [ "$(AGENT_TIMEOUT=5 agent ping 2>/dev/null)" = pong ]; do
+    kill -0 "$vm_pid" 2>/dev/null || { tail -n 40 "$KPVM_STATE/vm.log"; echo "the VM exited before its agent answered"; return 1; }
+    [ $(( $(date +%s) - t )) -lt 900 ] || { tail -n 40 "$KPVM_STATE/vm.log"; echo "no agent after 900 s"; return 1; }
+    sleep 2
+  done
+  echo "guest agent up after $(( $(date +%s) - t )) s"
+}
+
+kpvm_finish() {
+  local vrc=0
+  agent finish "$1" > /dev/null || true
+  wait "$vm_pid" || vrc=$?
+  vm_pid=""
+  grep -E '^(PASS|FAIL|SKIP) kube-proxy' "$KPVM_STATE/vm.log" || true
+  [ "$vrc" = 0 ] || { tail -n 30 "$KPVM_STATE/vm.log"; return 1; }
+}
