@@ -70,7 +70,6 @@ TRAFFIC=${CARGO_TARGET_DIR:-$ROOT/target}/release/e2e_traffic
 
 STATE=$(mktemp -d /tmp/kipvs-e2e.XXXXXX)
 vm_pid="" operator_pid="" sampler_pid=""
-vm_gone() { ! kill -0 "$vm_pid" 2>/dev/null; }
 cleanup() {
   [ -z "$operator_pid" ] || kill "$operator_pid" 2>/dev/null || true
   [ -z "$sampler_pid" ] || kill "$sampler_pid" 2>/dev/null || true
@@ -92,46 +91,7 @@ sed -e "s#https://127.0.0.1:$CP_PORT#https://10.0.2.2:$CP_PORT#" \
   -e "s#insecure-skip-tls-verify: true#insecure-skip-tls-verify: true, certificate-authority-data: $(base64 -w0 "$STATE/certs/apiserver.crt")#" \
   "$KC" > "$STATE/guest-kubeconfig"
 
-# ---- the guest agent ------------------------------------------------------------------------------------
-# agent CMD ARGS...: prints the answer without its AGENT-RC line; fails when the command did (`wait` may take
-# its SECONDS argument: the request's timeout follows it)
-agent() {
-  local out limit=${AGENT_TIMEOUT:-60}
-  [ "$1" != wait ] || limit=$(( ${6:-30} + 30 ))
-  out=$(curl -s -m "$limit" "http://127.0.0.1:$AGENT_PORT/cgi-bin/agent?$(tr ' ' '+' <<<"$*")") || return 1
-  sed '$d' <<<"$out"
-  [ "$(tail -n1 <<<"$out")" = AGENT-RC=0 ]
-}
-must() { # must CMD ARGS...: an agent command the run cannot go on without
-  local out
-  out=$(agent "$@") || { say "agent $*: failed: $out"; exit 1; }
-}
-
-# ---- API writes: server-side apply through curl, so that the write's own time is known ----------------
-api_apply() { # PATH < JSON: prints nothing; fails unless 200/201
-  local code
-  code=$(curl -sk -m 10 -o "$STATE/api.out" -w '%{http_code}' -X PATCH -H 'Authorization: Bearer kipvs-test-token' \
-    -H 'Content-Type: application/apply-patch+yaml' --data-binary @- \
-    "https://127.0.0.1:$CP_PORT$1?fieldManager=kipvs-e2e&force=true")
-  [ "$code" = 200 ] || [ "$code" = 201 ] || { say "apply $1: HTTP $code $(head -c 300 "$STATE/api.out")"; return 1; }
-}
-# slice NAME SERVICE ENDPOINT...: the EndpointSlice NAME of SERVICE with these endpoints (IP:ready or
-# IP:terminating, i.e. serving+terminating), ports http/TCP and udp/UDP 8080
-slice() {
-  local eps="" e c
-  for e in "${@:3}"; do
-    case ${e#*:} in
-      ready) c='"ready":true,"serving":true,"terminating":false' ;;
-      terminating) c='"ready":false,"serving":true,"terminating":true' ;;
-    esac
-    eps="$eps${eps:+,}{\"addresses\":[\"${e%%:*}\"],\"conditions\":{$c},\"nodeName\":\"test-node\"}"
-  done
-  printf '{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"%s","namespace":"default",
-"labels":{"kubernetes.io/service-name":"%s"}},"addressType":"IPv4","ports":[{"name":"http","port":8080,"protocol":"TCP"},
-{"name":"udp","port":8080,"protocol":"UDP"}],"endpoints":[%s]}' "$1" "$2" "$eps" |
-    api_apply "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/$1"
-}
-
+. hack/lib/e2e.sh # agent, must, api_apply, slice, the load phases (stats, begin, end_phase)
 # ---- objects: the VM's Node, the Services ---------------------------------------------------------------
 k apply --validate=false -k config/crd > /dev/null
 k apply -f config/operator/namespace.yaml > /dev/null
@@ -203,10 +163,6 @@ sample_vcpu() {
   # the sampling period
   while [ -r "$t/schedstat" ]; do echo "$(date +%s.%N) $(cat "$t/schedstat" 2>/dev/null)"; sleep 0.5; done > "$STATE/vcpu"
 }
-agent_up() {
-  ! vm_gone || { tail -n 40 "$STATE/vm.log"; say "the VM exited before its agent answered"; exit 1; }
-  [ "$(AGENT_TIMEOUT=5 agent ping 2>/dev/null)" = pong ]
-}
 t=$(date +%s)
 WAIT_STEP=1 wait_for 900 "the guest agent" agent_up || { tail -n 40 "$STATE/vm.log"; say "no agent after 900 s"; exit 1; }
 say "guest agent up after $(( $(date +%s) - t )) s"
@@ -216,7 +172,6 @@ for i in 1 2 3; do must pod "gen1-$i" "$(gen 1 "$i")"; done
 must pod lat-0 10.244.1.99; must pod lat-1 10.244.1.96; must pod term-0 10.244.1.97; must pod term-1 10.244.1.98
 must proxier-start
 CIP=10.96.0.80:80
-quiet() { "$@" > /dev/null; }
 check "the proxier programs the Service from the API: every endpoint in the kernel" \
   quiet agent wait tcp $CIP "$(gen 1 3):8080" 1 120
 agent table > "$STATE/table.0"
@@ -230,23 +185,6 @@ done
 # connections are gone (drained), whatever else happens.
 active() { grep -v -- ' -w 0$' || true; }
 
-# ---- load and its phases ---------------------------------------------------------------------------------
-stats() { agent load-stats | tail -n1; }
-field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
-begin() { PHASE=$1; LAST=$(stats); say "== $PHASE"; echo "$(now) begin $PHASE" >> "$STATE/phases"; }
-zeros() { local v; for v in "$@"; do [ "$v" = 0 ] || return 1; done; }
-end_phase() { # prints the phase's figures; any failure fails the check
-  local s d=()
-  s=$(stats)
-  for f in tcp_sent tcp_failed udp_sent udp_failed long_broken long_connect_failed slow pauses; do
-    d+=("$(( $(field "$s" "$f") - $(field "$LAST" "$f") ))")
-  done
-  FIG+=("$(printf '%-24s TCP sent %5d failed %d | UDP sent %4d failed %d | long-lived broken %d (reconnects failed %d) | slower than 1 s %d | load paused %d' \
-    "$PHASE" "${d[@]}")")
-  say "${FIG[-1]}"
-  echo "$(now) end $PHASE" >> "$STATE/phases"
-  check "$PHASE: no failed request, no broken long-lived connection" zeros "${d[1]}" "${d[3]}" "${d[4]}" "${d[5]}"
-}
 FIG=()
 must load-start $CIP $CIP
 long_opened() { [ "$(field "$(stats)" long_opened)" = 4 ]; }

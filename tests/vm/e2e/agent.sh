@@ -7,7 +7,9 @@
 #   pod NAME IP                   a backend pod: netns NAME with IP, e2e_traffic serve --name NAME on 8080
 #   proxier-start|proxier-restart `kipvs-proxier run --kubeconfig` (SIGTERM first for restart); the real
 #                                 kernel dataplane (IPVS + nftables)
+#   proxier-stop                  SIGTERM to the proxier, until it has exited
 #   table                         ipvsadm -Sn, sorted
+#   binds                         the addresses on kube-ipvs0, sorted
 #   wait PROTO VS RS WANT SECONDS until the real server RS of virtual server VS has weight WANT, or WANT is
 #                                 "absent" and it is gone (polling ipvsadm); prints the clock then; exit 1
 #                                 on timeout
@@ -17,6 +19,17 @@
 #   load-stats                    its counters so far; load-stop stops it and prints the final ones
 #   load-log                      the load's log: failures, slow requests, pauses (with wall-clock times)
 #   log [N]                       the proxier log's last N lines
+#   kube-proxy-start              kube-proxy (IPVS mode; /payload/kube-proxy from hack/test-takeover.sh: the
+#                                 binary, config.yaml, kubeconfig, the iptables/ipset userland and modules)
+#                                 against the host's apiserver; answers once it has synced
+#   kube-proxy-stop               SIGTERM to kube-proxy, until it has exited (it leaves its rules behind)
+#   kube-proxy-cleanup            kube-proxy --cleanup (flushes IPVS, removes its rules and sets)
+#   conns-save                    keeps the established IPVS connection entries (ipvsadm -Lnc); prints their count
+#   conns-kept                    how many of the kept entries are still there (same protocol, client,
+#                                 virtual and real server)
+#   leftovers                     kube-proxy's iptables chains (both families) and ipsets left: `chain TABLE
+#                                 NAME` and `ipset NAME` lines
+#   metric NAME                   the lines of the proxier's metric NAME (127.0.0.1:10249)
 #   finish RC                     ends the run (guest.sh prints PASS/FAIL e2e)
 . /payload/tests/lib.sh
 E=/payload/tests/e2e
@@ -42,7 +55,9 @@ case $cmd in
     echo "pod $n $addr up" ;;
   proxier-start) proxier_start < /dev/null ;;
   proxier-restart) proxier_stop && proxier_start < /dev/null ;;
+  proxier-stop) proxier_stop ;;
   table) kernel_table ;;
+  binds) kernel_bind ;;
   wait)
     proto=-$(echo "$1" | cut -c1); vs=$2; rs=$3; want=$4
     read -r up _ < /proc/uptime; end=$(( ${up%.*} + ${5:-30} ))
@@ -67,6 +82,35 @@ case $cmd in
     wait_for 20 "the load to stop" gone "$p" 2>/dev/null
     cat "$W/load.stats"; echo "--- load failures (first 20)"; grep -v 'talking to' "$W/load.log" | head -n 20 ;;
   log) tail -n "${1:-50}" "$(proxier_log)" ;;
+  kube-proxy-start)
+    kube_proxy_modules
+    PATH=$KP/bin:$PATH setsid "$KP/kube-proxy" --config "$KP/config.yaml" --v=2 < /dev/null > "$W/kube-proxy.log" 2>&1 &
+    echo $! > "$W/kube-proxy.pid"
+    synced() {
+      wget -qO- http://127.0.0.1:10249/metrics 2>/dev/null |
+        awk '$1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" { n = $2 } END { exit !(n >= 1) }'
+    }
+    wait_for 120 "kube-proxy's first sync" synced && grep -q 'Using ipvs Proxier' "$W/kube-proxy.log" ||
+      { echo "kube-proxy did not sync in IPVS mode"; tail -n 30 "$W/kube-proxy.log"; exit 1; }
+    echo "kube-proxy $(cat "$W/kube-proxy.pid") synced" ;;
+  kube-proxy-stop)
+    p=$(cat "$W/kube-proxy.pid"); kill "$p"
+    wait_for 20 "kube-proxy to exit" gone "$p" || { kill -9 "$p"; exit 1; } ;;
+  kube-proxy-cleanup)
+    PATH=$KP/bin:$PATH "$KP/kube-proxy" --config "$KP/config.yaml" --cleanup > "$W/kube-proxy-cleanup.log" 2>&1
+    echo "kube-proxy --cleanup: exit $?" ;;
+  conns-save)
+    ipvsadm -Lnc | awk '$3 == "ESTABLISHED" { print $1, $4, $5, $6 }' | sort > "$W/conns"; wc -l < "$W/conns" ;;
+  conns-kept)
+    ipvsadm -Lnc | awk 'NR > 2 { print $1, $4, $5, $6 }' | sort > "$W/conns.now"
+    awk 'NR == FNR { saved[$0]; next } $0 in saved' "$W/conns" "$W/conns.now" | wc -l ;;
+  leftovers)
+    for t in iptables ip6tables; do
+      "$KP/bin/$t-save" 2>/dev/null | awk -v f="$t" '/^\*/ { tb = substr($0, 2) }
+        /^:KUBE-/ { print "chain", f, tb, substr($1, 2) }'
+    done
+    "$KP/bin/ipset" list -n 2>/dev/null | grep '^KUBE-' | sed 's/^/ipset /' ;;
+  metric) wget -qO- http://127.0.0.1:10249/metrics | grep "^$1" ;;
   finish) echo "$1" > "$W/e2e.done" ;;
   *) echo "unknown command $cmd"; exit 2 ;;
 esac

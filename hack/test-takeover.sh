@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Taking a node over from kube-proxy under load, in the test VM: kube-apiserver 1.24 on this machine's loopback
+# (hack/control-plane.sh), kube-proxy v1.24.0-alpha.1 built from ../shared/k8s (hack/lib/k8s-build.sh) in IPVS
+# mode in the VM with Debian's iptables (legacy) and ipset (hack/vm/kube-proxy-userland.sh), then the proxier
+# image's kipvs-proxier, both against that apiserver; driven through the end to end's guest agent
+# (tests/vm/e2e/agent.sh, hack/lib/e2e.sh) under its load (25 new TCP connections/s and 5 UDP queries/s to the
+# ClusterIP, 4 long-lived TCP connections). Phases:
+#   1. kube-proxy converged: it alone serves the LoadBalancer Service web (ClusterIP, NodePort, VIP with source
+#      ranges) for 10 s;
+#   2. takeover: kipvs starts while kube-proxy runs (standby: the table must not change), kube-proxy stops, and
+#      while kipvs takes over an endpoint is removed, a port is added to the Service and its source ranges
+#      change; kipvs adopts kube-proxy's table, drains its NodePorts on other local addresses and removes its
+#      iptables rules and ipsets;
+#   3. negative control: kipvs stopped, `kube-proxy --cleanup` under the same load: the harness must see the
+#      failures (it flushes IPVS).
+# Printed per phase: requests sent / failed and long-lived connections broken (hack/lib/e2e.sh end_phase),
+# established IPVS connection entries from before the switch still present, the takeover's kernel ops by kind
+# (no delete or re-add of anything wanted: checked), and kube-proxy's chains and sets left (target 0).
+# Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
+#
+# usage: hack/test-takeover.sh
+# env:   CP_PORT/CP_ETCD_PORT (26443/26790), TAKEOVER_AGENT_PORT (26100), KEEP=1 (keep the state dir), VMCACHE,
+#        CPCACHE
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+. hack/lib/host-tools.sh && host_tools # kubectl, curl, nft (for the VM image), ...
+. hack/lib/kube-proxy-payload.sh # kube_proxy_payload (kube-proxy built by hack/lib/k8s-build.sh, its userland)
+export RUST_BACKTRACE=0
+export CP_PORT=${CP_PORT:-26443} CP_ETCD_PORT=${CP_ETCD_PORT:-26790}
+AGENT_PORT=${TAKEOVER_AGENT_PORT:-26100}
+say() { printf 'takeover: %s\n' "$*"; }
+if [ "$(hack/control-plane.sh version)" != 1.24 ]; then
+  say "SKIPPED (needs the Kubernetes 1.24 source in ../shared/k8s: kube-proxy 1.24 and v1 EndpointSlices)"
+  exit 0
+fi
+T0=$(date +%s)
+LOAD0=$(uptime | sed 's/.*load average/load average/')
+. hack/lib/checks.sh # ok, bad, check
+. hack/lib/wait.sh
+now() { date +%s.%N; }
+cargo build --release --locked --quiet -p kipvs-e2e-traffic
+TRAFFIC=${CARGO_TARGET_DIR:-$ROOT/target}/release/e2e_traffic
+
+STATE=$(mktemp -d /tmp/kipvs-takeover.XXXXXX)
+vm_pid=""
+. hack/lib/e2e.sh # agent, must, api_apply, slice, agent_up, the load phases (begin, end_phase)
+cleanup() {
+  if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then
+    agent finish 1 > /dev/null 2>&1 || true
+    wait_for 5 "the VM to exit" vm_gone 2> /dev/null || kill "$vm_pid" 2>/dev/null || true
+  fi
+  hack/control-plane.sh stop "$STATE" || true
+  if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
+}
+trap cleanup EXIT
+hack/control-plane.sh start "$STATE"
+KC=$STATE/kubeconfig
+k() { kubectl --kubeconfig "$KC" "$@"; }
+# The guest's kubeconfigs: the host's loopback as QEMU shows it; kipvs's also names the apiserver's certificate
+# as CA (its rustls client loads a CA bundle otherwise), client-go's cannot (CA with insecure-skip-tls-verify).
+sed -e "s#https://127.0.0.1:$CP_PORT#https://10.0.2.2:$CP_PORT#" \
+  -e "s#insecure-skip-tls-verify: true#insecure-skip-tls-verify: true, certificate-authority-data: $(base64 -w0 "$STATE/certs/apiserver.crt")#" \
+  "$KC" > "$STATE/guest-kubeconfig"
+G=$STATE/kube-proxy # the guest's /payload/kube-proxy
+kube_proxy_payload "$G" "$KC"
+cat > "$G/config.yaml" <<'EOF'
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: ipvs
+hostnameOverride: test-node
+clientConnection: {kubeconfig: /payload/kube-proxy/kubeconfig}
+metricsBindAddress: 127.0.0.1:10249
+conntrack: {maxPerCore: 0, min: 0}
+ipvs: {strictARP: false}
+featureGates: {ProxyTerminatingEndpoints: true}
+EOF
+
+# ---- objects: the VM's Node and the Service web ------------------------------------------------------------
+. hack/lib/kube-status.sh
+k apply --validate=false -f - > /dev/null <<'EOF'
+apiVersion: v1
+kind: Node
+metadata:
+  name: test-node
+  labels: {kubernetes.io/hostname: test-node, kubernetes.io/os: linux}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.80
+  loadBalancerSourceRanges: [192.168.100.0/24]
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}
+  - {name: udp, port: 80, protocol: UDP, targetPort: 8080, nodePort: 30081}
+EOF
+KUBECONFIG=$KC patch_status /api/v1/nodes/test-node \
+  '{"status":{"addresses":[{"type":"InternalIP","address":"192.168.100.1"}],"conditions":[{"type":"Ready","status":"True"}]}}' > /dev/null
+VIP=203.0.113.80
+KUBECONFIG=$KC patch_status /api/v1/namespaces/default/services/web \
+  "{\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"$VIP\"}]}}}" > /dev/null
+pod_ip() { echo "10.244.1.$((110 + $1))"; }
+slice web-e2e web "$(pod_ip 1):ready" "$(pod_ip 2):ready" "$(pod_ip 3):ready"
+
+# ---- the VM ----------------------------------------------------------------------------------------------
+say "starting the VM (hack/test-vm.sh --e2e with kube-proxy; console log in target/vm/console.log)"
+KIPVS_TRAFFIC=$TRAFFIC KIPVS_E2E_KUBECONFIG=$STATE/guest-kubeconfig KIPVS_KUBE_PROXY_DIR=$G VMTIMEOUT=${VMTIMEOUT:-1800} \
+  VMNET="net=10.0.2.0/24,hostfwd=tcp:127.0.0.1:$AGENT_PORT-10.0.2.15:7000" \
+  hack/test-vm.sh --e2e > "$STATE/vm.log" 2>&1 &
+vm_pid=$!
+t=$(date +%s)
+WAIT_STEP=1 wait_for 900 "the guest agent" agent_up || { tail -n 40 "$STATE/vm.log"; say "no agent after 900 s"; exit 1; }
+say "guest agent up after $(( $(date +%s) - t )) s"
+for i in 1 2 3; do must pod "be-$i" "$(pod_ip "$i")"; done
+CIP=10.96.0.80:80
+probes() { # every address of web answers a client request
+  local target a
+  for target in "tcp $CIP" "udp $CIP" "tcp 192.168.100.1:30080" "tcp $VIP:80"; do
+    a=$(agent probe $target 2>&1) || true
+    check "$1: ${target/ /: } answered by a backend ($a)" grep -qx 'be-[123]' <<<"$a"
+  done
+}
+leftovers() { agent leftovers | grep -c . || true; }
+
+# ---- 1. kube-proxy alone -----------------------------------------------------------------------------------
+must kube-proxy-start
+check "kube-proxy programs web in IPVS mode" quiet agent wait tcp $CIP "$(pod_ip 3):8080" 1 60
+agent table > "$STATE/table.kube-proxy"
+agent binds > "$STATE/binds.kube-proxy"
+agent leftovers > "$STATE/leftovers.kube-proxy"
+say "kube-proxy's table: $(grep -c '^-A' "$STATE/table.kube-proxy") virtual servers, $(grep -c '^-a' "$STATE/table.kube-proxy") real servers; $(grep -c '^chain' "$STATE/leftovers.kube-proxy") KUBE-* chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets"
+probes "kube-proxy"
+FIG=()
+must load-start $CIP $CIP
+long_opened() { [ "$(field "$(stats)" long_opened)" = 4 ]; }
+wait_for 30 "the load's 4 long-lived connections" long_opened || bad "the load's long-lived connections did not open"
+begin "kube-proxy (10 s)"
+sleep 10 # on purpose: kube-proxy alone carries the load
+end_phase
+
+# ---- 2. takeover --------------------------------------------------------------------------------------------
+begin "takeover"
+SAVED=$(agent conns-save)
+must proxier-start
+standby() { agent log 1000 | grep -q 'standby: kube-proxy runs'; }
+check "kipvs started next to kube-proxy waits in standby" wait_for 60 "kipvs's standby" standby
+sleep 3 # on purpose: a window in which a write by kipvs would show
+agent table > "$STATE/table.standby"
+check "standby: kipvs changed nothing in IPVS" cmp -s "$STATE/table.kube-proxy" "$STATE/table.standby"
+must kube-proxy-stop
+t=$(now)
+# during the takeover: an endpoint removed, a port added to the ClusterIP, the source ranges changed
+SLICE_EXTRA_PORTS=',{"name":"http2","port":8080,"protocol":"TCP"}' slice web-e2e web "$(pod_ip 2):ready" "$(pod_ip 3):ready"
+k patch svc web --type=json -p '[{"op":"add","path":"/spec/ports/-","value":{"name":"http2","port":8081,"protocol":"TCP","targetPort":8080,"nodePort":30082}},
+  {"op":"replace","path":"/spec/loadBalancerSourceRanges","value":["192.168.100.0/25","198.51.100.0/24"]}]' > /dev/null
+took_over() { agent log 100000 | grep -q "removed kube-proxy's iptables rules"; }
+check "kipvs took over: kube-proxy's iptables rules and ipsets removed" wait_for 90 "kipvs's takeover" took_over
+TOOK=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
+check "the added port is programmed" quiet agent wait tcp 10.96.0.80:8081 "$(pod_ip 3):8080" 1 60
+gone_or_draining() { agent table | grep -q -- "-a -t $CIP -r $(pod_ip 1):8080 -m -w 1$" && return 1 || return 0; }
+check "the removed endpoint takes no new connections (drained or gone)" wait_for 30 "the removed endpoint" gone_or_draining
+sleep 5 # on purpose: the taken-over node carries the load a while
+KEPT=$(agent conns-kept)
+agent table > "$STATE/table.kipvs"
+agent binds > "$STATE/binds.kipvs"
+agent log 100000 > "$STATE/proxier.log"
+LEFT=$(leftovers)
+probes "after the takeover"
+# The takeover's kernel ops: none deletes or unbinds what kipvs wants, none re-adds what kube-proxy had.
+sed 's/\x1b\[[0-9;]*m//g' "$STATE/proxier.log" | grep -o 'op=[A-Za-z]* .*' > "$STATE/ops" || true
+OPS=$(sed 's/ .*//; s/op=//' "$STATE/ops" | sort | uniq -c | awk '{printf "%s%s %s", s, $2, $1; s=", "}')
+vs_of() { sed -n "s/^op=$1 vs=\"\([A-Z]*\) \([^\"]*\)\".*/\1 \2/p" "$STATE/ops" | awk '{print "-A -" tolower(substr($1,1,1)) " " $2}'; }
+readded=$(vs_of AddVirtualServer | while read -r l; do grep -q -- "^$l " "$STATE/table.kube-proxy" && echo "$l"; done || true)
+deleted=$(vs_of DeleteVirtualServer | while read -r l; do grep -q -- "^$l " "$STATE/table.kipvs" && echo "$l"; done || true)
+unbound=$(sed -n 's/^op=UnbindAddress address=//p' "$STATE/ops" | while read -r a; do grep -qx "$a" "$STATE/binds.kipvs" && echo "$a"; done || true)
+rs_readded=$(sed -n 's/^op=AddRealServer vs="\([A-Z]*\) \([^"]*\)" rs=\([^ ]*\).*/\1 \2 \3/p' "$STATE/ops" |
+  awk '{print "-a -" tolower(substr($1,1,1)) " " $2 " -r " $3 " "}' | while read -r l; do
+    grep -q -- "^$l" "$STATE/table.kube-proxy" && echo "$l"; done || true)
+check "no virtual server kube-proxy had was added again ($(wc -w <<<"$readded"))" [ -z "$readded" ]
+check "no wanted virtual server was deleted" [ -z "$deleted" ]
+check "no wanted address was unbound" [ -z "$unbound" ]
+check "no real server kube-proxy had was added again" [ -z "$rs_readded" ]
+check "kube-proxy's KUBE-* chains and ipsets are gone ($LEFT left)" [ "$LEFT" = 0 ]
+check "the long-lived connections' IPVS entries survived ($KEPT of $SAVED established entries kept)" [ "$KEPT" -ge 4 ]
+end_phase
+say "  takeover: kube-proxy stopped -> its rules removed by kipvs after $TOOK s; kernel ops: ${OPS:-none}"
+
+# ---- 3. negative control: kube-proxy --cleanup --------------------------------------------------------------
+begin "kube-proxy --cleanup (control)"
+SAVED2=$(agent conns-save)
+must proxier-stop
+must kube-proxy-cleanup
+sleep 10 # on purpose: the load runs against the flushed table
+KEPT2=$(agent conns-kept)
+end_phase failures
+say "  control: $KEPT2 of $SAVED2 established IPVS entries kept after kube-proxy --cleanup"
+
+final=$(agent load-stop)
+say "load, whole run: $(head -n1 <<<"$final")"
+echo
+echo "=== takeover from kube-proxy 1.24 (IPVS) under load: requests sent / failed, long-lived connections broken"
+printf '  %s\n' "${FIG[@]}"
+echo "  established IPVS entries from before the switch still present: takeover $KEPT of $SAVED, kube-proxy --cleanup $KEPT2 of $SAVED2"
+echo "  takeover kernel ops: ${OPS:-none}"
+echo "  kube-proxy chains and sets: before $(grep -c . "$STATE/leftovers.kube-proxy") ($(grep -c '^chain' "$STATE/leftovers.kube-proxy") chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets), after the takeover $LEFT"
+echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"
+agent finish "$([ "$fail" = 0 ] && echo 0 || echo 1)" > /dev/null || true
+wait "$vm_pid" || bad "the VM run failed (its log: $STATE/vm.log)"
+vm_pid=""
+grep -E '^(PASS|FAIL|SKIP|  (PASS|FAIL))|^=== wall' "$STATE/vm.log" | sed 's/^/  /' || true
+echo "$pass passed, $fail failed ($(( $(date +%s) - T0 )) s)"
+[ "$fail" = 0 ]
