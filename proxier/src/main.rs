@@ -13,7 +13,7 @@ use kipvs_proxier::dataplane::kube_proxy::{HostKubeProxy, KubeProxyNode};
 use kipvs_proxier::dataplane::settings::{Kernel, KernelSettings};
 use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
-use kipvs_proxier::engine::takeover::{Takeover, standby};
+use kipvs_proxier::engine::takeover::{Takeover, kube_proxy_node_ports, standby};
 use kipvs_proxier::engine::{ConfigFollower, Engine};
 use kipvs_proxier::preview::Preview;
 use kipvs_proxier::serve::grpc;
@@ -24,7 +24,7 @@ use kipvs_proxier::source::kube::KubeSource;
 use kipvs_proxier::source::manifests::ManifestsSource;
 use kipvs_proxier::source::node_config::{self, Assigned};
 use kipvs_proxier::{format, inspect};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -678,21 +678,30 @@ async fn takeover(
     let local = kernel.other_interface_addresses().await?;
     let planner = planned(args, api, local.clone()).await?;
     let config = planner.config();
+    let kube_proxy = HostKubeProxy::default();
+    let leftovers = kube_proxy.leftovers().await;
+    // As `run` would after its standby: kube-proxy's NodePorts drain on a node that has its state.
+    let found = kube_proxy.running().await.is_some() || !leftovers.is_empty();
     let ownership = Ownership {
         node_ips: planner.node_ips().iter().copied().collect(),
         node_port_range: Some(config.parsed_node_port_range()?),
         exclude_cidrs: config.ipvs.parsed_exclude_cidrs()?,
         local_addresses: local,
+        kube_proxy_node_ports: if found {
+            kube_proxy_node_ports(planner.desired(), planner.node_ips(), &BTreeMap::new())
+        } else {
+            BTreeSet::new()
+        },
     };
     let observed = kernel.observe().await?;
     let ops = diff(planner.desired(), &observed, &ownership);
-    let leftovers = HostKubeProxy::default().leftovers().await;
     let preview = Preview::new(&ops, &observed, leftovers);
     print!("{}", preview.text());
     let touching = preview.touching_connections().count();
     if touching > 0 && !allow_connection_changes {
         eprintln!(
-            "error: {touching} operations would delete, unbind or re-weight something carrying              connections (marked above); --allow-connection-changes to go ahead anyway"
+            "error: {touching} operations would delete, unbind or re-weight something carrying \
+             connections (marked above); --allow-connection-changes to go ahead anyway"
         );
         std::process::exit(3);
     }
@@ -746,10 +755,11 @@ async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Resu
             let takeover = if cluster.kube_proxy_takeover {
                 // Nothing is written to the kernel (not even kube-ipvs0 or a sysctl) while
                 // kube-proxy runs.
-                if !standby(&kube_proxy, &*started.observer, shutdown_signal()).await {
+                let Some(ran) = standby(&kube_proxy, &*started.observer, shutdown_signal()).await
+                else {
                     return Ok(());
-                }
-                Some(Takeover::new(Box::new(kube_proxy)))
+                };
+                Some(Takeover::new(Box::new(kube_proxy), ran))
             } else {
                 None
             };

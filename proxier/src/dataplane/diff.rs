@@ -26,11 +26,17 @@ use std::ops::RangeInclusive;
 /// rule). Owned virtual servers that are not desired are deleted; others are left alone even
 /// if they collide with nothing.
 ///
-/// A NodePort virtual server on a local address that is not a node IP (`local_addresses`) is
-/// kube-proxy's: its default `nodePortAddresses` is every local address, kipvs's the node IPs.
-/// kipvs owns it too, and drains it rather than deleting it outright ([`Ownership::drains`]):
+/// A NodePort virtual server on a local address that is not a node IP (`local_addresses`) may
+/// be kube-proxy's: its default `nodePortAddresses` is every local address, kipvs's the node
+/// IPs. kipvs owns it, and drains it rather than deleting it outright ([`Ownership::drains`]):
 /// its TCP real servers with connections go to weight 0 and stay until those end (or
-/// `ipvs.drainTimeout`), the virtual server goes with its last real server.
+/// `ipvs.drainTimeout`), the virtual server goes with its last real server. It does so only
+/// when its port and protocol are in `kube_proxy_node_ports`, which the engine fills only
+/// during a takeover on a node where kube-proxy's state was found (kube-proxy ran, or its
+/// iptables rules or ipsets are there), with the NodePorts kipvs programs on the node IPs (and
+/// those already draining). Any other virtual server on a local address (keepalived's,
+/// `ipvsadm`'s, another load balancer's), whatever its port, is never touched: on a node that
+/// never ran kube-proxy, or with `--kube-proxy-takeover=false`, the set is empty.
 #[derive(Clone, Debug, Default)]
 pub struct Ownership {
     /// The node IPs NodePort virtual servers are programmed on.
@@ -40,9 +46,13 @@ pub struct Ownership {
     pub node_port_range: Option<RangeInclusive<u16>>,
     /// `ipvs.excludeCIDRs`: virtual servers inside these are never deleted.
     pub exclude_cidrs: Vec<IpNet>,
-    /// The node's addresses on every interface but `kube-ipvs0`: NodePort virtual servers on
-    /// them that are not node IPs are kube-proxy's, owned and drained.
+    /// The node's addresses on every interface but `kube-ipvs0`: virtual servers on them that
+    /// are not node IPs, with a port and protocol in `kube_proxy_node_ports`, are kube-proxy's,
+    /// owned and drained.
     pub local_addresses: BTreeSet<IpAddr>,
+    /// The NodePorts (port, protocol) kube-proxy's virtual servers on `local_addresses` are
+    /// drained for; empty (nothing drains) unless a takeover found kube-proxy's state.
+    pub kube_proxy_node_ports: BTreeSet<(u16, Protocol)>,
 }
 
 impl Ownership {
@@ -74,11 +84,13 @@ impl Ownership {
             .any(|element| observed.set_elements.contains(&element(*key)))
     }
 
-    /// Whether `key` is a NodePort virtual server on a local address that is not a node IP
-    /// (kube-proxy's; see the type's docs), outside `ipvs.excludeCIDRs`: when not desired it
-    /// is drained, not deleted outright.
+    /// Whether `key` is kube-proxy's NodePort virtual server on a local address that is not a
+    /// node IP (its port and protocol in `kube_proxy_node_ports`; see the type's docs), outside
+    /// `ipvs.excludeCIDRs`: when not desired it is drained, not deleted outright.
     pub fn drains(&self, key: &VirtualServerKey) -> bool {
-        !self.node_ips.contains(&key.address)
+        self.kube_proxy_node_ports
+            .contains(&(key.port, key.protocol))
+            && !self.node_ips.contains(&key.address)
             && self.local_addresses.contains(&key.address)
             && self
                 .node_port_range

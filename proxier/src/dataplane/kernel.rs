@@ -108,6 +108,7 @@ impl KernelDataplane {
             exclude_cidrs,
             // Every local address counts as a node IP here: deleted, not drained.
             local_addresses: BTreeSet::new(),
+            kube_proxy_node_ports: BTreeSet::new(),
         };
         let ops = diff(&DesiredState::default(), &observed, &ownership);
         let ops: Vec<Op> = ops

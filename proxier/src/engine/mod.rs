@@ -16,6 +16,7 @@ pub mod takeover;
 use crate::dataplane::diff::Ownership;
 use crate::dataplane::settings::{KernelSettings, SchedulerError, SettingsError};
 use crate::dataplane::{Dataplane, DataplaneError, Op};
+use crate::model::Protocol;
 use crate::plan::Touched;
 use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
@@ -86,6 +87,9 @@ pub struct Engine<D> {
     last_full_sync: Option<Instant>,
     following: Option<Following>,
     takeover: Option<takeover::Takeover>,
+    /// The NodePorts kube-proxy's virtual servers on other local addresses drain for
+    /// ([`Ownership::kube_proxy_node_ports`]), as of the last full sync.
+    kube_proxy_node_ports: BTreeSet<(u16, Protocol)>,
 }
 
 impl<D: Dataplane> Engine<D> {
@@ -100,6 +104,7 @@ impl<D: Dataplane> Engine<D> {
             last_full_sync: None,
             following: None,
             takeover: None,
+            kube_proxy_node_ports: BTreeSet::new(),
         }
     }
 
@@ -241,12 +246,24 @@ impl<D: Dataplane> Engine<D> {
             self.refresh_other_interface_addresses().await;
         }
         let (replanned, trigger_times) = self.replan();
-        self.syncer.ownership = self.ownership();
         // What changed, unless the whole table is due.
         let touched = match &replanned {
             Replanned::Touched(touched) if !period_over => Some(touched),
             _ => None,
         };
+        if touched.is_none()
+            && let Some(takeover) = self.takeover.as_mut()
+        {
+            takeover.survey().await;
+            if takeover.found_kube_proxy() {
+                self.kube_proxy_node_ports = takeover::kube_proxy_node_ports(
+                    self.planner.desired(),
+                    self.planner.node_ips(),
+                    self.syncer.drains(),
+                );
+            }
+        }
+        self.syncer.ownership = self.ownership();
         let desired = self.planner.desired();
         let result = match touched {
             Some(touched) => self.syncer.sync_touched(desired, touched).await,
@@ -315,6 +332,7 @@ impl<D: Dataplane> Engine<D> {
             node_port_range: config.parsed_node_port_range().ok(),
             exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
             local_addresses: self.planner.other_interface_addresses().clone(),
+            kube_proxy_node_ports: self.kube_proxy_node_ports.clone(),
         }
     }
 
@@ -589,7 +607,7 @@ mod tests {
     use crate::dataplane::fake::FakeDataplane;
     use crate::source::manifests::ManifestsSource;
 
-    const WEB: &str = r#"
+    pub(super) const WEB: &str = r#"
 apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: default}
@@ -612,15 +630,15 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 
     /// A manifests file `<tag>.yaml` holding `contents` in a fresh directory (removed on
     /// drop), and the source that reads it for node `n1`.
-    struct Manifests {
+    pub(super) struct Manifests {
         dir: std::path::PathBuf,
         file: std::path::PathBuf,
-        handle: SourceHandle,
-        source: ManifestsSource,
+        pub(super) handle: SourceHandle,
+        pub(super) source: ManifestsSource,
     }
 
     impl Manifests {
-        fn new(tag: &str, contents: &str) -> Self {
+        pub(super) fn new(tag: &str, contents: &str) -> Self {
             let dir = std::env::temp_dir().join(format!("kipvs-{tag}-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             let file = dir.join(format!("{tag}.yaml"));

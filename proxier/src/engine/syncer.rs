@@ -726,6 +726,7 @@ mod tests {
                 "192.168.1.5".parse().unwrap(),
             ]
             .into(),
+            kube_proxy_node_ports: [(30080, Protocol::Tcp)].into(),
             ..Ownership::default()
         };
         let mut syncer = Syncer::new(FakeDataplane::new(kernel), ownership, DRAIN);

@@ -18,19 +18,24 @@ use super::observer::{Observer, TakeoverEvent};
 use super::syncer::SyncReport;
 use crate::dataplane::Op;
 use crate::dataplane::kube_proxy::KubeProxyNode;
+use crate::model::{DesiredState, Protocol, VirtualServerKey};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How often [`standby`] asks whether kube-proxy still runs.
 pub const STANDBY_CHECK: Duration = Duration::from_secs(2);
 
 /// Waits while kube-proxy runs on the node, telling `observer` ([`TakeoverEvent::Standby`],
-/// then [`TakeoverEvent::Programming`]). Returns `false` when `shutdown` came first.
+/// then [`TakeoverEvent::Programming`]). Returns whether kube-proxy ran (it was waited for),
+/// `None` when `shutdown` came first.
 pub async fn standby(
     node: &dyn KubeProxyNode,
     observer: &dyn Observer,
     shutdown: impl Future<Output = ()>,
-) -> bool {
+) -> Option<bool> {
     tokio::pin!(shutdown);
     let mut waited = false;
     while let Some(why) = node.running().await {
@@ -43,7 +48,7 @@ pub async fn standby(
             waited = true;
         }
         tokio::select! {
-            _ = &mut shutdown => return false,
+            _ = &mut shutdown => return None,
             _ = tokio::time::sleep(STANDBY_CHECK) => {}
         }
     }
@@ -51,20 +56,75 @@ pub async fn standby(
         tracing::info!("kube-proxy has stopped: taking the node over");
     }
     observer.takeover(&TakeoverEvent::Programming);
-    true
+    Some(waited)
+}
+
+/// The NodePorts (port, protocol) whose virtual servers on other local addresses than the node
+/// IPs are kube-proxy's and drain ([`Ownership::kube_proxy_node_ports`]): those of the desired
+/// virtual servers on `node_ips` (kube-proxy programmed each NodePort on every local address),
+/// and those of the virtual servers that already drain on other addresses (so that a drain
+/// begun goes on after its Service is deleted). Cost: O(desired virtual servers).
+///
+/// [`Ownership::kube_proxy_node_ports`]: crate::dataplane::diff::Ownership::kube_proxy_node_ports
+pub fn kube_proxy_node_ports(
+    desired: &DesiredState,
+    node_ips: &[IpAddr],
+    drains: &BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
+) -> BTreeSet<(u16, Protocol)> {
+    let wanted = desired
+        .virtual_servers
+        .keys()
+        .filter(|key| node_ips.contains(&key.address));
+    let draining = drains
+        .keys()
+        .map(|(key, _)| key)
+        .filter(|key| !node_ips.contains(&key.address));
+    wanted
+        .chain(draining)
+        .map(|key| (key.port, key.protocol))
+        .collect()
 }
 
 /// The removal of kube-proxy's iptables rules and ipsets, after the first full sync that has
 /// `inet kipvs` in place; tried again after each full sync until it succeeds.
 pub struct Takeover {
     node: Box<dyn KubeProxyNode>,
+    /// kube-proxy's state was found on the node: it ran, or its leftovers are there.
+    found: bool,
+    /// Whether the leftovers were read once (before the first full sync).
+    surveyed: bool,
     done: bool,
 }
 
 impl Takeover {
-    /// A takeover of the node `node` describes.
-    pub fn new(node: Box<dyn KubeProxyNode>) -> Self {
-        Takeover { node, done: false }
+    /// A takeover of the node `node` describes; `kube_proxy_ran`: [`standby`] waited for it.
+    pub fn new(node: Box<dyn KubeProxyNode>, kube_proxy_ran: bool) -> Self {
+        Takeover {
+            node,
+            found: kube_proxy_ran,
+            surveyed: false,
+            done: false,
+        }
+    }
+
+    /// Whether kube-proxy's state was found on the node (it ran, or [`Takeover::survey`] found
+    /// its iptables rules or ipsets): only then do its NodePort virtual servers on other local
+    /// addresses drain ([`kube_proxy_node_ports`]).
+    pub fn found_kube_proxy(&self) -> bool {
+        self.found
+    }
+
+    /// Before the first full sync: unless kube-proxy was seen running, read once whether its
+    /// leftovers are on the node.
+    pub async fn survey(&mut self) {
+        if self.found || self.surveyed {
+            return;
+        }
+        self.surveyed = true;
+        self.found = !self.node.leftovers().await.is_empty();
+        if self.found {
+            tracing::info!("kube-proxy's iptables rules or ipsets are on this node");
+        }
     }
 
     /// Whether kube-proxy's leftovers were removed (or none was found).
@@ -94,6 +154,7 @@ impl Takeover {
             self.done = true;
             return;
         }
+        self.found = true;
         for line in leftovers.to_string().lines() {
             tracing::info!(target: super::syncer::OPS_LOG, "takeover {line}");
         }
@@ -190,6 +251,96 @@ mod tests {
         }
     }
 
+    /// kube-proxy's NodePort virtual servers on other local addresses than the node IPs drain
+    /// only during a takeover of a node where kube-proxy's state was found, and only for the
+    /// NodePorts kipvs programs; another program's virtual server on a local address with a
+    /// port in the NodePort range is never touched.
+    #[tokio::test]
+    async fn only_kube_proxys_node_ports_on_other_local_addresses_drain() {
+        use crate::engine::tests::{Manifests, WEB};
+        use crate::model::{ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol};
+        let node_port = WEB
+            .replace("READY", "true")
+            .replace(
+                "clusterIP: 10.96.0.20",
+                "type: NodePort\n  clusterIP: 10.96.0.20",
+            )
+            .replace("targetPort: 8080}", "targetPort: 8080, nodePort: 30080}");
+        let m = Manifests::new("kp-node-ports", &node_port);
+        let node_ip: IpAddr = "192.168.1.5".parse().unwrap();
+        let other: IpAddr = "172.17.0.1".parse().unwrap();
+        let vs = |address, port| VirtualServerKey {
+            address,
+            port,
+            protocol: Protocol::Tcp,
+        };
+        // On docker0's address: kube-proxy's (or keepalived's) 30080, keepalived's 30081.
+        let mut kernel = ObservedState::default();
+        for port in [30080, 30081] {
+            let rs = ObservedRealServer {
+                weight: 1,
+                active_connections: 0,
+                inactive_connections: 0,
+            };
+            let ovs = ObservedVirtualServer {
+                spec: crate::model::VirtualServerSpec {
+                    scheduler: "rr".into(),
+                    persistence_timeout: None,
+                    sched_flags: Default::default(),
+                },
+                real_servers: [("10.0.0.9:80".parse().unwrap(), rs)].into(),
+            };
+            kernel.virtual_servers.insert(vs(other, port), ovs);
+        }
+        // The ops on docker0's address of the first sync of an engine taking over (`Some`:
+        // whether kube-proxy ran) or not.
+        let first_sync = async |takeover: Option<bool>| {
+            let identity = NodeIdentity {
+                name: "n1".into(),
+                node_ips: vec![node_ip],
+            };
+            let planner = Planner::new(identity, ProxierConfiguration::default());
+            let mut dataplane = FakeDataplane::new(kernel.clone());
+            dataplane.other_addresses = [node_ip, other].into();
+            let mut engine = Engine::new(m.handle.clone(), planner, dataplane);
+            if let Some(ran) = takeover {
+                engine =
+                    engine.taking_over(Takeover::new(Box::new(Arc::new(FakeNode::default())), ran));
+            }
+            m.source.load_into(&m.handle, None).unwrap();
+            let report = engine.sync().await.unwrap();
+            let node_port = vs(node_ip, 30080);
+            assert!(
+                report
+                    .ops
+                    .iter()
+                    .any(|op| matches!(op, Op::AddVirtualServer(k, _) if *k == node_port))
+            );
+            report
+                .ops
+                .into_iter()
+                .filter(|op| op.to_string().contains("172.17.0.1"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(first_sync(None).await, [], "no takeover");
+        assert_eq!(
+            first_sync(Some(false)).await,
+            [],
+            "kube-proxy never ran here"
+        );
+        assert_eq!(
+            first_sync(Some(true)).await,
+            [
+                Op::DeleteRealServer {
+                    vs: vs(other, 30080),
+                    rs: "10.0.0.9:80".parse().unwrap()
+                },
+                Op::DeleteVirtualServer(vs(other, 30080))
+            ],
+            "kube-proxy ran: its NodePort drains, keepalived's 30081 stays"
+        );
+    }
+
     /// While kube-proxy runs nothing goes on and `/livez` stays healthy whatever waits; once it
     /// has stopped the standby ends, and queued changes get a whole timeout from then.
     #[tokio::test(start_paused = true)]
@@ -209,7 +360,7 @@ mod tests {
         assert!(*node.asked.lock().unwrap() > 100);
         assert!(health.live(), "standby is not stale");
         *node.running.lock().unwrap() = None;
-        assert!(waiting.await.unwrap());
+        assert_eq!(waiting.await.unwrap(), Some(true));
         assert_eq!(
             *events.0.lock().unwrap(),
             [
@@ -225,7 +376,7 @@ mod tests {
         );
         // A shutdown ends a standby.
         *node.running.lock().unwrap() = Some("x".into());
-        assert!(!standby(&node, &Events::default(), async {}).await);
+        assert_eq!(standby(&node, &Events::default(), async {}).await, None);
     }
 
     /// The engine removes kube-proxy's leftovers after its first full sync (kipvs's rules are
@@ -243,7 +394,7 @@ mod tests {
         let planner = Planner::new(identity, ProxierConfiguration::default());
         let mut engine = Engine::new(handle, planner, FakeDataplane::default())
             .observed_by(events.clone())
-            .taking_over(Takeover::new(Box::new(node.clone())));
+            .taking_over(Takeover::new(Box::new(node.clone()), false));
         let report = engine.sync().await.unwrap();
         assert!(matches!(report.ops[0], Op::WriteRules(_)));
         assert_eq!(*node.removals.lock().unwrap(), [kube_proxy_leftovers()]);
@@ -258,7 +409,7 @@ mod tests {
         assert!(engine.takeover.as_ref().unwrap().done());
 
         // A sync whose rules failed leaves kube-proxy's rules in place.
-        let mut takeover = Takeover::new(Box::new(node.clone()));
+        let mut takeover = Takeover::new(Box::new(node.clone()), false);
         *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
         let failed = SyncReport {
             ops: vec![],
