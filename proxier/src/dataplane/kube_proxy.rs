@@ -107,6 +107,8 @@ pub struct HostKubeProxy {
     /// Set once the proxier's own healthz server listens on `healthz`'s port: from then on an
     /// answer there is the proxier's own.
     pub own_healthz: Arc<AtomicBool>,
+    /// The directory of the tools (`None`: found on `PATH`).
+    pub tools: Option<PathBuf>,
 }
 
 impl Default for HostKubeProxy {
@@ -115,6 +117,7 @@ impl Default for HostKubeProxy {
             proc: PathBuf::from("/proc"),
             healthz: KUBE_PROXY_HEALTHZ,
             own_healthz: Arc::default(),
+            tools: None,
         }
     }
 }
@@ -128,14 +131,19 @@ const RULESETS: [(&str, &str, &str); 4] = [
     ("nft", "ip6tables", ""),
 ];
 
-fn tool(name: String) -> Program {
-    Program {
-        name,
-        timeout: TOOL_TIMEOUT,
-    }
-}
-
 impl HostKubeProxy {
+    /// The tool `name`, in [`HostKubeProxy::tools`] or on `PATH`.
+    fn tool(&self, name: &str) -> Program {
+        let name = match &self.tools {
+            Some(dir) => dir.join(name).to_string_lossy().into_owned(),
+            None => name.to_owned(),
+        };
+        Program {
+            name,
+            timeout: TOOL_TIMEOUT,
+        }
+    }
+
     /// The pids of processes named `kube-proxy` (visible when the proxier shares the host's PID
     /// namespace).
     fn processes(&self) -> Vec<u32> {
@@ -176,7 +184,7 @@ impl HostKubeProxy {
                 return Ok(None);
             }
         }
-        let save = tool(format!("{family}-{backend}-save"));
+        let save = self.tool(&format!("{family}-{backend}-save"));
         let text = match save.run(&[], None).await {
             Ok(text) => text,
             Err(ProgramError::Exec { source, .. })
@@ -220,7 +228,7 @@ impl KubeProxyNode for HostKubeProxy {
                     Err(why) => leftovers.unreadable.push(why),
                 }
             }
-            match tool("ipset".into()).run(&["list", "-n"], None).await {
+            match self.tool("ipset").run(&["list", "-n"], None).await {
                 Ok(names) => leftovers.ipsets = kube_proxy::ipsets_to_destroy(&names),
                 // No ip_set module: no set of anyone's.
                 Err(ProgramError::Failed { stderr, .. }) if stderr.contains("Kernel error") => {}
@@ -238,13 +246,13 @@ impl KubeProxyNode for HostKubeProxy {
                 if input.is_empty() {
                     continue;
                 }
-                let restore = tool(format!("{}-{}-restore", ruleset.family, ruleset.backend));
+                let restore = self.tool(&format!("{}-{}-restore", ruleset.family, ruleset.backend));
                 if let Err(e) = restore.run(&["--noflush"], Some(input.as_bytes())).await {
                     errors.push(e.to_string());
                 }
             }
             for set in &leftovers.ipsets {
-                if let Err(e) = tool("ipset".into()).run(&["destroy", set], None).await {
+                if let Err(e) = self.tool("ipset").run(&["destroy", set], None).await {
                     errors.push(e.to_string());
                 }
             }
@@ -277,7 +285,7 @@ mod tests {
         let node = HostKubeProxy {
             proc: proc.clone(),
             healthz: free_addr,
-            own_healthz: Arc::default(),
+            ..HostKubeProxy::default()
         };
         assert!(node.running().await.unwrap().contains("4242"));
         std::fs::remove_dir_all(proc.join("4242")).unwrap();
@@ -290,5 +298,70 @@ mod tests {
         held.own_healthz.store(true, Ordering::Relaxed);
         assert_eq!(held.running().await, None, "the proxier's own healthz");
         std::fs::remove_dir_all(proc).unwrap();
+    }
+
+    /// The tools run as a takeover needs them: each loaded ruleset read with its backend's
+    /// `-save` (a legacy one only when its tables are loaded), kube-proxy's rules removed with
+    /// `-restore --noflush` fed the removal, then its ipsets destroyed, in that order.
+    #[tokio::test]
+    async fn leftovers_are_read_and_removed_with_the_nodes_tools() {
+        let dir = std::env::temp_dir().join(format!("kipvs-kp-tools-{}", std::process::id()));
+        let (proc, tools, log) = (dir.join("proc"), dir.join("bin"), dir.join("log"));
+        std::fs::create_dir_all(proc.join("net")).unwrap();
+        std::fs::create_dir_all(&tools).unwrap();
+        std::fs::write(proc.join("net/ip_tables_names"), "filter\nnat\n").unwrap();
+        std::fs::write(proc.join("net/ip6_tables_names"), "").unwrap();
+        let save = "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n\
+            -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n";
+        std::fs::write(dir.join("save"), save).unwrap();
+        let script = |name: &str, body: String| {
+            let path = tools.join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+        };
+        let log_it = |what: &str| format!("echo \"{what} $*\" >> {}", log.display());
+        script(
+            "iptables-legacy-save",
+            format!("cat {}", dir.join("save").display()),
+        );
+        script("ip6tables-legacy-save", "echo unexpected; exit 1".into());
+        script(
+            "iptables-nft-save",
+            "echo '# Warning: iptables-legacy tables present'".into(),
+        );
+        script("ip6tables-nft-save", String::new());
+        script(
+            "iptables-legacy-restore",
+            format!("{}; cat >> {}", log_it("restore"), log.display()),
+        );
+        script(
+            "ipset",
+            format!(
+                "if [ \"$1\" = list ]; then printf 'KUBE-CLUSTER-IP\\nmine\\n'; else {}; fi",
+                log_it("ipset")
+            ),
+        );
+        let node = HostKubeProxy {
+            proc,
+            tools: Some(tools),
+            ..HostKubeProxy::default()
+        };
+        let leftovers = node.leftovers().await;
+        assert_eq!(leftovers.unreadable, Vec::<String>::new());
+        assert_eq!(leftovers.ipsets, ["KUBE-CLUSTER-IP"]);
+        assert_eq!(leftovers.counts(), (1, 1, 1));
+        assert_eq!(
+            (leftovers.rulesets[0].backend, leftovers.rulesets[0].family),
+            ("legacy", "iptables")
+        );
+        node.remove(&leftovers).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "restore --noflush\n*nat\n\
+             -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -F KUBE-SERVICES\n-X KUBE-SERVICES\nCOMMIT\nipset destroy KUBE-CLUSTER-IP\n"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }
