@@ -759,7 +759,7 @@ async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Resu
                 else {
                     return Ok(());
                 };
-                Some(Takeover::new(Box::new(kube_proxy), ran))
+                Some(Takeover::new(Arc::new(kube_proxy), ran))
             } else {
                 None
             };

@@ -87,10 +87,10 @@ pub trait KubeProxyNode: Send + Sync {
     /// Why kube-proxy is taken to run on the node (`None`: it does not).
     fn running(&self) -> BoxFuture<'_, Option<String>>;
     /// What kube-proxy left (rulesets that cannot be read are named in
-    /// [`Leftovers::unreadable`]).
+    /// [`Leftovers::unreadable`]; an iptables backend that is not installed is not).
     fn leftovers(&self) -> BoxFuture<'_, Leftovers>;
-    /// Remove `leftovers`: each ruleset's rules and chains (`iptables-restore --noflush`), then
-    /// the ipsets.
+    /// Remove `leftovers`: each ruleset's rules and chains (`iptables-restore -w 5 --noflush`),
+    /// then the ipsets.
     ///
     /// # Errors
     /// A message per ruleset or set that could not be removed (the others are removed).
@@ -187,10 +187,12 @@ impl HostKubeProxy {
         let save = self.tool(&format!("{family}-{backend}-save"));
         let text = match save.run(&[], None).await {
             Ok(text) => text,
+            // No nft backend on the node: nothing of anyone's in it to read.
             Err(ProgramError::Exec { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound && backend == "nft" =>
             {
-                return Err(format!("{}: not installed", save.name));
+                tracing::debug!("{}: not installed", save.name);
+                return Ok(None);
             }
             Err(e) => return Err(e.to_string()),
         };
@@ -247,7 +249,9 @@ impl KubeProxyNode for HostKubeProxy {
                     continue;
                 }
                 let restore = self.tool(&format!("{}-{}-restore", ruleset.family, ruleset.backend));
-                if let Err(e) = restore.run(&["--noflush"], Some(input.as_bytes())).await {
+                // -w: wait up to 5 s for the xtables lock (kubelet, Calico) rather than fail.
+                let args = ["-w", "5", "--noflush"];
+                if let Err(e) = restore.run(&args, Some(input.as_bytes())).await {
                     errors.push(e.to_string());
                 }
             }
@@ -302,7 +306,8 @@ mod tests {
 
     /// The tools run as a takeover needs them: each loaded ruleset read with its backend's
     /// `-save` (a legacy one only when its tables are loaded), kube-proxy's rules removed with
-    /// `-restore --noflush` fed the removal, then its ipsets destroyed, in that order.
+    /// `-restore -w 5 --noflush` fed the removal, then its ipsets destroyed, in that order; a
+    /// backend whose tool is not installed is not unreadable.
     #[tokio::test]
     async fn leftovers_are_read_and_removed_with_the_nodes_tools() {
         let dir = std::env::temp_dir().join(format!("kipvs-kp-tools-{}", std::process::id()));
@@ -330,7 +335,7 @@ mod tests {
             "iptables-nft-save",
             "echo '# Warning: iptables-legacy tables present'".into(),
         );
-        script("ip6tables-nft-save", String::new());
+        // No ip6tables-nft-save: a backend that is not installed is not unreadable.
         script(
             "iptables-legacy-restore",
             format!("{}; cat >> {}", log_it("restore"), log.display()),
@@ -358,7 +363,7 @@ mod tests {
         node.remove(&leftovers).await.unwrap();
         assert_eq!(
             std::fs::read_to_string(&log).unwrap(),
-            "restore --noflush\n*nat\n\
+            "restore -w 5 --noflush\n*nat\n\
              -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
              -F KUBE-SERVICES\n-X KUBE-SERVICES\nCOMMIT\nipset destroy KUBE-CLUSTER-IP\n"
         );

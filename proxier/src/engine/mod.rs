@@ -279,10 +279,10 @@ impl<D: Dataplane> Engine<D> {
         self.report_sync(&result);
         if let Ok(report) = &result {
             self.probe_schedulers(report).await;
-            // After the observers: removing kube-proxy's rules runs processes, and the sync's
-            // outcome (health, status) does not wait for them.
+            // After the observers: removing kube-proxy's rules runs processes (in a task of its
+            // own), and the sync's outcome (health, status) does not wait for them.
             if let Some(takeover) = self.takeover.as_mut().filter(|_| touched.is_none()) {
-                takeover.after_full_sync(report, &*self.observer).await;
+                takeover.after_full_sync(report, &self.observer).await;
             }
         }
         result

@@ -9,7 +9,7 @@
 //!    servers on addresses that are not node IPs drain ([`Ownership::drains`]).
 //! 3. [`Takeover::after_full_sync`]: once a full sync has put `inet kipvs` in place (its rules
 //!    written or already there), kube-proxy's iptables jumps, chains and ipsets are removed
-//!    ([`crate::plan::kube_proxy`] says which). Until then kube-proxy's rules keep masquerading
+//!    ([`crate::plan::kube_proxy`] says which), in a task of its own. Until then kube-proxy's rules keep masquerading
 //!    and filtering as they did; after, kipvs's do.
 //!
 //! [`Ownership::drains`]: crate::dataplane::diff::Ownership::drains
@@ -22,7 +22,9 @@ use crate::model::{DesiredState, Protocol, VirtualServerKey};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// How often [`standby`] asks whether kube-proxy still runs.
@@ -85,25 +87,34 @@ pub fn kube_proxy_node_ports(
         .collect()
 }
 
+/// How long one reading and removal of kube-proxy's leftovers may take in all (each tool has
+/// its own timeout too); past it the attempt counts as failed and is tried again after the
+/// next full sync.
+pub const REMOVAL_DEADLINE: Duration = Duration::from_secs(120);
+
 /// The removal of kube-proxy's iptables rules and ipsets, after the first full sync that has
-/// `inet kipvs` in place; tried again after each full sync until it succeeds.
+/// `inet kipvs` in place; tried again after each full sync until it succeeds. It runs in a
+/// task of its own, so that syncs (endpoint changes) go on while the tools run.
 pub struct Takeover {
-    node: Box<dyn KubeProxyNode>,
+    node: Arc<dyn KubeProxyNode>,
     /// kube-proxy's state was found on the node: it ran, or its leftovers are there.
     found: bool,
     /// Whether the leftovers were read once (before the first full sync).
     surveyed: bool,
     done: bool,
+    /// The removal in progress: whether it succeeded.
+    removal: Option<JoinHandle<bool>>,
 }
 
 impl Takeover {
     /// A takeover of the node `node` describes; `kube_proxy_ran`: [`standby`] waited for it.
-    pub fn new(node: Box<dyn KubeProxyNode>, kube_proxy_ran: bool) -> Self {
+    pub fn new(node: Arc<dyn KubeProxyNode>, kube_proxy_ran: bool) -> Self {
         Takeover {
             node,
             found: kube_proxy_ran,
             surveyed: false,
             done: false,
+            removal: None,
         }
     }
 
@@ -114,28 +125,33 @@ impl Takeover {
         self.found
     }
 
-    /// Before the first full sync: unless kube-proxy was seen running, read once whether its
-    /// leftovers are on the node.
+    /// Before the first full sync: unless kube-proxy was seen running, read once (within
+    /// [`REMOVAL_DEADLINE`]) whether its leftovers are on the node.
     pub async fn survey(&mut self) {
         if self.found || self.surveyed {
             return;
         }
         self.surveyed = true;
-        self.found = !self.node.leftovers().await.is_empty();
+        let leftovers = tokio::time::timeout(REMOVAL_DEADLINE, self.node.leftovers()).await;
+        self.found = leftovers.is_ok_and(|l| !l.is_empty());
         if self.found {
             tracing::info!("kube-proxy's iptables rules or ipsets are on this node");
         }
     }
 
-    /// Whether kube-proxy's leftovers were removed (or none was found).
+    /// Whether kube-proxy's leftovers were removed (or none was found, every ruleset read).
     pub fn done(&self) -> bool {
         self.done
     }
 
-    /// After a full sync: unless its rules could not be written (kipvs's table is not in
-    /// place), read what kube-proxy left and remove it, telling `observer`.
-    pub async fn after_full_sync(&mut self, report: &SyncReport, observer: &dyn Observer) {
-        if self.done {
+    /// After a full sync: unless a removal is still running or the sync's rules could not be
+    /// written (kipvs's table is not in place), start one ([`remove_leftovers`]), telling
+    /// `observer`; the outcome of the last one is taken here too.
+    pub async fn after_full_sync(&mut self, report: &SyncReport, observer: &Arc<dyn Observer>) {
+        if let Some(removal) = self.removal.take_if(|r| r.is_finished()) {
+            self.done = removal.await.unwrap_or(false);
+        }
+        if self.done || self.removal.is_some() {
             return;
         }
         if report
@@ -146,40 +162,75 @@ impl Takeover {
             tracing::warn!("kube-proxy's rules stay until kipvs's nftables rules are in place");
             return;
         }
-        let leftovers = self.node.leftovers().await;
-        for why in &leftovers.unreadable {
-            tracing::debug!("kube-proxy's leftovers: cannot read {why}");
-        }
-        if leftovers.is_empty() {
-            self.done = true;
-            return;
-        }
-        self.found = true;
-        for line in leftovers.to_string().lines() {
-            tracing::info!(target: super::syncer::OPS_LOG, "takeover {line}");
-        }
-        let (rules, chains, sets) = leftovers.counts();
-        match self.node.remove(&leftovers).await {
-            Ok(()) => {
-                tracing::info!(
-                    rules,
-                    chains,
-                    sets,
-                    "removed kube-proxy's iptables rules, chains and ipsets"
-                );
-                observer.takeover(&TakeoverEvent::Removed {
-                    rules,
-                    chains,
-                    sets,
-                });
-                self.done = true;
+        let (node, observer) = (self.node.clone(), observer.clone());
+        self.removal = Some(tokio::spawn(async move {
+            let removal = remove_leftovers(&*node, &*observer);
+            match tokio::time::timeout(REMOVAL_DEADLINE, removal).await {
+                Ok(done) => done,
+                Err(_) => {
+                    let e = format!(
+                        "not done within {}s (retried after the next full sync)",
+                        REMOVAL_DEADLINE.as_secs()
+                    );
+                    tracing::warn!("removing kube-proxy's leftovers: {e}");
+                    observer.takeover(&TakeoverEvent::RemovalFailed(e));
+                    false
+                }
             }
-            Err(e) => {
-                tracing::warn!(
-                    "removing kube-proxy's leftovers failed (retried after the next full sync): {e}"
-                );
-                observer.takeover(&TakeoverEvent::RemovalFailed(e));
-            }
+        }));
+    }
+
+    /// Waits for the removal in progress, and takes its outcome.
+    #[cfg(test)]
+    async fn removed(&mut self) {
+        if let Some(removal) = self.removal.take() {
+            self.done = removal.await.unwrap();
+        }
+    }
+}
+
+/// Reads what kube-proxy left on `node` and removes it, telling `observer`. Returns whether
+/// nothing of kube-proxy's is left: a ruleset or ipset list that could not be read (other than
+/// a backend that is not installed) leaves it not done, logged and told as a failure.
+async fn remove_leftovers(node: &dyn KubeProxyNode, observer: &dyn Observer) -> bool {
+    let leftovers = node.leftovers().await;
+    let unreadable = leftovers.unreadable.join("; ");
+    if !unreadable.is_empty() {
+        tracing::warn!(
+            "kube-proxy's leftovers: cannot read {unreadable} (retried after the next full sync)"
+        );
+        observer.takeover(&TakeoverEvent::RemovalFailed(format!(
+            "cannot read {unreadable}"
+        )));
+    }
+    if leftovers.is_empty() {
+        return unreadable.is_empty();
+    }
+    for line in leftovers.to_string().lines() {
+        tracing::info!(target: super::syncer::OPS_LOG, "takeover {line}");
+    }
+    let (rules, chains, sets) = leftovers.counts();
+    match node.remove(&leftovers).await {
+        Ok(()) => {
+            tracing::info!(
+                rules,
+                chains,
+                sets,
+                "removed kube-proxy's iptables rules, chains and ipsets"
+            );
+            observer.takeover(&TakeoverEvent::Removed {
+                rules,
+                chains,
+                sets,
+            });
+            unreadable.is_empty()
+        }
+        Err(e) => {
+            tracing::warn!(
+                "removing kube-proxy's leftovers failed (retried after the next full sync): {e}"
+            );
+            observer.takeover(&TakeoverEvent::RemovalFailed(e));
+            false
         }
     }
 }
@@ -208,6 +259,8 @@ mod tests {
         removals: Mutex<Vec<Leftovers>>,
         /// How many times `running` was asked.
         asked: Mutex<usize>,
+        /// A removal waits for this, when set.
+        hold: Mutex<Option<Arc<tokio::sync::Notify>>>,
     }
 
     impl KubeProxyNode for Arc<FakeNode> {
@@ -223,7 +276,13 @@ mod tests {
         fn remove<'a>(&'a self, leftovers: &'a Leftovers) -> BoxFuture<'a, Result<(), String>> {
             self.removals.lock().unwrap().push(leftovers.clone());
             *self.leftovers.lock().unwrap() = Leftovers::default();
-            Box::pin(async { Ok(()) })
+            let hold = self.hold.lock().unwrap().clone();
+            Box::pin(async move {
+                if let Some(hold) = hold {
+                    hold.notified().await;
+                }
+                Ok(())
+            })
         }
     }
 
@@ -305,7 +364,7 @@ mod tests {
             let mut engine = Engine::new(m.handle.clone(), planner, dataplane);
             if let Some(ran) = takeover {
                 engine =
-                    engine.taking_over(Takeover::new(Box::new(Arc::new(FakeNode::default())), ran));
+                    engine.taking_over(Takeover::new(Arc::new(Arc::new(FakeNode::default())), ran));
             }
             m.source.load_into(&m.handle, None).unwrap();
             let report = engine.sync().await.unwrap();
@@ -339,6 +398,81 @@ mod tests {
             ],
             "kube-proxy ran: its NodePort drains, keepalived's 30081 stays"
         );
+    }
+
+    /// A full sync of an engine taking over, with `node`'s leftovers; the engine and the events.
+    async fn engine_taking_over(
+        node: &Arc<FakeNode>,
+    ) -> (Engine<FakeDataplane>, Arc<Events>, SyncReport) {
+        let events = Arc::new(Events::default());
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let mut engine = Engine::new(SourceHandle::default(), planner, FakeDataplane::default())
+            .observed_by(events.clone())
+            .taking_over(Takeover::new(Arc::new(node.clone()), false));
+        let report = engine.sync().await.unwrap();
+        (engine, events, report)
+    }
+
+    /// A ruleset that cannot be read leaves the takeover not done, told as a failure (and
+    /// retried after the next full sync), even when nothing else of kube-proxy's is found;
+    /// what could be read is removed.
+    #[tokio::test]
+    async fn an_unreadable_ruleset_leaves_the_takeover_not_done() {
+        let node = Arc::new(FakeNode::default());
+        let why = "iptables-legacy-save: exit status 1: Permission denied".to_string();
+        node.leftovers.lock().unwrap().unreadable = vec![why.clone()];
+        let (mut engine, events, report) = engine_taking_over(&node).await;
+        let takeover = engine.takeover.as_mut().unwrap();
+        takeover.removed().await;
+        assert!(!takeover.done());
+        assert_eq!(
+            *events.0.lock().unwrap(),
+            [TakeoverEvent::RemovalFailed(format!("cannot read {why}"))]
+        );
+        assert!(node.removals.lock().unwrap().is_empty());
+        // Readable again, with kube-proxy's rules: removed, done.
+        *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
+        let observer: Arc<dyn Observer> = events.clone();
+        takeover.after_full_sync(&report, &observer).await;
+        takeover.removed().await;
+        assert!(takeover.done());
+        assert_eq!(*node.removals.lock().unwrap(), [kube_proxy_leftovers()]);
+    }
+
+    /// The removal runs beside the syncs: a sync does not wait for it, a second one is not
+    /// started while it runs, and one that outlasts [`REMOVAL_DEADLINE`] is a failure, tried
+    /// again after the next full sync.
+    #[tokio::test(start_paused = true)]
+    async fn the_removal_runs_beside_the_syncs_within_a_deadline() {
+        let node = Arc::new(FakeNode::default());
+        *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
+        let hold = Arc::new(tokio::sync::Notify::new());
+        *node.hold.lock().unwrap() = Some(hold.clone());
+        let (mut engine, events, report) = engine_taking_over(&node).await;
+        let observer: Arc<dyn Observer> = events.clone();
+        tokio::task::yield_now().await;
+        assert_eq!(node.removals.lock().unwrap().len(), 1, "started");
+        let takeover = engine.takeover.as_mut().unwrap();
+        takeover.after_full_sync(&report, &observer).await;
+        tokio::task::yield_now().await;
+        assert_eq!(node.removals.lock().unwrap().len(), 1, "one at a time");
+        tokio::time::sleep(REMOVAL_DEADLINE + Duration::from_secs(1)).await;
+        assert_eq!(
+            *events.0.lock().unwrap(),
+            [TakeoverEvent::RemovalFailed(
+                "not done within 120s (retried after the next full sync)".into()
+            )]
+        );
+        *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
+        *node.hold.lock().unwrap() = None;
+        takeover.after_full_sync(&report, &observer).await;
+        takeover.removed().await;
+        assert!(takeover.done());
+        assert_eq!(node.removals.lock().unwrap().len(), 2);
     }
 
     /// While kube-proxy runs nothing goes on and `/livez` stays healthy whatever waits; once it
@@ -394,9 +528,10 @@ mod tests {
         let planner = Planner::new(identity, ProxierConfiguration::default());
         let mut engine = Engine::new(handle, planner, FakeDataplane::default())
             .observed_by(events.clone())
-            .taking_over(Takeover::new(Box::new(node.clone()), false));
+            .taking_over(Takeover::new(Arc::new(node.clone()), false));
         let report = engine.sync().await.unwrap();
         assert!(matches!(report.ops[0], Op::WriteRules(_)));
+        engine.takeover.as_mut().unwrap().removed().await;
         assert_eq!(*node.removals.lock().unwrap(), [kube_proxy_leftovers()]);
         assert_eq!(
             *events.0.lock().unwrap(),
@@ -409,7 +544,7 @@ mod tests {
         assert!(engine.takeover.as_ref().unwrap().done());
 
         // A sync whose rules failed leaves kube-proxy's rules in place.
-        let mut takeover = Takeover::new(Box::new(node.clone()), false);
+        let mut takeover = Takeover::new(Arc::new(node.clone()), false);
         *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
         let failed = SyncReport {
             ops: vec![],
@@ -420,7 +555,8 @@ mod tests {
             duration: Duration::ZERO,
             conntrack: Default::default(),
         };
-        takeover.after_full_sync(&failed, &*events).await;
+        let observer: Arc<dyn Observer> = events.clone();
+        takeover.after_full_sync(&failed, &observer).await;
         assert!(!takeover.done());
         assert_eq!(node.removals.lock().unwrap().len(), 1);
     }
