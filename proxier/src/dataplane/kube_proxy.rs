@@ -11,6 +11,7 @@
 use super::program::{Program, ProgramError};
 use crate::plan::kube_proxy::{self, IptablesRemoval};
 use futures::future::BoxFuture;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -41,7 +42,7 @@ pub struct Ruleset {
 /// could not be read (why).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Leftovers {
-    /// Rulesets with something of kube-proxy's in them.
+    /// Rulesets with something of kube-proxy's in them (to remove, or kept for a policy).
     pub rulesets: Vec<Ruleset>,
     /// kube-proxy's ipsets (destroyed after the rules that match them).
     pub ipsets: Vec<String>,
@@ -221,17 +222,22 @@ impl KubeProxyNode for HostKubeProxy {
     fn leftovers(&self) -> BoxFuture<'_, Leftovers> {
         Box::pin(async move {
             let mut leftovers = Leftovers::default();
+            let mut kept_sets = BTreeSet::new();
             for (backend, family, loaded) in RULESETS {
                 match self.ruleset(backend, family, loaded).await {
-                    Ok(Some(ruleset)) if !ruleset.removal.is_empty() => {
-                        leftovers.rulesets.push(ruleset)
+                    Ok(Some(ruleset)) => {
+                        let removal = &ruleset.removal;
+                        kept_sets.extend(removal.kept_sets.iter().cloned());
+                        if !removal.is_empty() || !removal.kept_for_policy.is_empty() {
+                            leftovers.rulesets.push(ruleset)
+                        }
                     }
-                    Ok(_) => {}
+                    Ok(None) => {}
                     Err(why) => leftovers.unreadable.push(why),
                 }
             }
             match self.tool("ipset").run(&["list", "-n"], None).await {
-                Ok(names) => leftovers.ipsets = kube_proxy::ipsets_to_destroy(&names),
+                Ok(names) => leftovers.ipsets = kube_proxy::ipsets_to_destroy(&names, &kept_sets),
                 // No ip_set module: no set of anyone's.
                 Err(ProgramError::Failed { stderr, .. }) if stderr.contains("Kernel error") => {}
                 Err(e) => leftovers.unreadable.push(e.to_string()),

@@ -203,6 +203,16 @@ async fn remove_leftovers(node: &dyn KubeProxyNode, observer: &dyn Observer) -> 
             "cannot read {unreadable}"
         )));
     }
+    for ruleset in &leftovers.rulesets {
+        for (chain, why) in &ruleset.removal.kept_for_policy {
+            tracing::warn!(
+                "kube-proxy's {}-{} filter {chain} stays, with the jumps to it and the sets it \
+                 matches: the {why} would drop what it accepts",
+                ruleset.family,
+                ruleset.backend
+            );
+        }
+    }
     if leftovers.is_empty() {
         return unreadable.is_empty();
     }

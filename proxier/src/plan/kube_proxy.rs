@@ -15,7 +15,16 @@
 //! chains and the jumps to them stay, and only the rules kube-proxy added in them (those that
 //! match one of its ipsets or jump to one of its removed chains) go. Without the canary
 //! (kubelet 1.28+ dropped them, or no kubelet), the shared names are kube-proxy's and go.
-//! filter `KUBE-FIREWALL` and the canary are never kube-proxy's and always stay. IPVS, the
+//! filter `KUBE-FIREWALL` and the canary are never kube-proxy's and always stay.
+//!
+//! A filter table whose `FORWARD` policy is not `ACCEPT` (Docker sets it to `DROP`) relies on
+//! kube-proxy's `KUBE-FORWARD` accepts (mark `0x4000`, which kipvs's rules set too, and
+//! established connections; upstream `proxier.go`: NodePort traffic "is forwarded even if the
+//! default FORWARD policy is not accept"), and one whose `INPUT` policy is not `ACCEPT` on its
+//! filter `KUBE-NODE-PORT` accept of the health-check NodePorts (set
+//! `KUBE-HEALTH-CHECK-NODE-PORT`): an accept in kipvs's nftables table cannot override a drop
+//! in `ip filter`, so those chains, the jumps to them and the sets their rules match stay
+//! ([`IptablesRemoval::kept_for_policy`]). IPVS, the
 //! `kube-ipvs0` link and its addresses are not touched here (the proxier adopts them).
 
 use std::collections::BTreeSet;
@@ -103,6 +112,8 @@ pub struct Table {
     pub name: String,
     /// Every chain declared (`:NAME POLICY [p:b]`), built-in ones included.
     pub chains: Vec<String>,
+    /// The policies of the built-in chains (`ACCEPT`, `DROP`), by chain.
+    pub policies: Vec<(String, String)>,
     /// Every rule, in order.
     pub rules: Vec<Rule>,
 }
@@ -129,7 +140,11 @@ pub fn parse_save(text: &str) -> Result<Vec<Table>, String> {
             .last_mut()
             .ok_or_else(|| format!("line {}: {line:?} outside a table", n + 1))?;
         if let Some(chain) = line.strip_prefix(':') {
-            let name = chain.split_whitespace().next().unwrap_or_default();
+            let mut fields = chain.split_whitespace();
+            let name = fields.next().unwrap_or_default();
+            if let Some(policy) = fields.next().filter(|p| *p != "-") {
+                table.policies.push((name.to_owned(), policy.to_owned()));
+            }
             table.chains.push(name.to_owned());
         } else if let Some(rule) = line.strip_prefix("-A ") {
             let (chain, spec) = rule
@@ -195,6 +210,12 @@ pub struct IptablesRemoval {
     pub chains: Vec<(String, String)>,
     /// Chains of kube-proxy's names that stay because kubelet owns them. (table, chain)
     pub kept: Vec<(String, String)>,
+    /// kube-proxy's filter chains that stay, with the jumps to them, because a built-in
+    /// chain's policy is not `ACCEPT` (see the module docs). (chain, why: `FORWARD policy
+    /// DROP`)
+    pub kept_for_policy: Vec<(String, String)>,
+    /// The ipsets the rules of `kept_for_policy` match: they stay too.
+    pub kept_sets: BTreeSet<String>,
 }
 
 impl IptablesRemoval {
@@ -236,7 +257,7 @@ impl IptablesRemoval {
 }
 
 impl fmt::Display for IptablesRemoval {
-    /// One line per removal: `-D table CHAIN SPEC`, `-X table CHAIN`, `kept table CHAIN`.
+    /// One line per removal: `-D table CHAIN SPEC`, `-X table CHAIN`, `kept table CHAIN ...`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (table, rule) in &self.rules {
             writeln!(f, "-D {table} {} {}", rule.chain, rule.spec)?;
@@ -247,12 +268,22 @@ impl fmt::Display for IptablesRemoval {
         for (table, chain) in &self.kept {
             writeln!(f, "kept {table} {chain} (kubelet's)")?;
         }
+        for (chain, why) in &self.kept_for_policy {
+            writeln!(
+                f,
+                "kept filter {chain} ({why}: it accepts what the policy drops)"
+            )?;
+        }
         Ok(())
     }
 }
 
+/// kube-proxy's filter chains that accept what a built-in chain's policy other than `ACCEPT`
+/// drops: (built-in chain, kube-proxy's chain).
+const POLICY_ACCEPTS: &[(&str, &str)] = &[("FORWARD", "KUBE-FORWARD"), ("INPUT", "KUBE-NODE-PORT")];
+
 /// What of `tables` (one `iptables-save` output) is kube-proxy's and goes (see the module
-/// docs for kubelet's chains).
+/// docs for kubelet's chains and the chains a policy keeps).
 pub fn iptables_removal(tables: &[Table]) -> IptablesRemoval {
     let kubelet = tables
         .iter()
@@ -265,12 +296,23 @@ pub fn iptables_removal(tables: &[Table]) -> IptablesRemoval {
             _ => &[],
         };
         let mut removed: BTreeSet<&str> = BTreeSet::new();
+        let mut kept_for_policy: BTreeSet<&str> = BTreeSet::new();
         for chain in &table.chains {
             if !names.contains(&chain.as_str()) {
                 continue;
             }
             let pair = (table.name.clone(), chain.clone());
-            if kubelet && KUBELET_CHAINS.contains(&(table.name.as_str(), chain.as_str())) {
+            let dropping = (table.name == "filter")
+                .then(|| {
+                    let (builtin, _) = POLICY_ACCEPTS.iter().find(|(_, c)| c == chain)?;
+                    let (_, policy) = table.policies.iter().find(|(c, _)| c == builtin)?;
+                    (policy != "ACCEPT").then(|| format!("{builtin} policy {policy}"))
+                })
+                .flatten();
+            if let Some(why) = dropping {
+                kept_for_policy.insert(chain);
+                removal.kept_for_policy.push((chain.clone(), why));
+            } else if kubelet && KUBELET_CHAINS.contains(&(table.name.as_str(), chain.as_str())) {
                 removal.kept.push(pair);
             } else {
                 removed.insert(chain);
@@ -278,6 +320,11 @@ pub fn iptables_removal(tables: &[Table]) -> IptablesRemoval {
             }
         }
         for rule in &table.rules {
+            if kept_for_policy.contains(rule.chain.as_str()) {
+                let sets = matched_sets(&rule.spec).map(str::to_owned);
+                removal.kept_sets.extend(sets);
+                continue;
+            }
             if removed.contains(rule.chain.as_str()) {
                 continue; // flushed with its chain
             }
@@ -291,12 +338,13 @@ pub fn iptables_removal(tables: &[Table]) -> IptablesRemoval {
     removal
 }
 
-/// kube-proxy's sets among `names` (one per line, as `ipset list -n` prints them), in order.
-pub fn ipsets_to_destroy(names: &str) -> Vec<String> {
+/// kube-proxy's sets among `names` (one per line, as `ipset list -n` prints them), in order,
+/// but those in `kept` (rules that stay match them: [`IptablesRemoval::kept_sets`]).
+pub fn ipsets_to_destroy(names: &str, kept: &BTreeSet<String>) -> Vec<String> {
     names
         .lines()
         .map(str::trim)
-        .filter(|name| is_kube_proxy_set(name))
+        .filter(|name| is_kube_proxy_set(name) && !kept.contains(*name))
         .map(str::to_owned)
         .collect()
 }
@@ -472,6 +520,61 @@ COMMIT
         assert!(parse_save("-A INPUT -j DROP\n").is_err());
     }
 
+    /// On a node whose filter FORWARD and INPUT policies drop (Docker's FORWARD DROP), filter
+    /// KUBE-FORWARD and KUBE-NODE-PORT, the jumps to them and the health-check set stay;
+    /// the nat chains go as before. With an ACCEPT policy they go.
+    #[test]
+    fn chains_accepting_what_a_drop_policy_drops_stay() {
+        let text = KUBE_PROXY_124
+            .replace(":FORWARD ACCEPT [0:0]", ":FORWARD DROP [0:0]")
+            .replace(
+                ":INPUT ACCEPT [0:0]\n:FORWARD",
+                ":INPUT DROP [0:0]\n:FORWARD",
+            );
+        let tables = parse_save(&text).unwrap();
+        let filter = tables.iter().find(|t| t.name == "filter").unwrap();
+        assert_eq!(
+            filter.policies,
+            [
+                ("INPUT".to_owned(), "DROP".to_owned()),
+                ("FORWARD".to_owned(), "DROP".to_owned()),
+                ("OUTPUT".to_owned(), "ACCEPT".to_owned())
+            ]
+        );
+        let removal = iptables_removal(&tables);
+        assert_eq!(
+            removal.kept_for_policy,
+            [
+                ("KUBE-FORWARD".to_owned(), "FORWARD policy DROP".to_owned()),
+                ("KUBE-NODE-PORT".to_owned(), "INPUT policy DROP".to_owned())
+            ]
+        );
+        assert_eq!(
+            removal.kept_sets,
+            ["KUBE-HEALTH-CHECK-NODE-PORT".to_owned()].into()
+        );
+        let chains = pairs(&removal.chains);
+        assert!(chains.iter().all(|c| c.starts_with("nat ")), "{chains:?}");
+        assert_eq!(chains.len(), 7);
+        assert!(removal.rules.iter().all(|(t, _)| t == "nat"));
+        assert!(
+            removal
+                .to_string()
+                .contains("kept filter KUBE-FORWARD (FORWARD policy DROP")
+        );
+        let listed = "KUBE-CLUSTER-IP\nKUBE-HEALTH-CHECK-NODE-PORT\n";
+        assert_eq!(
+            ipsets_to_destroy(listed, &removal.kept_sets),
+            ["KUBE-CLUSTER-IP"]
+        );
+        // Only FORWARD drops: filter KUBE-NODE-PORT goes.
+        let forward_only = KUBE_PROXY_124.replace(":FORWARD ACCEPT [0:0]", ":FORWARD DROP [0:0]");
+        let removal = iptables_removal(&parse_save(&forward_only).unwrap());
+        assert_eq!(removal.kept_for_policy.len(), 1);
+        assert!(pairs(&removal.chains).contains(&"filter KUBE-NODE-PORT".to_owned()));
+        assert!(removal.kept_sets.is_empty());
+    }
+
     /// Both families' set names, the 31-character cut included, and nothing else.
     #[test]
     fn kube_proxys_sets_of_both_families_and_no_other() {
@@ -486,7 +589,7 @@ COMMIT
         let listed = "KUBE-CLUSTER-IP\nKUBE-6-CLUSTER-IP\nKUBE-6-LOAD-BALANCER-SOURCE-CID\n\
             my-set\nKUBE-CLUSTER-IPX\nKUBE-IPVS-IPS\n";
         assert_eq!(
-            ipsets_to_destroy(listed),
+            ipsets_to_destroy(listed, &BTreeSet::new()),
             [
                 "KUBE-CLUSTER-IP",
                 "KUBE-6-CLUSTER-IP",
