@@ -15,6 +15,7 @@ use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
 use kipvs_proxier::engine::takeover::{Takeover, kube_proxy_node_ports, standby};
 use kipvs_proxier::engine::{ConfigFollower, Engine};
+use kipvs_proxier::plan::kube_proxy::kubelet_creates_shared_chains;
 use kipvs_proxier::preview::Preview;
 use kipvs_proxier::serve::grpc;
 use kipvs_proxier::serve::health::{self, ProxyHealth, ServiceHealthServers};
@@ -466,16 +467,21 @@ async fn desired_state(
     args: &SourceArgs,
     api: &ApiArgs,
 ) -> anyhow::Result<kipvs_proxier::model::DesiredState> {
-    Ok(planned(args, api, BTreeSet::new()).await?.desired().clone())
+    Ok(planned(args, api, BTreeSet::new())
+        .await?
+        .0
+        .desired()
+        .clone())
 }
 
 /// A planner that planned every Service of `args` (from the manifests, or listed from the
-/// Kubernetes API) on a node with these addresses on other interfaces than `kube-ipvs0`.
+/// Kubernetes API) on a node with these addresses on other interfaces than `kube-ipvs0`, and
+/// the own Node's kubelet version (`None`: no Node, or none listed).
 async fn planned(
     args: &SourceArgs,
     api: &ApiArgs,
     other_interface_addresses: BTreeSet<IpAddr>,
-) -> anyhow::Result<Planner> {
+) -> anyhow::Result<(Planner, Option<String>)> {
     let config = load_config(args.config.as_deref())?;
     let handle = SourceHandle::gated();
     if args.manifests.is_some() {
@@ -496,8 +502,11 @@ async fn planned(
     }
     let mut planner = Planner::new(identity(args), config);
     planner.set_other_interface_addresses(other_interface_addresses);
-    handle.with_store(|store| planner.replan(store));
-    Ok(planner)
+    let kubelet_version = handle.with_store(|store| {
+        planner.replan(store);
+        store.kubelet_version().map(str::to_owned)
+    });
+    Ok((planner, kubelet_version))
 }
 
 /// What the engine of `run` drives: the dataplane, the node-wide kernel settings and, on a node
@@ -676,10 +685,11 @@ async fn takeover(
 ) -> anyhow::Result<()> {
     let mut kernel = connect_kernel().await?;
     let local = kernel.other_interface_addresses().await?;
-    let planner = planned(args, api, local.clone()).await?;
+    let (planner, kubelet_version) = planned(args, api, local.clone()).await?;
     let config = planner.config();
     let kube_proxy = HostKubeProxy::default();
-    let leftovers = kube_proxy.leftovers().await;
+    let kubelet_chains = kubelet_creates_shared_chains(kubelet_version.as_deref());
+    let leftovers = kube_proxy.leftovers(kubelet_chains).await;
     // As `run` would after its standby: kube-proxy's NodePorts drain on a node that has its state.
     let found = kube_proxy.running().await.is_some() || !leftovers.is_empty();
     let ownership = Ownership {

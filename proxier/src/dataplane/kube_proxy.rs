@@ -88,8 +88,10 @@ pub trait KubeProxyNode: Send + Sync {
     /// Why kube-proxy is taken to run on the node (`None`: it does not).
     fn running(&self) -> BoxFuture<'_, Option<String>>;
     /// What kube-proxy left (rulesets that cannot be read are named in
-    /// [`Leftovers::unreadable`]; an iptables backend that is not installed is not).
-    fn leftovers(&self) -> BoxFuture<'_, Leftovers>;
+    /// [`Leftovers::unreadable`]; an iptables backend that is not installed is not);
+    /// `kubelet_chains`: whether kubelet creates the shared nat chains
+    /// ([`kube_proxy::kubelet_creates_shared_chains`]).
+    fn leftovers(&self, kubelet_chains: bool) -> BoxFuture<'_, Leftovers>;
     /// Remove `leftovers`: each ruleset's rules and chains (`iptables-restore -w 5 --noflush`),
     /// then the ipsets.
     ///
@@ -178,6 +180,7 @@ impl HostKubeProxy {
         backend: &'static str,
         family: &'static str,
         loaded: &str,
+        kubelet_chains: bool,
     ) -> Result<Option<Ruleset>, String> {
         if !loaded.is_empty() {
             let names = std::fs::read_to_string(self.proc.join("net").join(loaded));
@@ -201,7 +204,7 @@ impl HostKubeProxy {
         Ok(Some(Ruleset {
             backend,
             family,
-            removal: kube_proxy::iptables_removal(&tables),
+            removal: kube_proxy::iptables_removal(&tables, kubelet_chains),
         }))
     }
 }
@@ -219,12 +222,12 @@ impl KubeProxyNode for HostKubeProxy {
         })
     }
 
-    fn leftovers(&self) -> BoxFuture<'_, Leftovers> {
+    fn leftovers(&self, kubelet_chains: bool) -> BoxFuture<'_, Leftovers> {
         Box::pin(async move {
             let mut leftovers = Leftovers::default();
             let mut kept_sets = BTreeSet::new();
             for (backend, family, loaded) in RULESETS {
-                match self.ruleset(backend, family, loaded).await {
+                match self.ruleset(backend, family, loaded, kubelet_chains).await {
                     Ok(Some(ruleset)) => {
                         let removal = &ruleset.removal;
                         kept_sets.extend(removal.kept_sets.iter().cloned());
@@ -358,7 +361,7 @@ mod tests {
             tools: Some(tools),
             ..HostKubeProxy::default()
         };
-        let leftovers = node.leftovers().await;
+        let leftovers = node.leftovers(true).await;
         assert_eq!(leftovers.unreadable, Vec::<String>::new());
         assert_eq!(leftovers.ipsets, ["KUBE-CLUSTER-IP"]);
         assert_eq!(leftovers.counts(), (1, 1, 1));

@@ -254,6 +254,10 @@ impl<D: Dataplane> Engine<D> {
         if touched.is_none()
             && let Some(takeover) = self.takeover.as_mut()
         {
+            let kubelet_version = self
+                .source
+                .with_store(|store| store.kubelet_version().map(str::to_owned));
+            takeover.set_kubelet_version(kubelet_version.as_deref());
             takeover.survey().await;
             if takeover.found_kube_proxy() {
                 self.kube_proxy_node_ports = takeover::kube_proxy_node_ports(

@@ -19,6 +19,7 @@ use super::syncer::SyncReport;
 use crate::dataplane::Op;
 use crate::dataplane::kube_proxy::KubeProxyNode;
 use crate::model::{DesiredState, Protocol, VirtualServerKey};
+use crate::plan::kube_proxy::kubelet_creates_shared_chains;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -104,6 +105,8 @@ pub struct Takeover {
     done: bool,
     /// The removal in progress: whether it succeeded.
     removal: Option<JoinHandle<bool>>,
+    /// The node's kubelet version, when its Node is known.
+    kubelet_version: Option<String>,
 }
 
 impl Takeover {
@@ -115,7 +118,18 @@ impl Takeover {
             surveyed: false,
             done: false,
             removal: None,
+            kubelet_version: None,
         }
+    }
+
+    /// Sets the node's kubelet version (`status.nodeInfo.kubeletVersion`; `None`: unknown),
+    /// which says who owns the shared nat chains ([`kubelet_creates_shared_chains`]).
+    pub fn set_kubelet_version(&mut self, kubelet_version: Option<&str>) {
+        self.kubelet_version = kubelet_version.map(str::to_owned);
+    }
+
+    fn kubelet_chains(&self) -> bool {
+        kubelet_creates_shared_chains(self.kubelet_version.as_deref())
     }
 
     /// Whether kube-proxy's state was found on the node (it ran, or [`Takeover::survey`] found
@@ -132,7 +146,8 @@ impl Takeover {
             return;
         }
         self.surveyed = true;
-        let leftovers = tokio::time::timeout(REMOVAL_DEADLINE, self.node.leftovers()).await;
+        let leftovers = self.node.leftovers(self.kubelet_chains());
+        let leftovers = tokio::time::timeout(REMOVAL_DEADLINE, leftovers).await;
         self.found = leftovers.is_ok_and(|l| !l.is_empty());
         if self.found {
             tracing::info!("kube-proxy's iptables rules or ipsets are on this node");
@@ -163,8 +178,9 @@ impl Takeover {
             return;
         }
         let (node, observer) = (self.node.clone(), observer.clone());
+        let kubelet_chains = self.kubelet_chains();
         self.removal = Some(tokio::spawn(async move {
-            let removal = remove_leftovers(&*node, &*observer);
+            let removal = remove_leftovers(&*node, kubelet_chains, &*observer);
             match tokio::time::timeout(REMOVAL_DEADLINE, removal).await {
                 Ok(done) => done,
                 Err(_) => {
@@ -189,11 +205,16 @@ impl Takeover {
     }
 }
 
-/// Reads what kube-proxy left on `node` and removes it, telling `observer`. Returns whether
+/// Reads what kube-proxy left on `node` (`kubelet_chains`: whether kubelet creates the shared
+/// nat chains, [`kubelet_creates_shared_chains`]) and removes it, telling `observer`. Returns whether
 /// nothing of kube-proxy's is left: a ruleset or ipset list that could not be read (other than
 /// a backend that is not installed) leaves it not done, logged and told as a failure.
-async fn remove_leftovers(node: &dyn KubeProxyNode, observer: &dyn Observer) -> bool {
-    let leftovers = node.leftovers().await;
+async fn remove_leftovers(
+    node: &dyn KubeProxyNode,
+    kubelet_chains: bool,
+    observer: &dyn Observer,
+) -> bool {
+    let leftovers = node.leftovers(kubelet_chains).await;
     let unreadable = leftovers.unreadable.join("; ");
     if !unreadable.is_empty() {
         tracing::warn!(
@@ -271,6 +292,8 @@ mod tests {
         asked: Mutex<usize>,
         /// A removal waits for this, when set.
         hold: Mutex<Option<Arc<tokio::sync::Notify>>>,
+        /// The `kubelet_chains` of every reading.
+        kubelet_chains: Mutex<Vec<bool>>,
     }
 
     impl KubeProxyNode for Arc<FakeNode> {
@@ -279,7 +302,8 @@ mod tests {
             let running = self.running.lock().unwrap().clone();
             Box::pin(async move { running })
         }
-        fn leftovers(&self) -> BoxFuture<'_, Leftovers> {
+        fn leftovers(&self, kubelet_chains: bool) -> BoxFuture<'_, Leftovers> {
+            self.kubelet_chains.lock().unwrap().push(kubelet_chains);
             let leftovers = self.leftovers.lock().unwrap().clone();
             Box::pin(async move { leftovers })
         }
@@ -313,7 +337,7 @@ mod tests {
             rulesets: vec![Ruleset {
                 backend: "legacy",
                 family: "iptables",
-                removal: iptables_removal(&parse_save(save).unwrap()),
+                removal: iptables_removal(&parse_save(save).unwrap(), true),
             }],
             ipsets: vec!["KUBE-CLUSTER-IP".into()],
             unreadable: vec![],
@@ -425,6 +449,40 @@ mod tests {
             .taking_over(Takeover::new(Arc::new(node.clone()), false));
         let report = engine.sync().await.unwrap();
         (engine, events, report)
+    }
+
+    /// The engine reads the leftovers with the kubelet version of its Node: unknown (no Node
+    /// yet) and before 1.28 kubelet owns the shared nat chains, from 1.28 not.
+    #[tokio::test(start_paused = true)]
+    async fn the_nodes_kubelet_version_says_who_owns_the_shared_chains() {
+        use k8s_openapi::api::core::v1::{Node, NodeStatus, NodeSystemInfo};
+        let node = Arc::new(FakeNode::default());
+        // Never done: something cannot be read, so every full sync reads again.
+        node.leftovers.lock().unwrap().unreadable = vec!["x".into()];
+        let (mut engine, _, _) = engine_taking_over(&node).await;
+        engine.takeover.as_mut().unwrap().removed().await;
+        for version in ["v1.27.3", "v1.28.2"] {
+            let mut object = Node::default();
+            object.metadata.name = Some("n1".into());
+            object.status = Some(NodeStatus {
+                node_info: Some(NodeSystemInfo {
+                    kubelet_version: version.into(),
+                    ..NodeSystemInfo::default()
+                }),
+                ..NodeStatus::default()
+            });
+            engine
+                .source
+                .with_store(|store| store.set_node(Some(object)));
+            let period = ProxierConfiguration::default().ipvs.sync_period;
+            tokio::time::sleep(period).await;
+            engine.sync().await.unwrap();
+            engine.takeover.as_mut().unwrap().removed().await;
+        }
+        assert_eq!(
+            *node.kubelet_chains.lock().unwrap(),
+            [true, true, true, false]
+        );
     }
 
     /// A ruleset that cannot be read leaves the takeover not done, told as a failure (and

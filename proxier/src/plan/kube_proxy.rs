@@ -9,12 +9,17 @@
 //! the later filter chains and `KUBE-IPVS-IPS`). IPv6 sets are named `KUBE-6-…`, cut to 31
 //! characters (`ipset.go`, `NewIPSet`).
 //!
-//! kubelet owns chains of the same names (`pkg/kubelet/kubelet_network_linux.go`: nat
-//! `KUBE-MARK-MASQ`, `KUBE-POSTROUTING`, `KUBE-MARK-DROP`, filter `KUBE-FIREWALL`, and its
-//! canary `KUBE-KUBELET-CANARY`). When a ruleset holds kubelet's canary, kubelet manages it: those
-//! chains and the jumps to them stay, and only the rules kube-proxy added in them (those that
-//! match one of its ipsets or jump to one of its removed chains) go. Without the canary
-//! (kubelet 1.28+ dropped them, or no kubelet), the shared names are kube-proxy's and go.
+//! kubelet before 1.28 owns chains of the same names (`pkg/kubelet/kubelet_network_linux.go`:
+//! nat `KUBE-MARK-MASQ`, `KUBE-POSTROUTING`, `KUBE-MARK-DROP`; it also has filter
+//! `KUBE-FIREWALL` and its canary `KUBE-KUBELET-CANARY`, which it keeps creating from 1.28 on).
+//! kubelet 1.28 no longer creates the three nat chains (`IPTablesOwnershipCleanup`, GA in 1.28),
+//! so its canary no longer says who owns them: [`kubelet_creates_shared_chains`] decides from
+//! the Node's `status.nodeInfo.kubeletVersion`, and an unknown version counts as before 1.28
+//! (conservative: kube-proxy's copies stay, where deleting kubelet's would break its
+//! masquerading). When kubelet creates them and a ruleset holds its canary, those chains and
+//! the jumps to them stay, and only the rules kube-proxy added in them (those that match one of
+//! its ipsets or jump to one of its removed chains) go. Otherwise (kubelet 1.28+, or no
+//! canary) the shared names are kube-proxy's and go.
 //! filter `KUBE-FIREWALL` and the canary are never kube-proxy's and always stay.
 //!
 //! A filter table whose `FORWARD` policy is not `ACCEPT` (Docker sets it to `DROP`) relies on
@@ -60,6 +65,22 @@ const KUBELET_CHAINS: &[(&str, &str)] = &[
     ("nat", "KUBE-POSTROUTING"),
     ("nat", "KUBE-MARK-DROP"),
 ];
+
+/// Whether kubelet of `kubelet_version` (`status.nodeInfo.kubeletVersion`: `v1.27.3`,
+/// `v1.28.2-eks-1`) creates nat `KUBE-MARK-MASQ`, `KUBE-POSTROUTING` and `KUBE-MARK-DROP`: a
+/// version before 1.28, and an unknown or unreadable one (see the module docs).
+pub fn kubelet_creates_shared_chains(kubelet_version: Option<&str>) -> bool {
+    let minor = kubelet_version.and_then(|v| {
+        let mut parts = v.trim_start_matches('v').split('.');
+        let major: u32 = parts.next()?.parse().ok()?;
+        let minor = parts.next()?;
+        let digits = minor
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(minor.len());
+        Some((major, minor[..digits].parse::<u32>().ok()?))
+    });
+    minor.is_none_or(|version| version < (1, 28))
+}
 
 /// kube-proxy's ipsets (IPv4 names), 1.24 to current (IPVS mode).
 const IPSETS: &[&str] = &[
@@ -283,11 +304,13 @@ impl fmt::Display for IptablesRemoval {
 const POLICY_ACCEPTS: &[(&str, &str)] = &[("FORWARD", "KUBE-FORWARD"), ("INPUT", "KUBE-NODE-PORT")];
 
 /// What of `tables` (one `iptables-save` output) is kube-proxy's and goes (see the module
-/// docs for kubelet's chains and the chains a policy keeps).
-pub fn iptables_removal(tables: &[Table]) -> IptablesRemoval {
-    let kubelet = tables
-        .iter()
-        .any(|t| t.chains.iter().any(|c| c == KUBELET_CANARY));
+/// docs for kubelet's chains and the chains a policy keeps); `kubelet_chains`: whether kubelet
+/// creates the shared nat chains ([`kubelet_creates_shared_chains`]).
+pub fn iptables_removal(tables: &[Table], kubelet_chains: bool) -> IptablesRemoval {
+    let kubelet = kubelet_chains
+        && tables
+            .iter()
+            .any(|t| t.chains.iter().any(|c| c == KUBELET_CANARY));
     let mut removal = IptablesRemoval::default();
     for table in tables {
         let names: &[&str] = match table.name.as_str() {
@@ -413,7 +436,7 @@ COMMIT
     /// to them; Docker's and the user's rules and chains stay.
     #[test]
     fn kube_proxys_chains_and_jumps_go_and_nothing_else() {
-        let removal = iptables_removal(&parse_save(KUBE_PROXY_124).unwrap());
+        let removal = iptables_removal(&parse_save(KUBE_PROXY_124).unwrap(), true);
         assert_eq!(
             pairs(&removal.chains),
             [
@@ -453,6 +476,59 @@ COMMIT
         assert_eq!(input.matches("COMMIT").count(), 2);
     }
 
+    /// kubelet before 1.28 (and an unknown one) creates the shared nat chains, 1.28 on not.
+    #[test]
+    fn kubelet_creates_the_shared_chains_before_1_28() {
+        for (version, creates) in [
+            (Some("v1.24.17"), true),
+            (Some("v1.27.3"), true),
+            (Some("v1.28.0"), false),
+            (Some("v1.28.2-eks-1"), false),
+            (Some("v1.31.1+k3s1"), false),
+            (Some("v2.0.0"), false),
+            (Some("garbage"), true),
+            (None, true),
+        ] {
+            assert_eq!(
+                kubelet_creates_shared_chains(version),
+                creates,
+                "{version:?}"
+            );
+        }
+    }
+
+    /// kubelet 1.28+ keeps its canary but no longer creates nat KUBE-MARK-MASQ,
+    /// KUBE-POSTROUTING, KUBE-MARK-DROP: with its canary there, kube-proxy's copies and the
+    /// POSTROUTING jump go all the same.
+    #[test]
+    fn kube_proxys_shared_chains_go_beside_kubelet_1_28() {
+        let text = KUBE_PROXY_124.replace(
+            ":KUBE-FIREWALL - [0:0]",
+            ":KUBE-FIREWALL - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]",
+        );
+        let tables = parse_save(&text).unwrap();
+        let removal = iptables_removal(&tables, kubelet_creates_shared_chains(Some("v1.28.2")));
+        assert!(removal.kept.is_empty());
+        let chains = pairs(&removal.chains);
+        for shared in [
+            "nat KUBE-MARK-MASQ",
+            "nat KUBE-POSTROUTING",
+            "nat KUBE-MARK-DROP",
+        ] {
+            assert!(chains.contains(&shared.to_owned()), "{chains:?}");
+        }
+        assert!(!chains.iter().any(|c| c.ends_with("KUBE-KUBELET-CANARY")));
+        assert!(
+            removal
+                .rules
+                .iter()
+                .any(|(t, r)| t == "nat" && r.chain == "POSTROUTING")
+        );
+        // kubelet 1.27: they stay.
+        let removal = iptables_removal(&tables, kubelet_creates_shared_chains(Some("v1.27.3")));
+        assert_eq!(removal.kept.len(), 3);
+    }
+
     /// With kubelet's canary, kubelet's chains of the same names and the jump to its
     /// KUBE-POSTROUTING stay; kube-proxy's hairpin rule in it (matching its set) goes.
     #[test]
@@ -467,7 +543,7 @@ COMMIT
                 ":USER - [0:0]\n:KUBE-FIREWALL - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]",
             )
             + "*mangle\n:PREROUTING ACCEPT [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n";
-        let removal = iptables_removal(&parse_save(&text).unwrap());
+        let removal = iptables_removal(&parse_save(&text).unwrap(), true);
         assert_eq!(
             pairs(&removal.kept),
             [
@@ -510,12 +586,12 @@ COMMIT
             -A OUTPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-OUT-FILTER\n\
             -A KUBE-IPVS-FILTER -m set --match-set KUBE-IPVS-IPS dst -m conntrack --ctstate NEW -j REJECT\n\
             -A KUBE-PROXY-FIREWALL -j KUBE-SOURCE-RANGES-FIREWALL\nCOMMIT\n";
-        let removal = iptables_removal(&parse_save(text).unwrap());
+        let removal = iptables_removal(&parse_save(text).unwrap(), true);
         assert_eq!(removal.chains.len(), 4);
         assert_eq!(removal.rules.len(), 3);
         let empty =
             "*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n";
-        let none = iptables_removal(&parse_save(empty).unwrap());
+        let none = iptables_removal(&parse_save(empty).unwrap(), true);
         assert!(none.is_empty() && none.restore_input().is_empty());
         assert!(parse_save("-A INPUT -j DROP\n").is_err());
     }
@@ -541,7 +617,7 @@ COMMIT
                 ("OUTPUT".to_owned(), "ACCEPT".to_owned())
             ]
         );
-        let removal = iptables_removal(&tables);
+        let removal = iptables_removal(&tables, true);
         assert_eq!(
             removal.kept_for_policy,
             [
@@ -569,7 +645,7 @@ COMMIT
         );
         // Only FORWARD drops: filter KUBE-NODE-PORT goes.
         let forward_only = KUBE_PROXY_124.replace(":FORWARD ACCEPT [0:0]", ":FORWARD DROP [0:0]");
-        let removal = iptables_removal(&parse_save(&forward_only).unwrap());
+        let removal = iptables_removal(&parse_save(&forward_only).unwrap(), true);
         assert_eq!(removal.kept_for_policy.len(), 1);
         assert!(pairs(&removal.chains).contains(&"filter KUBE-NODE-PORT".to_owned()));
         assert!(removal.kept_sets.is_empty());

@@ -393,6 +393,13 @@ impl Store {
         self.node.as_ref()
     }
 
+    /// The own Node's kubelet version (`status.nodeInfo.kubeletVersion`, e.g. `v1.28.2`), if
+    /// known.
+    pub fn kubelet_version(&self) -> Option<&str> {
+        let info = self.node.as_ref()?.status.as_ref()?.node_info.as_ref()?;
+        Some(info.kubelet_version.as_str())
+    }
+
     /// What planning reads of the own Node, if known.
     pub fn node_info(&self) -> Option<&NodeInfo> {
         self.node_info.as_ref()
