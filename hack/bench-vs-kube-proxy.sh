@@ -127,7 +127,8 @@ EOF
       say "$n Services, minSyncPeriod $m: $p converged after $(field seconds "$o/start") s, $(field cpu "$o/start") CPU s"
       for rate in $RATES; do
         agent watch-start "$CHURN_VS" > /dev/null || say "  the guest's poll of $CHURN_VS did not start"
-        summary=$(churn "$rate" "$SECONDS_EACH" "$o/writes-$rate") || summary="the writes failed"
+        churn "$rate" "$SECONDS_EACH" "$o/writes-$rate" > "$o/summary-$rate" || echo "the writes failed" > "$o/summary-$rate"
+        summary=$(cat "$o/summary-$rate")
         sleep 3 # on purpose: the last writes' time to reach the kernel
         agent watch-stop > "$o/watch-$rate" || true
         guest_clock_offset

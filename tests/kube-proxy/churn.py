@@ -15,6 +15,8 @@ latency: WRITES is write's OUT; WATCH the guest agent's watch-stop output (`ipvs
   followed by "T CLOCK" in the guest's clock); OFFSET the guest's clock minus this machine's
   (hack/lib/guest-clock.sh). Write k is visible at the first poll whose weighted (weight > 0) real servers
   include address(j) for some j >= k: the kernel then reflects write k or a later one that replaced it.
+  Polls before the first change of the churned real servers show the state before these writes and count
+  for none of them.
   Prints "p50 P99 MAX SEEN WRITES" (seconds from the apiserver's answer to that poll; SEEN of WRITES
   writes became visible before the watch stopped).
 """
@@ -74,11 +76,15 @@ def write(server, token, ns, svc, first, rate, seconds, out):
 
 def latency(writes_file, watch_file, offset):
     writes = [(int(k), float(t)) for k, t in (line.split() for line in open(writes_file) if line.strip())]
-    polls, current = [], []
+    polls, current, before = [], [], None
     for line in open(watch_file):
         f = line.split()
         if f and f[0] == "T" and len(f) == 2:
-            polls.append((float(f[1]) - offset, max((s for s in current if s is not None), default=-1)))
+            top = max((s for s in current if s is not None), default=-1)
+            if before is None:
+                before = top
+            if polls or top != before:
+                polls.append((float(f[1]) - offset, top))
             current = []
         elif len(f) >= 4 and f[0] == "->" and f[3].isdigit() and int(f[3]) > 0:
             # "  -> 10.250.0.5:8080   Masq  1  0  0": address:port, forward, weight, active, inactive
