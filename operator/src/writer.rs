@@ -462,63 +462,78 @@ impl Writer {
         workers
     }
 
+    /// One worker: sends the writes due, one at a time, forever.
     async fn work(self: Arc<Self>) {
         loop {
-            let wake = self.wake.notified();
-            tokio::pin!(wake);
-            wake.as_mut().enable();
-            let taken = self.state.lock().expect("writer lock").take(Instant::now());
-            let queued = match taken {
-                Ok(queued) => queued,
-                Err(Some(due)) => {
-                    let _ = tokio::time::timeout_at(due, wake).await;
-                    continue;
-                }
-                Err(None) => {
-                    wake.await;
-                    continue;
-                }
-            };
+            let queued = self.next_due().await;
             if !self.owner_exists(&queued.owner) {
                 tracing::info!(proxyconfig = %queued.owner.name, node = queued.write.node(), "ProxyConfig deleted: write dropped");
                 self.state.lock().expect("writer lock").drop_taken(queued);
                 continue;
             }
-            let assigned_at = queued.assigned_at.expect("take fixes assignedAt");
-            let result = send(&self.client, &queued.owner, &queued.write, assigned_at).await;
-            let write_kind = kind(&queued.write);
-            let result = match result {
-                Ok(()) => {
-                    self.metrics
-                        .writes
-                        .total
-                        .with_label_values(&[write_kind])
-                        .inc();
-                    Ok(())
-                }
-                Err(e) => {
-                    self.metrics
-                        .writes
-                        .errors
-                        .with_label_values(&[write_kind])
-                        .inc();
-                    tracing::warn!(proxyconfig = %queued.owner.name, node = queued.write.node(), error = %e, "write failed; retrying");
-                    Err(Failure::of(&e))
-                }
-            };
-            let owner = queued.owner.name.clone();
-            let changed = {
-                let mut state = self.state.lock().expect("writer lock");
-                let changed = state.finish(queued, result, Instant::now());
-                self.metrics.writes.queue.set(state.queued() as i64);
-                changed
-            };
-            if changed {
-                let _ = self.triggers.unbounded_send(ObjectRef::new(&owner));
-            }
-            // The node may have another write waiting for this one.
-            self.wake.notify_waiters();
+            let result = self.send_counted(&queued).await;
+            self.finished(queued, result);
         }
+    }
+
+    /// The next write due, once there is one.
+    async fn next_due(&self) -> Queued {
+        loop {
+            let wake = self.wake.notified();
+            tokio::pin!(wake);
+            wake.as_mut().enable();
+            let taken = self.state.lock().expect("writer lock").take(Instant::now());
+            match taken {
+                Ok(queued) => return queued,
+                Err(Some(due)) => {
+                    let _ = tokio::time::timeout_at(due, wake).await;
+                }
+                Err(None) => wake.await,
+            }
+        }
+    }
+
+    /// Sends `queued`, counting it in the metrics (a failure also logged).
+    async fn send_counted(&self, queued: &Queued) -> Result<(), Failure> {
+        let assigned_at = queued.assigned_at.expect("take fixes assignedAt");
+        let result = send(&self.client, &queued.owner, &queued.write, assigned_at).await;
+        let write_kind = kind(&queued.write);
+        match result {
+            Ok(()) => {
+                self.metrics
+                    .writes
+                    .total
+                    .with_label_values(&[write_kind])
+                    .inc();
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics
+                    .writes
+                    .errors
+                    .with_label_values(&[write_kind])
+                    .inc();
+                tracing::warn!(proxyconfig = %queued.owner.name, node = queued.write.node(), error = %e, "write failed; retrying");
+                Err(Failure::of(&e))
+            }
+        }
+    }
+
+    /// `queued` was sent with `result`: the state takes it in, its ProxyConfig is reconciled
+    /// when that changes what it reports, and the workers wake (the node may have another write
+    /// waiting for this one).
+    fn finished(&self, queued: Queued, result: Result<(), Failure>) {
+        let owner = queued.owner.name.clone();
+        let changed = {
+            let mut state = self.state.lock().expect("writer lock");
+            let changed = state.finish(queued, result, Instant::now());
+            self.metrics.writes.queue.set(state.queued() as i64);
+            changed
+        };
+        if changed {
+            let _ = self.triggers.unbounded_send(ObjectRef::new(&owner));
+        }
+        self.wake.notify_waiters();
     }
 }
 
