@@ -7,7 +7,8 @@
 //! such a node), and the ops that touch established connections are named: deleting a virtual
 //! server or real server that has connections (they break), unbinding an address one of whose
 //! virtual servers has connections (they break), and re-weighting a real server that has
-//! connections (a drain to weight 0 keeps them but takes the real server out of rotation).
+//! connections to 0 (a drain keeps them but takes the real server out of rotation; any other
+//! weight, e.g. raising kube-proxy's wanted real servers from 0, kubernetes#92019, keeps it in).
 
 use crate::dataplane::Op;
 use crate::dataplane::kube_proxy::Leftovers;
@@ -59,6 +60,9 @@ impl Preview {
                     continue;
                 }
                 Op::DeleteVirtualServer(key) => virtual_server_connections(observed, key),
+                // A raise (kube-proxy's wanted real servers left at weight 0, kubernetes#92019)
+                // or any other weight but 0 keeps the real server in rotation.
+                Op::UpdateRealServer { weight, .. } if *weight > 0 => 0,
                 Op::DeleteRealServer { vs, rs } | Op::UpdateRealServer { vs, rs, .. } => observed
                     .virtual_servers
                     .get(vs)
@@ -179,6 +183,11 @@ mod tests {
                 weight: 0,
             },
             Op::BindAddress("10.96.0.11".parse().unwrap()),
+            Op::UpdateRealServer {
+                vs: busy_vs,
+                rs: busy,
+                weight: 1,
+            },
         ];
         let preview = Preview::new(&ops, &observed, Leftovers::default());
         let touching: Vec<&Op> = preview.touching_connections().map(|(op, _)| op).collect();
@@ -192,7 +201,7 @@ mod tests {
         );
         assert!(
             text.ends_with(
-                "# 5 ops, 2 touching connections; kube-proxy: 0 rules, 0 chains, 0 ipsets\n"
+                "# 6 ops, 2 touching connections; kube-proxy: 0 rules, 0 chains, 0 ipsets\n"
             ),
             "{text}"
         );

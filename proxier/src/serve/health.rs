@@ -361,7 +361,8 @@ pub async fn bind_retrying(addr: SocketAddr, what: &str, failed: impl Fn()) -> T
                     tracing::warn!(
                         %addr,
                         %error,
-                        "cannot bind the {what} server; retrying every {}s, programming goes on",
+                        "cannot bind the {what} server; retrying every {}s (the proxier goes on \
+                         without it)",
                         BIND_RETRY.as_secs()
                     );
                 }

@@ -24,7 +24,7 @@
 //! | `kipvs_real_servers_draining_oldest_seconds` | gauge | age of the oldest drain at the last sync (0 when none) |
 //! | **servers** | | |
 //! | `kubeproxy_proxy_healthz_total{code}`, `kubeproxy_proxy_livez_total{code}` | counter | `/healthz` and `/livez` answers by status code |
-//! | `kipvs_server_bind_failures_total{server}` | counter | failed attempts to bind `healthz`, `metrics` or `gRPC health` (retried every 5 s while programming goes on) |
+//! | `kipvs_server_bind_failures_total{server}` | counter | failed attempts to bind `healthz`, `metrics` or `gRPC health` (retried every 5 s; the proxier goes on without the server) |
 //! | **inputs** | | |
 //! | `kipvs_api_resource_unavailable{resource}` | gauge | 1 while the API server does not serve a resource kipvs watches (e.g. `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21) |
 //! | `kipvs_manifests_invalid_files` | gauge | manifests files (`run --manifests`) that cannot be read or do not load as they are; each keeps its last good content |
