@@ -305,3 +305,76 @@ fn a_refused_interval_is_isolated_and_every_other_element_lands() {
         assert!(transactions <= 2 * 6 + 1, "{transactions} transactions");
     });
 }
+
+/// `firewall-allow` intervals are created (`NLM_F_EXCL`), so the kernel refuses every clash
+/// with an element of the set, kipvs's or not (Debian 12's 6.1 left one out without an error
+/// when added without the flag), and also an element that is exactly present, which
+/// [`applied_anyway`](kipvs_proxier::dataplane::isolate::applied_anyway) counts as applied once
+/// the table is read back. A range narrowed in one transaction (the old interval deleted, a
+/// nested one created) still lands, through isolation when the kernel refuses it whole.
+#[test]
+fn firewall_allow_creations_are_refused_on_any_clash_and_a_present_one_counts_as_applied() {
+    use kipvs_proxier::dataplane::isolate::{Isolation, applied_anyway, refused_creations};
+    use kipvs_proxier::dataplane::{Op, nft_transaction};
+    if !private_netns() {
+        return;
+    }
+    runtime().block_on(async {
+        let nft = Nft::default();
+        let lb = key("203.0.113.40", Protocol::Tcp, 80);
+        let allow = |net: &str| SetElement::FirewallAllow(lb, net.parse().unwrap());
+        let rules = NftRules::new(vec![], false);
+        let apply = |ops: &[Op]| {
+            let ops = ops.to_vec();
+            let nft = &nft;
+            async move {
+                let mut isolation = Isolation::new(&ops);
+                while let Some(part) = isolation.next_part() {
+                    let result = nft.apply(&transaction(&nft_transaction(part))).await;
+                    isolation.done(result.map_err(Into::into));
+                }
+                isolation.failures()
+            }
+        };
+        let wide = Op::AddSetElement(allow("192.168.0.0/16"));
+        assert!(
+            apply(&[Op::WriteRules(rules.clone()), wide.clone()])
+                .await
+                .is_empty()
+        );
+
+        // Exactly present: refused, and applied once read back.
+        let mut refused = apply(std::slice::from_ref(&wide)).await;
+        assert_eq!(refused.len(), 1, "create refuses a present element");
+        assert!(refused_creations(&refused));
+        let present = nft.observe().await.unwrap().elements;
+        assert_eq!(applied_anyway(&mut refused, &present), [wide]);
+        assert!(refused.is_empty());
+
+        // Narrowed: /16 deleted and /24 (inside it) created in one stage.
+        let narrow = [
+            Op::DeleteSetElement(allow("192.168.0.0/16")),
+            Op::AddSetElement(allow("192.168.100.0/24")),
+        ];
+        assert!(apply(&narrow).await.is_empty());
+        let elements = nft.observe().await.unwrap().elements;
+        assert_eq!(elements, [allow("192.168.100.0/24")].into());
+
+        // A clash with an element kipvs did not write (a range of load-balancer IPs, which kipvs
+        // neither reads as its own nor deletes) is refused, and the element stays out.
+        let foreign = "203.0.113.40-203.0.113.41 . tcp . 80 . 10.0.0.0/8";
+        let status = std::process::Command::new("nft")
+            .args(["add", "element", "inet", "kipvs", "firewall-allow"])
+            .arg(format!("{{ {foreign} }}"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let clash = Op::AddSetElement(allow("10.1.0.0/16"));
+        let mut refused = apply(std::slice::from_ref(&clash)).await;
+        let present = nft.observe().await.unwrap().elements;
+        assert!(applied_anyway(&mut refused, &present).is_empty());
+        let failed: Vec<&Op> = refused.iter().map(|f| &f.op).collect();
+        assert_eq!(failed, [&clash]);
+        assert_eq!(present, [allow("192.168.100.0/24")].into());
+    });
+}

@@ -11,9 +11,7 @@
 #     stays closed to client2 while the health check on the node IP answers it;
 #   - the table's rule count does not change when Services are added;
 #   - on-premises source ranges (nested, holding the node IP and the load-balancer IP) are merged and
-#     hold: outside sources are dropped. (A refused element cannot be made here: this kernel, 6.1,
-#     leaves an overlapping interval added over netlink out without an error; the isolation of a
-#     refused element is proven against the host's kernel in proxier/tests/nft_kernel.rs.)
+#     hold: outside sources are dropped. (An element the kernel refuses: 39-firewall-refused.sh.)
 . /payload/tests/lib.sh
 proxier_ensure; wait_converged 30 >/dev/null
 rules() { nft list table inet kipvs 2>/dev/null | grep -c 'comment "'; }

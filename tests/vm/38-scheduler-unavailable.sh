@@ -10,10 +10,6 @@
 modprobe ip_vs_twos 2>/dev/null && skip "this kernel has the twos scheduler"
 proxier_ensure; wait_converged 30 >/dev/null
 cp "$M/shop.yaml" "$W/shop.yaml.orig"; cp "$M/web.yaml" "$W/web.yaml.orig"
-metric() { # NAME: its value on the proxier's /metrics (stdin stays open 1 s, on purpose, for the answer)
-  (printf 'GET /metrics HTTP/1.0\r\n\r\n'; sleep 1) | nc -w 3 127.0.0.1 10249 2>/dev/null |
-    awk -v n="$1" '$1 == n { print $2 }'
-}
 scheduler_of() { ipvsadm -Sn | awk -v vs="$1" '$1 == "-A" && $3 == vs { print $5 }'; }
 
 npc r-sched true true true

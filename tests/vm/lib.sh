@@ -156,6 +156,10 @@ ops_since() { tail -n +"$(( $1 + 1 ))" "$(proxier_log)" | grep -o 'op=[A-Za-z]*.
 http_code() { # PATH: the status code of the proxier's health server (stdin stays open 1 s, on purpose, for the answer)
   (printf 'GET %s HTTP/1.0\r\n\r\n' "$1"; sleep 1) | nc -w 3 127.0.0.1 10256 2>/dev/null | head -n1 | cut -d' ' -f2
 }
+metric() { # NAME: its value on the proxier's /metrics (stdin stays open 1 s, on purpose, for the answer)
+  (printf 'GET /metrics HTTP/1.0\r\n\r\n'; sleep 1) | nc -w 3 127.0.0.1 10249 2>/dev/null |
+    awk -v n="$1" '$1 == n { print $2 }'
+}
 want_code() { # PATH CODE
   c=$(http_code "$1"); [ "$c" = "$2" ] && ok "$1 answers $2" || bad "$1 answers '$c', want $2"
 }

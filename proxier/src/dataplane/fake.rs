@@ -35,6 +35,9 @@ pub struct FakeDataplane {
     /// Ops whose next application succeeds but is reported failed with `ENOBUFS`, as when the
     /// kernel drops a batch's answers ([`super::batch`]): the caller cannot know the outcome.
     pub lost_answers: Vec<Op>,
+    /// nftables ops this fake kernel refuses (`File exists`) while they are listed, changing
+    /// nothing, as when a set element of kipvs clashes with one it did not write.
+    pub refusing: Vec<Op>,
 }
 
 impl FakeDataplane {
@@ -56,18 +59,12 @@ impl FakeDataplane {
 }
 
 impl FakeDataplane {
-    /// The ops of an nftables stage the kernel would refuse: adding a `firewall-allow` interval
-    /// that overlaps another of the same virtual server (present and not deleted in the stage,
-    /// or added before it in the stage), which the kernel's concatenated interval set refuses
-    /// with `EEXIST`. An identical element is no overlap (adding a present element succeeds).
+    /// The ops of an nftables stage the kernel would refuse: those of
+    /// [`FakeDataplane::refusing`], and adding a `firewall-allow` interval that overlaps another
+    /// of the same virtual server or equals a present one (present and not deleted in the
+    /// stage, or added before it in the stage), which the kernel's concatenated interval set
+    /// refuses with `EEXIST` (kipvs adds them with `create`, `NLM_F_EXCL`).
     fn refused(&self, stage: &[Op]) -> Vec<OpFailure> {
-        let allows = |op: &Op| match op {
-            Op::AddSetElement(SetElement::FirewallAllow(key, net)) => Some((*key, *net)),
-            _ => None,
-        };
-        if !stage.iter().any(|op| allows(op).is_some()) {
-            return Vec::new();
-        }
         let deleted: BTreeSet<&SetElement> = stage
             .iter()
             .filter_map(|op| match op {
@@ -76,8 +73,7 @@ impl FakeDataplane {
             })
             .collect();
         let mut added: Vec<(VirtualServerKey, IpNet)> = Vec::new();
-        let mut refused = Vec::new();
-        for (op, (key, net)) in stage.iter().filter_map(|op| Some((op, allows(op)?))) {
+        let mut clashes = |key: VirtualServerKey, net: IpNet| {
             let lowest = IpNet::V4(Default::default());
             let highest = IpNet::V6(ipnet::Ipv6Net::new(Ipv6Addr::from(u128::MAX), 128).unwrap());
             let present = self
@@ -93,20 +89,25 @@ impl FakeDataplane {
                     _ => None,
                 });
             let earlier = added.iter().filter(|(k, _)| *k == key).map(|(_, n)| *n);
-            let overlaps =
-                |other: IpNet| other != net && (other.contains(&net) || net.contains(&other));
-            if present.chain(earlier).any(overlaps) {
-                refused.push(OpFailure {
-                    op: op.clone(),
-                    error: DataplaneError::NftTransaction(
-                        "Could not process rule: File exists".into(),
-                    ),
-                });
-            } else {
+            let overlaps = |other: IpNet| other.contains(&net) || net.contains(&other);
+            let clash = present.chain(earlier).any(overlaps);
+            if !clash {
                 added.push((key, net));
             }
-        }
-        refused
+            clash
+        };
+        stage
+            .iter()
+            .filter(|op| {
+                self.refusing.contains(op)
+                    || matches!(op, Op::AddSetElement(SetElement::FirewallAllow(key, net))
+                        if clashes(*key, *net))
+            })
+            .map(|op| OpFailure {
+                op: op.clone(),
+                error: DataplaneError::NftTransaction("Could not process rule: File exists".into()),
+            })
+            .collect()
     }
 
     fn apply_stage(&mut self, ops: &[Op]) -> Vec<OpFailure> {
@@ -241,6 +242,12 @@ impl Dataplane for FakeDataplane {
                     .cloned()
                     .collect();
                 let failures = self.apply_stage(&rest);
+                let mut refused = refused;
+                if isolate::refused_creations(&refused) {
+                    let present = &self.state.set_elements;
+                    let applied = isolate::applied_anyway(&mut refused, present);
+                    self.applied.extend(applied);
+                }
                 refused.into_iter().chain(failures).collect()
             };
             withholding.failed(ops, &stage_failures);

@@ -10,6 +10,12 @@
 //! virtual server whose firewall elements failed (a load-balancer IP without them is open
 //! to every source): they fail with [`DataplaneError::Withheld`] and are retried with the element.
 //! [`Withholding`] also keeps the set elements of a virtual server whose deletion failed.
+//! An existing virtual server whose new `firewall` element failed is found by [`exposed`]: the
+//! syncer deletes it until the element is in.
+//!
+//! `firewall-allow` intervals are added with `create` (`NLM_F_EXCL`), so that every kernel
+//! refuses an overlap ([`super::nft`]); [`applied_anyway`] keeps an element that is exactly in the
+//! kernel already from counting as refused.
 
 use super::{DataplaneError, Op, OpFailure};
 use crate::model::{SetElement, VirtualServerKey};
@@ -79,6 +85,55 @@ impl<'a> Isolation<'a> {
     pub fn failures(self) -> Vec<OpFailure> {
         self.failures
     }
+}
+
+/// Whether `refused` holds an addition of a `firewall-allow` interval: a `create`, which the
+/// kernel also refuses when the element is exactly present. The dataplane then reads the set
+/// elements back for [`applied_anyway`] (one read, only after such a refusal).
+pub fn refused_creations(refused: &[OpFailure]) -> bool {
+    refused
+        .iter()
+        .any(|f| matches!(f.op, Op::AddSetElement(SetElement::FirewallAllow(..))))
+}
+
+/// Takes out of `refused` the additions whose element `present` (the set elements read back
+/// after the refusal) holds exactly, and returns them: the kernel has what they add, so they
+/// count as applied. kipvs adds only the elements its reading of the table lacks (read at every
+/// full sync, and again for an element a failed transaction left in doubt), so this happens
+/// only when that reading is out of step with the kernel: an `nft` killed at its timeout after
+/// the kernel committed, or an element written by someone else.
+pub fn applied_anyway(refused: &mut Vec<OpFailure>, present: &BTreeSet<SetElement>) -> Vec<Op> {
+    let (applied, still): (Vec<OpFailure>, Vec<OpFailure>) = std::mem::take(refused)
+        .into_iter()
+        .partition(|f| matches!(&f.op, Op::AddSetElement(e) if present.contains(e)));
+    *refused = still;
+    applied.into_iter().map(|f| f.op).collect()
+}
+
+/// The virtual servers that `ops` (a diff) does not add and whose `firewall` element addition
+/// is among `failures`: existing virtual servers that the kernel leaves open to every source
+/// while their Service asks for `loadBalancerSourceRanges`. The syncer deletes those it holds
+/// (fail closed) and retries them with the element: once it is in, they are added again.
+///
+/// A failed `firewall-allow` addition alone exposes nothing: the virtual server's `firewall`
+/// element is in the kernel (an isolated refusal leaves the other elements of the stage in), so
+/// sources outside the ranges that did land are dropped, those of the refused range included.
+pub fn exposed(ops: &[Op], failures: &[OpFailure]) -> BTreeSet<VirtualServerKey> {
+    let mut keys: BTreeSet<VirtualServerKey> = failures
+        .iter()
+        .filter_map(|f| match f.op {
+            Op::AddSetElement(SetElement::Firewall(key)) => Some(key),
+            _ => None,
+        })
+        .collect();
+    if !keys.is_empty() {
+        for op in ops {
+            if let Op::AddVirtualServer(key, _) = op {
+                keys.remove(key);
+            }
+        }
+    }
+    keys
 }
 
 /// What one application of a diff keeps back, stage after stage, so that a failed op never
@@ -304,6 +359,50 @@ mod tests {
         withholding.failed(&ops, &[failure(ops[0].clone()), failure(external)]);
         let (apply, held) = withholding.split(&ops[2..]);
         assert!(matches!(apply, Cow::Borrowed(_)) && held.is_empty());
+    }
+
+    /// Only additions whose element is exactly in the kernel count as applied: a nested or
+    /// overlapping one (another element of the same key) stays refused, as do other ops.
+    #[test]
+    fn a_refused_addition_of_a_present_element_counts_as_applied() {
+        let ops = [
+            allow(80, "10.0.0.0/8"),
+            allow(80, "10.1.0.0/16"),
+            Op::AddSetElement(SetElement::Firewall(key(80))),
+            Op::DeleteSetElement(SetElement::FirewallAllow(
+                key(81),
+                "10.0.0.0/8".parse().unwrap(),
+            )),
+        ];
+        let mut refused: Vec<OpFailure> = ops.iter().cloned().map(failure).collect();
+        assert!(refused_creations(&refused));
+        let present: BTreeSet<SetElement> = [
+            SetElement::FirewallAllow(key(80), "10.0.0.0/8".parse().unwrap()),
+            SetElement::FirewallAllow(key(81), "10.0.0.0/8".parse().unwrap()),
+        ]
+        .into();
+        let applied = applied_anyway(&mut refused, &present);
+        assert_eq!(applied, [ops[0].clone()]);
+        let still: Vec<&Op> = refused.iter().map(|f| &f.op).collect();
+        assert_eq!(still, [&ops[1], &ops[2], &ops[3]]);
+        assert!(!refused_creations(&refused[1..]));
+    }
+
+    /// An existing virtual server whose `firewall` element failed is exposed; a new one (added
+    /// by the same diff: [`Withholding`] keeps it out) is not, nor one whose
+    /// `firewall-allow` element alone failed (its `firewall` element filters).
+    #[test]
+    fn an_existing_virtual_server_whose_firewall_element_failed_is_exposed() {
+        let firewall = |port| Op::AddSetElement(SetElement::Firewall(key(port)));
+        let ops = [
+            firewall(80),
+            firewall(443),
+            allow(8080, "10.0.0.0/8"),
+            Op::AddVirtualServer(key(443), spec()),
+        ];
+        let failures: Vec<OpFailure> = ops[..3].iter().cloned().map(failure).collect();
+        assert_eq!(exposed(&ops, &failures), [key(80)].into());
+        assert!(exposed(&ops, &failures[1..]).is_empty());
     }
 
     #[test]

@@ -392,7 +392,18 @@ impl Dataplane for KernelDataplane {
                     let result = self.apply_nft(part).await;
                     isolation.done(result.map(|how| via = how));
                 }
-                let refused = isolation.failures();
+                let mut refused = isolation.failures();
+                if isolate::refused_creations(&refused) {
+                    match self.nft.observe().await {
+                        Ok(table) => {
+                            isolate::applied_anyway(&mut refused, &table.elements);
+                        }
+                        Err(error) => tracing::warn!(
+                            %error,
+                            "cannot read the table back after a refused firewall-allow element"
+                        ),
+                    }
+                }
                 withholding.failed(ops, &refused);
                 tracing::debug!(
                     stage = NFT_STAGE,

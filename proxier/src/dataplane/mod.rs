@@ -245,8 +245,10 @@ impl ObservedState {
                 self.bound_addresses.insert(*a);
             }
             Op::WriteRules(rules) => self.nft_rule_comments = nft::rule_comments(rules).to_vec(),
-            // `nft add element` of a present element succeeds; deleting a missing one is
-            // ENOENT (and fails the whole transaction).
+            // `nft add element` of a present element succeeds (the `create` of a present
+            // `firewall-allow` interval is refused, and then counted as applied:
+            // `isolate::applied_anyway`); deleting a missing one is ENOENT (and fails the whole
+            // transaction).
             Op::AddSetElement(e) => {
                 self.set_elements.insert(*e);
             }

@@ -531,7 +531,8 @@ pub fn transaction(tx: &Transaction<'_>) -> Nftables<'static> {
             })));
         }
     }
-    let grouped = |elements: &[&SetElement], verb: fn(NfListObject<'static>) -> NfCmd<'static>| {
+    let grouped = |elements: &[&SetElement],
+                   verb: fn(&str, NfListObject<'static>) -> NfCmd<'static>| {
         let mut by_set: std::collections::BTreeMap<&'static str, Vec<Expression<'static>>> =
             Default::default();
         for e in elements {
@@ -543,19 +544,41 @@ pub fn transaction(tx: &Transaction<'_>) -> Nftables<'static> {
         by_set
             .into_iter()
             .map(move |(name, elem)| {
-                NfObject::CmdObject(verb(NfListObject::Element(Element {
-                    family: NfFamily::INet,
-                    table: TABLE.into(),
-                    name: name.into(),
-                    elem: elem.into(),
-                })))
+                NfObject::CmdObject(verb(
+                    name,
+                    NfListObject::Element(Element {
+                        family: NfFamily::INet,
+                        table: TABLE.into(),
+                        name: name.into(),
+                        elem: elem.into(),
+                    }),
+                ))
             })
             .collect::<Vec<_>>()
     };
-    objects.extend(grouped(&tx.delete, NfCmd::Delete));
-    objects.extend(grouped(&tx.add, NfCmd::Add));
+    objects.extend(grouped(&tx.delete, |_, object| NfCmd::Delete(object)));
+    objects.extend(grouped(&tx.add, add_elements));
     Nftables {
         objects: objects.into(),
+    }
+}
+
+/// The command that adds `elements` to the set `set`: `create` (`NLM_F_EXCL`) for the
+/// `firewall-allow` intervals, `add` for the others.
+///
+/// A `firewall-allow` interval that overlaps another of its set must be refused, so that
+/// [`super::isolate`] finds it and its virtual server fails closed. Kernels differ when the
+/// request lacks `NLM_F_EXCL`: 6.18 refuses a nested interval with `EEXIST`, while Debian 12's
+/// 6.1 answers success and leaves the element out (tests/vm/39-firewall-refused.sh). With it,
+/// both refuse.
+/// `create` also refuses an element that is exactly present; kipvs adds only what its reading of
+/// the table lacks, and the dataplane counts such a refusal as applied
+/// ([`super::isolate::applied_anyway`]).
+fn add_elements(set: &str, elements: NfListObject<'static>) -> NfCmd<'static> {
+    if set.starts_with("firewall-allow") {
+        NfCmd::Create(elements)
+    } else {
+        NfCmd::Add(elements)
     }
 }
 
@@ -940,6 +963,51 @@ mod tests {
         }
         assert!(!proc.exists(), "the hung nft still runs");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// `firewall-allow` intervals are added with `create` (`NLM_F_EXCL`: every kernel refuses
+    /// an overlap), the other elements with `add`; deletions are `delete`.
+    #[test]
+    fn firewall_allow_intervals_are_created_and_other_elements_added() {
+        let lb = VirtualServerKey {
+            address: "203.0.113.10".parse().unwrap(),
+            port: 80,
+            protocol: Protocol::Tcp,
+        };
+        let allow = SetElement::FirewallAllow(lb, "192.168.100.0/24".parse().unwrap());
+        let allow6 = SetElement::FirewallAllow(
+            VirtualServerKey {
+                address: "fd00:203::10".parse().unwrap(),
+                ..lb
+            },
+            "fd00:1::/64".parse().unwrap(),
+        );
+        let firewall = SetElement::Firewall(lb);
+        let tx = Transaction {
+            rules: None,
+            delete: vec![&allow],
+            add: vec![&firewall, &allow, &allow6],
+        };
+        let verbs: Vec<(String, String)> = transaction(&tx)
+            .objects
+            .iter()
+            .filter_map(|object| {
+                let json = serde_json::to_value(object).unwrap();
+                let (verb, body) = json.as_object()?.iter().next()?;
+                let set = body.get("element")?.get("name")?.as_str()?;
+                Some((verb.clone(), set.to_owned()))
+            })
+            .collect();
+        let verbs: Vec<(&str, &str)> = verbs.iter().map(|(v, s)| (&**v, &**s)).collect();
+        assert_eq!(
+            verbs,
+            [
+                ("delete", "firewall-allow"),
+                ("add", "firewall"),
+                ("create", "firewall-allow"),
+                ("create", "firewall-allow-v6"),
+            ]
+        );
     }
 
     /// The rule order is part of the contract with the kernel (a restart compares comments):

@@ -40,7 +40,7 @@
 use super::drains::Drains;
 use crate::dataplane::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::diff::{Ownership, diff_scoped};
-use crate::dataplane::{Dataplane, DataplaneError, Op, OpFailure};
+use crate::dataplane::{Dataplane, DataplaneError, Op, OpFailure, isolate};
 use crate::model::{
     DesiredState, ObservedState, Protocol, Scope, SetElement, VirtualServerKey, full_scope,
 };
@@ -421,11 +421,13 @@ impl<D: Dataplane> Syncer<D> {
             tracing::debug!(target: OPS_LOG, "{op}");
         }
         let applying = Instant::now();
-        let failures = if ops.is_empty() {
+        let mut ops = ops;
+        let mut failures = if ops.is_empty() {
             Vec::new()
         } else {
             self.dataplane.apply(&ops).await
         };
+        let closed = self.close_exposed(desired, &mut ops, &mut failures).await;
         let apply_us = applying.elapsed().as_micros() as u64;
         for f in &failures {
             let service =
@@ -435,6 +437,7 @@ impl<D: Dataplane> Syncer<D> {
             tracing::warn!(error = %f.error, service, "failed {}", f.op);
         }
         let mut failed: BTreeSet<Entry> = failures.iter().map(|f| Entry::of(&f.op)).collect();
+        failed.extend(closed.into_iter().map(Entry::VirtualServer));
         if let Some(cache) = &mut self.cache {
             // Ops on an entry in doubt are not folded in: it is re-read (or re-diffed) when
             // retried.
@@ -492,6 +495,48 @@ impl<D: Dataplane> Syncer<D> {
             duration,
             conntrack,
         })
+    }
+
+    /// Fail closed: deletes each existing virtual server whose new `firewall` element failed
+    /// ([`isolate::exposed`]: the kernel would leave it open to every source), appending the
+    /// deletions to `ops` and their failures to `failures`. Returns the virtual servers closed
+    /// (deleted or not): the caller puts them in doubt, so that they are retried with their
+    /// element and added again once it is in (the address stays bound: other ports may use it).
+    async fn close_exposed(
+        &mut self,
+        desired: &DesiredState,
+        ops: &mut Vec<Op>,
+        failures: &mut Vec<OpFailure>,
+    ) -> BTreeSet<VirtualServerKey> {
+        let Some(cache) = &self.cache else {
+            return BTreeSet::new();
+        };
+        let mut exposed = isolate::exposed(ops, failures);
+        exposed.retain(|key| cache.virtual_servers.contains_key(key));
+        if exposed.is_empty() {
+            return exposed;
+        }
+        let closing: Vec<Op> = exposed
+            .iter()
+            .map(|key| Op::DeleteVirtualServer(*key))
+            .collect();
+        for key in &exposed {
+            let service = desired
+                .virtual_servers
+                .get(key)
+                .map_or("-", |vs| &*vs.service);
+            tracing::warn!(
+                service,
+                vs = %key,
+                "deleting the virtual server until its firewall element is in the kernel (fail closed)"
+            );
+        }
+        for op in &closing {
+            tracing::debug!(target: OPS_LOG, "{op}");
+        }
+        failures.extend(self.dataplane.apply(&closing).await);
+        ops.extend(closing);
+        exposed
     }
 
     /// Delete the stale UDP conntrack entries ([`conntrack::stale`]): after a full sync, among
@@ -1077,6 +1122,125 @@ mod tests {
         assert!(report.failures.is_empty(), "{:?}", report.failures);
         assert_eq!(syncer.dataplane().state, ObservedState::from(&desired));
         assert_eq!(syncer.in_doubt().count(), 0);
+    }
+
+    /// An existing virtual server whose Service gains `loadBalancerSourceRanges` while the
+    /// kernel refuses its new `firewall` element would stay open to every source: it is
+    /// deleted in the same sync (fail closed) while the other Service's changes land, put in
+    /// doubt, kept out while the element keeps failing, and added again once it is in.
+    #[tokio::test(start_paused = true)]
+    async fn an_existing_virtual_server_whose_new_firewall_element_fails_is_deleted_until_it_is_in()
+    {
+        let lb = VirtualServerKey {
+            address: "203.0.113.40".parse().unwrap(),
+            port: 80,
+            protocol: Protocol::Tcp,
+        };
+        let mut open = state(&["10.244.1.2:8080"]);
+        let mut vs = open.virtual_servers[&key(80)].clone();
+        vs.service = "ns1/lb:http".into();
+        open.virtual_servers.insert(lb, vs.clone());
+        open.bind_addresses.insert(lb.address);
+        open.set_elements.insert(SetElement::External(lb));
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        assert!(syncer.sync(&open).await.unwrap().failures.is_empty());
+
+        // The Service gains a source range and another Service a real server; the kernel
+        // refuses the firewall element.
+        let firewall = SetElement::Firewall(lb);
+        let mut ranged = open.clone();
+        ranged.set_elements.extend([
+            firewall,
+            SetElement::FirewallAllow(lb, "192.168.100.0/24".parse().unwrap()),
+        ]);
+        let other = "10.244.1.3:8080".parse().unwrap();
+        let grown =
+            state(&["10.244.1.2:8080", "10.244.1.3:8080"]).virtual_servers[&key(80)].clone();
+        ranged.virtual_servers.insert(key(80), grown);
+        syncer.dataplane_mut().refusing = vec![Op::AddSetElement(firewall)];
+        let touched = Scope {
+            virtual_servers: [key(80), lb].into(),
+            set_elements: ranged.set_elements.clone(),
+            ..Default::default()
+        };
+        let report = syncer.sync_touched(&ranged, &touched).await.unwrap();
+        let failed: Vec<&Op> = report.failures.iter().map(|f| &f.op).collect();
+        assert_eq!(failed, [&Op::AddSetElement(firewall)]);
+        assert_eq!(report.ops.last(), Some(&Op::DeleteVirtualServer(lb)));
+        let kernel = &syncer.dataplane().state;
+        assert!(!kernel.virtual_servers.contains_key(&lb), "closed");
+        assert!(
+            kernel.virtual_servers[&key(80)]
+                .real_servers
+                .contains_key(&other),
+            "the other Service's change landed"
+        );
+        assert!(syncer.in_doubt().any(|e| *e == Entry::VirtualServer(lb)));
+
+        // Still refused at the retry: the virtual server is new now, and kept out.
+        tokio::time::advance(RETRY_FIRST).await;
+        let report = syncer
+            .sync_touched(&ranged, &Scope::default())
+            .await
+            .unwrap();
+        let failed: Vec<&str> = report.failures.iter().map(|f| f.op.name()).collect();
+        assert_eq!(
+            failed,
+            ["AddSetElement", "AddVirtualServer", "AddRealServer"]
+        );
+        assert!(!syncer.dataplane().state.virtual_servers.contains_key(&lb));
+
+        // The kernel takes the element: the virtual server is back, behind it.
+        syncer.dataplane_mut().refusing.clear();
+        tokio::time::advance(RETRY_FIRST * 2).await;
+        let report = syncer
+            .sync_touched(&ranged, &Scope::default())
+            .await
+            .unwrap();
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(syncer.dataplane().state, ObservedState::from(&ranged));
+        assert_eq!(syncer.in_doubt().count(), 0);
+    }
+
+    /// `firewall-allow` intervals are created (`NLM_F_EXCL`): the kernel refuses one that is
+    /// exactly present. When the cache is out of step with the kernel (the element is there,
+    /// the cache says not), that refusal counts as applied: no failure, nothing held back.
+    #[tokio::test]
+    async fn a_firewall_allow_element_already_in_the_kernel_is_applied_not_refused() {
+        let lb = VirtualServerKey {
+            address: "203.0.113.40".parse().unwrap(),
+            port: 80,
+            protocol: Protocol::Tcp,
+        };
+        let mut desired = state(&["10.244.1.2:8080"]);
+        let mut vs = desired.virtual_servers[&key(80)].clone();
+        vs.service = "ns1/lb:http".into();
+        desired.virtual_servers.insert(lb, vs);
+        let allow = SetElement::FirewallAllow(lb, "192.168.100.0/24".parse().unwrap());
+        desired
+            .set_elements
+            .extend([SetElement::Firewall(lb), allow]);
+        let mut syncer = Syncer::new(FakeDataplane::default(), Ownership::default(), DRAIN);
+        syncer.sync(&state(&["10.244.1.2:8080"])).await.unwrap();
+        // Written behind the cache's back (as by an `nft` killed after the kernel committed).
+        syncer.dataplane_mut().state.set_elements.insert(allow);
+        let touched = Scope {
+            virtual_servers: [lb].into(),
+            set_elements: desired.set_elements.clone(),
+            ..Default::default()
+        };
+        let report = syncer.sync_touched(&desired, &touched).await.unwrap();
+        assert!(report.ops.contains(&Op::AddSetElement(allow)));
+        assert!(report.failures.is_empty(), "{:?}", report.failures);
+        assert_eq!(syncer.dataplane().state, ObservedState::from(&desired));
+        assert_eq!(syncer.in_doubt().count(), 0);
+        // And the overlap check is still there: a nested range is refused.
+        let nested = SetElement::FirewallAllow(lb, "192.168.100.0/25".parse().unwrap());
+        let failures = syncer
+            .dataplane_mut()
+            .apply(&[Op::AddSetElement(nested)])
+            .await;
+        assert_eq!(failures.len(), 1);
     }
 
     /// A new endpoint of an existing virtual server takes traffic before the main nftables
