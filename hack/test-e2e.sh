@@ -60,6 +60,7 @@ now() { date +%s.%N; }
 
 . hack/lib/executables.sh
 . hack/lib/wait.sh
+. hack/lib/guest-clock.sh # guest_clock_offset
 # The proxier in the VM is the one of the proxier image (release build, hack/test-vm.sh builds it), as on a node;
 # the backends and the load client are a release build too (std + clap: seconds to build), so that the emulated
 # CPU spends its time on the traffic, not on debug code.
@@ -277,13 +278,8 @@ end_phase
 begin "latency ($SAMPLES writes)"
 slice lat-e2e lat "10.244.1.99:ready"
 agent wait tcp 10.96.0.81:80 10.244.1.96:8080 absent 30 > /dev/null
-best=""
-for _ in $(seq 10); do # the guest clock minus this one's, from the fastest round trip
-  t1=$(now); g=$(agent clock); t2=$(now)
-  r=$(awk "BEGIN{print $t2 - $t1}")
-  if [ -z "$best" ] || awk "BEGIN{exit !($r < $best)}"; then best=$r; OFFSET=$(awk "BEGIN{printf \"%.4f\", $g - ($t1 + $t2) / 2}"); fi
-done
-say "guest clock offset $OFFSET s (round trip $best s)"
+guest_clock_offset
+say "guest clock offset $OFFSET s (round trip $RTT s)"
 : > "$STATE/latency"
 for n in $(seq "$SAMPLES"); do
   if [ $((n % 2)) = 1 ]; then want=1; eps=("10.244.1.99:ready" "10.244.1.96:ready"); else want=absent; eps=("10.244.1.99:ready"); fi

@@ -57,17 +57,12 @@ kube_proxy_modules() { # loads the iptables and ipset modules kube-proxy needs (
     grep -q "^${m%.ko} " /proc/modules || insmod "$KP/modules/$m" || echo "kube-proxy: insmod $m failed"
   done
 }
-proxier_start() { # start the proxier in the background; log to $W/proxier.N.log. The proxier is
-  # `kipvs-proxier run`, or kube-proxy with the KubeProxyConfiguration KUBE_PROXY_CONFIG when that is set
+proxier_start() { # start `kipvs-proxier run` in the background; log to $W/proxier.N.log
   n=$(( $(cat "$W/proxier.n" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$W/proxier.n"
-  if [ -n "${KUBE_PROXY_CONFIG:-}" ]; then
-    PATH=$KP/bin:$PATH "$KP/kube-proxy" --config "$KUBE_PROXY_CONFIG" --v=2 > "$W/proxier.$n.log" 2>&1 &
-  else
-    NO_COLOR=1 RUST_LOG=${RUST_LOG:-info,kipvs_proxier::ops=debug,kube_client::client::builder=off} "$KIPVS" run --node "$NODE" $(proxier_source) ${KIPVS_CONFIG:+--config "$KIPVS_CONFIG"} \
-      > "$W/proxier.$n.log" 2>&1 &
-  fi
+  NO_COLOR=1 RUST_LOG=${RUST_LOG:-info,kipvs_proxier::ops=debug,kube_client::client::builder=off} "$KIPVS" run --node "$NODE" $(proxier_source) ${KIPVS_CONFIG:+--config "$KIPVS_CONFIG"} \
+    > "$W/proxier.$n.log" 2>&1 &
   echo $! > "$W/proxier.pid"
-  say "started ${KUBE_PROXY_CONFIG:+kube-proxy}${KUBE_PROXY_CONFIG:-kipvs-proxier run} (pid $!, log $W/proxier.$n.log)"
+  say "started kipvs-proxier run (pid $!, log $W/proxier.$n.log)"
 }
 proxier_ensure() { p=$(proxier_pid); [ -n "$p" ] && alive "$p" || proxier_start; }
 proxier_running() { p=$(proxier_pid); [ -n "$p" ] && alive "$p"; }
