@@ -686,23 +686,18 @@ async fn takeover(
     let mut kernel = connect_kernel().await?;
     let local = kernel.other_interface_addresses().await?;
     let (planner, kubelet_version) = planned(args, api, local.clone()).await?;
-    let config = planner.config();
     let kube_proxy = HostKubeProxy::default();
     let kubelet_chains = kubelet_creates_shared_chains(kubelet_version.as_deref());
     let leftovers = kube_proxy.leftovers(kubelet_chains).await;
     // As `run` would after its standby: kube-proxy's NodePorts drain on a node that has its state.
     let found = kube_proxy.running().await.is_some() || !leftovers.is_empty();
-    let ownership = Ownership {
-        node_ips: planner.node_ips().iter().copied().collect(),
-        node_port_range: Some(config.parsed_node_port_range()?),
-        exclude_cidrs: config.ipvs.parsed_exclude_cidrs()?,
-        local_addresses: local,
-        kube_proxy_node_ports: if found {
-            kube_proxy_node_ports(planner.desired(), planner.node_ips(), &BTreeMap::new())
-        } else {
-            BTreeSet::new()
-        },
+    let node_ports = if found {
+        kube_proxy_node_ports(planner.desired(), planner.node_ips(), &BTreeMap::new())
+    } else {
+        BTreeSet::new()
     };
+    let node_ips = planner.node_ips().iter().copied().collect();
+    let ownership = Ownership::new(planner.config(), node_ips, local, node_ports)?;
     let observed = kernel.observe().await?;
     let ops = diff(planner.desired(), &observed, &ownership);
     let preview = Preview::new(&ops, &observed, leftovers);

@@ -8,6 +8,7 @@ use crate::model::{
     SetElement, VirtualServer, VirtualServerKey, full_scope,
 };
 use ipnet::IpNet;
+use kipvs_crds::config::{ConfigError, ProxierConfiguration};
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
@@ -56,6 +57,26 @@ pub struct Ownership {
 }
 
 impl Ownership {
+    /// The ownership on a node with `node_ips` and `local_addresses` under `config` (its
+    /// `nodePortRange` and `ipvs.excludeCIDRs`), draining kube-proxy's `kube_proxy_node_ports`.
+    ///
+    /// # Errors
+    /// `nodePortRange` or `ipvs.excludeCIDRs` do not parse.
+    pub fn new(
+        config: &ProxierConfiguration,
+        node_ips: BTreeSet<IpAddr>,
+        local_addresses: BTreeSet<IpAddr>,
+        kube_proxy_node_ports: BTreeSet<(u16, Protocol)>,
+    ) -> Result<Self, ConfigError> {
+        Ok(Ownership {
+            node_ips,
+            node_port_range: Some(config.parsed_node_port_range()?),
+            exclude_cidrs: config.ipvs.parsed_exclude_cidrs()?,
+            local_addresses,
+            kube_proxy_node_ports,
+        })
+    }
+
     /// Whether kipvs owns the observed virtual server `key`.
     pub fn owns(
         &self,

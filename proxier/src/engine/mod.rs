@@ -327,17 +327,20 @@ impl<D: Dataplane> Engine<D> {
         (replanned, trigger_times)
     }
 
-    /// Which virtual servers the syncer may delete, from the configuration in force and the
-    /// node's addresses.
+    /// Which virtual servers the syncer may delete, from the configuration in force (validated
+    /// before it is put in force; should it not parse, the last ownership stays) and the node's
+    /// addresses.
     fn ownership(&self) -> Ownership {
-        let config = self.planner.config();
-        Ownership {
-            node_ips: self.planner.node_ips().iter().copied().collect(),
-            node_port_range: config.parsed_node_port_range().ok(),
-            exclude_cidrs: config.ipvs.parsed_exclude_cidrs().unwrap_or_default(),
-            local_addresses: self.planner.other_interface_addresses().clone(),
-            kube_proxy_node_ports: self.kube_proxy_node_ports.clone(),
-        }
+        Ownership::new(
+            self.planner.config(),
+            self.planner.node_ips().iter().copied().collect(),
+            self.planner.other_interface_addresses().clone(),
+            self.kube_proxy_node_ports.clone(),
+        )
+        .unwrap_or_else(|e| {
+            tracing::error!("ownership: {e}; the last one stays");
+            self.syncer.ownership.clone()
+        })
     }
 
     /// Tells the observers how the sync of `touched` (`None`: the whole table) ended.

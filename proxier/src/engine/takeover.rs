@@ -9,8 +9,8 @@
 //!    servers on addresses that are not node IPs drain ([`Ownership::drains`]).
 //! 3. [`Takeover::after_full_sync`]: once a full sync has put `inet kipvs` in place (its rules
 //!    written or already there), kube-proxy's iptables jumps, chains and ipsets are removed
-//!    ([`crate::plan::kube_proxy`] says which), in a task of its own. Until then kube-proxy's rules keep masquerading
-//!    and filtering as they did; after, kipvs's do.
+//!    ([`crate::plan::kube_proxy`] says which), in a task of its own. Until then kube-proxy's
+//!    rules keep masquerading and filtering as they did; after, kipvs's do.
 //!
 //! [`Ownership::drains`]: crate::dataplane::diff::Ownership::drains
 
