@@ -473,6 +473,22 @@ pub struct Transaction<'a> {
 /// only when `tx.rules` is set (flush + add of each chain, atomically). Elements are grouped by
 /// set, one command per set and verb.
 pub fn transaction(tx: &Transaction<'_>) -> Nftables<'static> {
+    let mut objects = declarations();
+    if let Some(rules) = tx.rules {
+        objects.extend(rewritten_rules(rules));
+    }
+    objects.extend(element_commands(&tx.delete, |_, object| {
+        NfCmd::Delete(object)
+    }));
+    objects.extend(element_commands(&tx.add, add_elements));
+    Nftables {
+        objects: objects.into(),
+    }
+}
+
+/// The table, its sets and its chains (`add`: idempotent, so a transaction applies to a kernel
+/// without the table).
+fn declarations() -> Vec<NfObject<'static>> {
     let mut objects = vec![add(NfListObject::Table(Table {
         family: NfFamily::INet,
         name: TABLE.into(),
@@ -508,59 +524,61 @@ pub fn transaction(tx: &Transaction<'_>) -> Nftables<'static> {
             policy: base.map(|_| NfChainPolicy::Accept),
         })));
     }
-    if let Some(rules) = tx.rules {
-        for (name, ..) in CHAINS {
-            objects.push(NfObject::CmdObject(NfCmd::Flush(
-                nftables::schema::FlushObject::Chain(Chain {
+    objects
+}
+
+/// Every chain flushed, then `rules`' rules added, each with its comment.
+fn rewritten_rules(rules: &NftRules) -> Vec<NfObject<'static>> {
+    let flushes = CHAINS.iter().map(|(name, _)| {
+        NfObject::CmdObject(NfCmd::Flush(nftables::schema::FlushObject::Chain(Chain {
+            family: NfFamily::INet,
+            table: TABLE.into(),
+            name: (*name).into(),
+            ..Chain::default()
+        })))
+    });
+    let adds = rules.rules().into_iter().map(|(chain, comment, expr)| {
+        add(NfListObject::Rule(Rule {
+            family: NfFamily::INet,
+            table: TABLE.into(),
+            chain: chain.into(),
+            expr: expr.into(),
+            handle: None,
+            index: None,
+            comment: Some(comment.into()),
+        }))
+    });
+    flushes.chain(adds).collect()
+}
+
+/// `elements` grouped by set, one command per set: `verb` (given the set's name) of its
+/// elements.
+fn element_commands(
+    elements: &[&SetElement],
+    verb: fn(&str, NfListObject<'static>) -> NfCmd<'static>,
+) -> Vec<NfObject<'static>> {
+    let mut by_set: std::collections::BTreeMap<&'static str, Vec<Expression<'static>>> =
+        Default::default();
+    for e in elements {
+        by_set
+            .entry(e.set_name())
+            .or_default()
+            .push(element_expr(e));
+    }
+    by_set
+        .into_iter()
+        .map(|(name, elem)| {
+            NfObject::CmdObject(verb(
+                name,
+                NfListObject::Element(Element {
                     family: NfFamily::INet,
                     table: TABLE.into(),
                     name: name.into(),
-                    ..Chain::default()
+                    elem: elem.into(),
                 }),
-            )));
-        }
-        for (chain, comment, expr) in rules.rules() {
-            objects.push(add(NfListObject::Rule(Rule {
-                family: NfFamily::INet,
-                table: TABLE.into(),
-                chain: chain.into(),
-                expr: expr.into(),
-                handle: None,
-                index: None,
-                comment: Some(comment.into()),
-            })));
-        }
-    }
-    let grouped = |elements: &[&SetElement],
-                   verb: fn(&str, NfListObject<'static>) -> NfCmd<'static>| {
-        let mut by_set: std::collections::BTreeMap<&'static str, Vec<Expression<'static>>> =
-            Default::default();
-        for e in elements {
-            by_set
-                .entry(e.set_name())
-                .or_default()
-                .push(element_expr(e));
-        }
-        by_set
-            .into_iter()
-            .map(move |(name, elem)| {
-                NfObject::CmdObject(verb(
-                    name,
-                    NfListObject::Element(Element {
-                        family: NfFamily::INet,
-                        table: TABLE.into(),
-                        name: name.into(),
-                        elem: elem.into(),
-                    }),
-                ))
-            })
-            .collect::<Vec<_>>()
-    };
-    objects.extend(grouped(&tx.delete, |_, object| NfCmd::Delete(object)));
-    objects.extend(grouped(&tx.add, add_elements));
-    Nftables {
-        objects: objects.into(),
-    }
+            ))
+        })
+        .collect()
 }
 
 /// The command that adds `elements` to the set `set`: `create` (`NLM_F_EXCL`) for the
