@@ -429,38 +429,11 @@ impl<D: Dataplane> Syncer<D> {
         };
         let closed = self.close_exposed(desired, &mut ops, &mut failures).await;
         let apply_us = applying.elapsed().as_micros() as u64;
-        for f in &failures {
-            let service =
-                f.op.virtual_server()
-                    .and_then(|k| desired.virtual_servers.get(&k));
-            let service = service.map_or("-", |vs| &*vs.service);
-            tracing::warn!(error = %f.error, service, "failed {}", f.op);
-        }
+        log_failures(desired, &failures);
         let mut failed: BTreeSet<Entry> = failures.iter().map(|f| Entry::of(&f.op)).collect();
         failed.extend(closed.into_iter().map(Entry::VirtualServer));
-        if let Some(cache) = &mut self.cache {
-            // Ops on an entry in doubt are not folded in: it is re-read (or re-diffed) when
-            // retried.
-            let mut out_of_step = Vec::new();
-            let folded = ops.iter().filter(|op| !failed.contains(&Entry::of(op)));
-            cache.apply_all(folded, |op, result| {
-                if let Err(e) = result {
-                    tracing::debug!("cache out of step ({e}) after {op}; will re-read it");
-                    out_of_step.push(Entry::of(op));
-                }
-            });
-            failed.extend(out_of_step);
-        }
-        self.in_doubt
-            .retain(|entry, _| failed.contains(entry) || !entry.in_scope(scope));
-        for entry in failed {
-            let delay = self
-                .in_doubt
-                .get(&entry)
-                .map_or(RETRY_FIRST, |b| (b.delay * 2).min(RETRY_MAX));
-            let due = start + delay;
-            self.in_doubt.insert(entry, Backoff { due, delay });
-        }
+        self.fold_into_cache(&ops, &mut failed);
+        self.put_in_doubt(failed, scope, start);
         if let Some(cache) = &self.cache {
             // Drains change only where this sync looked: the virtual servers of `scope` (all of
             // them in a full sync).
@@ -495,6 +468,40 @@ impl<D: Dataplane> Syncer<D> {
             duration,
             conntrack,
         })
+    }
+
+    /// Folds the applied `ops` into the cache, except those on an entry in doubt (`failed`):
+    /// it is re-read (or re-diffed) when retried. An op the cache cannot fold puts its entry in
+    /// doubt too.
+    fn fold_into_cache(&mut self, ops: &[Op], failed: &mut BTreeSet<Entry>) {
+        let Some(cache) = &mut self.cache else {
+            return;
+        };
+        let mut out_of_step = Vec::new();
+        let folded = ops.iter().filter(|op| !failed.contains(&Entry::of(op)));
+        cache.apply_all(folded, |op, result| {
+            if let Err(e) = result {
+                tracing::debug!("cache out of step ({e}) after {op}; will re-read it");
+                out_of_step.push(Entry::of(op));
+            }
+        });
+        failed.extend(out_of_step);
+    }
+
+    /// Puts the `failed` entries in doubt, each retried after a backoff from `start` (doubling
+    /// from [`RETRY_FIRST`] to [`RETRY_MAX`] while it fails), and takes those of `scope` that
+    /// did not fail out of doubt.
+    fn put_in_doubt(&mut self, failed: BTreeSet<Entry>, scope: &Scope, start: Instant) {
+        self.in_doubt
+            .retain(|entry, _| failed.contains(entry) || !entry.in_scope(scope));
+        for entry in failed {
+            let delay = self
+                .in_doubt
+                .get(&entry)
+                .map_or(RETRY_FIRST, |b| (b.delay * 2).min(RETRY_MAX));
+            let due = start + delay;
+            self.in_doubt.insert(entry, Backoff { due, delay });
+        }
     }
 
     /// Fail closed: deletes each existing virtual server whose new `firewall` element failed
@@ -608,6 +615,17 @@ impl<D: Dataplane> Syncer<D> {
             deleted: stale.len() - failed.len(),
             failed: failed.len(),
         }
+    }
+}
+
+/// Logs each failed op with the Service of its virtual server (`-` for none).
+fn log_failures(desired: &DesiredState, failures: &[OpFailure]) {
+    for f in failures {
+        let service =
+            f.op.virtual_server()
+                .and_then(|k| desired.virtual_servers.get(&k));
+        let service = service.map_or("-", |vs| &*vs.service);
+        tracing::warn!(error = %f.error, service, "failed {}", f.op);
     }
 }
 
