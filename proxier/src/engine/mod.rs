@@ -258,7 +258,7 @@ impl<D: Dataplane> Engine<D> {
                 .source
                 .with_store(|store| store.kubelet_version().map(str::to_owned));
             takeover.set_kubelet_version(kubelet_version.as_deref());
-            takeover.survey().await;
+            takeover.take_outcome().await;
             if takeover.found_kube_proxy() {
                 self.kube_proxy_node_ports = takeover::kube_proxy_node_ports(
                     self.planner.desired(),

@@ -98,13 +98,11 @@ pub const REMOVAL_DEADLINE: Duration = Duration::from_secs(120);
 /// task of its own, so that syncs (endpoint changes) go on while the tools run.
 pub struct Takeover {
     node: Arc<dyn KubeProxyNode>,
-    /// kube-proxy's state was found on the node: it ran, or its leftovers are there.
+    /// kube-proxy's state was found on the node: it ran, or a removal found its leftovers.
     found: bool,
-    /// Whether the leftovers were read once (before the first full sync).
-    surveyed: bool,
     done: bool,
-    /// The removal in progress: whether it succeeded.
-    removal: Option<JoinHandle<bool>>,
+    /// The removal in progress: whether it succeeded, whether it found kube-proxy's leftovers.
+    removal: Option<JoinHandle<(bool, bool)>>,
     /// The node's kubelet version, when its Node is known.
     kubelet_version: Option<String>,
 }
@@ -115,7 +113,6 @@ impl Takeover {
         Takeover {
             node,
             found: kube_proxy_ran,
-            surveyed: false,
             done: false,
             removal: None,
             kubelet_version: None,
@@ -132,25 +129,22 @@ impl Takeover {
         kubelet_creates_shared_chains(self.kubelet_version.as_deref())
     }
 
-    /// Whether kube-proxy's state was found on the node (it ran, or [`Takeover::survey`] found
-    /// its iptables rules or ipsets): only then do its NodePort virtual servers on other local
-    /// addresses drain ([`kube_proxy_node_ports`]).
+    /// Whether kube-proxy's state was found on the node (it ran, or a removal found its
+    /// iptables rules or ipsets): only then do its NodePort virtual servers on other local
+    /// addresses drain ([`kube_proxy_node_ports`]). Nothing is read for it before the first
+    /// full sync, which so never waits for the tools: on a node where kube-proxy had stopped
+    /// before the proxier started, the drains begin with the first full sync after the
+    /// removal.
     pub fn found_kube_proxy(&self) -> bool {
         self.found
     }
 
-    /// Before the first full sync: unless kube-proxy was seen running, read once (within
-    /// [`REMOVAL_DEADLINE`]) whether its leftovers are on the node.
-    pub async fn survey(&mut self) {
-        if self.found || self.surveyed {
-            return;
-        }
-        self.surveyed = true;
-        let leftovers = self.node.leftovers(self.kubelet_chains());
-        let leftovers = tokio::time::timeout(REMOVAL_DEADLINE, leftovers).await;
-        self.found = leftovers.is_ok_and(|l| !l.is_empty());
-        if self.found {
-            tracing::info!("kube-proxy's iptables rules or ipsets are on this node");
+    /// Takes the outcome of a removal that has ended.
+    pub async fn take_outcome(&mut self) {
+        if let Some(removal) = self.removal.take_if(|r| r.is_finished()) {
+            let (done, found) = removal.await.unwrap_or((false, false));
+            self.done = done;
+            self.found |= found;
         }
     }
 
@@ -163,9 +157,7 @@ impl Takeover {
     /// written (kipvs's table is not in place), start one ([`remove_leftovers`]), telling
     /// `observer`; the outcome of the last one is taken here too.
     pub async fn after_full_sync(&mut self, report: &SyncReport, observer: &Arc<dyn Observer>) {
-        if let Some(removal) = self.removal.take_if(|r| r.is_finished()) {
-            self.done = removal.await.unwrap_or(false);
-        }
+        self.take_outcome().await;
         if self.done || self.removal.is_some() {
             return;
         }
@@ -182,7 +174,7 @@ impl Takeover {
         self.removal = Some(tokio::spawn(async move {
             let removal = remove_leftovers(&*node, kubelet_chains, &*observer);
             match tokio::time::timeout(REMOVAL_DEADLINE, removal).await {
-                Ok(done) => done,
+                Ok(outcome) => outcome,
                 Err(_) => {
                     let e = format!(
                         "not done within {}s (retried after the next full sync)",
@@ -190,7 +182,7 @@ impl Takeover {
                     );
                     tracing::warn!("removing kube-proxy's leftovers: {e}");
                     observer.takeover(&TakeoverEvent::RemovalFailed(e));
-                    false
+                    (false, false)
                 }
             }
         }));
@@ -200,7 +192,9 @@ impl Takeover {
     #[cfg(test)]
     async fn removed(&mut self) {
         if let Some(removal) = self.removal.take() {
-            self.done = removal.await.unwrap();
+            let (done, found) = removal.await.unwrap();
+            self.done = done;
+            self.found |= found;
         }
     }
 }
@@ -208,12 +202,13 @@ impl Takeover {
 /// Reads what kube-proxy left on `node` (`kubelet_chains`: whether kubelet creates the shared
 /// nat chains, [`kubelet_creates_shared_chains`]) and removes it, telling `observer`. Returns whether
 /// nothing of kube-proxy's is left: a ruleset or ipset list that could not be read (other than
-/// a backend that is not installed) leaves it not done, logged and told as a failure.
+/// a backend that is not installed) leaves it not done, logged and told as a failure; and
+/// whether kube-proxy's leftovers were found.
 async fn remove_leftovers(
     node: &dyn KubeProxyNode,
     kubelet_chains: bool,
     observer: &dyn Observer,
-) -> bool {
+) -> (bool, bool) {
     let leftovers = node.leftovers(kubelet_chains).await;
     let unreadable = leftovers.unreadable.join("; ");
     if !unreadable.is_empty() {
@@ -235,7 +230,7 @@ async fn remove_leftovers(
         }
     }
     if leftovers.is_empty() {
-        return unreadable.is_empty();
+        return (unreadable.is_empty(), false);
     }
     for line in leftovers.to_string().lines() {
         tracing::info!(target: super::syncer::OPS_LOG, "takeover {line}");
@@ -254,14 +249,14 @@ async fn remove_leftovers(
                 chains,
                 sets,
             });
-            unreadable.is_empty()
+            (unreadable.is_empty(), true)
         }
         Err(e) => {
             tracing::warn!(
                 "removing kube-proxy's leftovers failed (retried after the next full sync): {e}"
             );
             observer.takeover(&TakeoverEvent::RemovalFailed(e));
-            false
+            (false, true)
         }
     }
 }
@@ -479,10 +474,7 @@ mod tests {
             engine.sync().await.unwrap();
             engine.takeover.as_mut().unwrap().removed().await;
         }
-        assert_eq!(
-            *node.kubelet_chains.lock().unwrap(),
-            [true, true, true, false]
-        );
+        assert_eq!(*node.kubelet_chains.lock().unwrap(), [true, true, false]);
     }
 
     /// A ruleset that cannot be read leaves the takeover not done, told as a failure (and
