@@ -8,10 +8,11 @@
 # ~4 min after the VM suite, whose proxier image it reuses), then the differential parity check against the
 # real kube-proxy 1.24 in the VM (hack/parity-kube-proxy.sh --fast; 1.24 only), then the smoke part of the real
 # node: the VM as a Kubernetes node with a kubelet, kipvs installed with `kubectl apply -k config/`, the kubelet's
-# probes, a Service whose pods answer from a pod, the node and outside (hack/test-node.sh --smoke; 1.24 only).
-# KIPVS_SKIP_VM=1 skips the VM suite, the end to end, the parity check and the node, KIPVS_SKIP_CP=1 the
-# control-plane suites and everything after them, KIPVS_E2E=0 the end to end only, KIPVS_PARITY=0 the parity
-# check only, KIPVS_NODE=0 the node only.
+# probes, a Service whose pods answer from a pod, the node and outside (hack/test-node.sh --smoke; 1.24 only),
+# then the takeover of a node from kube-proxy 1.24's IPVS mode under load (hack/test-takeover.sh; 1.24 only).
+# KIPVS_SKIP_VM=1 skips the VM suite and every layer that boots the VM, KIPVS_SKIP_CP=1 the control-plane
+# suites and everything after them, KIPVS_E2E=0 the end to end only, KIPVS_PARITY=0 the parity check only,
+# KIPVS_NODE=0 the node only, KIPVS_TAKEOVER=0 the takeover only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Everything the layers below need on the host (nft, umoci, kubectl, base tools), fetched into
@@ -54,6 +55,10 @@ if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
   if [ "${KIPVS_SKIP_VM:-0}" != 1 ] && [ "${KIPVS_NODE:-1}" != 0 ]; then
     step "a real node in the VM, kipvs installed from config/, smoke part (hack/test-node.sh --smoke; KIPVS_NODE=0 skips it)"
     hack/test-node.sh --smoke
+  fi
+  if [ "${KIPVS_SKIP_VM:-0}" != 1 ] && [ "${KIPVS_TAKEOVER:-1}" != 0 ]; then
+    step "takeover of a node from kube-proxy 1.24's IPVS mode under load, kube-proxy --cleanup as control (hack/test-takeover.sh; KIPVS_TAKEOVER=0 skips it)"
+    hack/test-takeover.sh
   fi
 fi
 echo "all tests passed in $(( $(date +%s) - t0 ))s"
