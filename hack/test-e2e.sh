@@ -70,29 +70,18 @@ TRAFFIC=${CARGO_TARGET_DIR:-$ROOT/target}/release/e2e_traffic
 [ -x "$OPERATOR" ] && [ -x "$TRAFFIC" ] || { say "build produced no executables"; exit 1; }
 
 STATE=$(mktemp -d /tmp/kipvs-e2e.XXXXXX)
+. hack/lib/e2e.sh # agent, must, api_apply, slice, the load phases (stats, begin, end_phase), guest_kubeconfig
 vm_pid="" operator_pid="" sampler_pid=""
 cleanup() {
   [ -z "$operator_pid" ] || kill "$operator_pid" 2>/dev/null || true
   [ -z "$sampler_pid" ] || kill "$sampler_pid" 2>/dev/null || true
-  if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then
-    agent finish 1 > /dev/null 2>&1 || true
-    wait_for 5 "the VM to exit" vm_gone 2> /dev/null || kill "$vm_pid" 2>/dev/null || true
-  fi
-  hack/control-plane.sh stop "$STATE" || true
-  if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
+  stop_vm_and_control_plane
 }
 trap cleanup EXIT
 hack/control-plane.sh start "$STATE"
 KC=$STATE/kubeconfig
 k() { kubectl --kubeconfig "$KC" "$@"; }
-# The guest's kubeconfig: the host's loopback as QEMU shows it, and the apiserver's self-signed certificate as
-# the CA (the guest has no CA bundle, and kube's rustls client loads one unless the kubeconfig names a CA; the
-# certificate does not name 10.0.2.2, so verification stays off as on the host).
-sed -e "s#https://127.0.0.1:$CP_PORT#https://10.0.2.2:$CP_PORT#" \
-  -e "s#insecure-skip-tls-verify: true#insecure-skip-tls-verify: true, certificate-authority-data: $(base64 -w0 "$STATE/certs/apiserver.crt")#" \
-  "$KC" > "$STATE/guest-kubeconfig"
-
-. hack/lib/e2e.sh # agent, must, api_apply, slice, the load phases (stats, begin, end_phase)
+guest_kubeconfig "$KC" > "$STATE/guest-kubeconfig"
 # ---- objects: the VM's Node, the Services ---------------------------------------------------------------
 k apply --validate=false -k config/crd > /dev/null
 k apply -f config/operator/namespace.yaml > /dev/null

@@ -45,23 +45,11 @@ TRAFFIC=${CARGO_TARGET_DIR:-$ROOT/target}/release/e2e_traffic
 STATE=$(mktemp -d /tmp/kipvs-takeover.XXXXXX)
 vm_pid=""
 . hack/lib/e2e.sh # agent, must, api_apply, slice, agent_up, the load phases (begin, end_phase)
-cleanup() {
-  if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then
-    agent finish 1 > /dev/null 2>&1 || true
-    wait_for 5 "the VM to exit" vm_gone 2> /dev/null || kill "$vm_pid" 2>/dev/null || true
-  fi
-  hack/control-plane.sh stop "$STATE" || true
-  if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
-}
-trap cleanup EXIT
+trap stop_vm_and_control_plane EXIT
 hack/control-plane.sh start "$STATE"
 KC=$STATE/kubeconfig
 k() { kubectl --kubeconfig "$KC" "$@"; }
-# The guest's kubeconfigs: the host's loopback as QEMU shows it; kipvs's also names the apiserver's certificate
-# as CA (its rustls client loads a CA bundle otherwise), client-go's cannot (CA with insecure-skip-tls-verify).
-sed -e "s#https://127.0.0.1:$CP_PORT#https://10.0.2.2:$CP_PORT#" \
-  -e "s#insecure-skip-tls-verify: true#insecure-skip-tls-verify: true, certificate-authority-data: $(base64 -w0 "$STATE/certs/apiserver.crt")#" \
-  "$KC" > "$STATE/guest-kubeconfig"
+guest_kubeconfig "$KC" > "$STATE/guest-kubeconfig" # kipvs's; kube-proxy's is kube_proxy_payload's
 G=$STATE/kube-proxy # the guest's /payload/kube-proxy
 kube_proxy_payload "$G" "$KC"
 cat > "$G/config.yaml" <<'EOF'

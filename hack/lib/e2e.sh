@@ -3,6 +3,25 @@
 # check); the caller sets AGENT_PORT (the host loopback port QEMU forwards to the agent), CP_PORT, STATE (its
 # state dir), vm_pid (the VM's hack/test-vm.sh, once started) and defines say and now.
 vm_gone() { ! kill -0 "$vm_pid" 2>/dev/null; }
+# stop_vm_and_control_plane: the caller's EXIT trap: the VM told to finish (killed after 5 s), the control plane
+# stopped, STATE removed unless KEEP=1
+stop_vm_and_control_plane() {
+  if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then
+    agent finish 1 > /dev/null 2>&1 || true
+    wait_for 5 "the VM to exit" vm_gone 2> /dev/null || kill "$vm_pid" 2>/dev/null || true
+  fi
+  hack/control-plane.sh stop "$STATE" || true
+  if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
+}
+# guest_kubeconfig KUBECONFIG > FILE: the guest's kubeconfig: the host's loopback as QEMU shows it (10.0.2.2), and
+# the apiserver's self-signed certificate as CA (the guest has no CA bundle, and kube's rustls client loads one
+# unless the kubeconfig names a CA; client-go ignores it beside insecure-skip-tls-verify; the certificate does
+# not name 10.0.2.2, so verification stays off as on the host)
+guest_kubeconfig() {
+  sed -e "s#https://127.0.0.1:$CP_PORT#https://10.0.2.2:$CP_PORT#" \
+    -e "s#insecure-skip-tls-verify: true#insecure-skip-tls-verify: true, certificate-authority-data: $(base64 -w0 "$STATE/certs/apiserver.crt")#" \
+    "$1"
+}
 # ---- the guest agent ------------------------------------------------------------------------------------
 # agent CMD ARGS...: prints the answer without its AGENT-RC line; fails when the command did (`wait` may take
 # its SECONDS argument: the request's timeout follows it)
