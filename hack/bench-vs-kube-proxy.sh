@@ -46,11 +46,7 @@ SYNC_PERIOD=${BENCH_SYNC_PERIOD:-10s}
 LIMIT=${BENCH_LIMIT:-600}
 CHURN_VS=10.96.250.1:80
 say() { printf 'bench: %s\n' "$*"; }
-if [ "$(hack/control-plane.sh version)" != 1.24 ]; then
-  say "SKIPPED (needs the Kubernetes 1.24 source in ../shared/k8s: kube-proxy 1.24 and v1 EndpointSlices)"
-  exit 0
-fi
-python3 -c 'import yaml' 2> /dev/null || apt-get install -y -qq python3-yaml > /dev/null
+kpvm_require
 T0=$(date +%s)
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 say "load average at start: $LOAD0"

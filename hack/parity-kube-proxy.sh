@@ -33,11 +33,7 @@ export CP_PORT=${CP_PORT:-27443} CP_ETCD_PORT=${CP_ETCD_PORT:-27790}
 SEED=${PARITY_SEED:-25}
 FAST_VECTORS=${PARITY_FAST_VECTORS:-load-balancer-source-ranges,external-ips,only-local-load-balancing,nodeport-ipv4-sctp,session-affinity,ready-and-terminating-cluster,internal-traffic-policy-e2e,dual-stack}
 say() { printf 'parity: %s\n' "$*"; }
-if [ "$(hack/control-plane.sh version)" != 1.24 ]; then
-  say "SKIPPED (needs the Kubernetes 1.24 source in ../shared/k8s: kube-proxy 1.24 and v1 EndpointSlices)"
-  exit 0
-fi
-python3 -c 'import yaml' 2> /dev/null || apt-get install -y -qq python3-yaml > /dev/null
+kpvm_require
 T0=$(date +%s)
 say "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 STATE=$(mktemp -d /tmp/kipvs-parity.XXXXXX)

@@ -4,6 +4,7 @@
 # (guest.sh, agent.sh); the kube-apiserver is reached through QEMU's user-mode network as in
 # hack/test-e2e.sh.
 #
+#   kpvm_require             exits 0 (SKIPPED) without kube-apiserver 1.24; python3-yaml installed when missing
 #   kpvm_init STATE          the control plane started in STATE/cp, the guest's files in STATE/guest
 #                            (hack/lib/kube-proxy-payload.sh, the agent, kipvs's kubeconfig);
 #                            sets KC (the host's kubeconfig) and G (the guest's /payload/kube-proxy); installs
@@ -37,6 +38,17 @@ kpvm_cleanup() {
   fi
   [ -z "$KPVM_STATE" ] || hack/control-plane.sh stop "$KPVM_STATE/cp" || true
   if [ "${KEEP:-0}" = 1 ]; then echo "state kept in $KPVM_STATE"; else rm -rf "$KPVM_STATE"; fi
+}
+
+# kpvm_require: what the harness needs before it starts; exits 0 (SKIPPED, through the caller's say) without
+# kube-apiserver 1.24 (kube-proxy 1.24 and v1 EndpointSlices come from ../shared/k8s); python3's yaml module for
+# the corpus and the comparison
+kpvm_require() {
+  if [ "$(hack/control-plane.sh version)" != 1.24 ]; then
+    say "SKIPPED (needs the Kubernetes 1.24 source in ../shared/k8s: kube-proxy 1.24 and v1 EndpointSlices)"
+    exit 0
+  fi
+  python3 -c 'import yaml' 2> /dev/null || apt-get install -y -qq python3-yaml > /dev/null
 }
 
 kpvm_init() {
