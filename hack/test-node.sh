@@ -256,19 +256,26 @@ probes() { # probes CONTAINER: "<probe_type>/<result> <count>" per series of the
       match($0, /result="[^"]*"/); r = substr($0, RSTART + 8, RLENGTH - 9); n[t "/" r] += $NF }
       END { for (k in n) print k, n[k] }' | sort
 }
+# The liveness probes start 10 s after the containers (initialDelaySeconds) and run every 10 s: wait until the
+# kubelet has run both, so that a fast run does not judge a probe that has not happened yet.
+until_ 60 eval 'probes proxier | grep -q "^Liveness/" && probes operator | grep -q "^Liveness/"' || true
 RESTARTS=$(k -n kipvs-system get pod "$PP" -o jsonpath='{.status.containerStatuses[0].restartCount}')
 GRPC=$(k -n kipvs-system get pod "$PP" -o jsonpath='{.spec.containers[0].livenessProbe.grpc.port}/{.spec.containers[0].readinessProbe.grpc.port}')
 UNHEALTHY=$(k -n kipvs-system get events --field-selector "involvedObject.name=$PP,reason=Unhealthy" -o name | wc -l)
 PROXIER_PROBES=$(probes proxier | paste -sd, | sed 's/,/, /g')
 OPERATOR_PROBES=$(probes operator | paste -sd, | sed 's/,/, /g')
 say "kubelet probes of the proxier (gRPC, port $GRPC): ${PROXIER_PROBES:-none}; of the operator (HTTP): ${OPERATOR_PROBES:-none}"
-probed_ok() { # $1's probes ($2: their counts): liveness never failed, readiness succeeded
-  grep -q "$1/successful" <<<"$2" && grep -q 'Readiness/successful' <<<"$2" && ! grep -qE 'Liveness/(failed|unknown)' <<<"$2"
+probed_ok() { # $1: the probe counts: both probes succeeded. A failure below failureThreshold (a 5 s timeout on
+  # a loaded, emulated node) is printed above, not judged: what the kubelet acts on is a restart.
+  grep -q 'Liveness/successful' <<<"$1" && grep -q 'Readiness/successful' <<<"$1"
 }
-proxier_probed() { probed_ok Liveness "$PROXIER_PROBES" && [ "$RESTARTS" = 0 ]; }
+OPERATOR_RESTARTS=$(k -n kipvs-system get pods -l app.kubernetes.io/name=kipvs-operator \
+  -o jsonpath='{range .items[*]}{.status.containerStatuses[0].restartCount}{"\n"}{end}' | awk '{n += $1} END {print n + 0}')
+proxier_probed() { probed_ok "$PROXIER_PROBES" && [ "$RESTARTS" = 0 ]; }
+operator_probed() { probed_ok "$OPERATOR_PROBES" && [ "$OPERATOR_RESTARTS" = 0 ]; }
 check "the kubelet's gRPC liveness and readiness probes keep the proxier Ready ($RESTARTS restarts, $UNHEALTHY Unhealthy events)" \
   proxier_probed
-check "the kubelet's HTTP probes keep the operator Ready" probed_ok Readiness "$OPERATOR_PROBES"
+check "the kubelet's HTTP probes keep the operator Ready ($OPERATOR_RESTARTS restarts)" operator_probed
 check "still Ready" proxier_ready
 node_agent ipvs | sed 's/^/    /' || true
 
