@@ -90,6 +90,52 @@ pub struct ProxierConfiguration {
     pub healthz_bind_address: String,
     /// `ip:port` of the `/metrics` HTTP server. Default `127.0.0.1:10249`.
     pub metrics_bind_address: String,
+    /// Which service proxy programs the node: `kipvs` (default) or `kube-proxy` (kipvs stands
+    /// by, writing nothing, and hands a node it programmed back to kube-proxy). A kipvs
+    /// extension for moving from kube-proxy's IPVS mode; see [`ServiceProxy`]. Not written when
+    /// `kipvs`, so that proxiers that predate the field read configurations that keep the
+    /// default.
+    #[serde(skip_serializing_if = "ServiceProxy::is_kipvs")]
+    #[schemars(schema_with = "schema::service_proxy")]
+    pub service_proxy: ServiceProxy,
+}
+
+/// The service proxy that programs a node's IPVS table: the value of
+/// [`ProxierConfiguration::service_proxy`] and of the node label
+/// [`crate::nodeproxyconfig::SERVICE_PROXY_LABEL`]. Serialised as `kipvs` / `kube-proxy`.
+///
+/// - `kipvs`: kipvs programs the node; where kube-proxy ran, kipvs waits until it has stopped,
+///   then takes its table over and removes its iptables rules and ipsets.
+/// - `kube-proxy`: kube-proxy programs the node; kipvs writes nothing, and hands back a node it
+///   programmed (weights as kube-proxy expects them, health port released, its nftables table
+///   removed once kube-proxy has synced).
+///
+/// kube-proxy 1.24 and kipvs program the same kernel objects (virtual servers, `kube-ipvs0`,
+/// mark `0x4000`), so the switch adopts the table in place in either direction instead of
+/// flushing it (`kube-proxy --cleanup` breaks every established connection).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServiceProxy {
+    /// kipvs programs the node.
+    #[default]
+    Kipvs,
+    /// kube-proxy programs the node.
+    KubeProxy,
+}
+
+impl ServiceProxy {
+    /// Whether this is the default, [`ServiceProxy::Kipvs`].
+    pub fn is_kipvs(&self) -> bool {
+        *self == ServiceProxy::Kipvs
+    }
+
+    /// The serialised name: `kipvs` or `kube-proxy` (also the node label's value).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceProxy::Kipvs => "kipvs",
+            ServiceProxy::KubeProxy => "kube-proxy",
+        }
+    }
 }
 
 /// nftables settings, as kube-proxy's `nftables` block (`KubeProxyNFTablesConfiguration`).
@@ -160,6 +206,7 @@ impl Default for ProxierConfiguration {
             nftables: NftablesConfiguration::default(),
             healthz_bind_address: "0.0.0.0:10256".to_owned(),
             metrics_bind_address: "127.0.0.1:10249".to_owned(),
+            service_proxy: ServiceProxy::Kipvs,
         }
     }
 }
@@ -533,6 +580,23 @@ fn parse_socket_addr(text: &str, field: &str) -> Result<SocketAddr, ConfigError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_proxy_is_written_only_when_not_the_default() {
+        let default = serde_json::to_value(ProxierConfiguration::default()).unwrap();
+        assert!(default.get("serviceProxy").is_none(), "{default}");
+        let config = ProxierConfiguration::from_yaml_str("serviceProxy: kube-proxy\n").unwrap();
+        assert_eq!(config.service_proxy, ServiceProxy::KubeProxy);
+        assert_eq!(
+            serde_json::to_value(&config).unwrap()["serviceProxy"],
+            ServiceProxy::KubeProxy.as_str()
+        );
+        assert_ne!(
+            crate::revision::config_revision(&config),
+            crate::revision::config_revision(&ProxierConfiguration::default())
+        );
+        assert!(ProxierConfiguration::from_yaml_str("serviceProxy: cilium\n").is_err());
+    }
 
     #[test]
     fn out_of_range_timeouts_are_rejected_not_wrapped() {

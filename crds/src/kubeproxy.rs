@@ -236,6 +236,7 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
         node_port_range: config::DEFAULT_NODE_PORT_RANGE.to_owned(),
         healthz_bind_address,
         metrics_bind_address,
+        service_proxy: crate::ServiceProxy::Kipvs,
     };
     warn_ignored(&file.ignored, &mut warnings);
     if let Some(address) = file

@@ -28,11 +28,12 @@ pub mod schema;
 
 pub use config::{
     ConfigError, IpvsConfiguration, NftablesConfiguration, NodePortAddress, ProxierConfiguration,
+    ServiceProxy,
 };
 pub use gates::{Gate, UnknownGate};
 pub use nodeproxyconfig::{
     NodePhase, NodeProxyConfig, NodeProxyConfigSpec, NodeProxyConfigStatus, OPERATOR_FIELD_MANAGER,
-    PROXIER_FIELD_MANAGER,
+    PROXIER_FIELD_MANAGER, SERVICE_PROXY_LABEL, ServiceProxyPhase,
 };
 pub use proxyconfig::{
     CountOrPercent, NodeFailure, PROMOTE_ANNOTATION, ProxyConfig, ProxyConfigSpec,

@@ -33,8 +33,30 @@
 //!   5 minutes). A dead node is seen from its Node's Ready condition.
 //!
 //! When a node has no NodeProxyConfig, its proxier runs its local configuration (`--config`).
+//!
+//! ## Moving a node between kube-proxy and kipvs
+//!
+//! `spec.config.serviceProxy` ([`ServiceProxy`]) says which proxy should program the node; the
+//! node label [`SERVICE_PROXY_LABEL`] keeps kube-proxy off the node (kube-proxy's DaemonSet is
+//! patched once with a node affinity `kipvs.io/service-proxy NotIn [kipvs]`). The proxier
+//! reports where the node stands in `status.serviceProxy` ([`ServiceProxyPhase`]):
+//!
+//! - **to kipvs** (`serviceProxy: kipvs`): the operator labels the node `kipvs` when it assigns
+//!   the revision, so kube-proxy's pod leaves; the proxier stays in `Standby` while kube-proxy
+//!   runs, then `TakingOver` (it programs; kube-proxy's leftovers are being removed), then
+//!   `Programming`. The revision is Applied once the proxier programs and a sync succeeded;
+//!   a kube-proxy that never stops keeps it Pending until `applyTimeout` fails the node.
+//! - **to kube-proxy** (`serviceProxy: kube-proxy`): the proxier stops programming, sets the
+//!   weights kube-proxy expects and releases the health port (`HandingBack`), or stays in
+//!   `Standby` where it never programmed. The operator labels the node `kube-proxy` once the
+//!   status shows one of those phases for the node's revision, so kube-proxy's pod starts
+//!   only after kipvs has stopped writing. When kube-proxy's `/healthz` reports it synced, the
+//!   proxier removes its nftables table (`HandedBack`) and reports Applied; `healthy` is then
+//!   kube-proxy's health as the proxier reads it.
+//! - a kube-proxy that comes back while kipvs programs makes the proxier stop writing
+//!   (`Standby`) and report `healthy: false` with a message: two programmers never run at once.
 
-use crate::config::ProxierConfiguration;
+use crate::config::{ProxierConfiguration, ServiceProxy};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
@@ -45,6 +67,11 @@ pub const OPERATOR_FIELD_MANAGER: &str = "kipvs-operator";
 
 /// Field manager the proxier uses for its server-side applies of NodeProxyConfig status.
 pub const PROXIER_FIELD_MANAGER: &str = "kipvs-proxier";
+
+/// Label on a Node naming the service proxy that should run there (a [`ServiceProxy`] value:
+/// `kipvs` or `kube-proxy`), written by the operator as its NodeProxyConfig moves the node
+/// between the two. kube-proxy's DaemonSet avoids nodes labelled `kipvs`.
+pub const SERVICE_PROXY_LABEL: &str = "kipvs.io/service-proxy";
 
 /// The configuration one node's proxier should run.
 // kube-derive takes one printcolumn(...) per column; clippy reads repeated keys as duplicates.
@@ -126,6 +153,49 @@ pub struct NodeProxyConfigStatus {
     /// Failed syncs since observedRevision was applied (0 after a clean apply).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_errors: Option<u64>,
+    /// Which proxy programs the node, as the proxier sees it (see the module documentation).
+    /// Absent from proxiers that predate the takeover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_proxy: Option<ServiceProxyPhase>,
+}
+
+/// Where a node stands between kube-proxy and kipvs ([`NodeProxyConfigStatus::service_proxy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum ServiceProxyPhase {
+    /// kipvs writes nothing to the kernel: kube-proxy runs on the node, or the node should run
+    /// kube-proxy and kipvs never programmed it.
+    Standby,
+    /// kipvs programs the node and is removing what kube-proxy left (iptables rules, ipsets,
+    /// NodePort virtual servers on other local addresses, drained first).
+    TakingOver,
+    /// kipvs programs the node and nothing of kube-proxy is left.
+    Programming,
+    /// The node should run kube-proxy: kipvs has stopped writing, left every wanted real server
+    /// at the weight kube-proxy expects and released the health port; it waits for kube-proxy
+    /// to sync.
+    HandingBack,
+    /// kube-proxy has synced the node and kipvs's nftables table is removed; kipvs writes
+    /// nothing.
+    HandedBack,
+}
+
+impl ServiceProxyPhase {
+    /// Whether kipvs writes to the kernel in this phase.
+    pub fn kipvs_programs(self) -> bool {
+        matches!(
+            self,
+            ServiceProxyPhase::TakingOver | ServiceProxyPhase::Programming
+        )
+    }
+
+    /// Whether kube-proxy may start on the node: kipvs is not writing and will not write
+    /// while the node's `serviceProxy` is [`ServiceProxy::KubeProxy`].
+    pub fn ready_for(self, proxy: ServiceProxy) -> bool {
+        match proxy {
+            ServiceProxy::Kipvs => self.kipvs_programs(),
+            ServiceProxy::KubeProxy => !self.kipvs_programs(),
+        }
+    }
 }
 
 /// The proxier's progress on `observedRevision`.

@@ -48,6 +48,13 @@ pub fn optional_go_duration(generator: &mut SchemaGenerator) -> Schema {
     schema
 }
 
+/// Schema of `serviceProxy`: a plain string enum (schemars would give documented variants a
+/// `oneOf`, which a structural CRD schema does not allow).
+pub fn service_proxy(_: &mut SchemaGenerator) -> Schema {
+    let names = [crate::ServiceProxy::Kipvs, crate::ServiceProxy::KubeProxy].map(|p| p.as_str());
+    json_schema!({ "type": "string", "enum": names })
+}
+
 /// Schema of `featureGates`: an object with one boolean property per known [`Gate`], so that
 /// `kubectl explain` lists the gates and strict field validation (kubectl's client-side
 /// validation on old servers, `fieldValidation=Strict` on new ones) rejects unknown names.

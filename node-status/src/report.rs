@@ -167,6 +167,7 @@ impl StatusReport {
                 sync_errors: Some(u64::from(error.is_some())),
                 message: error.or_else(|| self.note.clone()),
                 healthy: None,
+                ..Default::default()
             });
             self.published = Some((now, counters(self.status.as_ref())));
             return true;

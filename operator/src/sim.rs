@@ -168,6 +168,7 @@ impl Fleet {
                 last_sync_time: Some(Time(self.now)),
                 message: (!message.is_empty()).then(|| message.to_owned()),
                 sync_errors: Some(u64::from(phase == NodePhase::Failed)),
+                ..Default::default()
             });
         }
     }

@@ -395,6 +395,7 @@ mod tests {
             last_sync_time: Some(Time(Timestamp::UNIX_EPOCH)),
             message: None,
             sync_errors: Some(0),
+            ..Default::default()
         });
         let before = npc_relevance(&npc);
         let mut refreshed = npc.clone();
