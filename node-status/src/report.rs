@@ -24,10 +24,26 @@
 //!     idle proxier writes nothing. A dead node is seen by the operator from its Node's Ready
 //!     condition (the kubelet's own heartbeat), a dead proxier by its liveness probe.
 //! - Without a NodeProxyConfig (the local configuration) there is nothing to report.
+//!
+//! `serviceProxy` (where the node stands between kube-proxy and kipvs, the contract's
+//! "Moving a node between kube-proxy and kipvs") is told with
+//! [`StatusReport::service_proxy`] and [`StatusReport::refused`]; a change of it is published at
+//! once and rides along in every later status:
+//! - `TakingOver` and `Programming`: kipvs programs; `Applied` follows the first successful
+//!   sync as above.
+//! - `Standby` and `HandingBack`: kipvs writes nothing, so no sync makes the revision `Applied`:
+//!   a revision not yet `Applied` is reported `Pending` (a proxier that restarts in standby
+//!   reports `Pending`, not nothing), one `Applied` stays so (kube-proxy came back while kipvs
+//!   programmed: `healthy: false` says so). `message` says why.
+//! - `HandedBack`: kube-proxy has synced the node: the revision is `Applied`, `healthy` is
+//!   kube-proxy's health.
+//! - a refused switch ([`StatusReport::refused`]): `Standby`, `Failed`, the reason in
+//!   `message`; the revision stays in force and is `Applied` after the first successful sync
+//!   once the switch goes ahead.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
+use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus, ServiceProxyPhase};
 use std::time::{Duration, SystemTime};
 
 /// How often changed counters of the status (`syncErrors`, `message`) are published at most
@@ -65,6 +81,19 @@ pub struct StatusReport {
     /// The `message` of an `Applied` status without sync errors: the settings of the revision
     /// this version ignored, if any.
     note: Option<String>,
+    /// Where the node stands between kube-proxy and kipvs (`None`: not told; proxiers that
+    /// do not take over never tell it).
+    standing: Option<Standing>,
+}
+
+/// What [`StatusReport::service_proxy`] was last told.
+#[derive(Clone, Debug, PartialEq)]
+struct Standing {
+    phase: ServiceProxyPhase,
+    /// `message` while kipvs does not program.
+    message: Option<String>,
+    /// `healthy` in place of the proxier's own `/livez` verdict.
+    healthy: Option<bool>,
 }
 
 impl StatusReport {
@@ -140,6 +169,7 @@ impl StatusReport {
             }
         }
         self.revision = revision;
+        self.stand();
         before != self.status
     }
 
@@ -156,7 +186,11 @@ impl StatusReport {
             SyncResult::Failed(e) | SyncResult::NotObserved(e) => Some(e.clone()),
         };
         if self.awaiting_sync {
-            if matches!(result, SyncResult::NotObserved(_)) {
+            let programs = self
+                .standing
+                .as_ref()
+                .is_none_or(|s| s.phase.kipvs_programs());
+            if matches!(result, SyncResult::NotObserved(_)) || !programs {
                 return false;
             }
             self.awaiting_sync = false;
@@ -169,6 +203,7 @@ impl StatusReport {
                 healthy: None,
                 ..Default::default()
             });
+            self.stand();
             self.published = Some((now, counters(self.status.as_ref())));
             return true;
         }
@@ -200,6 +235,111 @@ impl StatusReport {
             self.published = Some((now, now_counters));
         }
         due
+    }
+
+    /// The node stands at `phase` between kube-proxy and kipvs (`status.serviceProxy`, see the
+    /// module documentation); `message`: why, reported while kipvs does not program (`Standby`,
+    /// `HandingBack`, `HandedBack`); `healthy`: reported in place of the proxier's own `/livez`
+    /// verdict (`Some(false)`: kube-proxy came back while kipvs programmed; kube-proxy's
+    /// health once `HandedBack`; `None`: the proxier's verdict). `HandedBack` makes the
+    /// revision in force `Applied`. Returns whether the status changed (publish it at once).
+    pub fn service_proxy(
+        &mut self,
+        phase: ServiceProxyPhase,
+        message: Option<String>,
+        healthy: Option<bool>,
+    ) -> bool {
+        let before = self.status.clone();
+        let stood_by = self
+            .standing
+            .as_ref()
+            .is_some_and(|s| !s.phase.kipvs_programs());
+        self.standing = Some(Standing {
+            phase,
+            message,
+            healthy,
+        });
+        let ours = self
+            .status
+            .as_ref()
+            .is_some_and(|s| s.observed_revision == self.revision);
+        let reported = ours
+            .then(|| self.status.as_ref().and_then(|s| s.phase))
+            .flatten();
+        match (&self.revision, phase) {
+            (None, _) => {}
+            (Some(_), ServiceProxyPhase::HandedBack) => {
+                self.awaiting_sync = false;
+                self.status = Some(self.fresh(NodePhase::Applied));
+                self.status.get_or_insert_default().sync_errors = Some(0);
+            }
+            (Some(_), _) if phase.kipvs_programs() => {
+                if let Some(status) = self.status.as_mut().filter(|_| ours && stood_by) {
+                    // The switch goes ahead (a refused one too): Pending until its first
+                    // successful sync; the standby's message goes.
+                    if reported == Some(NodePhase::Failed) && self.awaiting_sync {
+                        status.phase = Some(NodePhase::Pending);
+                    }
+                    status.message = match status.phase {
+                        Some(NodePhase::Applied) => self.note.clone(),
+                        _ => None,
+                    };
+                }
+            }
+            // Standing by: a revision not reported yet is Pending; Pending, Failed and Applied
+            // stay.
+            (Some(_), _) if reported.is_none() => {
+                self.status = Some(self.fresh(NodePhase::Pending))
+            }
+            (Some(_), _) => {}
+        }
+        self.stand();
+        before != self.status
+    }
+
+    /// The switch to kipvs is refused (`message` says why, e.g. what it would delete that
+    /// carries connections): kipvs stays in `Standby`, the revision in force is reported
+    /// `Failed` with `message` until the switch goes ahead
+    /// ([`service_proxy`](Self::service_proxy) with a phase where kipvs programs). Returns
+    /// whether the status changed.
+    pub fn refused(&mut self, message: String) -> bool {
+        let before = self.status.clone();
+        self.standing = Some(Standing {
+            phase: ServiceProxyPhase::Standby,
+            message: Some(message),
+            healthy: None,
+        });
+        if self.revision.is_some() {
+            self.awaiting_sync = true;
+            self.status = Some(self.fresh(NodePhase::Failed));
+        }
+        self.stand();
+        before != self.status
+    }
+
+    /// A status of the revision in force at `phase`, nothing else set.
+    fn fresh(&self, phase: NodePhase) -> NodeProxyConfigStatus {
+        NodeProxyConfigStatus {
+            observed_revision: self.revision.clone(),
+            phase: Some(phase),
+            ..Default::default()
+        }
+    }
+
+    /// Writes what [`service_proxy`](Self::service_proxy) was told into the status of the
+    /// revision in force.
+    fn stand(&mut self) {
+        let (Some(standing), Some(status)) = (&self.standing, self.status.as_mut()) else {
+            return;
+        };
+        if status.observed_revision != self.revision {
+            return;
+        }
+        status.service_proxy = Some(standing.phase);
+        status.healthy = standing.healthy;
+        if !standing.phase.kipvs_programs() {
+            status.message = standing.message.clone();
+        }
     }
 }
 
@@ -367,6 +507,147 @@ mod tests {
         assert_eq!(r.status().unwrap().message, None);
     }
 
+    fn standing(
+        r: &StatusReport,
+    ) -> (
+        NodePhase,
+        Option<ServiceProxyPhase>,
+        Option<&str>,
+        Option<bool>,
+    ) {
+        let s = r.status().expect("a status");
+        (
+            s.phase.unwrap(),
+            s.service_proxy,
+            s.message.as_deref(),
+            s.healthy,
+        )
+    }
+
+    /// A proxier that restarts in standby reports its revision Pending at once; the takeover
+    /// publishes each phase at once, Applied after the first successful sync; a kube-proxy
+    /// that comes back is reported unhealthy with why, and the way back clears it.
+    #[test]
+    fn standby_is_reported_pending_and_each_phase_is_published_at_once() {
+        use ServiceProxyPhase::*;
+        let mut r = StatusReport::default();
+        assert!(!r.in_force(Some("r1".into()), true, &[]));
+        let why = "kube-proxy runs on this node (process kube-proxy, pid 7)";
+        assert!(r.service_proxy(Standby, Some(why.into()), None));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Pending, Some(Standby), Some(why), None)
+        );
+        assert!(
+            !r.service_proxy(Standby, Some(why.into()), None),
+            "nothing new"
+        );
+        // No sync makes a revision Applied while kipvs writes nothing.
+        assert!(!r.synced(&SyncResult::Clean, at(0)));
+        assert!(r.service_proxy(TakingOver, None, None));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Pending, Some(TakingOver), None, None)
+        );
+        assert!(r.synced(&SyncResult::Clean, at(1)));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Applied, Some(TakingOver), None, None)
+        );
+        assert!(r.service_proxy(Programming, None, None));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Applied, Some(Programming), None, None)
+        );
+        // kube-proxy is back: stays Applied, unhealthy, with why.
+        let back = "kube-proxy is back (KUBE-SERVICES in nat): kipvs stopped writing";
+        assert!(r.service_proxy(Standby, Some(back.into()), Some(false)));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Applied, Some(Standby), Some(back), Some(false))
+        );
+        assert!(r.service_proxy(Programming, None, None));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Applied, Some(Programming), None, None)
+        );
+        // A new revision keeps the phase told.
+        assert!(r.in_force(Some("r2".into()), false, &[]));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Pending, Some(Programming), None, None)
+        );
+    }
+
+    /// The way back: HandingBack keeps the revision Pending, HandedBack makes it Applied with
+    /// kube-proxy's health; back to kipvs is a takeover again.
+    #[test]
+    fn a_handback_is_applied_once_kube_proxy_synced_with_its_health() {
+        use ServiceProxyPhase::*;
+        let mut r = StatusReport::default();
+        r.service_proxy(Programming, None, None);
+        r.in_force(Some("r1".into()), true, &[]);
+        assert!(r.synced(&SyncResult::Clean, at(0)));
+        assert!(r.in_force(Some("r2".into()), false, &[]));
+        let waiting = "waiting for kube-proxy's /healthz to report a sync";
+        assert!(r.service_proxy(HandingBack, Some(waiting.into()), None));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Pending, Some(HandingBack), Some(waiting), None)
+        );
+        assert!(r.service_proxy(HandedBack, None, Some(true)));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Applied, Some(HandedBack), None, Some(true))
+        );
+        assert!(
+            r.service_proxy(HandedBack, None, Some(false)),
+            "kube-proxy's health"
+        );
+        assert_eq!(r.status().unwrap().healthy, Some(false));
+        assert!(!r.synced(&SyncResult::Clean, at(1)));
+        // Back to kipvs.
+        assert!(r.in_force(Some("r3".into()), false, &[]));
+        assert!(r.service_proxy(Standby, Some("kube-proxy runs".into()), None));
+        assert!(r.service_proxy(TakingOver, None, None));
+        assert!(r.synced(&SyncResult::Clean, at(2)));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Applied, Some(TakingOver), None, None)
+        );
+    }
+
+    /// A refused switch is Failed with why and stays in force: once it goes ahead it is
+    /// Pending, then Applied after the first successful sync.
+    #[test]
+    fn a_refused_switch_is_failed_until_it_goes_ahead() {
+        use ServiceProxyPhase::*;
+        let mut r = StatusReport::default();
+        r.in_force(Some("r1".into()), true, &[]);
+        let why = "2 operations would delete or re-weight to 0 something carrying connections";
+        assert!(r.refused(why.into()));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Failed, Some(Standby), Some(why), None)
+        );
+        assert!(!r.refused(why.into()));
+        assert!(
+            !r.service_proxy(Standby, Some(why.into()), None),
+            "stays Failed"
+        );
+        assert_eq!(r.revision(), Some("r1"));
+        assert!(r.service_proxy(TakingOver, None, None));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Pending, Some(TakingOver), None, None)
+        );
+        assert!(r.synced(&SyncResult::Clean, at(0)));
+        assert_eq!(
+            standing(&r),
+            (NodePhase::Applied, Some(TakingOver), None, None)
+        );
+    }
+
     #[test]
     fn the_local_configuration_reports_nothing() {
         let mut r = StatusReport::default();
@@ -376,5 +657,8 @@ mod tests {
         assert_eq!(r.status(), None);
         assert!(!r.synced(&SyncResult::Clean, at(1)));
         assert!(!r.rejected(None, "bad local configuration".into()));
+        assert!(!r.service_proxy(ServiceProxyPhase::Standby, Some("x".into()), None));
+        assert!(!r.refused("x".into()));
+        assert_eq!(r.status(), None);
     }
 }

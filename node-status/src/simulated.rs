@@ -4,7 +4,7 @@
 //! published on the channel [`crate::report_status`] writes from.
 
 use crate::report::{StatusReport, SyncResult};
-use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
+use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus, ServiceProxyPhase};
 use std::sync::Mutex;
 use std::time::SystemTime;
 use tokio::sync::watch;
@@ -50,6 +50,31 @@ impl SimulatedProxier {
     pub fn synced(&self, result: &SyncResult, now: SystemTime) -> bool {
         let mut report = self.report.lock().expect("status report");
         let changed = report.synced(result, now);
+        self.publish(&report, changed);
+        changed
+    }
+
+    /// The node stands at `phase` between kube-proxy and kipvs, as the proxier's engine tells
+    /// it ([`StatusReport::service_proxy`]: `message` while kipvs does not program, `healthy`
+    /// in place of the `/livez` verdict). Returns whether the status was published (a change
+    /// is published at once).
+    pub fn service_proxy(
+        &self,
+        phase: ServiceProxyPhase,
+        message: Option<String>,
+        healthy: Option<bool>,
+    ) -> bool {
+        let mut report = self.report.lock().expect("status report");
+        let changed = report.service_proxy(phase, message, healthy);
+        self.publish(&report, changed);
+        changed
+    }
+
+    /// The switch to kipvs is refused (`message` says why): [`StatusReport::refused`].
+    /// Returns whether the status was published.
+    pub fn refused(&self, message: String) -> bool {
+        let mut report = self.report.lock().expect("status report");
+        let changed = report.refused(message);
         self.publish(&report, changed);
         changed
     }
@@ -105,6 +130,43 @@ mod tests {
             phase(),
             ("r1".to_owned(), NodePhase::Applied),
             "rolled back"
+        );
+    }
+
+    #[test]
+    fn service_proxy_phases_are_published_at_once() {
+        let (proxier, receiver) = SimulatedProxier::new();
+        let standing = || {
+            let status = receiver.borrow().clone().expect("a status");
+            (status.phase.unwrap(), status.service_proxy, status.healthy)
+        };
+        proxier.assigned("r1", None);
+        assert!(proxier.service_proxy(
+            ServiceProxyPhase::Standby,
+            Some("kube-proxy runs".into()),
+            None
+        ));
+        assert_eq!(
+            standing(),
+            (NodePhase::Pending, Some(ServiceProxyPhase::Standby), None)
+        );
+        assert!(proxier.refused("would touch connections".into()));
+        assert_eq!(
+            standing(),
+            (NodePhase::Failed, Some(ServiceProxyPhase::Standby), None)
+        );
+        assert!(proxier.service_proxy(ServiceProxyPhase::TakingOver, None, None));
+        assert!(proxier.synced(&SyncResult::Clean, SystemTime::now()));
+        assert!(proxier.applied("r1"));
+        proxier.assigned("r2", None);
+        assert!(proxier.service_proxy(ServiceProxyPhase::HandedBack, None, Some(false)));
+        assert_eq!(
+            standing(),
+            (
+                NodePhase::Applied,
+                Some(ServiceProxyPhase::HandedBack),
+                Some(false)
+            )
         );
     }
 }

@@ -1,5 +1,7 @@
 //! Writing the status of a node's NodeProxyConfig: what the reducer ([`crate::report`])
-//! publishes, with `healthy` from the proxier's `/livez` verdict ([`Liveness`]).
+//! publishes, with `healthy` from the proxier's `/livez` verdict ([`Liveness`]) unless the
+//! reducer reports another (kube-proxy's health after a handback, `false` while kube-proxy is
+//! back on a node kipvs took).
 
 use crate::liveness::Liveness;
 use kipvs_crds::nodeproxyconfig::{NodeProxyConfig, NodeProxyConfigStatus, PROXIER_FIELD_MANAGER};
@@ -13,7 +15,8 @@ use tokio::time::Instant;
 pub const STATUS_RETRY: Duration = Duration::from_secs(2);
 
 /// Writes the status of the NodeProxyConfig named `node` forever: `report`'s (`None`: nothing
-/// to report, e.g. no NodeProxyConfig) with `healthy` set to `health`'s verdict, by server-side
+/// to report, e.g. no NodeProxyConfig) with `healthy` set to `health`'s verdict unless the
+/// report sets it ([`StatusReport::service_proxy`](crate::StatusReport::service_proxy)), by server-side
 /// apply on the status subresource under [`PROXIER_FIELD_MANAGER`], whenever it differs from
 /// the last one written. A failed write is logged and retried after [`STATUS_RETRY`]. Returns
 /// when `report`'s sender is dropped.
@@ -29,7 +32,7 @@ pub async fn report_status(
     let mut written: Option<NodeProxyConfigStatus> = None;
     loop {
         let status = report.borrow_and_update().clone().map(|mut status| {
-            status.healthy = Some(health.live());
+            status.healthy = Some(status.healthy.unwrap_or_else(|| health.live()));
             status
         });
         if let Some(status) = status.filter(|s| written.as_ref() != Some(s)) {
