@@ -6,8 +6,12 @@
 #
 # With --faults, two more revisions roll out under a fault: the operator killed mid-rollout, and
 # the apiserver stopped for 30 s (see operator/examples/fleet/main.rs for what --check then asserts).
+# With --takeover, the rounds are the move from kube-proxy instead (kube-proxy's DaemonSet simulated
+# too): serviceProxy kube-proxy (standby), kipvs while kube-proxy never leaves --stuck-share of the
+# nodes (default 0.01: they fail, the fleet rolls back to kube-proxy), kipvs again (it completes);
+# operator/examples/fleet/takeover.rs.
 #
-# usage: hack/fleet.sh [NODES] [--check] [--faults]   NODES: default 500 (the CI size;
+# usage: hack/fleet.sh [NODES] [--check] [--faults | --takeover [--stuck-share S]]   NODES: default 500 (the CI size;
 #                    hack/test-operator.sh runs it with --check --faults); the bench is hack/bench-fleet.sh
 # env:   KUBECONFIG  an existing control plane with nothing else on it (else one is started with
 #                    hack/control-plane.sh and stopped on exit); KIPVS_CP_STATE its state directory

@@ -7,15 +7,33 @@
 //! without that kernel module would), the revision before it staying in force. Its `/livez`
 //! always answers 200 (`healthy: true`).
 //!
+//! With `--kube-proxy` it also stands in for kube-proxy's DaemonSet, patched to avoid nodes
+//! labelled `kipvs.io/service-proxy=kipvs`: kube-proxy runs on every node not so labelled (and
+//! on the nodes `--kube-proxy-stays` names, where its pod never leaves), and each proxier
+//! follows `spec.config.serviceProxy` as the contract in `kipvs_crds::nodeproxyconfig` says,
+//! reporting `status.serviceProxy` through the same reducer ([`SimulatedProxier::service_proxy`];
+//! the node's side is `kipvs_operator::sim::NodeStandIn`, which the operator's takeover tests
+//! drive too, run by `common/kube_proxy.rs`, which the fleet harness shares):
+//! a `kipvs` revision stands by (`Standby`, Pending) while kube-proxy runs, then takes over
+//! (`TakingOver`, Applied after `--apply-delay`, then `Programming`); a `kube-proxy` revision
+//! stops writing at once and waits for kube-proxy (`HandingBack` where it programmed, else
+//! `Standby`), then reports `HandedBack` (Applied, healthy) once kube-proxy runs. It prints one
+//! line per step; it never lets kipvs and kube-proxy program a node at once (it exits with an
+//! error if they would).
+//!
 //! usage: `cargo run -p kipvs-operator --example fake_proxier -- [--apply-delay 1s]
-//!         [--unsupported-schedulers sed,nq]`   (KUBECONFIG selects the cluster)
+//!         [--unsupported-schedulers sed,nq] [--kube-proxy] [--kube-proxy-stays node-5,...]`
+//!         (KUBECONFIG selects the cluster)
+
+#[path = "common/kube_proxy.rs"]
+mod kube_proxy;
 
 use futures::StreamExt;
 use kipvs_crds::NodeProxyConfig;
 use kipvs_node_status::{AlwaysLive, SimulatedProxier, SyncResult, report_status};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -23,8 +41,14 @@ use std::time::{Duration, SystemTime};
 async fn main() -> anyhow::Result<()> {
     let mut delay = Duration::from_secs(1);
     let mut unsupported: Vec<String> = Vec::new();
+    let mut kube_proxy = false;
+    let mut stays: HashSet<String> = HashSet::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
+        if arg == "--kube-proxy" {
+            kube_proxy = true;
+            continue;
+        }
         let value = args
             .next()
             .ok_or_else(|| anyhow::anyhow!("{arg} needs a value"))?;
@@ -33,10 +57,14 @@ async fn main() -> anyhow::Result<()> {
             "--unsupported-schedulers" => {
                 unsupported = value.split(',').map(str::to_owned).collect()
             }
+            "--kube-proxy-stays" => stays = value.split(',').map(str::to_owned).collect(),
             _ => anyhow::bail!("unknown flag {arg}"),
         }
     }
     let client = Client::try_default().await?;
+    if kube_proxy {
+        return with_kube_proxy(client, delay, stays).await;
+    }
     let api: Api<NodeProxyConfig> = Api::all(client.clone());
     let mut proxiers: HashMap<String, Arc<SimulatedProxier>> = HashMap::new();
     let mut events = watcher(api.clone(), watcher::Config::default())
@@ -122,4 +150,28 @@ async fn answer(
         None => return,
     };
     println!("fake-proxier: {node}: revision {revision} {phase}");
+}
+
+/// `--kube-proxy`: every node's proxier and kube-proxy follow its NodeProxyConfig and label
+/// ([`kube_proxy::follow`]), each step printed.
+async fn with_kube_proxy(
+    client: Client,
+    delay: Duration,
+    stays: HashSet<String>,
+) -> anyhow::Result<()> {
+    let starter = client.clone();
+    kube_proxy::follow(client, move |node, inputs| {
+        let proxier = start(&starter, node);
+        let stays = stays.contains(node);
+        let node = node.to_owned();
+        Some(kube_proxy::node_task(
+            node.clone(),
+            proxier,
+            inputs,
+            delay,
+            move || stays,
+            move |step| println!("fake-proxier: {node}: {step}"),
+        ))
+    })
+    .await
 }

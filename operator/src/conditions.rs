@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `Progressing` | nodes are moving to the target revision | `RollingOut`, `Soaking`, `AwaitingPromotion`, `StageTooSmall`, `RollingBack` / False: `RolloutComplete`, `NoNodes`, `RolledBack`, `Halted`, `InvalidSpec` |
 //! | `Available` | no node is failed on the revision its NodeProxyConfig carries | `AllHealthy` / False: `NodesFailed` |
-//! | `Degraded` | something needs a person | `InvalidSpec`, `RevisionFailed`, `NodeConflict`, `StageTooSmall`, `WriteFailed` (NodeProxyConfig writes being retried), `NodesFailed` (within the failure budget) / False: `AsExpected` |
+//! | `Degraded` | something needs a person | `InvalidSpec`, `RevisionFailed`, `NodeConflict`, `StageTooSmall`, `WriteFailed` (NodeProxyConfig or label writes being retried), `NodesFailed` (within the failure budget) / False: `AsExpected` |
 //! | `Paused` | nothing moves until a person acts | `SpecPaused`, `AwaitingPromotion` / False: `Running` |
 //!
 //! A condition keeps its `lastTransitionTime` unless its status changes (Kubernetes API
@@ -118,7 +118,7 @@ impl ConditionSet {
         if let Some((node, error)) = failing.iter().next() {
             let nodes: Vec<&str> = failing.keys().map(String::as_str).collect();
             let message = format!(
-                "{} NodeProxyConfig write(s) failing, retried with backoff: {} (first: {node}: {error})",
+                "{} write(s) failing, retried with backoff: {} (first: {node}: {error})",
                 nodes.len(),
                 list(&nodes)
             );

@@ -19,7 +19,7 @@
 use crate::conditions::ConditionSet;
 use crate::events::Publisher;
 use crate::metrics::Metrics;
-use crate::rollout::{self, Decision, Input, NodeView, NpcView};
+use crate::rollout::{self, Decision, Input, NodeView, NpcView, Write};
 use crate::stored::{StoredProxyConfig, UndecodableSpec};
 use crate::triggers::{Concerned, node_triggers, npc_triggers, proxy_config_triggers};
 use crate::writer::{Expected, WRITE_CONCURRENCY, Writer};
@@ -27,7 +27,9 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::proxyconfig::parse_selector;
-use kipvs_crds::{NodeProxyConfig, OPERATOR_FIELD_MANAGER, ProxyConfig, ProxyConfigStatus};
+use kipvs_crds::{
+    NodeProxyConfig, OPERATOR_FIELD_MANAGER, ProxyConfig, ProxyConfigStatus, SERVICE_PROXY_LABEL,
+};
 use kube::api::{Patch, PatchParams};
 use kube::core::Selector;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -400,11 +402,11 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     Ok(Action::requeue(next_reconcile(&decision, skipped)))
 }
 
-/// Hands `decision`'s writes to the writer, but only those to NodeProxyConfigs whose spec is
-/// still as decided from (`seen`): one written since (by another ProxyConfig the node moved
-/// to, by the writer and confirmed meanwhile, or by hand) is left out. Checked and submitted
-/// under the writer's lock, so that no write is sent in between. Returns how many were left
-/// out.
+/// Hands `decision`'s writes to the writer: its label changes, and those of its NodeProxyConfig
+/// writes whose spec is still as decided from (`seen`): one written since (by another
+/// ProxyConfig the node moved to, by the writer and confirmed meanwhile, or by hand) is left
+/// out. Checked and submitted under the writer's lock, so that no write is sent in between.
+/// Returns how many NodeProxyConfig writes were left out.
 fn submit_writes(
     pc: &ProxyConfig,
     ctx: &Context,
@@ -412,13 +414,14 @@ fn submit_writes(
     seen: &HashMap<String, Option<Option<i64>>>,
 ) -> usize {
     let mut writer = ctx.writer.lock();
-    let writes: Vec<_> = decision
+    let mut writes: Vec<_> = decision
         .writes
         .iter()
         .filter(|w| spec_generation(&ctx.npcs, w.node()) == seen[w.node()])
         .cloned()
         .collect();
     let skipped = decision.writes.len() - writes.len();
+    writes.extend(decision.labels.iter().cloned().map(Write::Label));
     let owner = pc
         .controller_owner_ref(&())
         .expect("a stored ProxyConfig has a name and a uid");
@@ -471,7 +474,12 @@ fn decide_from_stores(
         .collect();
     let (overlay, failing_writes) = {
         let mut writer = ctx.writer.lock();
-        (writer.overlay(&by_name, now), writer.failing(&name))
+        let label = |node: &str| {
+            ctx.nodes
+                .get(&ObjectRef::new(node))
+                .and_then(|n| n.labels().get(SERVICE_PROXY_LABEL).cloned())
+        };
+        (writer.overlay(&by_name, &label, now), writer.failing(&name))
     };
     let status = status_to_continue(pc, ctx, &name);
     let views: Vec<NodeView<'_>> = node_objects
@@ -550,6 +558,7 @@ fn npc_views<'a>(
                 owner,
                 revision,
                 assigned_at,
+                service_proxy,
             } => {
                 let status = by_name.get(node.as_str()).and_then(|n| n.status.as_ref());
                 npcs.insert(
@@ -558,6 +567,7 @@ fn npc_views<'a>(
                         owner: Some(owner),
                         revision,
                         assigned_at: *assigned_at,
+                        service_proxy: *service_proxy,
                         status,
                         config: None,
                     },
@@ -566,6 +576,7 @@ fn npc_views<'a>(
             Expected::Deleted => {
                 npcs.remove(node.as_str());
             }
+            Expected::Labelled(_) => {}
         }
     }
     npcs

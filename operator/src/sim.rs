@@ -2,12 +2,19 @@
 //! [`Fleet::step`] applying a decision's writes and status the way the API server would. Unit
 //! tests, the 5,000-node simulation and the benchmark drive the decision through it, and it
 //! answers "what would this ProxyConfig do to this fleet" without a cluster.
+//!
+//! [`NodeStandIn`] plays one node's kube-proxy and kipvs through a move between them, for the
+//! takeover tests (`tests/takeover.rs`) and the harnesses that run the operator without real
+//! nodes (`examples/fake_proxier.rs`, `examples/fleet`).
 
-use crate::rollout::{Decision, Input, NodeView, NpcView, Write, decide};
+use crate::rollout::{Decision, Input, Label, NodeView, NpcView, Write, decide};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kipvs_crds::{NodePhase, NodeProxyConfig, NodeProxyConfigStatus, ProxyConfig, ProxyConfigSpec};
+use kipvs_crds::{
+    NodePhase, NodeProxyConfig, NodeProxyConfigStatus, ProxyConfig, ProxyConfigSpec,
+    SERVICE_PROXY_LABEL, ServiceProxy, ServiceProxyPhase,
+};
 use kube::Resource;
 use kube::core::Selector;
 use std::collections::{BTreeMap, HashMap};
@@ -122,7 +129,7 @@ impl Fleet {
     }
 
     /// Applies a decision as the controller and the API server would: writes (keeping each
-    /// NodeProxyConfig's status, as server-side apply of the spec does) and the status.
+    /// NodeProxyConfig's status, as server-side apply of the spec does), labels and the status.
     pub fn apply(&mut self, decision: &Decision) {
         for write in &decision.writes {
             match write {
@@ -138,9 +145,32 @@ impl Fleet {
                 Write::Delete { node } => {
                     self.npcs.remove(node);
                 }
+                Write::Label(label) => self.label(label),
             }
         }
+        for label in &decision.labels {
+            self.label(label);
+        }
         self.pc.status = Some(decision.status.clone());
+    }
+
+    /// Sets a Node's service proxy label as the operator's server-side apply does.
+    fn label(&mut self, label: &Label) {
+        if let Some(node) = self.nodes.get_mut(&label.node) {
+            node.metadata.labels.get_or_insert_default().insert(
+                SERVICE_PROXY_LABEL.to_owned(),
+                label.proxy.as_str().to_owned(),
+            );
+        }
+    }
+
+    /// The service proxy label of a node (None: unlabelled or no such node).
+    pub fn label_of(&self, node: &str) -> Option<&str> {
+        self.nodes
+            .get(node)
+            .and_then(|n| n.metadata.labels.as_ref())
+            .and_then(|l| l.get(SERVICE_PROXY_LABEL))
+            .map(String::as_str)
     }
 
     /// Decides and applies; returns the decision.
@@ -158,8 +188,20 @@ impl Fleet {
     }
 
     /// A proxier's report: its NodeProxyConfig's current spec revision with this phase and
-    /// health.
+    /// health (a proxier that predates `status.serviceProxy`).
     pub fn report(&mut self, node: &str, phase: NodePhase, healthy: bool, message: &str) {
+        self.report_service_proxy(node, phase, healthy, message, None);
+    }
+
+    /// A proxier's report, as [`Fleet::report`], with `status.serviceProxy`.
+    pub fn report_service_proxy(
+        &mut self,
+        node: &str,
+        phase: NodePhase,
+        healthy: bool,
+        message: &str,
+        service_proxy: Option<ServiceProxyPhase>,
+    ) {
         if let Some(npc) = self.npcs.get_mut(node) {
             npc.status = Some(NodeProxyConfigStatus {
                 observed_revision: Some(npc.spec.revision.clone()),
@@ -168,7 +210,7 @@ impl Fleet {
                 last_sync_time: Some(Time(self.now)),
                 message: (!message.is_empty()).then(|| message.to_owned()),
                 sync_errors: Some(u64::from(phase == NodePhase::Failed)),
-                ..Default::default()
+                service_proxy,
             });
         }
     }
@@ -210,5 +252,120 @@ impl Fleet {
     /// The revision each node's NodeProxyConfig carries (None: no NodeProxyConfig).
     pub fn revision_of(&self, node: &str) -> Option<&str> {
         self.npcs.get(node).map(|n| n.spec.revision.as_str())
+    }
+}
+
+/// One node's kube-proxy (its DaemonSet patched once to avoid nodes labelled
+/// `kipvs.io/service-proxy=kipvs`) and kipvs proxier, through a move between them as the contract
+/// in `kipvs_crds::nodeproxyconfig` describes it. A node starts with kube-proxy running and kipvs
+/// standing by. What the proxier reports of a revision (Pending, Applied) is left to the
+/// caller's status reducer; [`NodeStandIn::follow`] says where the node stands.
+#[derive(Clone, Debug)]
+pub struct NodeStandIn {
+    kube_proxy: bool,
+    programs: bool,
+    took_over: bool,
+}
+
+impl Default for NodeStandIn {
+    fn default() -> Self {
+        NodeStandIn {
+            kube_proxy: true,
+            programs: false,
+            took_over: false,
+        }
+    }
+}
+
+/// Where a [`NodeStandIn`] stands after following its revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Standing {
+    /// `status.serviceProxy`.
+    pub phase: ServiceProxyPhase,
+    /// kipvs has just started programming (it took the node over in this step).
+    pub took_over: bool,
+    /// kipvs has just stopped programming a node it took over.
+    pub handing_back: bool,
+    /// Why kipvs does not program, for `status.message` (None while it programs).
+    pub message: Option<&'static str>,
+    /// `status.healthy` in place of the proxier's `/livez` (kube-proxy's health once handed
+    /// back; false when kube-proxy runs again on a node kipvs took over), or None.
+    pub healthy: Option<bool>,
+}
+
+impl NodeStandIn {
+    /// kube-proxy's DaemonSet follows the node's `label` (its [`SERVICE_PROXY_LABEL`]): its pod
+    /// runs unless the label is `kipvs`, or always where it `stays` (a DaemonSet that was not
+    /// patched there). Returns whether kube-proxy started (Some(true)) or left (Some(false)).
+    ///
+    /// # Errors
+    /// kube-proxy would start while kipvs programs the node (two programmers).
+    pub fn label(&mut self, label: Option<&str>, stays: bool) -> Result<Option<bool>, String> {
+        let runs = stays || label != Some(ServiceProxy::Kipvs.as_str());
+        if runs == self.kube_proxy {
+            return Ok(None);
+        }
+        if runs && self.programs {
+            return Err("kube-proxy would start while kipvs programs the node".to_owned());
+        }
+        self.kube_proxy = runs;
+        Ok(Some(runs))
+    }
+
+    /// The proxier follows its revision's `serviceProxy`: for `kipvs` it stands by while
+    /// kube-proxy runs, else programs; for `kube-proxy` it stops writing at once and waits for
+    /// kube-proxy (`HandingBack` where it programmed, else `Standby`), `HandedBack` once
+    /// kube-proxy runs.
+    pub fn follow(&mut self, proxy: ServiceProxy) -> Standing {
+        let was_programming = self.programs;
+        let mut standing = Standing {
+            phase: ServiceProxyPhase::Standby,
+            took_over: false,
+            handing_back: false,
+            message: None,
+            healthy: None,
+        };
+        match proxy {
+            ServiceProxy::Kipvs if self.kube_proxy => {
+                self.programs = false;
+                standing.message = Some("kube-proxy runs on the node");
+                standing.healthy = self.took_over.then_some(false);
+            }
+            ServiceProxy::Kipvs => {
+                self.programs = true;
+                self.took_over = true;
+                standing.took_over = !was_programming;
+                standing.phase = if was_programming {
+                    ServiceProxyPhase::Programming
+                } else {
+                    ServiceProxyPhase::TakingOver
+                };
+            }
+            ServiceProxy::KubeProxy => {
+                self.programs = false;
+                standing.handing_back = was_programming;
+                if self.kube_proxy {
+                    self.took_over = false;
+                    standing.phase = ServiceProxyPhase::HandedBack;
+                    standing.healthy = Some(true);
+                } else if self.took_over {
+                    standing.phase = ServiceProxyPhase::HandingBack;
+                    standing.message = Some("waiting for kube-proxy");
+                } else {
+                    standing.message = Some("the node runs kube-proxy");
+                }
+            }
+        }
+        standing
+    }
+
+    /// Whether kube-proxy's pod runs on the node.
+    pub fn kube_proxy(&self) -> bool {
+        self.kube_proxy
+    }
+
+    /// Whether kipvs writes to the kernel.
+    pub fn kipvs_programs(&self) -> bool {
+        self.programs
     }
 }

@@ -132,7 +132,8 @@ pub fn node_relevance(node: &Node) -> Option<u64> {
 }
 
 /// What a NodeProxyConfig change must look like to matter: its spec (`metadata.generation`),
-/// its controller, deletion, and the proxier's verdict (observed revision, phase, health). Not
+/// its controller, deletion, and the proxier's verdict (observed revision, phase, health, the
+/// service proxy phase: the node's label follows it). Not
 /// `status.lastSyncTime`, `message` or `syncErrors`: a proxier refreshing its status must not
 /// trigger reconciles (with N nodes such refreshes arrive every 60/N s and, behind a resetting
 /// debounce, would starve the controller).
@@ -152,6 +153,10 @@ pub fn npc_relevance(npc: &NodeProxyConfig) -> Option<u64> {
         .map(|p| p as u8)
         .hash(&mut hasher);
     status.and_then(|s| s.healthy).hash(&mut hasher);
+    status
+        .and_then(|s| s.service_proxy)
+        .map(|p| p as u8)
+        .hash(&mut hasher);
     Some(hasher.finish())
 }
 
@@ -413,5 +418,13 @@ mod tests {
         let mut edited = npc.clone();
         edited.metadata.generation = Some(2);
         assert_ne!(npc_relevance(&edited), before, "a spec edit (drift)");
+        let mut handing_back = npc.clone();
+        handing_back.status.as_mut().unwrap().service_proxy =
+            Some(kipvs_crds::ServiceProxyPhase::HandingBack);
+        assert_ne!(
+            npc_relevance(&handing_back),
+            before,
+            "the service proxy phase (the node's label follows it)"
+        );
     }
 }

@@ -1,10 +1,13 @@
-//! The NodeProxyConfig writer: the writes a decision asks for, sent apart from the decision.
+//! The writer: the writes a decision asks for (NodeProxyConfigs, and the Nodes' service proxy
+//! label), sent apart from the decision.
 //!
 //! A reconcile decides and hands its writes over ([`WriterState::submit`]); it does not wait
 //! for them, so the next decision (a spec change's canary, a stage completing) is never
 //! queued behind the previous decision's applies (a stage of a 5,000-node fleet is ~1,000).
 //!
-//! - **Work queue keyed by node, latest wins.** Each ProxyConfig's queued (not yet sent)
+//! - **Work queue keyed by node and object, latest wins.** A node's NodeProxyConfig and its
+//!   label [`SERVICE_PROXY_LABEL`] ([`Write::Label`]) are two objects, each with its own
+//!   place in the queue, retries and doubt; what follows holds for each. Each ProxyConfig's queued (not yet sent)
 //!   writes are replaced by those of its latest decision: a write the latest decision still
 //!   asks for keeps its place and its retry state, one it no longer asks for is dropped (a
 //!   new revision's decision cancels the old revision's unsent writes), a new one joins the
@@ -42,12 +45,13 @@
 //!   them again and they keep their place).
 
 use crate::metrics::Metrics;
-use crate::rollout::Write;
+use crate::rollout::{Object, Write};
 use crate::stored::StoredProxyConfig;
 use futures::channel::mpsc;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
-use kipvs_crds::{NodeProxyConfig, OPERATOR_FIELD_MANAGER};
+use kipvs_crds::{NodeProxyConfig, OPERATOR_FIELD_MANAGER, SERVICE_PROXY_LABEL, ServiceProxy};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::{Api, Client};
@@ -96,6 +100,23 @@ impl Failure {
     }
 }
 
+/// What one write changes: a node (by name) and which of its objects.
+type Key = (String, Object);
+
+/// The key of `write`.
+fn key(write: &Write) -> Key {
+    (write.node().to_owned(), write.object())
+}
+
+/// How a failing write is named on the ProxyConfig ([`WriterState::failing`]): the node for
+/// its NodeProxyConfig, the node and the label for its label.
+fn failing_name((node, object): &Key) -> String {
+    match object {
+        Object::NodeProxyConfig => node.clone(),
+        Object::Label => format!("{node} (label {SERVICE_PROXY_LABEL})"),
+    }
+}
+
 /// A write the stores have not shown yet (in flight, or sent and not yet watched).
 #[derive(Clone, Debug)]
 pub enum Expected {
@@ -107,9 +128,21 @@ pub enum Expected {
         revision: String,
         /// `spec.assignedAt`.
         assigned_at: Timestamp,
+        /// `spec.config.serviceProxy`.
+        service_proxy: ServiceProxy,
     },
     /// The node's NodeProxyConfig is gone.
     Deleted,
+    /// The Node's [`SERVICE_PROXY_LABEL`] has this value.
+    Labelled(ServiceProxy),
+}
+
+/// What the stores show of a node, to tell whether a sent write is shown.
+struct Shown<'s, 'n> {
+    /// The node's NodeProxyConfig, if any.
+    npc: Option<&'s &'n NodeProxyConfig>,
+    /// The node's [`SERVICE_PROXY_LABEL`] value, if any.
+    label: Option<String>,
 }
 
 /// A write waiting to be sent (or retried).
@@ -139,13 +172,14 @@ struct Sent {
 }
 
 impl Expected {
-    /// Whether `stored` (the node's NodeProxyConfig, if any) shows this write.
-    fn shown_by(&self, stored: Option<&&NodeProxyConfig>) -> bool {
+    /// Whether `shown` (what the stores show of the node) shows this write.
+    fn shown_by(&self, shown: &Shown<'_, '_>) -> bool {
         match self {
             Expected::Assigned { revision, .. } => {
-                stored.map(|n| &n.spec.revision) == Some(revision)
+                shown.npc.map(|n| &n.spec.revision) == Some(revision)
             }
-            Expected::Deleted => stored.is_none(),
+            Expected::Deleted => shown.npc.is_none(),
+            Expected::Labelled(proxy) => shown.label.as_deref() == Some(proxy.as_str()),
         }
     }
 
@@ -162,6 +196,7 @@ impl Expected {
                 Write::Assign { revision, .. },
             ) => o == owner && **r == **revision,
             (Expected::Deleted, Write::Delete { .. }) => true,
+            (Expected::Labelled(proxy), Write::Label(label)) => *proxy == label.proxy,
             _ => false,
         }
     }
@@ -170,19 +205,19 @@ impl Expected {
 /// The writer's bookkeeping, behind [`Writer::lock`].
 #[derive(Debug, Default)]
 pub struct WriterState {
-    /// Per node, the write to send (latest wins).
-    queued: HashMap<String, Queued>,
-    /// Queue order: seq → node.
-    order: BTreeMap<u64, String>,
+    /// Per node and object, the write to send (latest wins).
+    queued: HashMap<Key, Queued>,
+    /// Queue order: seq → node and object.
+    order: BTreeMap<u64, Key>,
     next_seq: u64,
-    /// Nodes with a write in flight.
-    in_flight: HashSet<String>,
-    /// Writes in flight or sent, by node, until the stores show them.
-    sent: HashMap<String, Sent>,
-    /// Per ProxyConfig: nodes whose latest write attempt failed, with the error.
+    /// Nodes and objects with a write in flight.
+    in_flight: HashSet<Key>,
+    /// Writes in flight or sent, by node and object, until the stores show them.
+    sent: HashMap<Key, Sent>,
+    /// Per ProxyConfig: writes whose latest attempt failed ([`failing_name`]), with the error.
     failing: HashMap<String, BTreeMap<String, String>>,
-    /// Nodes in doubt: the write that may still be committed, and until when.
-    in_doubt: HashMap<String, (Expected, Instant)>,
+    /// Nodes and objects in doubt: the write that may still be committed, and until when.
+    in_doubt: HashMap<Key, (Expected, Instant)>,
 }
 
 /// The writer: a queue of NodeProxyConfig writes and `concurrency` workers sending them.
@@ -208,33 +243,43 @@ fn kind(write: &Write) -> &'static str {
     match write {
         Write::Assign { .. } => "apply",
         Write::Delete { .. } => "delete",
+        Write::Label(_) => "label",
     }
 }
 
 impl WriterState {
-    /// The writes the stores do not show yet, laid over them by the next decision: those in
-    /// flight and those sent less than `EXPECTATION_TTL` (120 s) ago that `stored` (NodeProxyConfig
-    /// by name) does not show yet. Forgets those it shows.
+    /// The NodeProxyConfig writes the stores do not show yet, laid over them by the next
+    /// decision: those in flight and those sent less than `EXPECTATION_TTL` (120 s) ago that
+    /// `stored` (NodeProxyConfig by name) does not show yet. Forgets the writes the stores show
+    /// (`label`: a Node's [`SERVICE_PROXY_LABEL`] value, by node name, for label writes: the
+    /// decision sees a label it asked for as not yet set, and [`Self::submit`] does not queue it
+    /// again while it is sent).
     pub fn overlay(
         &mut self,
         stored: &HashMap<&str, &NodeProxyConfig>,
+        label: &dyn Fn(&str) -> Option<String>,
         now: Timestamp,
     ) -> Vec<(String, Expected)> {
         let expiry = now.checked_sub(EXPECTATION_TTL).unwrap_or(Timestamp::MIN);
-        self.sent.retain(|node, sent| {
-            !sent.expected.shown_by(stored.get(node.as_str()))
-                && sent.at.is_none_or(|at| at > expiry)
+        let shown = |(node, object): &Key| Shown {
+            npc: stored.get(node.as_str()),
+            label: (*object == Object::Label).then(|| label(node)).flatten(),
+        };
+        self.sent.retain(|key, sent| {
+            !sent.expected.shown_by(&shown(key)) && sent.at.is_none_or(|at| at > expiry)
         });
         // A write in doubt that the stores show was committed: later writes come after it.
         self.in_doubt
-            .retain(|node, (expected, _)| !expected.shown_by(stored.get(node.as_str())));
+            .retain(|key, (expected, _)| !expected.shown_by(&shown(key)));
         self.sent
             .iter()
-            .map(|(node, sent)| (node.clone(), sent.expected.clone()))
+            .filter(|((_, object), _)| *object == Object::NodeProxyConfig)
+            .map(|((node, _), sent)| (node.clone(), sent.expected.clone()))
             .collect()
     }
 
-    /// Nodes of ProxyConfig `owner` whose latest write attempt failed, with the error.
+    /// Writes of ProxyConfig `owner` whose latest attempt failed, with the error: by node for
+    /// NodeProxyConfigs, by node and label for labels (see [`failing_name`]).
     pub fn failing(&self, owner: &str) -> BTreeMap<String, String> {
         self.failing.get(owner).cloned().unwrap_or_default()
     }
@@ -248,20 +293,19 @@ impl WriterState {
     /// ProxyConfig it references): see the module docs. Queued writes of an earlier ProxyConfig
     /// of the same name (another uid) are replaced too. Returns whether anything was queued.
     pub fn submit(&mut self, owner: &OwnerReference, writes: Vec<Write>) -> bool {
-        let wanted: HashMap<&str, &Write> = writes.iter().map(|w| (w.node(), w)).collect();
+        let wanted: HashMap<Key, &Write> = writes.iter().map(|w| (key(w), w)).collect();
         let mut cancelled = Vec::new();
-        self.queued.retain(|node, queued| {
+        self.queued.retain(|key, queued| {
             let keep = queued.owner.name != owner.name
-                || (queued.owner.uid == owner.uid
-                    && wanted.get(node.as_str()) == Some(&&queued.write));
+                || (queued.owner.uid == owner.uid && wanted.get(key) == Some(&&queued.write));
             if !keep {
-                cancelled.push((queued.seq, node.clone()));
+                cancelled.push((queued.seq, key.clone()));
             }
             keep
         });
         if let Some(failing) = self.failing.get_mut(&owner.name) {
-            for (_, node) in &cancelled {
-                failing.remove(node);
+            for (_, key) in &cancelled {
+                failing.remove(&failing_name(key));
             }
         }
         for (seq, _) in cancelled {
@@ -269,15 +313,15 @@ impl WriterState {
         }
         let mut added = false;
         for write in writes {
-            let node = write.node();
-            if self.queued.contains_key(node) || self.is_sent(owner, &write) {
+            let key = key(&write);
+            if self.queued.contains_key(&key) || self.is_sent(owner, &write) {
                 continue;
             }
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.order.insert(seq, node.to_owned());
+            self.order.insert(seq, key.clone());
             self.queued.insert(
-                node.to_owned(),
+                key,
                 Queued {
                     owner: owner.clone(),
                     write,
@@ -294,7 +338,7 @@ impl WriterState {
 
     /// Whether `write` of `owner` is in flight or sent and not yet shown by the stores.
     fn is_sent(&self, owner: &OwnerReference, write: &Write) -> bool {
-        self.sent.get(write.node()).is_some_and(|sent| {
+        self.sent.get(&key(write)).is_some_and(|sent| {
             sent.expected.is(&owner.name, write)
                 && (matches!(write, Write::Delete { .. }) || sent.owner_uid == owner.uid)
         })
@@ -303,7 +347,7 @@ impl WriterState {
     /// Until when `queued` must wait for its node's write in doubt (None: it need not: no
     /// write in doubt, or `queued` is that write again).
     fn held_until(&self, queued: &Queued) -> Option<Instant> {
-        let (expected, until) = self.in_doubt.get(queued.write.node())?;
+        let (expected, until) = self.in_doubt.get(&key(&queued.write))?;
         (!expected.is(&queued.owner.name, &queued.write)).then_some(*until)
     }
 
@@ -314,11 +358,11 @@ impl WriterState {
         let mut earliest: Option<Instant> = None;
         let mut found = None;
         self.in_doubt.retain(|_, (_, until)| *until > now);
-        for (seq, node) in &self.order {
-            if self.in_flight.contains(node) {
+        for (seq, key) in &self.order {
+            if self.in_flight.contains(key) {
                 continue;
             }
-            let queued = &self.queued[node];
+            let queued = &self.queued[key];
             let due = if queued.not_before > now {
                 Some(queued.not_before)
             } else {
@@ -326,32 +370,33 @@ impl WriterState {
             };
             match due {
                 None => {
-                    found = Some((*seq, node.clone()));
+                    found = Some((*seq, key.clone()));
                     break;
                 }
                 Some(due) => earliest = Some(earliest.map_or(due, |e| e.min(due))),
             }
         }
-        let Some((seq, node)) = found else {
+        let Some((seq, key)) = found else {
             return Err(earliest);
         };
         self.order.remove(&seq);
-        let mut queued = self
-            .queued
-            .remove(&node)
-            .expect("ordered writes are queued");
+        let mut queued = self.queued.remove(&key).expect("ordered writes are queued");
         let assigned_at = *queued.assigned_at.get_or_insert_with(Timestamp::now);
         let expected = match &queued.write {
-            Write::Assign { revision, .. } => Expected::Assigned {
+            Write::Assign {
+                revision, config, ..
+            } => Expected::Assigned {
                 owner: queued.owner.name.clone(),
                 revision: revision.to_string(),
                 assigned_at,
+                service_proxy: config.service_proxy,
             },
             Write::Delete { .. } => Expected::Deleted,
+            Write::Label(label) => Expected::Labelled(label.proxy),
         };
-        self.in_flight.insert(node.clone());
+        self.in_flight.insert(key.clone());
         self.sent.insert(
-            node,
+            key,
             Sent {
                 expected,
                 owner_uid: queued.owner.uid.clone(),
@@ -363,9 +408,9 @@ impl WriterState {
 
     /// Forgets a write [`Self::take`] gave out without sending it (its ProxyConfig is gone).
     fn drop_taken(&mut self, queued: Queued) {
-        let node = queued.write.node();
-        self.in_flight.remove(node);
-        self.sent.remove(node);
+        let key = key(&queued.write);
+        self.in_flight.remove(&key);
+        self.sent.remove(&key);
         self.failing.remove(&queued.owner.name);
     }
 
@@ -374,34 +419,34 @@ impl WriterState {
     /// the write failed (a decision taken while it was in flight may cancel its retry; see the
     /// module docs).
     fn finish(&mut self, mut queued: Queued, result: Result<(), Failure>, now: Instant) -> bool {
-        let node = queued.write.node().to_owned();
-        self.in_flight.remove(&node);
+        let key = key(&queued.write);
+        self.in_flight.remove(&key);
         let failing = self.failing.entry(queued.owner.name.clone()).or_default();
         match result {
             Ok(()) => {
-                if let Some(sent) = self.sent.get_mut(&node) {
+                if let Some(sent) = self.sent.get_mut(&key) {
                     sent.at = Some(Timestamp::now());
                 }
-                self.in_doubt.remove(&node);
-                failing.remove(&node).is_some()
+                self.in_doubt.remove(&key);
+                failing.remove(&failing_name(&key)).is_some()
             }
             Err(failure) => {
-                let sent = self.sent.remove(&node);
-                failing.insert(node.clone(), failure.message);
+                let sent = self.sent.remove(&key);
+                failing.insert(failing_name(&key), failure.message);
                 if failure.ambiguous
                     && let Some(sent) = sent
                 {
                     self.in_doubt
-                        .insert(node.clone(), (sent.expected, now + IN_DOUBT));
+                        .insert(key.clone(), (sent.expected, now + IN_DOUBT));
                 }
                 // Latest wins: a write queued for the node meanwhile replaces this one.
-                if !self.queued.contains_key(&node) {
+                if !self.queued.contains_key(&key) {
                     queued.attempts += 1;
                     queued.not_before = now + backoff(queued.attempts);
                     queued.seq = self.next_seq;
                     self.next_seq += 1;
-                    self.order.insert(queued.seq, node.clone());
-                    self.queued.insert(node, queued);
+                    self.order.insert(queued.seq, key.clone());
+                    self.queued.insert(key, queued);
                 }
                 true
             }
@@ -567,8 +612,10 @@ impl Drop for WriterGuard<'_> {
     }
 }
 
-/// One NodeProxyConfig write: server-side apply of [`Write::node_proxy_config`] (forced, field
-/// manager `kipvs-operator`), or a delete (already gone is fine).
+/// One write: server-side apply of [`Write::node_proxy_config`] (forced, field manager
+/// `kipvs-operator`), a delete (already gone is fine), or server-side apply of a Node's
+/// service proxy label ([`crate::rollout::Label::node_patch`]: the same field manager, which
+/// then manages that one label of the Node and nothing else).
 async fn send(
     client: &Client,
     owner: &OwnerReference,
@@ -591,6 +638,14 @@ async fn send(
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(e) => Err(e),
         },
+        Write::Label(label) => {
+            let nodes: Api<Node> = Api::all(client.clone());
+            let params = PatchParams::apply(OPERATOR_FIELD_MANAGER).force();
+            nodes
+                .patch(&label.node, &params, &Patch::Apply(&label.node_patch()))
+                .await
+                .map(drop)
+        }
     }
 }
 
@@ -620,6 +675,11 @@ mod tests {
         }
     }
 
+    /// No Node carries a service proxy label.
+    fn no_label(_: &str) -> Option<String> {
+        None
+    }
+
     fn stored(node: &str, revision: &str) -> NodeProxyConfig {
         NodeProxyConfig::new(
             node,
@@ -636,12 +696,13 @@ mod tests {
         state
             .order
             .values()
-            .map(|node| {
-                let revision = match &state.queued[node].write {
+            .map(|key| {
+                let revision = match &state.queued[key].write {
                     Write::Assign { revision, .. } => revision.to_string(),
                     Write::Delete { .. } => "delete".into(),
+                    Write::Label(label) => format!("label {}", label.proxy.as_str()),
                 };
-                (node.clone(), revision)
+                (key.0.clone(), revision)
             })
             .collect()
     }
@@ -701,7 +762,7 @@ mod tests {
         assert_eq!(a.write.node(), "a");
         // In flight: laid over the stores, and not queued again by the next decision.
         let empty = HashMap::new();
-        let overlay = state.overlay(&empty, Timestamp::now());
+        let overlay = state.overlay(&empty, &no_label, Timestamp::now());
         assert!(
             matches!(&overlay[..], [(node, Expected::Assigned { revision, .. })] if node == "a" && revision == "r1")
         );
@@ -709,13 +770,17 @@ mod tests {
         assert_eq!(queue(&state), pairs(&[("b", "r1")]));
         assert!(!state.finish(a, Ok(()), Instant::now()));
         // Sent, not yet watched: still laid over, still not queued again.
-        assert_eq!(state.overlay(&empty, Timestamp::now()).len(), 1);
+        assert_eq!(state.overlay(&empty, &no_label, Timestamp::now()).len(), 1);
         assert!(!state.submit(&fleet, vec![assign("a", "r1"), assign("b", "r1")]));
         // The store shows it: forgotten; a decision still asking for it (it would not) would
         // queue it, and one asking for another revision does.
         let npc = stored("a", "r1");
         let shown = HashMap::from([("a", &npc)]);
-        assert!(state.overlay(&shown, Timestamp::now()).is_empty());
+        assert!(
+            state
+                .overlay(&shown, &no_label, Timestamp::now())
+                .is_empty()
+        );
         assert!(state.submit(&fleet, vec![assign("a", "r2"), assign("b", "r1")]));
         assert_eq!(queue(&state), pairs(&[("b", "r1"), ("a", "r2")]));
     }
@@ -733,7 +798,11 @@ mod tests {
             "newly failing"
         );
         // Not laid over any more (it may not have happened); reported; queued again, later.
-        assert!(state.overlay(&HashMap::new(), Timestamp::now()).is_empty());
+        assert!(
+            state
+                .overlay(&HashMap::new(), &no_label, Timestamp::now())
+                .is_empty()
+        );
         assert_eq!(
             state.failing("fleet"),
             BTreeMap::from([("a".to_owned(), "apiserver down".to_owned())])
@@ -771,7 +840,11 @@ mod tests {
         state.submit(&fleet, vec![assign("a", "r2")]);
         assert_eq!(queue(&state), pairs(&[("a", "r2")]));
         assert!(state.failing("fleet").is_empty());
-        assert_eq!(state.queued["a"].attempts, 0, "a new write starts afresh");
+        assert_eq!(
+            state.queued[&("a".to_owned(), Object::NodeProxyConfig)].attempts,
+            0,
+            "a new write starts afresh"
+        );
     }
 
     #[test]
@@ -780,7 +853,11 @@ mod tests {
         state.submit(&owner("gone"), vec![assign("a", "r1")]);
         let a = state.take(Instant::now()).expect("due");
         state.drop_taken(a);
-        assert!(state.overlay(&HashMap::new(), Timestamp::now()).is_empty());
+        assert!(
+            state
+                .overlay(&HashMap::new(), &no_label, Timestamp::now())
+                .is_empty()
+        );
         assert_eq!(state.queued(), 0);
         assert_eq!(state.take(Instant::now()).err(), Some(None));
     }
@@ -819,7 +896,7 @@ mod tests {
         let due = state.take(start).expect_err("backing off").expect("due");
         let retry = state.take(due).expect("the retry");
         // The decision: a is in flight, laid over the stores, so it is not asked for.
-        let overlay = state.overlay(&HashMap::new(), Timestamp::now());
+        let overlay = state.overlay(&HashMap::new(), &no_label, Timestamp::now());
         assert_eq!(overlay.len(), 1);
         // The retry fails again: the owner is to be reconciled, although the node was failing
         // already.
@@ -831,7 +908,11 @@ mod tests {
         state.submit(&fleet, vec![]);
         assert_eq!(queue(&state), pairs(&[]));
         // ... and the triggered one, deciding from the stores without a, asks for it again.
-        assert!(state.overlay(&HashMap::new(), Timestamp::now()).is_empty());
+        assert!(
+            state
+                .overlay(&HashMap::new(), &no_label, Timestamp::now())
+                .is_empty()
+        );
         assert!(state.submit(&fleet, vec![assign("a", "r1")]));
         assert_eq!(queue(&state), pairs(&[("a", "r1")]));
     }
@@ -859,7 +940,7 @@ mod tests {
         );
         // The stores show r1 on a: it landed, r2 comes after it.
         let npc = stored("a", "r1");
-        state.overlay(&HashMap::from([("a", &npc)]), Timestamp::now());
+        state.overlay(&HashMap::from([("a", &npc)]), &no_label, Timestamp::now());
         let a2 = state.take(now).expect("resolved");
         assert!(matches!(&a2.write, Write::Assign { revision, .. } if &**revision == "r2"));
 
@@ -919,5 +1000,57 @@ mod tests {
             .collect();
         assert_eq!(owners, ["uid-fleet-2", "uid-fleet-2"]);
         assert_eq!(queue(&state), pairs(&[("a", "r1"), ("b", "r1")]));
+    }
+
+    /// A node's NodeProxyConfig and its label are two writes with their own places, retries
+    /// and reports: a label that keeps failing is named apart and holds back neither its node's
+    /// NodeProxyConfig nor the other nodes' labels; a label sent and not yet shown is not
+    /// queued again.
+    #[test]
+    fn a_label_is_its_own_write_and_its_failure_blocks_nothing_else() {
+        use crate::rollout::Label;
+        let label = |node: &str| {
+            Write::Label(Label {
+                node: node.into(),
+                proxy: ServiceProxy::Kipvs,
+            })
+        };
+        let mut state = WriterState::default();
+        let fleet = owner("fleet");
+        state.submit(&fleet, vec![assign("a", "r1"), label("a"), label("b")]);
+        assert_eq!(
+            queue(&state),
+            pairs(&[("a", "r1"), ("a", "label kipvs"), ("b", "label kipvs")])
+        );
+        let now = Instant::now();
+        let npc = state.take(now).expect("a's NodeProxyConfig");
+        let a_label = state
+            .take(now)
+            .expect("a's label, though a has a write in flight");
+        assert_eq!(a_label.write, label("a"));
+        let b_label = state.take(now).expect("b's label");
+        assert!(state.finish(a_label, Err(rejected("403 Forbidden")), now));
+        assert!(!state.finish(npc, Ok(()), now));
+        assert!(!state.finish(b_label, Ok(()), now));
+        assert_eq!(
+            state.failing("fleet"),
+            BTreeMap::from([(
+                format!("a (label {SERVICE_PROXY_LABEL})"),
+                "403 Forbidden".to_owned()
+            )])
+        );
+        // The NodeProxyConfig overlay carries no label; b's label, sent and not yet shown, is
+        // not queued again; once shown it is forgotten.
+        let overlay = state.overlay(&HashMap::new(), &no_label, Timestamp::now());
+        assert!(
+            overlay
+                .iter()
+                .all(|(_, e)| matches!(e, Expected::Assigned { .. })),
+            "{overlay:?}"
+        );
+        assert!(!state.submit(&fleet, vec![assign("a", "r1"), label("a"), label("b")]));
+        let kipvs = |node: &str| (node == "b").then(|| "kipvs".to_owned());
+        state.overlay(&HashMap::new(), &kipvs, Timestamp::now());
+        assert!(!state.is_sent(&fleet, &label("b")));
     }
 }

@@ -378,7 +378,7 @@ async fn a_failed_write_is_retried_with_the_same_object_and_reported_on_the_prox
         condition["message"]
             .as_str()
             .unwrap()
-            .contains("1 NodeProxyConfig write(s) failing"),
+            .contains("1 write(s) failing"),
         "{condition}"
     );
     respond(send, 200, &serde_json::to_value(&pc).unwrap());

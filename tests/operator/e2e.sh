@@ -1,6 +1,8 @@
 #!/bin/bash
 # The operator end to end, against a real kube-apiserver (hack/test-operator.sh starts one):
-#   1. the CRDs install; the sample applies; each invalid ProxyConfig in invalid/ is rejected by the
+#   1. the CRDs install; the samples apply (the ProxyConfig, and the patch that keeps kube-proxy's
+#      DaemonSet off nodes labelled kipvs.io/service-proxy=kipvs); the operator's RBAC lets it patch
+#      Nodes (the label) and nothing more on them; each invalid ProxyConfig in invalid/ is rejected by the
 #      apiserver with the schema's message (on 1.24, with CEL on, also the rules only CEL can say:
 #      `expect-cel`), or (those CEL rules on 1.20, which ignores them) accepted and reported
 #      InvalidSpec by the operator;
@@ -10,7 +12,12 @@
 #      fleet; the tainted node is skipped, never written;
 #   4. a configuration the proxiers reject (IPVS scheduler "sed") fails on the canary: the rollout
 #      halts, the revision is marked bad and every touched node returns to the last good revision;
-#   5. the leader is killed: the other replica takes the Lease and rolls the next change out.
+#   5. the leader is killed: the other replica takes the Lease and rolls the next change out;
+#   6. the move from kube-proxy (issue 26), fake_proxier --kube-proxy standing in for kube-proxy's
+#      DaemonSet (it avoids nodes labelled kipvs.io/service-proxy=kipvs) and the proxiers' takeover:
+#      serviceProxy kube-proxy (kipvs stands by, every node labelled kube-proxy), then kipvs in stages
+#      with node-5's kube-proxy never leaving: node-5 fails by applyTimeout, the fleet rolls back and
+#      every label is kube-proxy again; then, kube-proxy leaving everywhere, the takeover completes.
 # Prints `kubectl get proxyconfig` along the way. Exit status 0 only if every check passed.
 #
 # env: KUBECONFIG (required), KIPVS_OPERATOR, KIPVS_FAKE_PROXIER (executables), OUT (logs; a temp dir)
@@ -43,6 +50,32 @@ kubectl apply -f config/samples/proxyconfig.yaml >/dev/null || fail "the sample 
 [ "$(kubectl get proxyconfig fleet -o jsonpath='{.spec.rollout.stages[1].size}')" = "10%" ] || fail "sample not stored"
 kubectl delete -f config/samples/proxyconfig.yaml >/dev/null
 ok "config/samples/proxyconfig.yaml applies"
+# kube-proxy's DaemonSet as kubeadm makes it (no affinity), patched with the committed sample as the
+# README says: its pods then avoid nodes labelled kipvs.io/service-proxy=kipvs.
+kubectl apply -f - >/dev/null <<'EOF'
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: kube-proxy, namespace: kube-system, labels: {k8s-app: kube-proxy}}
+spec:
+  selector: {matchLabels: {k8s-app: kube-proxy}}
+  template:
+    metadata: {labels: {k8s-app: kube-proxy}}
+    spec:
+      nodeSelector: {kubernetes.io/os: linux}
+      containers: [{name: kube-proxy, image: registry.k8s.io/kube-proxy:v1.24.0}]
+EOF
+kubectl -n kube-system patch daemonset kube-proxy --type=strategic \
+  --patch-file config/samples/kube-proxy-daemonset-patch.yaml >/dev/null || fail "the DaemonSet patch does not apply"
+affinity=$(kubectl -n kube-system get daemonset kube-proxy -o jsonpath='{.spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0]}')
+[[ "$affinity" == *'"key":"kipvs.io/service-proxy"'* && "$affinity" == *'"operator":"NotIn"'* && "$affinity" == *'"values":["kipvs"]'* ]] ||
+  fail "kube-proxy's DaemonSet affinity after the patch: $affinity"
+ok "config/samples/kube-proxy-daemonset-patch.yaml: kube-proxy's DaemonSet avoids nodes labelled kipvs.io/service-proxy=kipvs"
+SA=system:serviceaccount:kipvs-system:kipvs-operator
+[ "$(kubectl auth can-i patch nodes --as=$SA)" = yes ] || fail "the operator cannot patch Nodes (its label)"
+for verb in update create delete; do
+  [ "$(kubectl auth can-i $verb nodes --as=$SA 2>/dev/null)" = no ] || fail "the operator can $verb Nodes"
+done
+ok "RBAC: the operator may patch Nodes (its label), not update, create or delete them"
 
 section "invalid ProxyConfigs"
 # 1.24 runs with CustomResourceValidationExpressions on (hack/control-plane.sh): CEL rules are enforced.
@@ -110,6 +143,7 @@ done
 ok "10 Ready nodes: node-0 canary, node-9 tainted ToBeDeletedByClusterAutoscaler"
 "$KIPVS_FAKE_PROXIER" --apply-delay 1s --unsupported-schedulers sed > "$OUT/fake-proxier.log" 2>&1 &
 PIDS+=($!)
+FAKE_PID=$!
 ok "fake_proxier reports for every node (scheduler sed unsupported)"
 
 section "first revision"
@@ -185,6 +219,69 @@ grep -q '^kipvs_operator_rollout_nodes{proxyconfig="fleet",state="healthy"} 9' "
   fail "rollout_nodes: $(grep rollout_nodes "$OUT/metrics.txt")"
 grep -q '^kipvs_operator_writes_total{kind="apply"}' "$OUT/metrics.txt" || fail "no write counter"
 ok "$OTHER serves /healthz, /readyz and /metrics: $(grep -E '^kipvs_operator_(reconciles_total|writes_total)' "$OUT/metrics.txt" | paste -sd' ')"
+
+section "the move from kube-proxy: standby, a takeover that fails on node-5 and rolls back, then one that completes"
+label_of() { kubectl get node "$1" -o jsonpath='{.metadata.labels.kipvs\.io/service-proxy}'; }
+labels() { for i in $(seq 0 8); do printf '%s ' "$(label_of node-$i)"; done; }
+proxy_phase() { kubectl get nodeproxyconfig "$1" -o jsonpath='{.status.serviceProxy}'; }
+kill "$FAKE_PID"; wait "$FAKE_PID" 2>/dev/null || true
+"$KIPVS_FAKE_PROXIER" --apply-delay 1s --kube-proxy --kube-proxy-stays node-5 > "$OUT/fake-kube-proxy.log" 2>&1 &
+PIDS+=($!)
+FAKE_PID=$!
+ok "fake_proxier --kube-proxy: kube-proxy runs where the label is not kipvs, and never leaves node-5"
+kubectl patch proxyconfig fleet --type=merge -p '{"spec":{"config":{"serviceProxy":"kube-proxy"}}}' >/dev/null
+stages=$(follow_stages 120) || fail "serviceProxy kube-proxy: $stages"
+reason_is Progressing RolloutComplete || fail "serviceProxy kube-proxy: Progressing $(reason Progressing)"
+STANDBY=$(pc '{.status.lastGoodRevision}')
+[ "$(labels)" = "$(printf 'kube-proxy %.0s' $(seq 0 8))" ] || fail "labels after serviceProxy kube-proxy: $(labels)"
+[ -z "$(label_of node-9)" ] || fail "the tainted node-9 was labelled"
+[ "$(proxy_phase node-3)" = HandedBack ] || fail "node-3 status.serviceProxy $(proxy_phase node-3)"
+ok "revision $STANDBY (serviceProxy kube-proxy) rolled out: $stages; nodes 0-8 labelled kube-proxy, kipvs HandedBack"
+
+mark=$(wc -l < "$OUT/fake-kube-proxy.log")
+kubectl patch proxyconfig fleet --type=merge -p '{"spec":{"config":{"serviceProxy":"kipvs"}}}' >/dev/null
+stages=$(follow_stages 180) || fail "takeover with node-5 stuck: $stages"
+TAKEOVER=$(pc '{.status.revision}')
+[ "$(reason Degraded)" = RevisionFailed ] || fail "Degraded: $(reason Degraded)"
+[ "$(reason Progressing)" = RolledBack ] || fail "Progressing: $(reason Progressing)"
+[ "$(pc '{.status.targetRevision}')" = "$STANDBY" ] || fail "target $(pc '{.status.targetRevision}'), want $STANDBY"
+[[ " $(pc '{.status.badRevisions[*]}') " == *" $TAKEOVER "* ]] || fail "badRevisions: $(pc '{.status.badRevisions}')"
+failure=$(pc '{.status.failures[0].node}: {.status.failures[0].message}')
+[[ "$failure" == node-5:* ]] || fail "failures: $failure"
+ok "revision $TAKEOVER (serviceProxy kipvs) went $stages and failed on $failure"
+took_over=$(tail -n +$((mark + 1)) "$OUT/fake-kube-proxy.log" | grep -c ': taking over' || true)
+[ "$took_over" -ge 1 ] || fail "no node took over before node-5 failed"
+export -f label_of labels
+wait_until 60 "every label back to kube-proxy" bash -c '[ "$(labels)" = "$1" ]' _ "$(printf 'kube-proxy %.0s' $(seq 0 8))"
+applied() { kubectl get nodeproxyconfigs -o jsonpath='{range .items[*]}{.status.observedRevision}/{.status.phase} {end}'; }
+export -f applied
+wait_until 60 "every node Applied on $STANDBY" bash -c '[ "$(applied)" = "$1" ]' _ "$(printf "$STANDBY/Applied %.0s" $(seq 0 8))"
+handed_back=$(tail -n +$((mark + 1)) "$OUT/fake-kube-proxy.log" | grep -c ': handing back' || true)
+grep -q 'node-5: kube-proxy leaves' "$OUT/fake-kube-proxy.log" && fail "kube-proxy left node-5"
+ok "rolled back: $took_over node(s) had taken over and $handed_back handed back; every label is kube-proxy again, every node Applied on $STANDBY"
+
+kill "$FAKE_PID"; wait "$FAKE_PID" 2>/dev/null || true
+"$KIPVS_FAKE_PROXIER" --apply-delay 1s --kube-proxy > "$OUT/fake-kube-proxy-2.log" 2>&1 &
+PIDS+=($!)
+FAKE_PID=$!
+# A new revision (the failed one is bad): the same takeover with scheduler lc.
+kubectl patch proxyconfig fleet --type=merge -p '{"spec":{"config":{"ipvs":{"scheduler":"lc"}}}}' >/dev/null
+stages=$(follow_stages 180) || fail "takeover: $stages"
+[ "$stages" = "canary early fleet" ] || fail "takeover went: $stages"
+reason_is Progressing RolloutComplete || fail "takeover: Progressing $(reason Progressing)"
+[ "$(labels)" = "$(printf 'kipvs %.0s' $(seq 0 8))" ] || fail "labels after the takeover: $(labels)"
+for i in $(seq 0 8); do
+  [ "$(proxy_phase node-$i)" = Programming ] || fail "node-$i status.serviceProxy $(proxy_phase node-$i)"
+done
+first=$(grep -m1 ': taking over' "$OUT/fake-kube-proxy-2.log" | sed 's/^fake-proxier: \([^:]*\):.*/\1/')
+[ "$first" = node-0 ] || fail "the first node taken over is $first, not the canary"
+managers=$(kubectl get --raw /api/v1/nodes/node-3 | python3 -c '
+import json, sys
+print(json.dumps([f["fieldsV1"] for f in json.load(sys.stdin)["metadata"]["managedFields"] if f["manager"] == "kipvs-operator"]))')
+[ "$managers" = '[{"f:metadata": {"f:labels": {"f:kipvs.io/service-proxy": {}}}}]' ] ||
+  fail "kipvs-operator manages more of node-3 than its label: $managers"
+ok "revision $(pc '{.status.lastGoodRevision}') took every node over: $stages, the canary first; labels kipvs, status.serviceProxy Programming; kipvs-operator manages only the label of a Node"
+show "after the takeover"
 
 section "result"
 show "final"

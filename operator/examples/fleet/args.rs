@@ -19,6 +19,10 @@ pub(crate) struct Args {
     pub(crate) fail_share: f64,
     pub(crate) silent_share: f64,
     pub(crate) flap_share: f64,
+    /// `--takeover`: the move from kube-proxy instead of the scheduler rounds.
+    pub(crate) takeover: bool,
+    /// `--stuck-share`: nodes whose kube-proxy never leaves in the takeover's failing round.
+    pub(crate) stuck_share: f64,
 }
 
 /// Reads the flags from the command line.
@@ -37,12 +41,15 @@ pub(crate) fn args() -> anyhow::Result<Args> {
         fail_share: 0.0,
         silent_share: 0.0,
         flap_share: 0.0,
+        takeover: false,
+        stuck_share: 0.01,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         match flag.as_str() {
             "--check" => a.check = true,
             "--faults" => a.faults = true,
+            "--takeover" => a.takeover = true,
             _ => {
                 let value = it
                     .next()
@@ -53,6 +60,9 @@ pub(crate) fn args() -> anyhow::Result<Args> {
     }
     if a.operator.is_empty() || a.operator_log.is_empty() {
         anyhow::bail!("--operator and --operator-log are required");
+    }
+    if a.takeover && a.faults {
+        anyhow::bail!("--takeover rolls its own rounds: not with --faults");
     }
     if a.faults && a.cp_state.is_none() {
         anyhow::bail!("--faults needs --cp-state (the control plane's state directory)");
@@ -75,6 +85,7 @@ impl Args {
             "--fail-share" => a.fail_share = value.parse()?,
             "--silent-share" => a.silent_share = value.parse()?,
             "--flap-share" => a.flap_share = value.parse()?,
+            "--stuck-share" => a.stuck_share = value.parse()?,
             _ => anyhow::bail!("unknown flag {flag}"),
         }
         Ok(())

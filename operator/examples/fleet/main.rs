@@ -46,14 +46,27 @@
 //!
 //! usage: `fleet --nodes N --operator BIN --operator-log FILE --operator-metrics ADDR
 //!         [--pid-file FILE] [--cp-state DIR] [--check] [--faults] [--max-first-write 5s]
-//!         [--quiet 20s] [--fail-share 0.0] [--silent-share 0.0] [--flap-share 0.0]`
+//!         [--quiet 20s] [--fail-share 0.0] [--silent-share 0.0] [--flap-share 0.0]
+//!         [--takeover] [--stuck-share 0.01]`
 //!         (KUBECONFIG selects the cluster; the CRDs must be installed; the operator inherits
 //!         the environment)
+//!
+//! With `--takeover` the rounds are the move from kube-proxy instead (`takeover`): kube-proxy's
+//! DaemonSet is simulated too (`../common/kube_proxy.rs`: it avoids nodes labelled
+//! `kipvs.io/service-proxy=kipvs`, and each proxier follows `spec.config.serviceProxy` through
+//! the proxier's own reducer): `serviceProxy: kube-proxy` (kipvs stands by everywhere), then
+//! `kipvs` while kube-proxy never leaves the `--stuck-share` of nodes (they fail by an
+//! applyTimeout of 15 s and the fleet rolls back to kube-proxy), then `kipvs` with another
+//! scheduler, every kube-proxy leaving (the takeover completes). `--check` fails unless the
+//! failing round is marked bad and every node is labelled `kube-proxy` and Applied on the
+//! standby revision again, the last round completes with every node labelled `kipvs`, and no
+//! node ever has kipvs and kube-proxy programming at once.
 //!
 //! Layout: `args` (the flags), `nodes` (the Nodes and the part each plays), `proxiers` (the
 //! simulated proxiers and what the harness sees), `operator` (the supervised operator process),
 //! `rounds` (one revision rolled out, measured and checked), `faults` and `blip` (what a round
-//! injects and checks), `usage` (CPU and memory from `/proc`).
+//! injects and checks), `takeover` (the move from kube-proxy), `usage` (CPU and memory from
+//! `/proc`).
 
 mod args;
 mod blip;
@@ -62,7 +75,11 @@ mod nodes;
 mod operator;
 mod proxiers;
 mod rounds;
+mod takeover;
 mod usage;
+
+#[path = "../common/kube_proxy.rs"]
+mod kube_proxy;
 
 use crate::operator::{Operator, operator_metrics, reconciles};
 use crate::proxiers::Syncs;
@@ -113,9 +130,14 @@ async fn main() -> anyhow::Result<()> {
         args,
     };
     let mut table = Table::default();
-    for (round, (scheduler, fault)) in rounds(fleet.args.faults).into_iter().enumerate() {
-        if !run_round(&fleet, round, scheduler, fault, &mut table).await? {
-            break; // later revisions would not complete either (the size, or a rollback)
+    if fleet.args.takeover {
+        takeover::run(&fleet, &client, &mut table).await?;
+    } else {
+        for (round, (scheduler, fault)) in rounds(fleet.args.faults).into_iter().enumerate() {
+            let config = serde_json::json!({"ipvs": {"scheduler": scheduler}});
+            if !run_round(&fleet, round, &config, fault, &mut table).await? {
+                break; // later revisions would not complete either (the size, or a rollback)
+            }
         }
     }
     quiet(&fleet, &syncs, &mut table).await;

@@ -43,6 +43,14 @@ pub(crate) fn flapping(args: &Args, node: &str) -> bool {
     s >= from && s < from + args.flap_share
 }
 
+/// Keeps kube-proxy in the takeover's failing round (`--stuck-share`, after the silent,
+/// failing and flapping ones).
+pub(crate) fn stuck(args: &Args, node: &str) -> bool {
+    let s = share(node);
+    let from = args.silent_share + args.fail_share + args.flap_share;
+    s >= from && s < from + args.stuck_share
+}
+
 /// Creates (or keeps) the `n` Nodes, with their labels, taints and Ready condition.
 pub(crate) async fn create(nodes: &Api<Node>, n: usize) -> anyhow::Result<()> {
     let created: Vec<anyhow::Result<()>> = stream::iter(0..n)

@@ -65,6 +65,17 @@ impl Proxier {
     }
 }
 
+/// A proxier's status reducer, as the takeover's node task drives it
+/// (`crate::kube_proxy::node_task`).
+pub(crate) struct StatusOf(pub(crate) Arc<Proxier>);
+
+impl std::ops::Deref for StatusOf {
+    type Target = SimulatedProxier;
+    fn deref(&self) -> &SimulatedProxier {
+        &self.0.status
+    }
+}
+
 /// What the harness saw of NodeProxyConfigs.
 #[derive(Default)]
 pub(crate) struct Seen {
@@ -180,6 +191,9 @@ pub(crate) fn answer_assignments(
                 .record(&node, &revision, generation, version)
             {
                 continue;
+            }
+            if args.takeover {
+                continue; // the takeover's node tasks answer (`crate::takeover`)
             }
             let Some(proxier) = proxiers.get(&node).cloned() else {
                 continue;

@@ -57,16 +57,17 @@ fn answering(args: &Args, round: usize, i: usize) -> bool {
     !(skipped(i) || round >= 1 && told_to_fail(args, &node) || round == 1 && silent(args, &node))
 }
 
-/// The ProxyConfig of round `round`: the fleet's nodes in three stages (canary, 10%, the rest).
+/// The ProxyConfig of round `round` with `config` (its `spec.config`): the fleet's nodes in
+/// three stages (canary, 10%, the rest).
 /// Under a fault the last stage goes in smaller steps, so that the fault lands inside it, and
 /// the failure budget is exactly the nodes told to fail: one node counted failed because of the
 /// fault marks the revision bad (a rollback). In the second round with silent or flapping
 /// nodes, the applyTimeout is short: a blip is a failure only past it, and silent nodes fail by
 /// it (the round would otherwise wait 5 minutes for them).
-fn proxy_config(
+pub(crate) fn proxy_config(
     args: &Args,
     round: usize,
-    scheduler: &str,
+    config: &serde_json::Value,
     fault: Option<Fault>,
 ) -> serde_json::Value {
     let n = args.nodes;
@@ -88,7 +89,7 @@ fn proxy_config(
         "metadata": {"name": PC},
         "spec": {
             "nodeSelector": {"matchLabels": {"kipvs.io/fleet": "yes"}},
-            "config": {"ipvs": {"scheduler": scheduler}},
+            "config": config,
             "rollout": {"failureBudget": budget, "applyTimeout": apply_timeout, "stages": [
                 {"name": "canary", "nodeSelector": {"matchLabels": {"kipvs.io/canary": "true"}}, "minNodes": 1},
                 {"name": "early", "size": "10%", "maxUnavailable": "100%"},
@@ -98,17 +99,17 @@ fn proxy_config(
     })
 }
 
-/// Rolls round `round` out, measures it into `table` and checks it. Returns whether the
-/// rollout completed (later rounds would not otherwise).
+/// Rolls round `round` out (`config`: its `spec.config`), measures it into `table` and checks
+/// it. Returns whether the rollout completed (later rounds would not otherwise).
 pub(crate) async fn run_round(
     fleet: &Fleet,
     round: usize,
-    scheduler: &str,
+    config: &serde_json::Value,
     fault: Option<Fault>,
     table: &mut Table,
 ) -> anyhow::Result<bool> {
     let args = &fleet.args;
-    let body = proxy_config(args, round, scheduler, fault);
+    let body = proxy_config(args, round, config, fault);
     let revision = config_revision(&serde_json::from_value(body["spec"]["config"].clone())?);
     let label = format!("revision {} ({revision})", round + 1);
     let usage_before = fleet.usage.snapshot();

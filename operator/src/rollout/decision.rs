@@ -3,7 +3,7 @@
 //! specs and reports availability.
 
 use super::input::Input;
-use super::outcome::{Decision, Note, Write};
+use super::outcome::{Decision, Label, Note, Write};
 use super::selection::{Health, Member, Selection, deadline, select};
 use super::stages::{
     Cursor, StageHealth, advance_stages, assign_stages, carried_stage_statuses, stage_health,
@@ -34,6 +34,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
             ..ProxyConfigStatus::default()
         },
         writes: Vec::new(),
+        labels: Vec::new(),
         events: Vec::new(),
         requeue: None,
         conditions: ConditionSet::new(&prev.conditions, input.now, input.generation),
@@ -42,6 +43,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
     let Decider {
         mut status,
         writes,
+        labels,
         events,
         requeue,
         conditions,
@@ -51,6 +53,7 @@ pub fn decide(input: &Input<'_>) -> Decision {
     Decision {
         status,
         writes,
+        labels,
         events,
         requeue_after: requeue,
     }
@@ -63,6 +66,7 @@ pub(super) struct Decider<'a> {
     pub(super) prev: &'a ProxyConfigStatus,
     pub(super) status: ProxyConfigStatus,
     pub(super) writes: Vec<Write>,
+    pub(super) labels: Vec<Label>,
     pub(super) events: Vec<Note>,
     pub(super) requeue: Option<Duration>,
     pub(super) conditions: ConditionSet,
@@ -108,7 +112,7 @@ impl<'a> Decider<'a> {
     }
 
     /// The decision in order: the spec checked, the nodes selected, the target revision's mode
-    /// run, hand edits restored, availability reported.
+    /// run, hand edits restored, availability reported, the service proxy labels followed.
     fn run(&mut self) {
         let spec = self.input.spec;
         self.conditions.set_paused(spec.paused);
@@ -136,6 +140,7 @@ impl<'a> Decider<'a> {
         }
         self.restore_drifted(&members, &drifted, &spec_revision);
         self.report_availability(&members);
+        self.label_members(&members);
     }
 
     /// `spec.nodeSelector`, once the spec is valid. An invalid spec is reported (Degraded

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::{
     NodeProxyConfig, NodeProxyConfigStatus, ProxierConfiguration, ProxyConfigSpec,
-    ProxyConfigStatus,
+    ProxyConfigStatus, ServiceProxy,
 };
 use kube::core::Selector;
 use std::collections::{BTreeMap, HashMap};
@@ -82,10 +82,12 @@ pub struct NpcView<'a> {
     pub revision: &'a str,
     /// `spec.assignedAt`.
     pub assigned_at: Timestamp,
+    /// `spec.config.serviceProxy`: the proxy that should program the node on this revision.
+    pub service_proxy: ServiceProxy,
     /// What the proxier reported.
     pub status: Option<&'a NodeProxyConfigStatus>,
     /// `spec.config`, to notice hand edits (None: not known, e.g. a write the stores have not
-    /// shown yet).
+    /// shown yet; the node's label then waits for the stores).
     pub config: Option<&'a ProxierConfiguration>,
 }
 
@@ -103,6 +105,7 @@ impl<'a> NpcView<'a> {
             owner,
             revision: &npc.spec.revision,
             assigned_at: npc.spec.assigned_at.0,
+            service_proxy: npc.spec.config.service_proxy,
             status: npc.status.as_ref(),
             config: Some(&npc.spec.config),
         }

@@ -31,8 +31,17 @@
 //!   revision bad; with autoRollback every node the ProxyConfig controls that is not on the last
 //!   good revision gets it back at once (or loses its NodeProxyConfig if there is none).
 //! - **Nodes no longer selected** lose the NodeProxyConfig this ProxyConfig controls.
-//! - **`spec.paused`**: the decision is computed and reported, but nothing is written and no
-//!   stage advances.
+//! - **`spec.paused`**: the decision is computed and reported, but no NodeProxyConfig is
+//!   written and no stage advances.
+//! - **Service proxy label.** Each member's Node label
+//!   [`SERVICE_PROXY_LABEL`](kipvs_crds::SERVICE_PROXY_LABEL) follows its NodeProxyConfig
+//!   (`labels::wanted_label`): `kipvs` once the stores show a revision whose `serviceProxy` is
+//!   `kipvs`; `kube-proxy` once the proxier reports, for a `kube-proxy` revision (or a `kipvs`
+//!   one the node failed), a phase in which kipvs does not write. A revision with
+//!   `serviceProxy: kube-proxy` counts as healthy on a node only when the proxier reports such a
+//!   phase (`status.serviceProxy`): a proxier that predates the field keeps programming, so
+//!   the revision fails there by `applyTimeout` and the rollout's failure budget and rollback
+//!   apply as for any revision.
 //!
 //! # Layout
 //!
@@ -42,12 +51,14 @@
 //! - `stages`: stage membership, per-stage counts, and the stage cursor.
 //! - `writes`: which member gets which revision, and hand-edited specs restored.
 //! - `report`: the status and Events that say where the rollout stands.
+//! - `labels`: the service proxy label each member's NodeProxyConfig asks for.
 //! - `decision`: [`decide`], which runs the above in order for the target revision's mode
 //!   (rollout, halted, rollback).
 //! - `outcome`: what a decision returns ([`Decision`], [`Write`], [`Note`]).
 
 mod decision;
 mod input;
+mod labels;
 mod outcome;
 mod report;
 mod selection;
@@ -56,4 +67,4 @@ mod writes;
 
 pub use decision::decide;
 pub use input::{Input, NodeView, NpcView, SkipReason, TO_BE_DELETED_TAINT};
-pub use outcome::{Decision, Note, Write};
+pub use outcome::{Decision, Label, Note, Object, Write};

@@ -2,7 +2,10 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kipvs_crds::{NodeProxyConfig, NodeProxyConfigSpec, ProxierConfiguration, ProxyConfigStatus};
+use kipvs_crds::{
+    NodeProxyConfig, NodeProxyConfigSpec, ProxierConfiguration, ProxyConfigStatus,
+    SERVICE_PROXY_LABEL, ServiceProxy,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,13 +28,53 @@ pub enum Write {
         /// The node.
         node: String,
     },
+    /// Set the Node's [`SERVICE_PROXY_LABEL`] (a [`Decision::labels`] entry, sent by the
+    /// writer next to the NodeProxyConfig writes).
+    Label(Label),
+}
+
+/// The value of a Node's [`SERVICE_PROXY_LABEL`] that a decision asks for: the service proxy
+/// that should run on the node (kube-proxy's DaemonSet, patched once, avoids nodes labelled
+/// `kipvs`). The rule is in [`crate::rollout`]'s module docs ("Service proxy label").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Label {
+    /// The node.
+    pub node: String,
+    /// The label's value.
+    pub proxy: ServiceProxy,
+}
+
+impl Label {
+    /// The server-side apply body that sets only this label on the Node (the operator's field
+    /// manager then owns that one field of the Node, nothing else).
+    pub fn node_patch(&self) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.node,
+                "labels": { SERVICE_PROXY_LABEL: self.proxy.as_str() },
+            },
+        })
+    }
 }
 
 impl Write {
     /// The node written.
     pub fn node(&self) -> &str {
         match self {
-            Write::Assign { node, .. } | Write::Delete { node } => node,
+            Write::Assign { node, .. }
+            | Write::Delete { node }
+            | Write::Label(Label { node, .. }) => node,
+        }
+    }
+
+    /// What the write changes: the node's NodeProxyConfig, or its [`SERVICE_PROXY_LABEL`]. The
+    /// writer keeps one write per node and object.
+    pub fn object(&self) -> Object {
+        match self {
+            Write::Assign { .. } | Write::Delete { .. } => Object::NodeProxyConfig,
+            Write::Label(_) => Object::Label,
         }
     }
 
@@ -81,6 +124,15 @@ impl Write {
     }
 }
 
+/// The object of a node that a [`Write`] changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Object {
+    /// The NodeProxyConfig named after the node.
+    NodeProxyConfig,
+    /// The Node's [`SERVICE_PROXY_LABEL`].
+    Label,
+}
+
 /// An Event to publish about the ProxyConfig.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Note {
@@ -97,8 +149,11 @@ pub struct Note {
 pub struct Decision {
     /// The status to report.
     pub status: ProxyConfigStatus,
-    /// NodeProxyConfig writes, at most one per node.
+    /// NodeProxyConfig writes ([`Write::Assign`], [`Write::Delete`]), at most one per node.
     pub writes: Vec<Write>,
+    /// Nodes whose [`SERVICE_PROXY_LABEL`] is to change, at most one per node. Asked for even
+    /// while `spec.paused`: a label follows the NodeProxyConfig the node already has.
+    pub labels: Vec<Label>,
     /// Events to publish.
     pub events: Vec<Note>,
     /// When to decide again even if nothing changes (a soak ends, an apply timeout expires).

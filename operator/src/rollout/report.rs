@@ -142,7 +142,7 @@ impl<'a> Decider<'a> {
             let message = match status.filter(|s| s.phase == Some(NodePhase::Failed)) {
                 Some(s) => format!("Failed: {}", s.message.as_deref().unwrap_or("(no message)")),
                 None => format!(
-                    "not applied and healthy within applyTimeout {} (reported: observedRevision {}, phase {}, healthy {})",
+                    "not applied and healthy within applyTimeout {} (reported: observedRevision {}, phase {}, healthy {}{})",
                     kipvs_crds::duration::format(timeout),
                     status
                         .and_then(|s| s.observed_revision.as_deref())
@@ -153,6 +153,7 @@ impl<'a> Decider<'a> {
                     status
                         .and_then(|s| s.healthy)
                         .map_or_else(|| "-".to_owned(), |h| h.to_string()),
+                    service_proxy_note(status),
                 ),
             };
             let failure = NodeFailure {
@@ -177,5 +178,19 @@ impl<'a> Decider<'a> {
             }
             self.status.failures.push(failure);
         }
+    }
+}
+
+/// What a timed-out node's proxier says of the move between kube-proxy and kipvs (empty from a
+/// proxier that does not report `status.serviceProxy`): `, serviceProxy Standby: <message>`
+/// names a takeover that waits for kube-proxy to leave.
+fn service_proxy_note(status: Option<&kipvs_crds::NodeProxyConfigStatus>) -> String {
+    let Some((phase, message)) = status.and_then(|s| s.service_proxy.map(|p| (p, &s.message)))
+    else {
+        return String::new();
+    };
+    match message {
+        Some(message) => format!(", serviceProxy {phase:?}: {message}"),
+        None => format!(", serviceProxy {phase:?}"),
     }
 }

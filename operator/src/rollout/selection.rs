@@ -3,8 +3,8 @@
 
 use super::input::{Input, NodeView, NpcView};
 use k8s_openapi::jiff::Timestamp;
-use kipvs_crds::NodePhase;
 use kipvs_crds::revision::node_hash;
+use kipvs_crds::{NodePhase, ServiceProxy, ServiceProxyPhase};
 use kube::core::{Selector, SelectorExt};
 use std::collections::HashSet;
 use std::time::Duration;
@@ -34,17 +34,33 @@ impl Member<'_> {
     }
 }
 
-fn health(npc: &NpcView<'_>, timeout: Duration, now: Timestamp) -> Health {
+pub(super) fn health(npc: &NpcView<'_>, timeout: Duration, now: Timestamp) -> Health {
     let status = npc
         .status
         .filter(|s| s.observed_revision.as_deref() == Some(npc.revision));
     let phase = status.and_then(|s| s.phase);
-    if phase == Some(NodePhase::Applied) && status.and_then(|s| s.healthy) == Some(true) {
+    if phase == Some(NodePhase::Applied)
+        && status.and_then(|s| s.healthy) == Some(true)
+        && status.is_some_and(|s| served_by(npc.service_proxy, s.service_proxy))
+    {
         Health::Healthy
     } else if phase == Some(NodePhase::Failed) || now >= deadline(npc, timeout) {
         Health::Failed
     } else {
         Health::InFlight
+    }
+}
+
+/// Whether a proxier reporting `phase` (`status.serviceProxy`; None from a proxier that
+/// predates the takeover) shows the node served by `proxy`, the `serviceProxy` of the revision
+/// it reports: [`ServiceProxyPhase::ready_for`]. A proxier without the field always programs,
+/// so it serves a `kipvs` revision and never a `kube-proxy` one: such a revision stays in
+/// flight on it until `applyTimeout` fails the node (and the node keeps its label `kipvs`, so
+/// kube-proxy does not start next to it).
+pub(super) fn served_by(proxy: ServiceProxy, phase: Option<ServiceProxyPhase>) -> bool {
+    match phase {
+        Some(phase) => phase.ready_for(proxy),
+        None => proxy == ServiceProxy::Kipvs,
     }
 }
 
