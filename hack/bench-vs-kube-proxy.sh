@@ -22,7 +22,13 @@
 # BENCH_LIMIT is reported as such and the size's other steps are left out for it. The VM is QEMU software
 # emulation on one vCPU: absolute figures are that machine's, the ratios are what carries over.
 #
+# --e2e: failed requests instead, side by side: hack/test-e2e.sh's phases (readiness flap, rolling updates,
+# proxier restart, apiserver outage, latency writes) under its load, once with E2E_PROXIER=kube-proxy and once
+# with kipvs (two VM boots), printed as one table: requests sent / failed, long-lived connections broken.
+# E2E_SAMPLES latency writes (20 here: kube-proxy takes ~10 s for each).
+#
 # usage: hack/bench-vs-kube-proxy.sh [N...]            (default: 1000 10000)
+#        hack/bench-vs-kube-proxy.sh --e2e
 # env:   BENCH_MIN_SYNC ("0 1s": the minSyncPeriod settings; 0 is 1.24's default for IPVS mode, which
 #        defaults only iptables mode's to 1 s; kipvs's is 0 too), BENCH_MIN_SYNC_UP_TO (1000: the settings
 #        after the first run at sizes up to this only, each is another cold start of both),
@@ -52,6 +58,36 @@ LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 say "load average at start: $LOAD0"
 STATE=$(mktemp -d /tmp/kipvs-bench-kp.XXXXXX)
 
+if [ "${1:-}" = --e2e ]; then
+  rc=0
+  for p in kube-proxy kipvs; do
+    say "hack/test-e2e.sh with E2E_PROXIER=$p (log: $STATE/e2e-$p.log)"
+    E2E_SAMPLES=${E2E_SAMPLES:-20} E2E_PROXIER=$p E2E_FIGURES=$STATE/e2e-$p.figures hack/test-e2e.sh > "$STATE/e2e-$p.log" 2>&1 ||
+      { say "$p: hack/test-e2e.sh failed checks:"; grep -E '^  not ok|FAIL' "$STATE/e2e-$p.log" | head -n 20; rc=1; }
+    sed -n '/^=== end to end/,/machine load/p' "$STATE/e2e-$p.log"
+  done
+  echo
+  echo "=== failed requests, kube-proxy 1.24 (IPVS) and kipvs, hack/test-e2e.sh's phases under its load (25 TCP" \
+    "connections/s, 5 UDP queries/s, 4 long-lived connections); load average at start $LOAD0, at end $(cut -d' ' -f1-3 /proc/loadavg)"
+  python3 - "$STATE/e2e-kube-proxy.figures" "$STATE/e2e-kipvs.figures" <<'PY'
+import os, sys
+figs = []
+for f in sys.argv[1:]:
+    d = {}
+    for line in open(f) if os.path.exists(f) else []:
+        phase, v = line.rstrip("\n").split("|")
+        d[phase] = v.split()
+    figs.append(d)
+phases = list(dict.fromkeys(list(figs[1]) + list(figs[0])))
+print(f"  {'phase':26} {'kube-proxy: TCP sent/failed  UDP sent/failed  long-lived broken':62} {'kipvs: TCP  UDP  long-lived':30}")
+def cell(v):
+    return "-" if v is None else f"{v[0]:>5}/{v[1]:<4} {v[2]:>5}/{v[3]:<4} {v[4]:>3}"
+for ph in phases:
+    print(f"  {ph:26} {cell(figs[0].get(ph)):62} {cell(figs[1].get(ph)):30}")
+PY
+  say "state: $STATE"
+  exit "$rc"
+fi
 R=$STATE/results
 mkdir -p "$R"
 : > "$R/results.txt"

@@ -11,6 +11,8 @@
 #      lists three backend pods (network namespaces in the VM): real requests through each address;
 #   2. under load from the VM's client netns (25 new TCP connections/s, 5 UDP queries/s, 4 long-lived TCP
 #      connections sending a line every 200 ms; tests/vm/e2e + e2e-traffic/, a release build), phases:
+#      - readiness flap: each backend in turn not ready (serving+terminating) for a second and ready again while
+#        it still has connections (every long-lived connection goes through one flap of its backend);
 #      - rolling update, twice: every backend replaced the Deployment way (new endpoint ready -> old one
 #        serving+terminating -> old one removed, one pod at a time); old pods keep running, as in their
 #        termination grace period, so a broken connection is the proxier's doing;
@@ -32,9 +34,16 @@
 #   5. the nftables stage per sync: how many went as one nfnetlink batch or through `nft -f`, and how long they took.
 # Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
 #
+# E2E_PROXIER=kube-proxy runs the same with kube-proxy 1.24 as the proxier (IPVS mode; hack/lib/kube-proxy-payload.sh,
+# the agent's kube-proxy-start and kube-proxy-stop; its KubeProxyConfiguration is the parity check's,
+# tests/kube-proxy/corpus.py), for hack/bench-vs-kube-proxy.sh --e2e: every phase but the gate flip (the operator's
+# NodeProxyConfig is kipvs's); a terminating endpoint's real server may leave the kernel instead of staying at
+# weight 0 (kube-proxy deletes it once it has no connection), and failed requests are figures, not failed checks.
+#
 # usage: hack/test-e2e.sh
 # env:   CP_PORT/CP_ETCD_PORT (28443/29790), E2E_AGENT_PORT (host loopback port forwarded to the agent, 27000),
-#        E2E_SAMPLES (40), KEEP=1 (keep the state dir), VMCACHE, CPCACHE
+#        E2E_SAMPLES (40), E2E_PROXIER (kipvs | kube-proxy), E2E_FIGURES (a file that gets one line per phase,
+#        hack/lib/e2e.sh end_phase), KEEP=1 (keep the state dir), VMCACHE, CPCACHE
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -45,6 +54,8 @@ export RUST_BACKTRACE=0
 export CP_PORT=${CP_PORT:-28443} CP_ETCD_PORT=${CP_ETCD_PORT:-29790}
 AGENT_PORT=${E2E_AGENT_PORT:-27000}
 SAMPLES=${E2E_SAMPLES:-40}
+PROXIER=${E2E_PROXIER:-kipvs}
+case $PROXIER in kipvs | kube-proxy) ;; *) echo "E2E_PROXIER: kipvs or kube-proxy, not $PROXIER" >&2; exit 2 ;; esac
 say() { printf 'e2e: %s\n' "$*"; }
 K8S=$(hack/control-plane.sh version)
 if [ "$K8S" != 1.24 ]; then
@@ -82,6 +93,15 @@ hack/control-plane.sh start "$STATE"
 KC=$STATE/kubeconfig
 k() { kubectl --kubeconfig "$KC" "$@"; }
 guest_kubeconfig "$KC" > "$STATE/guest-kubeconfig"
+KP_DIR="" # the guest's /payload/kube-proxy with E2E_PROXIER=kube-proxy
+if [ "$PROXIER" = kube-proxy ]; then
+  . hack/lib/kube-proxy-payload.sh # kube_proxy_payload
+  python3 -c 'import yaml' 2> /dev/null || apt-get install -y -qq python3-yaml > /dev/null
+  KP_DIR=$STATE/kube-proxy
+  kube_proxy_payload "$KP_DIR" "$KC"
+  python3 -c 'import sys, yaml; sys.path.insert(0, "tests/kube-proxy"); import corpus
+yaml.safe_dump(corpus.kube_proxy_config({})[0], sys.stdout, sort_keys=False)' > "$KP_DIR/config.yaml"
+fi
 # ---- objects: the VM's Node, the Services ---------------------------------------------------------------
 k apply --validate=false -k config/crd > /dev/null
 k apply -f config/operator/namespace.yaml > /dev/null
@@ -131,7 +151,7 @@ slice term-e2e term "10.244.1.97:ready" "10.244.1.98:terminating"
 
 # ---- the VM ----------------------------------------------------------------------------------------------
 say "starting the VM (hack/test-vm.sh --e2e; console log in target/vm/console.log)"
-KIPVS_TRAFFIC=$TRAFFIC KIPVS_E2E_KUBECONFIG=$STATE/guest-kubeconfig VMTIMEOUT=${VMTIMEOUT:-1800} \
+KIPVS_TRAFFIC=$TRAFFIC KIPVS_E2E_KUBECONFIG=$STATE/guest-kubeconfig KIPVS_KUBE_PROXY_DIR=$KP_DIR VMTIMEOUT=${VMTIMEOUT:-1800} \
   VMNET="net=10.0.2.0/24,hostfwd=tcp:127.0.0.1:$AGENT_PORT-10.0.2.15:7000" \
   hack/test-vm.sh --e2e > "$STATE/vm.log" 2>&1 &
 vm_pid=$!
@@ -160,7 +180,11 @@ sample_vcpu &
 sampler_pid=$!
 for i in 1 2 3; do must pod "gen1-$i" "$(gen 1 "$i")"; done
 must pod lat-0 10.244.1.99; must pod lat-1 10.244.1.96; must pod term-0 10.244.1.97; must pod term-1 10.244.1.98
-must proxier-start
+# the proxier under test: kipvs (agent proxier-start, -stop) or kube-proxy (kube-proxy-start answers once it has
+# synced, kube-proxy-stop); CHECKED is end_phase's argument: kube-proxy's failures are figures
+if [ "$PROXIER" = kipvs ]; then START=proxier-start STOP=proxier-stop CHECKED=""
+else START=kube-proxy-start STOP=kube-proxy-stop CHECKED=figures; fi
+AGENT_TIMEOUT=150 must $START
 CIP=10.96.0.80:80
 check "the proxier programs the Service from the API: every endpoint in the kernel" \
   quiet agent wait tcp $CIP "$(gen 1 3):8080" 1 120
@@ -182,6 +206,29 @@ wait_for 30 "the load's 4 long-lived connections" long_opened || true
 s=$(stats)
 check "load running: $(field "$s" long_opened) long-lived connections on $(field "$s" long)" [ "$(field "$s" long_opened)" = 4 ]
 
+# what a serving+terminating endpoint's real server becomes: weight 0 (kipvs); kube-proxy deletes it once it has
+# no connection (graceful_termination.go:158-182, deleteRsFunc), weight 0 until then
+TERMINATING_RS=0
+[ "$PROXIER" = kipvs ] || TERMINATING_RS=drained
+# Readiness flap: each backend in turn goes not ready (serving+terminating: draining) for a second under load and
+# comes back ready while it still has connections; the load's 4 long-lived connections were opened to these three,
+# so each of them goes through one flap. kipvs gives the real server its weight back in place. kube-proxy 1.24
+# deletes a real server of its graceful-termination list and adds it again (pkg/proxy/ipvs/proxier.go:2093-2106,
+# syncEndpoint; graceful_termination.go:191-202, MoveRSOutofGracefulDeleteList), and with expire_nodest_conn=1 the
+# kernel expires the connections of a deleted destination one tick later unless it is added back first
+# (ip_vs_enqueue_expire_nodest_conns, since Linux 5.9): whether a flap breaks them is a race with that tick.
+flap() { # flap I: gen1-I of CUR not ready, then ready again
+  local e
+  e=$(gen 1 "$1")
+  slice web-e2e web "${CUR[@]/$e:ready/$e:terminating}"
+  agent wait tcp $CIP "$e:8080" $TERMINATING_RS 30 > /dev/null || bad "gen1-$1 not at weight 0"
+  sleep 1 # on purpose, here and below: a second of load on the draining backend, then on the ready one
+  slice web-e2e web "${CUR[@]}"
+  agent wait tcp $CIP "$e:8080" 1 30 > /dev/null || bad "gen1-$1 not back at weight 1"
+  sleep 1
+}
+begin "readiness flap"; for i in 1 2 3; do flap "$i"; done; end_phase $CHECKED
+
 rollout() { # rollout FROM TO: replace every pod of generation FROM by one of TO, the Deployment way
   local i
   for i in 1 2 3; do
@@ -192,7 +239,7 @@ rollout() { # rollout FROM TO: replace every pod of generation FROM by one of TO
     sleep 1 # on purpose, here and below: each step of the update carries load for a second
     CUR=("${CUR[@]/$(gen "$1" "$i"):ready/$(gen "$1" "$i"):terminating}")
     slice web-e2e web "${CUR[@]}"
-    agent wait tcp $CIP "$(gen "$1" "$i"):8080" 0 30 > /dev/null || bad "gen$1-$i not at weight 0"
+    agent wait tcp $CIP "$(gen "$1" "$i"):8080" $TERMINATING_RS 30 > /dev/null || bad "gen$1-$i not at weight 0"
     sleep 1
     local keep=()
     for e in "${CUR[@]}"; do [ "$e" = "$(gen "$1" "$i"):terminating" ] || keep+=("$e"); done
@@ -201,27 +248,25 @@ rollout() { # rollout FROM TO: replace every pod of generation FROM by one of TO
     sleep 1
   done
 }
-begin "rolling update 1"; rollout 1 2; end_phase
+begin "rolling update 1"; rollout 1 2; end_phase $CHECKED
 a=$(agent probe tcp $CIP) || true
 check "after rolling update 1 new connections reach generation 2 ($a)" grep -qx 'gen2-[123]' <<<"$a"
-begin "rolling update 2"; rollout 2 3; end_phase
+begin "rolling update 2"; rollout 2 3; end_phase $CHECKED
 a=$(agent probe tcp $CIP) || true
 check "after rolling update 2 new connections reach generation 3 ($a)" grep -qx 'gen3-[123]' <<<"$a"
 
 begin "proxier restart"
 agent table > "$STATE/table.before-restart"
-must proxier-restart
+must $STOP
+AGENT_TIMEOUT=150 must $START
 restarted_synced() { agent log 100000 | grep -q 'sync complete'; }
-wait_for 60 "the restarted proxier's first sync" restarted_synced || bad "the restarted proxier did not sync within 60 s"
+[ "$PROXIER" != kipvs ] || wait_for 60 "the restarted proxier's first sync" restarted_synced ||
+  bad "the restarted proxier did not sync within 60 s"
 agent table > "$STATE/table.after-restart"
 check "proxier restart: the same virtual servers and weighted real servers" \
   cmp -s <(active < "$STATE/table.before-restart") <(active < "$STATE/table.after-restart")
-end_phase
+end_phase $CHECKED
 
-begin "gate flip (operator)"
-KUBECONFIG=$KC POD_NAMESPACE=kipvs-system POD_NAME=e2e-operator RUST_LOG=info,kube=warn "$OPERATOR" \
-  > "$STATE/operator.log" 2>&1 &
-operator_pid=$!
 proxyconfig() { # TERMINATING: ProxyTerminatingEndpoints on (true) or off (false), one stage: the VM's node
   k apply -f - > /dev/null <<EOF
 apiVersion: kipvs.io/v1alpha1
@@ -235,15 +280,21 @@ EOF
 }
 npc_state() { k get nodeproxyconfig test-node -o jsonpath='{.spec.revision} {.status.observedRevision} {.status.phase}' 2>/dev/null; }
 applied() { local s; s=$(npc_state); read -r a b c <<<"$s"; [ -n "$a" ] && [ "$a" = "$b" ] && [ "$c" = Applied ]; }
-proxyconfig false
-check "gate ProxyTerminatingEndpoints off: the operator wrote test-node's NodeProxyConfig, the proxier reports it Applied" \
-  wait_for 90 "test-node's NodeProxyConfig Applied" applied
-check "  ... and the terminating real server of term left the kernel" quiet agent wait tcp 10.96.0.82:80 10.244.1.98:8080 absent 30
-proxyconfig true
-check "gate ProxyTerminatingEndpoints on again: Applied" wait_for 90 "test-node's NodeProxyConfig Applied" applied
-check "  ... the terminating real server is back at weight 0" quiet agent wait tcp 10.96.0.82:80 10.244.1.98:8080 0 30
-k get nodeproxyconfig test-node -o wide | sed 's/^/    /' || true
-end_phase
+if [ "$PROXIER" = kipvs ]; then # kube-proxy has no NodeProxyConfig
+  begin "gate flip (operator)"
+  KUBECONFIG=$KC POD_NAMESPACE=kipvs-system POD_NAME=e2e-operator RUST_LOG=info,kube=warn "$OPERATOR" \
+    > "$STATE/operator.log" 2>&1 &
+  operator_pid=$!
+  proxyconfig false
+  check "gate ProxyTerminatingEndpoints off: the operator wrote test-node's NodeProxyConfig, the proxier reports it Applied" \
+    wait_for 90 "test-node's NodeProxyConfig Applied" applied
+  check "  ... and the terminating real server of term left the kernel" quiet agent wait tcp 10.96.0.82:80 10.244.1.98:8080 absent 30
+  proxyconfig true
+  check "gate ProxyTerminatingEndpoints on again: Applied" wait_for 90 "test-node's NodeProxyConfig Applied" applied
+  check "  ... the terminating real server is back at weight 0" quiet agent wait tcp 10.96.0.82:80 10.244.1.98:8080 0 30
+  k get nodeproxyconfig test-node -o wide | sed 's/^/    /' || true
+  end_phase
+fi
 
 begin "apiserver outage (30 s)"
 agent table > "$STATE/table.before-outage"
@@ -261,7 +312,7 @@ check "apiserver back: the proxier resumed (a new endpoint reached the kernel)" 
   quiet agent wait tcp 10.96.0.81:80 10.244.1.96:8080 1 60
 RESUMED=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
 say "  resumed: the first write after the apiserver's return reached the kernel after $RESUMED s"
-end_phase
+end_phase $CHECKED
 
 # ---- EndpointSlice write -> kernel latency ------------------------------------------------------------------
 begin "latency ($SAMPLES writes)"
@@ -286,7 +337,7 @@ read -r P50 P99 MIN MAX N < <(sort -n "$STATE/latency" | awk '{v[NR] = $1} END {
 LAT="EndpointSlice write -> kernel in the VM: p50 ${P50} s, p99 ${P99} s (min $MIN, max $MAX, n=$N)"
 say "$LAT"
 check "every latency sample measured ($N of $SAMPLES)" [ "$N" = "$SAMPLES" ]
-end_phase
+end_phase $CHECKED
 
 final=$(agent load-stop)
 say "load, whole run: $(head -n1 <<<"$final")"
@@ -303,6 +354,7 @@ nft_stages() {
         printf "%d transactions (%s): p50 %.1f ms, p90 %.1f ms, max %.1f ms\n", n, w, d[int(n*0.5)+1]/1000, d[int(n*0.9)+1]/1000, d[n]/1000}'
 }
 NFTSTAGES="nftables stage per sync: $(nft_stages || echo '?')"
+[ "$PROXIER" = kipvs ] || NFTSTAGES="nftables stage per sync: kipvs's only"
 say "$NFTSTAGES"
 G=$(agent wallclock) H=$(now)
 # Every failure, slow request (> 1 s) and pause of the load, with what the host did to the VM meanwhile: the share
@@ -355,7 +407,7 @@ if samples:
 PY
 
 echo
-echo "=== end to end (kube-apiserver $K8S, proxier in the VM): requests sent / failed, long-lived connections broken"
+echo "=== end to end (kube-apiserver $K8S, $PROXIER in the VM): requests sent / failed, long-lived connections broken"
 printf '  %s\n' "${FIG[@]}"
 echo "  $LAT"
 echo "  $NFTSTAGES"

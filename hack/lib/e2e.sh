@@ -74,8 +74,10 @@ stats() { agent load-stats | tail -n1; }
 field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
 begin() { PHASE=$1; LAST=$(stats); say "== $PHASE"; echo "$(now) begin $PHASE" >> "$STATE/phases"; }
 zeros() { local v; for v in "$@"; do [ "$v" = 0 ] || return 1; done; }
-end_phase() { # [failures]: prints the phase's figures; any failure fails the check (with "failures": the
-  # phase must show some: a negative control)
+end_phase() { # [failures|figures]: prints the phase's figures and appends them to E2E_FIGURES (when set: one
+  # line PHASE|TCP-sent TCP-failed UDP-sent UDP-failed long-broken reconnects-failed slow pauses); any failure
+  # fails the check (with "failures": the phase must show some, a negative control; with "figures": the
+  # failures are the measurement, not checked)
   local s d=()
   s=$(stats)
   for f in tcp_sent tcp_failed udp_sent udp_failed long_broken long_connect_failed slow pauses; do
@@ -85,10 +87,12 @@ end_phase() { # [failures]: prints the phase's figures; any failure fails the ch
     "$PHASE" "${d[@]}")")
   say "${FIG[-1]}"
   echo "$(now) end $PHASE" >> "$STATE/phases"
-  if [ "${1:-}" = failures ]; then
-    local seen=$(( d[1] + d[3] + d[4] ))
-    check "$PHASE: the harness sees the failures ($seen failed requests and broken connections)" [ "$seen" -gt 0 ]
-  else
-    check "$PHASE: no failed request, no broken long-lived connection" zeros "${d[1]}" "${d[3]}" "${d[4]}" "${d[5]}"
-  fi
+  [ -z "${E2E_FIGURES:-}" ] || echo "$PHASE|${d[*]}" >> "$E2E_FIGURES"
+  case ${1:-} in
+    failures)
+      local seen=$(( d[1] + d[3] + d[4] ))
+      check "$PHASE: the harness sees the failures ($seen failed requests and broken connections)" [ "$seen" -gt 0 ] ;;
+    figures) ;;
+    *) check "$PHASE: no failed request, no broken long-lived connection" zeros "${d[1]}" "${d[3]}" "${d[4]}" "${d[5]}" ;;
+  esac
 }

@@ -11,8 +11,8 @@
 #   table                         ipvsadm -Sn, sorted
 #   binds                         the addresses on kube-ipvs0, sorted
 #   wait PROTO VS RS WANT SECONDS until the real server RS of virtual server VS has weight WANT, or WANT is
-#                                 "absent" and it is gone (polling ipvsadm); prints the clock then; exit 1
-#                                 on timeout
+#                                 "absent" and it is gone, or "drained" and it is at weight 0 or gone
+#                                 (polling ipvsadm); prints the clock then; exit 1 on timeout
 #   probe tcp|udp IP:PORT         one request from the client netns; prints the answering pod
 #   load-start TCP UDP            e2e_traffic load from the client netns (25 connections/s, 5 datagrams/s,
 #                                 4 long-lived connections)
@@ -64,7 +64,7 @@ case $cmd in
     while [ "${up%.*}" -lt "$end" ]; do
       w=$(ipvsadm -Sn | awk -v p="$proto" -v vs="$vs" -v rs="$rs" '$1 == "-a" && $2 == p && $3 == vs && $5 == rs { print $NF }')
       read -r up _ < /proc/uptime
-      if [ "${w:-absent}" = "$want" ]; then echo "$up"; exit 0; fi
+      case "$want:${w:-absent}" in "$want:$want" | drained:absent | drained:0) echo "$up"; exit 0 ;; esac
     done
     echo "timed out: $proto $vs $rs is '${w:-absent}', want $want"; exit 1 ;;
   probe) in_client "$TRAFFIC" probe "$1" "$2" ;;
