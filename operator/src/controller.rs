@@ -474,11 +474,16 @@ fn decide_from_stores(
         .collect();
     let (overlay, failing_writes) = {
         let mut writer = ctx.writer.lock();
-        let label = |node: &str| {
-            ctx.nodes
-                .get(&ObjectRef::new(node))
-                .and_then(|n| n.labels().get(SERVICE_PROXY_LABEL).cloned())
-        };
+        // From the same snapshot the decision reads: a label the live store shows but the
+        // snapshot does not would be forgotten here and asked for again by the decision.
+        let labels: HashMap<&str, &String> = node_objects
+            .iter()
+            .filter_map(|n| {
+                let value = n.metadata.labels.as_ref()?.get(SERVICE_PROXY_LABEL)?;
+                Some((n.metadata.name.as_deref()?, value))
+            })
+            .collect();
+        let label = |node: &str| labels.get(node).map(|v| (*v).clone());
         (writer.overlay(&by_name, &label, now), writer.failing(&name))
     };
     let status = status_to_continue(pc, ctx, &name);
