@@ -8,7 +8,9 @@
 # in that trash for one to two minutes (ip_vs_ctl.c, IP_VS_DEST_TRASH_PERIOD) and every
 # AddRealServer first walks the trash for a match to reuse (ip_vs_trash_get_dest: the whole trash
 # when there is none), so a table programmed right after `ipvsadm -C` pays for the 20k trashed real
-# servers. The last step measures that: `ipvsadm -R` again into kipvs' namespace, flushed.
+# servers. The last step measures that: `ipvsadm -R` again into kipvs' namespace, flushed. Before it, a second
+# `run --once` in kipvs' namespace is a full sync of the programmed table (what the periodic resync does), timed
+# by part: IPVS read, nftables table read, diff, UDP conntrack listing.
 . /payload/tests/lib.sh
 B=/payload/manifests/bench
 say "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
@@ -58,6 +60,19 @@ say "  of which reading the manifests $load s; its log:"
 sed 's/^[0-9-]*T//' "$W/bench.log" | cut -c1-200 | indent
 echo "RATIO kipvs/ipvsadm-R (IPVS programming) = $(awk "BEGIN{printf \"%.2f\", $ipvs / $restore}")"
 echo "RATIO kipvs/ipvsadm-R (whole process, incl. binding) = $(awk "BEGIN{printf \"%.2f\", $total / $restore}")"
+
+# A full sync of the programmed table, as the periodic resync does it: everything observed and diffed, nothing
+# to change.
+NO_COLOR=1 RUST_LOG=info,kipvs_proxier::dataplane=debug ip netns exec bench-kipvs "$KIPVS" run --once \
+  --node bench-node --manifests "$B" > "$W/bench.log" 2>&1
+check "the full sync of the programmed table changed nothing" grep -q 'sync complete.* ops=0 ' "$W/bench.log"
+observed() { # FIELD: seconds in that field of the `observed the kernel` line
+  sed -n "s/.*observed the kernel.* $1=\([0-9]*\).*/\1/p" "$W/bench.log" | tail -n1 | awk '{ printf "%.3f", $1 / 1e6 }'
+}
+sync=$(field_s duration_us); obs=$(observed duration_us); ct=$(field_s conntrack_us)
+say "full sync of the programmed table (the periodic resync's work): $sync s: observe $obs s (IPVS $(observed ipvs_us) s,"
+say "  nftables table read $(observed nft_us) s, addresses the rest); diff and the rest $(awk "BEGIN{print $sync - $obs - $ct}") s;"
+say "  UDP conntrack listing $ct s"
 
 in_ns kipvs "ipvsadm -C"
 t0=$(now); ip netns exec bench-kipvs ipvsadm -R < "$W/table"; t1=$(now)

@@ -283,6 +283,7 @@ impl KernelDataplane {
 
 impl Dataplane for KernelDataplane {
     async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
+        let started = std::time::Instant::now();
         let services = self.ipvs.services().await?;
         let inet: Vec<(VirtualServerKey, VirtualServerSpec)> =
             services.iter().filter_map(observed_service).collect();
@@ -306,10 +307,22 @@ impl Dataplane for KernelDataplane {
         // A table that cannot be read is an error, not an empty table: an empty one would
         // make the diff re-add what exists and never delete a stale element. The sync fails
         // (nothing is changed) and is retried with backoff; a missing table reads as empty.
+        let ipvs_us = started.elapsed().as_micros() as u64;
         let table = self.nft.observe().await?;
+        let nft_us = started.elapsed().as_micros() as u64 - ipvs_us;
+        let bound_addresses = self.bound_addresses().await?;
+        tracing::debug!(
+            virtual_servers = virtual_servers.len(),
+            set_elements = table.elements.len(),
+            bound_addresses = bound_addresses.len(),
+            ipvs_us,
+            nft_us,
+            duration_us = started.elapsed().as_micros() as u64,
+            "observed the kernel"
+        );
         Ok(ObservedState {
             virtual_servers,
-            bound_addresses: self.bound_addresses().await?,
+            bound_addresses,
             set_elements: table.elements,
             nft_rule_comments: table.rule_comments,
         })
