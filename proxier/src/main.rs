@@ -6,14 +6,13 @@ use kipvs_crds::Gate;
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_node_status::report_status;
 use kipvs_proxier::dataplane::Dataplane;
-use kipvs_proxier::dataplane::diff::{Ownership, diff};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
 use kipvs_proxier::dataplane::kube_proxy::{HostKubeProxy, KubeProxyNode};
 use kipvs_proxier::dataplane::settings::{Kernel, KernelSettings};
 use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
-use kipvs_proxier::engine::takeover::{Takeover, kube_proxy_node_ports, standby};
+use kipvs_proxier::engine::takeover::Takeover;
 use kipvs_proxier::engine::{ConfigFollower, Engine};
 use kipvs_proxier::plan::kube_proxy::kubelet_creates_shared_chains;
 use kipvs_proxier::preview::Preview;
@@ -161,11 +160,18 @@ struct ClusterArgs {
     /// The dataplane to program (`fake`: in memory, for tests without kernel IPVS).
     #[arg(long, value_enum, default_value = "kernel", hide = true)]
     dataplane: DataplaneKind,
-    /// Take the node over from kube-proxy's IPVS mode (README, "Moving from kube-proxy"): wait
-    /// in standby while kube-proxy runs, then adopt its table and remove its iptables rules
-    /// and ipsets once kipvs's nftables table is in place. `false`: none of it.
+    /// Take the node over from kube-proxy's IPVS mode and hand it back (README, "Moving from
+    /// kube-proxy"): wait in standby while kube-proxy runs, then adopt its table and remove its
+    /// iptables rules and ipsets once kipvs's nftables table is in place; stop writing when
+    /// kube-proxy comes back; hand the node back when `serviceProxy` is `kube-proxy`.
+    /// `false`: none of it.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     kube_proxy_takeover: bool,
+    /// Let a switch from kube-proxy go ahead even when its first sync would delete, unbind or
+    /// re-weight to 0 something carrying connections (what `kipvs-proxier takeover` marks);
+    /// without it the proxier stays in standby and reports its revision Failed.
+    #[arg(long)]
+    allow_connection_changes: bool,
     /// Test only, with --dataplane=fake: simulate a kernel without this IPVS scheduler module
     /// (a configuration using it is reported Failed). Repeatable.
     #[arg(long, value_name = "NAME", hide = true, requires = "dataplane")]
@@ -288,7 +294,7 @@ async fn start(
     args: &SourceArgs,
     cluster: &ClusterArgs,
     config: &ProxierConfiguration,
-    kube_proxy: &HostKubeProxy,
+    ports: Ports,
 ) -> anyhow::Result<Started> {
     let metrics = Metrics::new();
     let health = ProxyHealth::new(
@@ -307,7 +313,7 @@ async fn start(
     ];
     let observer: Arc<dyn Observer> = Arc::new(observers);
     let handle = SourceHandle::gated().with_observer(observer.clone());
-    serve(cluster, config, &metrics, &health, kube_proxy)?;
+    serve(cluster, config, &metrics, &health, ports)?;
     let follow = start_source(args, &cluster.api, &handle).await?;
     Ok(Started {
         handle,
@@ -317,9 +323,29 @@ async fn start(
     })
 }
 
+/// When the healthz and metrics servers hold their ports: `may_hold` says (`true` while the
+/// proxier programs, [`Takeover::ports`]; always without a takeover), and `own_healthz` is set
+/// while the healthz server holds kube-proxy's healthz port (an answer there is the proxier's
+/// own then).
+struct Ports {
+    may_hold: watch::Receiver<bool>,
+    own_healthz: Option<(u16, Arc<std::sync::atomic::AtomicBool>)>,
+}
+
+impl Ports {
+    /// Ports held all along (no takeover).
+    fn always() -> Self {
+        Ports {
+            may_hold: watch::channel(true).1,
+            own_healthz: None,
+        }
+    }
+}
+
 /// Starts the healthz (`/healthz`, `/livez`), metrics and, when asked for, gRPC health servers.
 /// Each binds in a task of its own, retried while its port is taken: programming never waits
-/// for it (kube-proxy's healthz and metrics servers do the same).
+/// for it (kube-proxy's healthz and metrics servers do the same). The healthz and metrics
+/// servers hold their ports only while `ports` lets them (kube-proxy binds the same ones).
 ///
 /// # Errors
 /// A bind address that does not parse.
@@ -328,7 +354,7 @@ fn serve(
     config: &ProxierConfiguration,
     metrics: &Metrics,
     health: &ProxyHealth,
-    kube_proxy: &HostKubeProxy,
+    ports: Ports,
 ) -> anyhow::Result<()> {
     let healthz_addr = match &cluster.healthz_bind_address {
         Some(a) => a
@@ -343,24 +369,27 @@ fn serve(
         None => config.metrics_socket_addr()?,
     };
     let never = std::future::pending::<()>;
+    let own_healthz = ports
+        .own_healthz
+        .filter(|(port, _)| *port == healthz_addr.port())
+        .map(|(_, own)| own);
     let routes = health.routes(metrics);
-    let m = metrics.clone();
-    // Once bound on kube-proxy's healthz port, an answer there is no longer kube-proxy's.
-    let own_healthz =
-        (healthz_addr.port() == kube_proxy.healthz.port()).then(|| kube_proxy.own_healthz.clone());
-    tokio::spawn(async move {
-        let listener = health::bind_retrying(healthz_addr, "healthz", || m.bind_failed("healthz"));
-        let listener = listener.await;
-        if let Some(own) = own_healthz {
-            own.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        health::serve(listener, routes, never()).await;
-    });
-    let (routes, m) = (metrics.routes(), metrics.clone());
-    tokio::spawn(async move {
-        let listener = health::bind_retrying(metrics_addr, "metrics", || m.bind_failed("metrics"));
-        health::serve(listener.await, routes, never()).await;
-    });
+    tokio::spawn(serve_while(
+        healthz_addr,
+        "healthz",
+        routes,
+        metrics.clone(),
+        ports.may_hold.clone(),
+        own_healthz,
+    ));
+    tokio::spawn(serve_while(
+        metrics_addr,
+        "metrics",
+        metrics.routes(),
+        metrics.clone(),
+        ports.may_hold,
+        None,
+    ));
     tracing::info!(%healthz_addr, %metrics_addr, "serving /healthz, /livez and /metrics");
     if let Some(addr) = cluster.grpc_health_bind_address {
         let (health, m) = (health.clone(), metrics.clone());
@@ -374,6 +403,46 @@ fn serve(
         tracing::info!(%addr, "serving grpc.health.v1.Health");
     }
     Ok(())
+}
+
+/// Serves `routes` on `addr` whenever `may_hold` is true: bound when it turns true (retried
+/// while the port is taken, counted in `metrics`), released when it turns false; `own` is set
+/// while bound.
+async fn serve_while<F>(
+    addr: SocketAddr,
+    what: &'static str,
+    routes: F,
+    metrics: Metrics,
+    mut may_hold: watch::Receiver<bool>,
+    own: Option<Arc<std::sync::atomic::AtomicBool>>,
+) where
+    F: warp::Filter<Extract = (warp::reply::Response,)> + Clone + Send + Sync + 'static,
+{
+    use std::sync::atomic::Ordering;
+    loop {
+        if may_hold.wait_for(|hold| *hold).await.is_err() {
+            return;
+        }
+        let bind = health::bind_retrying(addr, what, || metrics.bind_failed(what));
+        let listener = tokio::select! {
+            listener = bind => listener,
+            Ok(_) = may_hold.wait_for(|hold| !*hold) => continue,
+        };
+        if let Some(own) = &own {
+            own.store(true, Ordering::Relaxed);
+        }
+        let mut released = may_hold.clone();
+        let release = async move {
+            if released.wait_for(|hold| !*hold).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        health::serve(listener, routes.clone(), release).await;
+        if let Some(own) = &own {
+            own.store(false, Ordering::Relaxed);
+        }
+        tracing::info!(%addr, "released the {what} port");
+    }
 }
 
 /// Starts the source of `args` writing into `handle`: the manifests (they also hold the node's
@@ -551,6 +620,12 @@ async fn run_engine<D: Dataplane>(
     }
     if once {
         handle.wait_ready().await;
+        while let Some(wait) = engine.switch().await {
+            tokio::select! {
+                _ = shutdown_signal() => return Ok(()),
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
         engine.sync().await?;
     } else {
         engine.run(shutdown_signal()).await;
@@ -691,23 +766,11 @@ async fn takeover(
     let leftovers = kube_proxy.leftovers(kubelet_chains).await;
     // As `run` would after its standby: kube-proxy's NodePorts drain on a node that has its state.
     let found = kube_proxy.running().await.is_some() || !leftovers.is_empty();
-    let node_ports = if found {
-        kube_proxy_node_ports(planner.desired(), planner.node_ips(), &BTreeMap::new())
-    } else {
-        BTreeSet::new()
-    };
-    let node_ips = planner.node_ips().iter().copied().collect();
-    let ownership = Ownership::new(planner.config(), node_ips, local, node_ports)?;
     let observed = kernel.observe().await?;
-    let ops = diff(planner.desired(), &observed, &ownership);
-    let preview = Preview::new(&ops, &observed, leftovers);
+    let preview = Preview::of_switch(&planner, &observed, found, &BTreeMap::new(), leftovers)?;
     print!("{}", preview.text());
-    let touching = preview.touching_connections().count();
-    if touching > 0 && !allow_connection_changes {
-        eprintln!(
-            "error: {touching} operations would delete, unbind or re-weight something carrying \
-             connections (marked above); --allow-connection-changes to go ahead anyway"
-        );
+    if let Some(refusal) = preview.refusal().filter(|_| !allow_connection_changes) {
+        eprintln!("error: {refusal} (marked above)");
         std::process::exit(3);
     }
     Ok(())
@@ -755,25 +818,34 @@ async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Resu
                 cluster.fake_missing_scheduler.is_empty(),
                 "--fake-missing-scheduler needs --dataplane=fake"
             );
-            let kube_proxy = HostKubeProxy::default();
-            let started = start(&args, &cluster, &config, &kube_proxy).await?;
-            let takeover = if cluster.kube_proxy_takeover {
-                // Nothing is written to the kernel (not even kube-ipvs0 or a sysctl) while
-                // kube-proxy runs.
-                let Some(ran) = standby(&kube_proxy, &*started.observer, shutdown_signal()).await
-                else {
-                    return Ok(());
-                };
-                Some(Takeover::new(Arc::new(kube_proxy), ran))
-            } else {
-                None
-            };
             let dataplane = connect_kernel().await?;
             let kernel = Kernel {
                 ipvs: dataplane.ipvs().clone(),
                 proc_sys: PathBuf::from("/proc/sys"),
             };
-            setup_kernel(&config, &kernel).await?;
+            let (takeover, ports) = if cluster.kube_proxy_takeover {
+                // Nothing is written to the kernel (not even kube-ipvs0 or a sysctl) before the
+                // engine's switch says the proxier programs.
+                let kube_proxy = HostKubeProxy::default();
+                let ports = Ports {
+                    may_hold: watch::channel(false).1,
+                    own_healthz: Some((kube_proxy.healthz.port(), kube_proxy.own_healthz.clone())),
+                };
+                let takeover = Takeover::new(
+                    Arc::new(kube_proxy),
+                    Box::new(kernel.clone()),
+                    cluster.allow_connection_changes,
+                );
+                let ports = Ports {
+                    may_hold: takeover.ports(),
+                    ..ports
+                };
+                (Some(takeover), ports)
+            } else {
+                setup_kernel(&config, &kernel).await?;
+                (None, Ports::always())
+            };
+            let started = start(&args, &cluster, &config, ports).await?;
             let engine = EngineParts {
                 dataplane,
                 kernel: Box::new(kernel),
@@ -783,7 +855,7 @@ async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Resu
         }
         DataplaneKind::Fake => {
             tracing::warn!("fake dataplane: nothing is programmed into the kernel");
-            let started = start(&args, &cluster, &config, &HostKubeProxy::default()).await?;
+            let started = start(&args, &cluster, &config, Ports::always()).await?;
             let dataplane = FakeDataplane {
                 missing_schedulers: cluster.fake_missing_scheduler.iter().cloned().collect(),
                 ..Default::default()

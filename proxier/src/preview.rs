@@ -1,7 +1,9 @@
-//! `kipvs-proxier takeover`: what taking the node over from kube-proxy would change, before the
-//! switch. Pure: [`Preview::new`] reads the ops of the first full sync (the diff of the desired
-//! state against the kernel's table as kube-proxy left it), that table with its connection
-//! counts, and kube-proxy's leftovers.
+//! What taking the node over from kube-proxy would change, before the switch: printed by
+//! `kipvs-proxier takeover`, and the gate of `run`'s own switch (it stands by, `Failed`, while
+//! the switch would touch connections, unless `--allow-connection-changes`); both build it
+//! with [`Preview::of_switch`]. Pure: it reads the ops of the first full sync (the diff of the
+//! desired state against the kernel's table as kube-proxy left it), that table with its
+//! connection counts, and kube-proxy's leftovers.
 //!
 //! Every op is listed (nftables set elements as counts: they are kipvs's own table, new on
 //! such a node), and the ops that touch established connections are named: deleting a virtual
@@ -11,9 +13,16 @@
 //! weight, e.g. raising kube-proxy's wanted real servers from 0, kubernetes#92019, keeps it in).
 
 use crate::dataplane::Op;
+use crate::dataplane::diff::{Ownership, diff};
 use crate::dataplane::kube_proxy::Leftovers;
+use crate::engine::planner::Planner;
+use crate::engine::takeover::kube_proxy_node_ports;
 use crate::model::{ObservedState, VirtualServerKey};
+use kipvs_crds::ConfigError;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
+use std::net::SocketAddr;
+use tokio::time::Instant;
 
 /// What a takeover would change on the node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -39,6 +48,35 @@ fn virtual_server_connections(observed: &ObservedState, key: &VirtualServerKey) 
 }
 
 impl Preview {
+    /// The preview of a switch to kipvs: the first full sync's ops for what `planner` planned
+    /// against `observed`, with the ownership that sync has (kube-proxy's NodePorts on other
+    /// local addresses drain when `found_kube_proxy`, [`kube_proxy_node_ports`], `drains`
+    /// being those under way), and `leftovers`.
+    ///
+    /// # Errors
+    /// The planner's configuration does not parse ([`Ownership::new`]).
+    pub fn of_switch(
+        planner: &Planner,
+        observed: &ObservedState,
+        found_kube_proxy: bool,
+        drains: &BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
+        leftovers: Leftovers,
+    ) -> Result<Self, ConfigError> {
+        let node_ports = if found_kube_proxy {
+            kube_proxy_node_ports(planner.desired(), planner.node_ips(), drains)
+        } else {
+            BTreeSet::new()
+        };
+        let ownership = Ownership::new(
+            planner.config(),
+            planner.node_ips().iter().copied().collect(),
+            planner.other_interface_addresses().clone(),
+            node_ports,
+        )?;
+        let ops = diff(planner.desired(), observed, &ownership);
+        Ok(Preview::new(&ops, observed, leftovers))
+    }
+
     /// The preview of `ops` (a full diff) against `observed`, with `leftovers`.
     pub fn new(ops: &[Op], observed: &ObservedState, leftovers: Leftovers) -> Self {
         let mut preview = Preview {
@@ -89,6 +127,25 @@ impl Preview {
     /// The ops that delete, unbind or re-weight something carrying connections.
     pub fn touching_connections(&self) -> impl Iterator<Item = &(Op, u64)> {
         self.ops.iter().filter(|(_, connections)| *connections > 0)
+    }
+
+    /// Why the switch does not go ahead without `--allow-connection-changes` (`None`: nothing
+    /// touches connections): how many ops would, and the first three with their counts.
+    pub fn refusal(&self) -> Option<String> {
+        let touching: Vec<String> = self
+            .touching_connections()
+            .map(|(op, connections)| format!("{op} ({connections} connections)"))
+            .collect();
+        let first: Vec<&str> = touching.iter().take(3).map(String::as_str).collect();
+        (!touching.is_empty()).then(|| {
+            format!(
+                "{} operations of the switch would delete, unbind or re-weight to 0 something \
+                 carrying connections ({}{}); --allow-connection-changes lets it go ahead",
+                touching.len(),
+                first.join("; "),
+                if touching.len() > 3 { "; ..." } else { "" }
+            )
+        })
     }
 
     /// The preview as text: the ops (those touching connections marked), the nftables
@@ -192,6 +249,14 @@ mod tests {
         let preview = Preview::new(&ops, &observed, Leftovers::default());
         let touching: Vec<&Op> = preview.touching_connections().map(|(op, _)| op).collect();
         assert_eq!(touching, [&ops[0], &ops[4]]);
+        assert_eq!(
+            preview.refusal().unwrap(),
+            "2 operations of the switch would delete, unbind or re-weight to 0 something \
+             carrying connections (op=UnbindAddress address=10.96.0.10 (3 connections); \
+             op=UpdateRealServer vs=\"TCP 10.96.0.10:80\" rs=10.244.1.2:8080 weight=0 \
+             (3 connections)); --allow-connection-changes lets it go ahead"
+        );
+        assert_eq!(Preview::default().refusal(), None);
         assert_eq!(preview.ops[0].1, 3);
         assert_eq!(preview.nft, (true, 0, 0));
         let text = preview.text();

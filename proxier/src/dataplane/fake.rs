@@ -256,6 +256,12 @@ impl Dataplane for FakeDataplane {
         failures
     }
 
+    async fn remove_rules(&mut self) -> Result<(), DataplaneError> {
+        self.state.set_elements.clear();
+        self.state.nft_rule_comments.clear();
+        Ok(())
+    }
+
     async fn udp_conntrack(
         &mut self,
         listing: Listing<'_>,

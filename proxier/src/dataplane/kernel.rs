@@ -455,6 +455,10 @@ impl Dataplane for KernelDataplane {
         failures
     }
 
+    async fn remove_rules(&mut self) -> Result<(), DataplaneError> {
+        Ok(self.nft.delete_table().await?)
+    }
+
     async fn udp_conntrack(
         &mut self,
         listing: Listing<'_>,

@@ -1,5 +1,7 @@
-//! kube-proxy on this node, for a takeover: whether it still runs, what of its iptables rules
-//! and ipsets is left ([`crate::plan::kube_proxy`] decides what goes), and removing that.
+//! kube-proxy on this node, for a takeover and a handback: whether it runs (its process, its
+//! `/healthz` JSON), whether it came back after a takeover (its `KUBE-SERVICES` chain or
+//! `KUBE-CLUSTER-IP` set), whether it has synced (its metrics), what of its iptables rules and
+//! ipsets is left ([`crate::plan::kube_proxy`] decides what goes), and removing that.
 //!
 //! The tools are the node's `iptables`/`ip6tables` of both backends
 //! (`{ip,ip6}tables-{legacy,nft}-{save,restore}`) and `ipset`, from the proxier image as `nft`
@@ -23,6 +25,20 @@ use std::time::Duration;
 /// loopback.
 pub const KUBE_PROXY_HEALTHZ: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10256);
+
+/// kube-proxy's metrics address (`metricsBindAddress` default `127.0.0.1:10249`).
+pub const KUBE_PROXY_METRICS: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10249);
+
+/// The metric kube-proxy sets at the end of each sync (`metrics.SyncProxyRulesLastTimestamp`,
+/// `pkg/proxy/ipvs/proxier.go:1654` in 1.24, after `cleanLegacyService` adopted the table).
+const KUBE_PROXY_SYNCED_METRIC: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+
+/// How long one HTTP request to kube-proxy (healthz, metrics) may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long one run of a tool in [`KubeProxyNode::back`] may take (it runs between syncs).
+const BACK_TOOL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long one iptables or ipset run may take.
 const TOOL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -85,8 +101,17 @@ impl fmt::Display for Leftovers {
 
 /// kube-proxy on a node: the engine's view of it during a takeover.
 pub trait KubeProxyNode: Send + Sync {
-    /// Why kube-proxy is taken to run on the node (`None`: it does not).
+    /// Why kube-proxy is taken to run on the node (`None`: it does not): a process named
+    /// `kube-proxy`, or kube-proxy's `/healthz` JSON answering on its port.
     fn running(&self) -> BoxFuture<'_, Option<String>>;
+    /// Why kube-proxy is taken to be back on a node kipvs took over and cleared (`None`: it is
+    /// not): it runs ([`running`](Self::running)), or its `KUBE-SERVICES` chain (nat, any
+    /// backend and family) or its `KUBE-CLUSTER-IP` ipset, which its every sync writes, is
+    /// there again.
+    fn back(&self) -> BoxFuture<'_, Option<String>>;
+    /// kube-proxy's health once it has synced the node (`Some(true)`: its `/healthz` answers
+    /// 200), `None` before its first sync or when it does not answer.
+    fn synced(&self) -> BoxFuture<'_, Option<bool>>;
     /// What kube-proxy left (rulesets that cannot be read are named in
     /// [`Leftovers::unreadable`]; an iptables backend that is not installed is not);
     /// `kubelet_chains`: whether kubelet creates the shared nat chains
@@ -105,10 +130,14 @@ pub trait KubeProxyNode: Send + Sync {
 pub struct HostKubeProxy {
     /// Where `/proc` is.
     pub proc: PathBuf,
+    /// Where `/sys/module` is (a module loaded has a directory there).
+    pub sys_module: PathBuf,
     /// kube-proxy's healthz address ([`KUBE_PROXY_HEALTHZ`]).
     pub healthz: SocketAddr,
-    /// Set once the proxier's own healthz server listens on `healthz`'s port: from then on an
-    /// answer there is the proxier's own.
+    /// kube-proxy's metrics address ([`KUBE_PROXY_METRICS`]).
+    pub metrics: SocketAddr,
+    /// Set while the proxier's own healthz server listens on `healthz`'s port: an answer there
+    /// is then the proxier's own.
     pub own_healthz: Arc<AtomicBool>,
     /// The directory of the tools (`None`: found on `PATH`).
     pub tools: Option<PathBuf>,
@@ -118,7 +147,9 @@ impl Default for HostKubeProxy {
     fn default() -> Self {
         HostKubeProxy {
             proc: PathBuf::from("/proc"),
+            sys_module: PathBuf::from("/sys/module"),
             healthz: KUBE_PROXY_HEALTHZ,
+            metrics: KUBE_PROXY_METRICS,
             own_healthz: Arc::default(),
             tools: None,
         }
@@ -162,16 +193,61 @@ impl HostKubeProxy {
             .collect()
     }
 
-    /// Whether someone other than the proxier answers on kube-proxy's healthz port.
-    async fn healthz_held(&self) -> bool {
+    /// kube-proxy's `/healthz` verdict (`Some(true)`: 200), when kube-proxy answers there: a
+    /// body with its `lastUpdated` and `currentTime` (`pkg/proxy/healthcheck/proxier_health.go`
+    /// `healthzHandler`); anything else answering on the port (another proxy's healthz) is not
+    /// kube-proxy. `None` too while the proxier's own server holds the port.
+    async fn healthz(&self) -> Option<bool> {
         if self.own_healthz.load(Ordering::Relaxed) {
-            return false;
+            return None;
         }
-        let connect = tokio::net::TcpStream::connect(self.healthz);
-        matches!(
-            tokio::time::timeout(Duration::from_millis(500), connect).await,
-            Ok(Ok(_))
-        )
+        let (code, body) = http_get(self.healthz, "/healthz").await?;
+        let json: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+        let kube_proxy = json.get("lastUpdated").is_some() && json.get("currentTime").is_some();
+        kube_proxy.then_some(code == 200)
+    }
+
+    /// Whether kube-proxy's `KUBE-SERVICES` chain is in a nat table (`-t nat` of each loaded
+    /// backend and family) or its `KUBE-CLUSTER-IP` ipset exists: where.
+    async fn kube_proxy_objects(&self) -> Option<String> {
+        for (backend, family, loaded) in RULESETS {
+            if !self.loaded(loaded) {
+                continue;
+            }
+            let save = Program {
+                timeout: BACK_TOOL_TIMEOUT,
+                ..self.tool(&format!("{family}-{backend}-save"))
+            };
+            let Ok(text) = save.run(&["-t", "nat"], None).await else {
+                continue;
+            };
+            if text.lines().any(|l| l.starts_with(":KUBE-SERVICES ")) {
+                return Some(format!(
+                    "its KUBE-SERVICES chain is in {family}-{backend} nat"
+                ));
+            }
+        }
+        // Without the ip_set module no set exists, and listing would load it.
+        if !self.sys_module.join("ip_set").exists() {
+            return None;
+        }
+        let ipset = Program {
+            timeout: BACK_TOOL_TIMEOUT,
+            ..self.tool("ipset")
+        };
+        let names = ipset.run(&["list", "-n"], None).await.unwrap_or_default();
+        names
+            .lines()
+            .any(|l| l.trim() == "KUBE-CLUSTER-IP")
+            .then(|| "its KUBE-CLUSTER-IP ipset exists".to_owned())
+    }
+
+    /// Whether the legacy tables named in `/proc/net/<loaded>` are loaded (`""`: the nft
+    /// backend, always read).
+    fn loaded(&self, loaded: &str) -> bool {
+        loaded.is_empty()
+            || std::fs::read_to_string(self.proc.join("net").join(loaded))
+                .is_ok_and(|n| !n.trim().is_empty())
     }
 
     /// One ruleset's removal; `None` when that backend's tables are not loaded.
@@ -182,11 +258,8 @@ impl HostKubeProxy {
         loaded: &str,
         kubelet_chains: bool,
     ) -> Result<Option<Ruleset>, String> {
-        if !loaded.is_empty() {
-            let names = std::fs::read_to_string(self.proc.join("net").join(loaded));
-            if !names.is_ok_and(|n| !n.trim().is_empty()) {
-                return Ok(None);
-            }
+        if !self.loaded(loaded) {
+            return Ok(None);
         }
         let save = self.tool(&format!("{family}-{backend}-save"));
         let text = match save.run(&[], None).await {
@@ -216,9 +289,34 @@ impl KubeProxyNode for HostKubeProxy {
             if !pids.is_empty() {
                 return Some(format!("process kube-proxy (pid {pids:?})"));
             }
-            self.healthz_held()
+            self.healthz()
                 .await
-                .then(|| format!("kube-proxy's healthz port {} answers", self.healthz))
+                .map(|_| format!("kube-proxy's /healthz answers on {}", self.healthz))
+        })
+    }
+
+    fn back(&self) -> BoxFuture<'_, Option<String>> {
+        Box::pin(async move {
+            match self.running().await {
+                Some(why) => Some(why),
+                None => self.kube_proxy_objects().await,
+            }
+        })
+    }
+
+    fn synced(&self) -> BoxFuture<'_, Option<bool>> {
+        Box::pin(async move {
+            let (code, metrics) = http_get(self.metrics, "/metrics").await?;
+            let synced = code == 200
+                && metrics.lines().any(|line| {
+                    line.strip_prefix(KUBE_PROXY_SYNCED_METRIC)
+                        .and_then(|rest| rest.trim().parse::<f64>().ok())
+                        .is_some_and(|at| at > 0.0)
+                });
+            if !synced {
+                return None;
+            }
+            Some(self.healthz().await == Some(true))
         })
     }
 
@@ -278,38 +376,101 @@ impl KubeProxyNode for HostKubeProxy {
     }
 }
 
+/// `GET path` on `addr` over HTTP/1.0 within [`HTTP_TIMEOUT`]: the status code and the body
+/// (`None`: nothing answers, or not HTTP).
+async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let get = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.ok()?;
+        let response = String::from_utf8_lossy(&response);
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        let code = head.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, body.to_owned()))
+    };
+    tokio::time::timeout(HTTP_TIMEOUT, get).await.ok().flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A process named kube-proxy in `/proc`, or an answer on its healthz port that is not
-    /// the proxier's own, is kube-proxy running.
+    /// An HTTP server on the loopback answering every request with `code` and `body`.
+    fn answering(code: u16, body: &'static str) -> SocketAddr {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().map_while(Result::ok) {
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.0 {code} X\r\nContent-Type: text/plain\r\n\r\n{body}"
+                );
+            }
+        });
+        addr
+    }
+
+    /// A process named kube-proxy in `/proc`, or kube-proxy's `/healthz` JSON on its port, is
+    /// kube-proxy running; another server on the port is not, nor the proxier's own.
     #[tokio::test]
-    async fn kube_proxy_runs_while_its_process_or_its_healthz_port_is_there() {
+    async fn kube_proxy_runs_while_its_process_or_its_healthz_json_is_there() {
         let proc = std::env::temp_dir().join(format!("kipvs-kp-proc-{}", std::process::id()));
         std::fs::create_dir_all(proc.join("4242")).unwrap();
         std::fs::write(proc.join("4242/comm"), "kube-proxy\n").unwrap();
         std::fs::create_dir_all(proc.join("17")).unwrap();
         std::fs::write(proc.join("17/comm"), "kipvs-proxier\n").unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let free_addr = free.local_addr().unwrap();
         drop(free);
         let node = HostKubeProxy {
             proc: proc.clone(),
             healthz: free_addr,
+            metrics: free_addr,
             ..HostKubeProxy::default()
         };
         assert!(node.running().await.unwrap().contains("4242"));
         std::fs::remove_dir_all(proc.join("4242")).unwrap();
         assert_eq!(node.running().await, None);
+        let kube_proxy = r#"{"lastUpdated": "2026-11-26 17:00:00.1 +0000 UTC","currentTime": "2026-11-26 17:00:00.1 +0000 UTC"}"#;
         let held = HostKubeProxy {
-            healthz: listener.local_addr().unwrap(),
+            healthz: answering(200, kube_proxy),
             ..node.clone()
         };
-        assert!(held.running().await.unwrap().contains("healthz"));
+        assert!(held.running().await.unwrap().contains("/healthz"));
         held.own_healthz.store(true, Ordering::Relaxed);
         assert_eq!(held.running().await, None, "the proxier's own healthz");
+        let other = HostKubeProxy {
+            healthz: answering(200, r#"{"status": "ok"}"#),
+            ..node.clone()
+        };
+        assert_eq!(other.running().await, None, "another proxy's healthz");
+        // Synced: its metrics say a sync ended; healthy: its /healthz says 200.
+        assert_eq!(held.synced().await, None, "no metrics");
+        let starting = HostKubeProxy {
+            metrics: answering(200, "kubeproxy_sync_proxy_rules_last_timestamp_seconds 0\n"),
+            own_healthz: Arc::default(),
+            ..held.clone()
+        };
+        assert_eq!(starting.synced().await, None, "not synced yet");
+        let synced = "# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge\n\
+            kubeproxy_sync_proxy_rules_last_timestamp_seconds 1.7645e+09\n";
+        let metrics = answering(200, synced);
+        let synced = HostKubeProxy {
+            metrics,
+            ..starting.clone()
+        };
+        assert_eq!(synced.synced().await, Some(true));
+        let unhealthy = HostKubeProxy {
+            healthz: answering(503, kube_proxy),
+            ..synced.clone()
+        };
+        assert_eq!(unhealthy.synced().await, Some(false));
         std::fs::remove_dir_all(proc).unwrap();
     }
 
@@ -356,11 +517,21 @@ mod tests {
                 log_it("ipset")
             ),
         );
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let free_addr = free.local_addr().unwrap();
+        drop(free);
         let node = HostKubeProxy {
             proc,
+            sys_module: dir.join("module"),
             tools: Some(tools),
+            healthz: free_addr,
             ..HostKubeProxy::default()
         };
+        // Back: its KUBE-SERVICES chain in the legacy nat table (read with -t nat).
+        assert_eq!(
+            node.back().await.as_deref(),
+            Some("its KUBE-SERVICES chain is in iptables-legacy nat")
+        );
         let leftovers = node.leftovers(true).await;
         assert_eq!(leftovers.unreadable, Vec::<String>::new());
         assert_eq!(leftovers.ipsets, ["KUBE-CLUSTER-IP"]);
@@ -375,6 +546,14 @@ mod tests {
             "restore -w 5 --noflush\n*nat\n\
              -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
              -F KUBE-SERVICES\n-X KUBE-SERVICES\nCOMMIT\nipset destroy KUBE-CLUSTER-IP\n"
+        );
+        // Its chain gone, its set there: back only once ip_set is loaded (no listing before).
+        std::fs::write(dir.join("save"), "*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n").unwrap();
+        assert_eq!(node.back().await, None);
+        std::fs::create_dir_all(dir.join("module/ip_set")).unwrap();
+        assert_eq!(
+            node.back().await.as_deref(),
+            Some("its KUBE-CLUSTER-IP ipset exists")
         );
         std::fs::remove_dir_all(dir).unwrap();
     }

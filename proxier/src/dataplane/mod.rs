@@ -503,6 +503,10 @@ pub trait Dataplane {
     /// continuing past failures, and return the failures. Ops of one run may run concurrently.
     fn apply(&mut self, ops: &[Op]) -> impl Future<Output = Vec<OpFailure>> + Send;
 
+    /// Deletes kipvs's nftables table `inet kipvs` (a handback to kube-proxy, whose iptables
+    /// rules then filter and masquerade alone); a table that does not exist is not an error.
+    fn remove_rules(&mut self) -> impl Future<Output = Result<(), DataplaneError>> + Send;
+
     /// The UDP conntrack entries of the network namespace in `listing`, both IP families (see
     /// [`crate::dataplane::conntrack`]).
     fn udp_conntrack(

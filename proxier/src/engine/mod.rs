@@ -20,7 +20,7 @@ use crate::model::Protocol;
 use crate::plan::Touched;
 use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
-use kipvs_crds::config::{ConfigError, ProxierConfiguration};
+use kipvs_crds::config::{ConfigError, ProxierConfiguration, ServiceProxy};
 use kipvs_crds::nodeproxyconfig::NodeProxyConfigStatus;
 use kipvs_node_status::{StatusReport, SyncResult};
 use observer::{Observer, SyncOutcome};
@@ -199,11 +199,17 @@ impl<D: Dataplane> Engine<D> {
         following.publish(changed);
     }
 
-    /// Update the published status after a sync (see [`kipvs_node_status::report`]).
+    /// Update the published status after a sync (see [`kipvs_node_status::report`]). The last
+    /// sync of a handback to kube-proxy does not count: that revision is `Applied` once
+    /// kube-proxy has synced ([`takeover`]).
     fn report_sync(&mut self, result: &Result<SyncReport, DataplaneError>) {
         let Some(following) = &mut self.following else {
             return;
         };
+        let handing_back = self.planner.config().service_proxy == ServiceProxy::KubeProxy;
+        if handing_back && self.takeover.is_some() {
+            return;
+        }
         let result = match result {
             Ok(report) if report.failures.is_empty() => SyncResult::Clean,
             Ok(report) => {
@@ -404,7 +410,8 @@ impl<D: Dataplane> Engine<D> {
 
     /// Sync once the source is ready ([`SourceHandle::wait_ready`]), then whenever a source
     /// reports a change (at most once per `ipvs.minSyncPeriod`) and at least every
-    /// `ipvs.syncPeriod`, until `shutdown` resolves. A failed sync is logged and retried after
+    /// `ipvs.syncPeriod`, until `shutdown` resolves; before each sync [`Engine::switch`] says
+    /// whether the proxier may write (a takeover from kube-proxy, a handback). A failed sync is logged and retried after
     /// [`RETRY_INTERVAL`], doubling while it fails; the kernel is left as it is on shutdown
     /// (never flushed).
     pub async fn run(&mut self, shutdown: impl Future<Output = ()>) {
@@ -430,6 +437,17 @@ impl<D: Dataplane> Engine<D> {
         }
         let mut retry = Duration::ZERO;
         loop {
+            if let Some(wait) = self.switch().await {
+                // Nothing is written: no sync, no drain check; source changes wait for the
+                // first sync after the standby (a full one).
+                let waited = self
+                    .wait_for_sync(wait, &mut shutdown, &mut assigned, &mut unreadable)
+                    .await;
+                if !waited {
+                    return;
+                }
+                continue;
+            }
             let started = Instant::now();
             let failed = match self.sync().await {
                 Ok(_) => false,
@@ -494,7 +512,8 @@ impl<D: Dataplane> Engine<D> {
     /// Waits for what triggers the next sync: a source change, `period` elapsed, or a new
     /// NodeProxyConfig assignment on `assigned` (applied here; `unreadable` is cleared once one
     /// is known). Checks the draining real servers every [`DRAIN_CHECK_INTERVAL`] meanwhile.
-    /// False when `shutdown` resolved first.
+    /// While the proxier writes nothing ([`Engine::switch`]) only `period` and a new
+    /// assignment count, and no drain is checked. False when `shutdown` resolved first.
     async fn wait_for_sync(
         &mut self,
         period: Duration,
@@ -505,11 +524,12 @@ impl<D: Dataplane> Engine<D> {
         let source = self.source.clone();
         let resync = tokio::time::sleep(period);
         tokio::pin!(resync);
+        let programs = self.takeover.as_ref().is_none_or(|t| t.programs());
         loop {
-            let draining = !self.syncer.drains().is_empty();
+            let draining = programs && !self.syncer.drains().is_empty();
             tokio::select! {
                 _ = &mut *shutdown => return false,
-                _ = source.changed() => return true,
+                _ = source.changed(), if programs => return true,
                 _ = &mut resync => return true,
                 next = next_assigned(assigned) => {
                     if std::mem::take(unreadable) && next != Assigned::Unknown {

@@ -32,9 +32,14 @@ pub trait Observer: StoreObserver {
 /// A step of a takeover from kube-proxy ([`super::takeover`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TakeoverEvent {
-    /// kube-proxy runs on the node (why the proxier thinks so): nothing is programmed.
+    /// kipvs writes nothing (why: kube-proxy runs, the node's `serviceProxy` is `kube-proxy`,
+    /// the switch is refused).
     Standby(String),
-    /// kube-proxy does not run (any more): the proxier programs.
+    /// kube-proxy came back on a node kipvs programmed (why the proxier thinks so): kipvs
+    /// stopped writing, and stands by until kube-proxy has stopped again.
+    KubeProxyBack(String),
+    /// kube-proxy does not run (any more) and the node's `serviceProxy` is `kipvs`: the
+    /// proxier programs.
     Programming,
     /// kube-proxy's iptables rules, chains and ipsets were removed (how many of each).
     Removed {

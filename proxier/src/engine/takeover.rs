@@ -1,66 +1,73 @@
-//! Taking a node over from kube-proxy's IPVS mode (see README, "Moving from kube-proxy"):
+//! Moving a node between kube-proxy's IPVS mode and kipvs (see README, "Moving from
+//! kube-proxy", and the contract in [`kipvs_crds::nodeproxyconfig`]). Before each sync the
+//! engine decides whether it may write ([`Engine::switch`]); where it stands is reported in
+//! `status.serviceProxy`, `kipvs_standby` and the log.
 //!
-//! 1. [`standby`]: while kube-proxy runs on the node ([`KubeProxyNode::running`]), the proxier
-//!    waits with its sources listing and watching, its servers up and nothing written to the
-//!    kernel; it says so in the log, `kipvs_standby` and `/livez` (healthy: waiting is not a
-//!    fault, and the kubelet must not restart it).
-//! 2. The first full sync adopts kube-proxy's table as a restart adopts kipvs's own: what is
-//!    wanted is kept or edited in place (`dataplane::diff`), kube-proxy's NodePort virtual
-//!    servers on addresses that are not node IPs drain ([`Ownership::drains`]).
-//! 3. [`Takeover::after_full_sync`]: once a full sync has put `inet kipvs` in place (its rules
-//!    written or already there), kube-proxy's iptables jumps, chains and ipsets are removed
-//!    ([`crate::plan::kube_proxy`] says which), in a task of its own. Until then kube-proxy's
-//!    rules keep masquerading and filtering as they did; after, kipvs's do.
+//! To kipvs (`serviceProxy: kipvs`):
+//! 1. **Standby** while kube-proxy runs on the node ([`KubeProxyNode::running`]): sources list
+//!    and watch, nothing is written to the kernel (no virtual server, no address, no sysctl,
+//!    no nftables) and kube-proxy's ports (healthz, metrics) are left to it; `/livez` stays
+//!    healthy; a WARN every [`STANDBY_WARN`] says for how long and why.
+//! 2. **The gate**: the switch's first full sync is previewed ([`Preview::of_switch`], as
+//!    `kipvs-proxier takeover` does); if it would delete, unbind or re-weight to 0 something
+//!    carrying connections, the proxier stays in standby, its revision `Failed` with the
+//!    preview's reason, unless `--allow-connection-changes`.
+//! 3. **TakingOver**: the kernel settings are made, the ports bound, and the first full sync
+//!    adopts kube-proxy's table as a restart adopts kipvs's own: what is wanted is kept or
+//!    edited in place (`dataplane::diff`), kube-proxy's NodePort virtual servers on addresses
+//!    that are not node IPs drain ([`Ownership::drains`]). Once a full sync has put
+//!    `inet kipvs` in place, kube-proxy's iptables jumps, chains and ipsets are removed
+//!    ([`Takeover::after_full_sync`], [`crate::plan::kube_proxy`] says which) in a task of
+//!    its own.
+//! 4. **Programming** once that removal is done and nothing drains on other local addresses.
+//!    kube-proxy is looked for every [`BACK_CHECK`] ([`KubeProxyNode::back`]); if it is back,
+//!    the proxier stops writing at once, releases the ports and reports `healthy: false`
+//!    (`kipvs_kube_proxy_back`) until kube-proxy has stopped again, then takes over again.
+//!
+//! To kube-proxy (`serviceProxy: kube-proxy`):
+//! 1. **HandingBack**: one last full sync leaves every wanted real server at the weight it is
+//!    planned with (1 for a ready endpoint: kube-proxy 1.24 programs weight 1 and leaves an
+//!    existing real server as it finds it, `pkg/proxy/ipvs/proxier.go:2093-2098`; real servers
+//!    it does not want it deletes gracefully, weight 0 then gone once idle,
+//!    `graceful_termination.go:135-170`); then nothing more is written and the ports are
+//!    released for kube-proxy. Where kipvs never programmed it stays in **Standby**.
+//! 2. **HandedBack** once kube-proxy's metrics say it synced ([`KubeProxyNode::synced`]):
+//!    `inet kipvs` is deleted and the revision is `Applied` with kube-proxy's health.
 //!
 //! [`Ownership::drains`]: crate::dataplane::diff::Ownership::drains
 
+use super::Engine;
 use super::observer::{Observer, TakeoverEvent};
 use super::syncer::SyncReport;
-use crate::dataplane::Op;
-use crate::dataplane::kube_proxy::KubeProxyNode;
+use crate::dataplane::kube_proxy::{KubeProxyNode, Leftovers};
+use crate::dataplane::settings::KernelSettings;
+use crate::dataplane::{Dataplane, Op};
 use crate::model::{DesiredState, Protocol, VirtualServerKey};
 use crate::plan::kube_proxy::kubelet_creates_shared_chains;
+use crate::preview::Preview;
+use kipvs_crds::config::ServiceProxy;
+use kipvs_crds::nodeproxyconfig::ServiceProxyPhase;
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// How often [`standby`] asks whether kube-proxy still runs.
+/// How often a proxier that writes nothing looks again whether it may (kube-proxy stopped,
+/// kube-proxy synced, the configuration changed).
 pub const STANDBY_CHECK: Duration = Duration::from_secs(2);
 
-/// Waits while kube-proxy runs on the node, telling `observer` ([`TakeoverEvent::Standby`],
-/// then [`TakeoverEvent::Programming`]). Returns whether kube-proxy ran (it was waited for),
-/// `None` when `shutdown` came first.
-pub async fn standby(
-    node: &dyn KubeProxyNode,
-    observer: &dyn Observer,
-    shutdown: impl Future<Output = ()>,
-) -> Option<bool> {
-    tokio::pin!(shutdown);
-    let mut waited = false;
-    while let Some(why) = node.running().await {
-        if !waited {
-            tracing::info!(
-                "standby: kube-proxy runs on this node ({why}); nothing is programmed until it \
-                 has stopped"
-            );
-            observer.takeover(&TakeoverEvent::Standby(why));
-            waited = true;
-        }
-        tokio::select! {
-            _ = &mut shutdown => return None,
-            _ = tokio::time::sleep(STANDBY_CHECK) => {}
-        }
-    }
-    if waited {
-        tracing::info!("kube-proxy has stopped: taking the node over");
-    }
-    observer.takeover(&TakeoverEvent::Programming);
-    Some(waited)
-}
+/// How often a standby is warned about in the log (how long it lasts, and why).
+pub const STANDBY_WARN: Duration = Duration::from_secs(180);
+
+/// How often a refused switch is previewed again (its connections may have ended).
+pub const GATE_CHECK: Duration = Duration::from_secs(10);
+
+/// How often a proxier that programs looks whether kube-proxy is back
+/// ([`KubeProxyNode::back`]): the longest two programmers can run at once.
+pub const BACK_CHECK: Duration = Duration::from_secs(10);
 
 /// The NodePorts (port, protocol) whose virtual servers on other local addresses than the node
 /// IPs are kube-proxy's and drain ([`Ownership::kube_proxy_node_ports`]): those of the desired
@@ -93,9 +100,11 @@ pub fn kube_proxy_node_ports(
 /// next full sync.
 pub const REMOVAL_DEADLINE: Duration = Duration::from_secs(120);
 
-/// The removal of kube-proxy's iptables rules and ipsets, after the first full sync that has
-/// `inet kipvs` in place; tried again after each full sync until it succeeds. It runs in a
-/// task of its own, so that syncs (endpoint changes) go on while the tools run.
+/// The proxier's side of moving the node between kube-proxy and kipvs (see the module
+/// documentation): where it stands, and the removal of kube-proxy's iptables rules and ipsets
+/// after the first full sync that has `inet kipvs` in place, tried again after each full sync
+/// until it succeeds, in a task of its own so that syncs (endpoint changes) go on while the
+/// tools run.
 pub struct Takeover {
     node: Arc<dyn KubeProxyNode>,
     /// kube-proxy's state was found on the node: it ran, or a removal found its leftovers.
@@ -105,18 +114,72 @@ pub struct Takeover {
     removal: Option<JoinHandle<(bool, bool)>>,
     /// The node's kubelet version, when its Node is known.
     kubelet_version: Option<String>,
+    /// Where the node stands (`None`: not decided yet).
+    phase: Option<ServiceProxyPhase>,
+    /// Since when the proxier writes nothing, and when that was last warned about.
+    standby: Option<(Instant, Instant)>,
+    /// Why kube-proxy is back on a node the proxier programmed (until it has stopped again).
+    back: Option<String>,
+    /// When kube-proxy was last looked for while the proxier programs, or a refused switch
+    /// previewed.
+    last_check: Option<Instant>,
+    /// Whether a switch that touches connections goes ahead.
+    allow_connection_changes: bool,
+    /// `true` while the proxier may hold kube-proxy's ports (healthz, metrics): while it
+    /// programs.
+    ports: watch::Sender<bool>,
+    /// The node-wide kernel settings, made at each switch to kipvs.
+    settings: Box<dyn KernelSettings>,
 }
 
 impl Takeover {
-    /// A takeover of the node `node` describes; `kube_proxy_ran`: [`standby`] waited for it.
-    pub fn new(node: Arc<dyn KubeProxyNode>, kube_proxy_ran: bool) -> Self {
+    /// The proxier's side of the move on the node `node` describes; `settings`: made at each
+    /// switch to kipvs; `allow_connection_changes`: a switch that touches connections goes
+    /// ahead.
+    pub fn new(
+        node: Arc<dyn KubeProxyNode>,
+        settings: Box<dyn KernelSettings>,
+        allow_connection_changes: bool,
+    ) -> Self {
         Takeover {
             node,
-            found: kube_proxy_ran,
+            found: false,
             done: false,
             removal: None,
             kubelet_version: None,
+            phase: None,
+            standby: None,
+            back: None,
+            last_check: None,
+            allow_connection_changes,
+            ports: watch::Sender::new(false),
+            settings,
         }
+    }
+
+    /// A receiver of whether the proxier may hold kube-proxy's ports (healthz, metrics) now:
+    /// `true` while it programs. Its servers bind them only then.
+    pub fn ports(&self) -> watch::Receiver<bool> {
+        self.ports.subscribe()
+    }
+
+    /// Where the node stands (`None`: not decided yet).
+    pub fn phase(&self) -> Option<ServiceProxyPhase> {
+        self.phase
+    }
+
+    /// Whether the proxier programs now (or has not decided yet whether it may).
+    pub fn programs(&self) -> bool {
+        self.phase.is_some_and(ServiceProxyPhase::kipvs_programs)
+    }
+
+    /// Stops the removal in progress, if any (kube-proxy is back, or takes the node back: its
+    /// new rules must not be removed).
+    fn stop_removal(&mut self) {
+        if let Some(removal) = self.removal.take() {
+            removal.abort();
+        }
+        self.done = false;
     }
 
     /// Sets the node's kubelet version (`status.nodeInfo.kubeletVersion`; `None`: unknown),
@@ -196,6 +259,271 @@ impl Takeover {
             self.done = done;
             self.found |= found;
         }
+    }
+}
+
+impl<D: Dataplane> Engine<D> {
+    /// Decides, before a sync, whether the proxier may write now (see the module
+    /// documentation), and takes the steps of a switch: `None` when it programs (sync now),
+    /// else how soon to decide again (nothing is written meanwhile). Without a takeover
+    /// (`--kube-proxy-takeover=false`) it always programs.
+    pub async fn switch(&mut self) -> Option<Duration> {
+        let takeover = self.takeover.as_mut()?;
+        let programs = takeover.programs();
+        match (self.planner.config().service_proxy, programs) {
+            (ServiceProxy::KubeProxy, true) => self.hand_back().await,
+            (ServiceProxy::KubeProxy, false) => self.await_kube_proxy().await,
+            (ServiceProxy::Kipvs, true) => self.look_for_kube_proxy().await,
+            (ServiceProxy::Kipvs, false) => self.take_over().await,
+        }
+    }
+
+    /// The node stands at `phase` now: logged when it changes, told to the observers, and
+    /// reported (`message`, `healthy`: [`kipvs_node_status::StatusReport::service_proxy`]).
+    fn stand(&mut self, phase: ServiceProxyPhase, message: Option<String>, healthy: Option<bool>) {
+        let Some(takeover) = self.takeover.as_mut() else {
+            return;
+        };
+        let why = message.clone().unwrap_or_default();
+        if takeover.phase != Some(phase) {
+            match phase.kipvs_programs() {
+                true => tracing::info!(?phase, "programming: kipvs writes to the kernel"),
+                false => tracing::info!(?phase, "standby: {why}"),
+            }
+            let event = match (&takeover.back, phase.kipvs_programs()) {
+                (_, true) => TakeoverEvent::Programming,
+                (Some(back), false) => TakeoverEvent::KubeProxyBack(back.clone()),
+                (None, false) => TakeoverEvent::Standby(why.clone()),
+            };
+            self.observer.takeover(&event);
+        }
+        takeover.phase = Some(phase);
+        let now = Instant::now();
+        if phase.kipvs_programs() {
+            takeover.standby = None;
+        } else {
+            let (since, warned) = takeover.standby.get_or_insert((now, now));
+            if now.duration_since(*warned) >= STANDBY_WARN {
+                *warned = now;
+                let minutes = now.duration_since(*since).as_secs() / 60;
+                tracing::warn!("standby for {minutes} min: {why}");
+            }
+        }
+        if let Some(following) = &mut self.following {
+            let changed = following.report.service_proxy(phase, message, healthy);
+            following.publish(changed);
+        }
+    }
+
+    /// `serviceProxy: kube-proxy` on a node the proxier programs: one last full sync (every
+    /// wanted real server at its planned weight, what kube-proxy 1.24 keeps), then nothing
+    /// more is written and kube-proxy's ports are released (`HandingBack`). A sync that fails
+    /// is tried again first.
+    async fn hand_back(&mut self) -> Option<Duration> {
+        self.last_full_sync = None;
+        match self.sync().await {
+            Ok(report) if report.failures.is_empty() => {}
+            Ok(report) => {
+                tracing::warn!(
+                    "handing back to kube-proxy: {} operations of the last sync failed, \
+                     syncing again first",
+                    report.failures.len()
+                );
+                return Some(STANDBY_CHECK);
+            }
+            Err(e) => {
+                tracing::warn!("handing back to kube-proxy: the last sync failed ({e}), again");
+                return Some(STANDBY_CHECK);
+            }
+        }
+        let takeover = self.takeover.as_mut()?;
+        takeover.stop_removal();
+        takeover.ports.send_replace(false);
+        let message = "serviceProxy is kube-proxy: kipvs stopped writing, the table is as \
+                       kube-proxy expects it; waiting for kube-proxy to sync";
+        self.stand(ServiceProxyPhase::HandingBack, Some(message.into()), None);
+        Some(STANDBY_CHECK)
+    }
+
+    /// `serviceProxy: kube-proxy` on a node the proxier does not program: once kube-proxy has
+    /// synced, `inet kipvs` is deleted and the node is `HandedBack` with kube-proxy's health;
+    /// until then `Standby` (the proxier never programmed here) or `HandingBack`.
+    async fn await_kube_proxy(&mut self) -> Option<Duration> {
+        let takeover = self.takeover.as_mut()?;
+        takeover.ports.send_replace(false);
+        let phase = takeover.phase;
+        let node = takeover.node.clone();
+        match node.synced().await {
+            Some(healthy) => {
+                if phase != Some(ServiceProxyPhase::HandedBack) {
+                    if let Err(e) = self.syncer.dataplane_mut().remove_rules().await {
+                        tracing::warn!("handing back: cannot delete inet kipvs, again: {e}");
+                        return Some(STANDBY_CHECK);
+                    }
+                    tracing::info!("kube-proxy has synced the node: deleted inet kipvs");
+                }
+                let message = (!healthy).then(|| "kube-proxy's /healthz is not 200".to_owned());
+                self.stand(ServiceProxyPhase::HandedBack, message, Some(healthy));
+            }
+            None if phase == Some(ServiceProxyPhase::HandedBack) => {
+                let message = "kube-proxy does not answer (its metrics and /healthz)";
+                self.stand(phase?, Some(message.into()), Some(false));
+            }
+            None if phase == Some(ServiceProxyPhase::HandingBack) => {
+                let message = self.standing_message();
+                self.stand(ServiceProxyPhase::HandingBack, message, None);
+            }
+            None => {
+                let message = "serviceProxy is kube-proxy: kipvs writes nothing; waiting for \
+                               kube-proxy to sync";
+                self.stand(ServiceProxyPhase::Standby, Some(message.into()), None);
+            }
+        }
+        Some(STANDBY_CHECK)
+    }
+
+    /// The message the status reports for the phase the node stands at.
+    fn standing_message(&self) -> Option<String> {
+        let following = self.following.as_ref()?;
+        following.report.status()?.message.clone()
+    }
+
+    /// `serviceProxy: kipvs` on a node the proxier programs: `Programming` once kube-proxy's
+    /// leftovers are removed and nothing drains on other local addresses; every
+    /// [`BACK_CHECK`] after that removal, whether kube-proxy is back: then the proxier stops
+    /// writing at once, releases kube-proxy's ports and reports `Standby`, `healthy: false`.
+    async fn look_for_kube_proxy(&mut self) -> Option<Duration> {
+        let takeover = self.takeover.as_mut()?;
+        takeover.take_outcome().await;
+        if !takeover.done {
+            return None;
+        }
+        let node_ips = self.planner.node_ips();
+        let draining = self
+            .syncer
+            .drains()
+            .keys()
+            .any(|(vs, _)| !node_ips.contains(&vs.address));
+        if takeover.phase == Some(ServiceProxyPhase::TakingOver) && !draining {
+            tracing::info!("takeover done: nothing of kube-proxy's is left");
+            self.stand(ServiceProxyPhase::Programming, None, None);
+        }
+        let takeover = self.takeover.as_mut()?;
+        let now = Instant::now();
+        if takeover
+            .last_check
+            .is_some_and(|at| now.duration_since(at) < BACK_CHECK)
+        {
+            return None;
+        }
+        takeover.last_check = Some(now);
+        let why = takeover.node.clone().back().await?;
+        let message = format!(
+            "kube-proxy is back on this node ({why}): kipvs stopped writing and waits until it \
+             has stopped (two programmers never run at once)"
+        );
+        tracing::error!("{message}");
+        let takeover = self.takeover.as_mut()?;
+        takeover.stop_removal();
+        takeover.found = true;
+        takeover.last_check = None;
+        takeover.back = Some(message.clone());
+        takeover.ports.send_replace(false);
+        self.stand(ServiceProxyPhase::Standby, Some(message), Some(false));
+        Some(STANDBY_CHECK)
+    }
+
+    /// `serviceProxy: kipvs` on a node the proxier does not program: `Standby` while
+    /// kube-proxy runs; then the gate (a switch that would touch connections is refused,
+    /// `Failed`, unless allowed); then the kernel settings, the ports and `TakingOver` (the
+    /// next sync is the full sync of the switch).
+    async fn take_over(&mut self) -> Option<Duration> {
+        let takeover = self.takeover.as_mut()?;
+        let node = takeover.node.clone();
+        if let Some(why) = node.running().await {
+            let takeover = self.takeover.as_mut()?;
+            takeover.found = true;
+            takeover.ports.send_replace(false);
+            let (message, healthy) = match &takeover.back {
+                Some(back) => (back.clone(), Some(false)),
+                None => (
+                    format!(
+                        "kube-proxy runs on this node ({why}): kipvs writes nothing until it has \
+                         stopped"
+                    ),
+                    None,
+                ),
+            };
+            self.stand(ServiceProxyPhase::Standby, Some(message), healthy);
+            return Some(STANDBY_CHECK);
+        }
+        // The gate: a switch from kube-proxy (seen running by this process) only; a restart
+        // on a node kipvs programmed adopts its own table as it always does.
+        if takeover.found && !takeover.allow_connection_changes {
+            let now = Instant::now();
+            let previewed = takeover
+                .last_check
+                .is_some_and(|at| now.duration_since(at) < GATE_CHECK);
+            if previewed {
+                return Some(STANDBY_CHECK);
+            }
+            match self.preview_switch().await {
+                Ok(None) => {}
+                Ok(Some(refusal)) => {
+                    let takeover = self.takeover.as_mut()?;
+                    takeover.last_check = Some(now);
+                    if let Some(f) = &mut self.following {
+                        let changed = f.report.refused(refusal.clone());
+                        f.publish(changed);
+                    }
+                    tracing::warn!("the switch to kipvs is refused: {refusal}");
+                    self.stand(ServiceProxyPhase::Standby, Some(refusal), None);
+                    return Some(STANDBY_CHECK);
+                }
+                Err(e) => {
+                    tracing::warn!("cannot preview the switch to kipvs, again: {e}");
+                    return Some(STANDBY_CHECK);
+                }
+            }
+        }
+        let takeover = self.takeover.as_mut()?;
+        if let Err(e) = takeover.settings.apply(self.planner.config()).await {
+            tracing::warn!("cannot make the kernel settings, again: {e}");
+            return Some(STANDBY_CHECK);
+        }
+        if takeover.found || takeover.phase.is_some() {
+            tracing::info!("kube-proxy does not run: taking the node over");
+        }
+        takeover.ports.send_replace(true);
+        takeover.back = None;
+        takeover.done = false;
+        takeover.last_check = None;
+        self.last_full_sync = None;
+        self.stand(ServiceProxyPhase::TakingOver, None, None);
+        None
+    }
+
+    /// The reason a switch now would be refused ([`Preview::refusal`]), from the preview of
+    /// its first full sync ([`Preview::of_switch`]); `None`: it goes ahead.
+    async fn preview_switch(&mut self) -> Result<Option<String>, String> {
+        self.refresh_other_interface_addresses().await;
+        self.replan();
+        let observed = self
+            .syncer
+            .dataplane_mut()
+            .observe()
+            .await
+            .map_err(|e| e.to_string())?;
+        let found = self.takeover.as_ref().is_some_and(|t| t.found);
+        let preview = Preview::of_switch(
+            &self.planner,
+            &observed,
+            found,
+            self.syncer.drains(),
+            Leftovers::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(preview.refusal())
     }
 }
 
@@ -289,6 +617,10 @@ mod tests {
         hold: Mutex<Option<Arc<tokio::sync::Notify>>>,
         /// The `kubelet_chains` of every reading.
         kubelet_chains: Mutex<Vec<bool>>,
+        /// Why kube-proxy is back (besides running).
+        back: Mutex<Option<String>>,
+        /// kube-proxy's health once synced.
+        synced: Mutex<Option<bool>>,
     }
 
     impl KubeProxyNode for Arc<FakeNode> {
@@ -296,6 +628,15 @@ mod tests {
             *self.asked.lock().unwrap() += 1;
             let running = self.running.lock().unwrap().clone();
             Box::pin(async move { running })
+        }
+        fn back(&self) -> BoxFuture<'_, Option<String>> {
+            let running = self.running.lock().unwrap().clone();
+            let back = running.or_else(|| self.back.lock().unwrap().clone());
+            Box::pin(async move { back })
+        }
+        fn synced(&self) -> BoxFuture<'_, Option<bool>> {
+            let synced = *self.synced.lock().unwrap();
+            Box::pin(async move { synced })
         }
         fn leftovers(&self, kubelet_chains: bool) -> BoxFuture<'_, Leftovers> {
             self.kubelet_chains.lock().unwrap().push(kubelet_chains);
@@ -323,6 +664,18 @@ mod tests {
         fn takeover(&self, event: &TakeoverEvent) {
             self.0.lock().unwrap().push(event.clone());
         }
+    }
+
+    /// A takeover of `node` (`found`: kube-proxy's state was found) with the fake kernel's
+    /// settings.
+    fn fake_takeover(node: &Arc<FakeNode>, found: bool) -> Takeover {
+        let mut takeover = Takeover::new(
+            Arc::new(node.clone()),
+            Box::new(crate::dataplane::settings::FakeKernel),
+            false,
+        );
+        takeover.found = found;
+        takeover
     }
 
     fn kube_proxy_leftovers() -> Leftovers {
@@ -392,8 +745,8 @@ mod tests {
             dataplane.other_addresses = [node_ip, other].into();
             let mut engine = Engine::new(m.handle.clone(), planner, dataplane);
             if let Some(ran) = takeover {
-                engine =
-                    engine.taking_over(Takeover::new(Arc::new(Arc::new(FakeNode::default())), ran));
+                let node = Arc::new(FakeNode::default());
+                engine = engine.taking_over(fake_takeover(&node, ran));
             }
             m.source.load_into(&m.handle, None).unwrap();
             let report = engine.sync().await.unwrap();
@@ -441,7 +794,7 @@ mod tests {
         let planner = Planner::new(identity, ProxierConfiguration::default());
         let mut engine = Engine::new(SourceHandle::default(), planner, FakeDataplane::default())
             .observed_by(events.clone())
-            .taking_over(Takeover::new(Arc::new(node.clone()), false));
+            .taking_over(fake_takeover(node, false));
         let report = engine.sync().await.unwrap();
         (engine, events, report)
     }
@@ -535,42 +888,337 @@ mod tests {
         assert_eq!(node.removals.lock().unwrap().len(), 2);
     }
 
-    /// While kube-proxy runs nothing goes on and `/livez` stays healthy whatever waits; once it
-    /// has stopped the standby ends, and queued changes get a whole timeout from then.
+    /// An engine following revision `r1` (`service_proxy`) over `kernel`, with the WEB
+    /// Service's manifests, taking over `node`; the status it publishes, the observers' events
+    /// and `/livez`.
+    struct Switching {
+        engine: Engine<FakeDataplane>,
+        status: watch::Receiver<Option<kipvs_crds::NodeProxyConfigStatus>>,
+        events: Arc<Events>,
+        health: ProxyHealth,
+        _manifests: crate::engine::tests::Manifests,
+    }
+
+    impl Switching {
+        async fn new(node: &Arc<FakeNode>, kernel: ObservedState, allow: bool) -> Self {
+            use crate::engine::ConfigFollower;
+            use crate::source::node_config::Assigned;
+            let m = crate::engine::tests::Manifests::new(
+                &format!("switch-{allow}"),
+                &crate::engine::tests::WEB.replace("READY", "true"),
+            );
+            m.source.load_into(&m.handle, None).unwrap();
+            let (_, assigned) = watch::channel(Assigned::Unknown);
+            let (report, status) = watch::channel(None);
+            let follower = ConfigFollower {
+                assigned,
+                local: ProxierConfiguration::default(),
+                kernel: Box::new(crate::dataplane::settings::FakeKernel),
+                report,
+            };
+            let identity = NodeIdentity {
+                name: "n1".into(),
+                node_ips: vec![],
+            };
+            let health = ProxyHealth::new(Duration::from_secs(60), false);
+            let events = Arc::new(Events::default());
+            let observers: Vec<Arc<dyn Observer>> = vec![Arc::new(health.clone()), events.clone()];
+            let planner = Planner::new(identity, ProxierConfiguration::default());
+            let mut takeover = fake_takeover(node, false);
+            takeover.allow_connection_changes = allow;
+            let mut engine = Engine::new(m.handle.clone(), planner, FakeDataplane::new(kernel))
+                .observed_by(Arc::new(observers))
+                .taking_over(takeover)
+                .following(follower);
+            engine
+                .apply_assigned(Switching::revision("r1", ServiceProxy::Kipvs))
+                .await;
+            Switching {
+                engine,
+                status,
+                events,
+                health,
+                _manifests: m,
+            }
+        }
+
+        fn revision(name: &str, proxy: ServiceProxy) -> crate::source::node_config::Assigned {
+            let config = ProxierConfiguration {
+                service_proxy: proxy,
+                ..ProxierConfiguration::default()
+            };
+            crate::source::node_config::Assigned::Revision {
+                revision: name.into(),
+                config: Box::new(config),
+                ignored: vec![],
+            }
+        }
+
+        /// One turn of [`Engine::run`]'s loop: the switch, then a sync if it programs.
+        /// Whether it synced.
+        async fn turn(&mut self) -> bool {
+            if self.engine.switch().await.is_some() {
+                return false;
+            }
+            self.engine.sync().await.unwrap();
+            true
+        }
+
+        /// (phase, serviceProxy, healthy, message) of the published status.
+        fn standing(&self) -> (NodePhase, Option<ServiceProxyPhase>, Option<bool>, String) {
+            let s = self.status.borrow().clone().expect("a status");
+            (
+                s.phase.unwrap(),
+                s.service_proxy,
+                s.healthy,
+                s.message.unwrap_or_default(),
+            )
+        }
+
+        fn applied(&self) -> usize {
+            self.engine.dataplane().applied.len()
+        }
+
+        fn ports(&self) -> bool {
+            *self.engine.takeover.as_ref().unwrap().ports.borrow()
+        }
+    }
+
+    use crate::model::ObservedState;
+    use kipvs_crds::nodeproxyconfig::NodePhase;
+
+    /// Standby while kube-proxy runs: nothing written, the ports left to kube-proxy, `/livez`
+    /// healthy, the revision Pending with why; then TakingOver (first sync, Applied), then
+    /// Programming once kube-proxy's leftovers are gone. kube-proxy coming back stops every
+    /// write within [`BACK_CHECK`], reported unhealthy with why, and once it has stopped again
+    /// the node is taken over again.
     #[tokio::test(start_paused = true)]
-    async fn standby_lasts_while_kube_proxy_runs_and_keeps_the_proxier_live() {
+    async fn standby_takeover_and_kube_proxy_coming_back() {
+        use ServiceProxyPhase::*;
         let node = Arc::new(FakeNode::default());
         *node.running.lock().unwrap() = Some("process kube-proxy (pid [7])".into());
-        let health = ProxyHealth::new(Duration::from_secs(60), false);
-        let events = Arc::new(Events::default());
-        let observers: Vec<Arc<dyn Observer>> = vec![Arc::new(health.clone()), events.clone()];
-        health.queued_update();
-        let waiting = {
-            let node = node.clone();
-            tokio::spawn(async move { standby(&node, &observers, std::future::pending()).await })
-        };
-        tokio::time::sleep(Duration::from_secs(300)).await;
-        assert!(!waiting.is_finished());
-        assert!(*node.asked.lock().unwrap() > 100);
-        assert!(health.live(), "standby is not stale");
-        *node.running.lock().unwrap() = None;
-        assert_eq!(waiting.await.unwrap(), Some(true));
+        *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
+        let mut s = Switching::new(&node, ObservedState::default(), false).await;
+        s.health.queued_update();
+        for _ in 0..100 {
+            assert!(!s.turn().await);
+            tokio::time::advance(STANDBY_CHECK).await;
+        }
+        assert_eq!(s.applied(), 0, "nothing written in standby");
+        assert!(!s.ports());
+        assert!(s.health.live(), "standby is not stale");
+        let (phase, proxy, healthy, message) = s.standing();
         assert_eq!(
-            *events.0.lock().unwrap(),
-            [
-                TakeoverEvent::Standby("process kube-proxy (pid [7])".into()),
-                TakeoverEvent::Programming
-            ]
+            (phase, proxy, healthy),
+            (NodePhase::Pending, Some(Standby), None)
         );
-        assert!(health.live());
-        tokio::time::sleep(Duration::from_secs(61)).await;
+        assert!(message.contains("pid [7]"), "{message}");
+
+        *node.running.lock().unwrap() = None;
+        assert!(s.turn().await, "kube-proxy stopped: the switch syncs");
+        assert!(s.ports());
+        assert_eq!(s.standing().0, NodePhase::Applied);
+        assert_eq!(s.standing().1, Some(TakingOver));
+        s.engine.takeover.as_mut().unwrap().removed().await;
+        assert!(s.turn().await);
+        assert_eq!(s.standing().1, Some(Programming));
+        assert_eq!(*node.removals.lock().unwrap(), [kube_proxy_leftovers()]);
+
+        // kube-proxy is back (its KUBE-SERVICES chain): no write after the next check.
+        *node.back.lock().unwrap() =
+            Some("its KUBE-SERVICES chain is in iptables-legacy nat".into());
+        tokio::time::advance(BACK_CHECK).await;
+        let written = s.applied();
+        assert!(!s.turn().await);
+        let (phase, proxy, healthy, message) = s.standing();
+        assert_eq!(
+            (phase, proxy, healthy),
+            (NodePhase::Applied, Some(Standby), Some(false))
+        );
+        assert!(message.contains("kube-proxy is back") && message.contains("KUBE-SERVICES"));
+        assert!(!s.ports(), "kube-proxy's ports released");
         assert!(
-            !health.live(),
-            "a change still not synced after the timeout is stale"
+            s.events
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| matches!(e, TakeoverEvent::KubeProxyBack(_)))
         );
-        // A shutdown ends a standby.
-        *node.running.lock().unwrap() = Some("x".into());
-        assert_eq!(standby(&node, &Events::default(), async {}).await, None);
+        // While it runs: still nothing written, still unhealthy.
+        *node.running.lock().unwrap() = Some("kube-proxy's /healthz answers".into());
+        for _ in 0..10 {
+            assert!(!s.turn().await);
+            tokio::time::advance(STANDBY_CHECK).await;
+        }
+        assert_eq!(s.applied(), written);
+        assert_eq!(s.standing().2, Some(false));
+        // It stops again: taken over again (its rules removed again).
+        *node.running.lock().unwrap() = None;
+        *node.back.lock().unwrap() = None;
+        *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
+        assert!(s.turn().await);
+        assert_eq!(s.standing().1, Some(TakingOver));
+        assert_eq!(s.standing().2, None, "the proxier's own verdict again");
+        s.engine.takeover.as_mut().unwrap().removed().await;
+        assert_eq!(node.removals.lock().unwrap().len(), 2);
+    }
+
+    /// A kernel table as kube-proxy left it: the WEB Service's ClusterIP virtual server with
+    /// a real server kipvs does not want, carrying connections.
+    fn kube_proxys_table() -> ObservedState {
+        use crate::model::{ObservedRealServer, ObservedVirtualServer, VirtualServerSpec};
+        let mut kernel = ObservedState::default();
+        let rs = |active| ObservedRealServer {
+            weight: 1,
+            active_connections: active,
+            inactive_connections: 0,
+        };
+        let vs = ObservedVirtualServer {
+            spec: VirtualServerSpec {
+                scheduler: "rr".into(),
+                persistence_timeout: None,
+                sched_flags: Default::default(),
+            },
+            real_servers: [
+                ("10.244.1.2:8080".parse().unwrap(), rs(1)),
+                ("10.244.9.9:8080".parse().unwrap(), rs(4)),
+            ]
+            .into(),
+        };
+        let key = VirtualServerKey {
+            address: "10.96.0.20".parse().unwrap(),
+            port: 80,
+            protocol: Protocol::Tcp,
+        };
+        kernel.virtual_servers.insert(key, vs);
+        kernel.bound_addresses.insert(key.address);
+        kernel
+    }
+
+    /// `run`'s own switch is gated by the preview: a switch that would take a real server
+    /// carrying connections out stays in standby, Failed with the preview's reason, and
+    /// writes nothing; with --allow-connection-changes it goes ahead.
+    #[tokio::test(start_paused = true)]
+    async fn a_switch_touching_connections_is_refused_unless_allowed() {
+        use ServiceProxyPhase::*;
+        for allow in [false, true] {
+            let node = Arc::new(FakeNode::default());
+            *node.running.lock().unwrap() = Some("process kube-proxy".into());
+            let mut s = Switching::new(&node, kube_proxys_table(), allow).await;
+            assert!(!s.turn().await);
+            *node.running.lock().unwrap() = None;
+            if allow {
+                assert!(s.turn().await);
+                assert_eq!(s.standing().1, Some(TakingOver));
+                continue;
+            }
+            for _ in 0..20 {
+                assert!(!s.turn().await);
+                tokio::time::advance(STANDBY_CHECK).await;
+            }
+            assert_eq!(s.applied(), 0);
+            let (phase, proxy, _, message) = s.standing();
+            assert_eq!((phase, proxy), (NodePhase::Failed, Some(Standby)));
+            assert!(
+                message.starts_with("1 operations of the switch would"),
+                "{message}"
+            );
+            assert!(message.contains("10.244.9.9:8080"), "{message}");
+            // Its connections end: the switch goes ahead at the next look.
+            let key = *s
+                .engine
+                .dataplane()
+                .state
+                .virtual_servers
+                .keys()
+                .next()
+                .unwrap();
+            let vs = s
+                .engine
+                .syncer
+                .dataplane_mut()
+                .state
+                .virtual_servers
+                .get_mut(&key)
+                .unwrap();
+            for rs in vs.real_servers.values_mut() {
+                rs.active_connections = 0;
+            }
+            tokio::time::advance(GATE_CHECK).await;
+            assert!(s.turn().await);
+            assert_eq!(s.standing().0, NodePhase::Applied);
+        }
+    }
+
+    /// `serviceProxy: kube-proxy`: one last sync, then nothing written and the ports released
+    /// (HandingBack, Pending); once kube-proxy's metrics say it synced, `inet kipvs` goes and the
+    /// revision is Applied with kube-proxy's health (HandedBack). Back to `kipvs`: standby while
+    /// kube-proxy runs, then a takeover again.
+    #[tokio::test(start_paused = true)]
+    async fn a_handback_then_a_takeover_again() {
+        use ServiceProxyPhase::*;
+        let node = Arc::new(FakeNode::default());
+        let mut s = Switching::new(&node, ObservedState::default(), false).await;
+        assert!(s.turn().await);
+        s.engine.takeover.as_mut().unwrap().removed().await;
+        assert!(s.turn().await);
+        assert_eq!(s.standing().1, Some(Programming));
+        let weights = s.engine.dataplane().state.virtual_servers.clone();
+        assert!(!s.engine.dataplane().state.set_elements.is_empty());
+
+        s.engine
+            .apply_assigned(Switching::revision("r2", ServiceProxy::KubeProxy))
+            .await;
+        assert!(!s.turn().await);
+        assert_eq!(s.standing().1, Some(HandingBack));
+        assert_eq!(s.standing().0, NodePhase::Pending);
+        assert!(!s.ports(), "healthz and metrics released for kube-proxy");
+        let written = s.applied();
+        assert_eq!(
+            s.engine.dataplane().state.virtual_servers,
+            weights,
+            "weights as planned"
+        );
+        for _ in 0..10 {
+            assert!(!s.turn().await);
+            tokio::time::advance(STANDBY_CHECK).await;
+        }
+        assert_eq!(s.applied(), written, "nothing written while handing back");
+        // kube-proxy runs and has synced.
+        *node.running.lock().unwrap() = Some("kube-proxy's /healthz answers".into());
+        *node.synced.lock().unwrap() = Some(true);
+        assert!(!s.turn().await);
+        let (phase, proxy, healthy, _) = s.standing();
+        assert_eq!(
+            (phase, proxy, healthy),
+            (NodePhase::Applied, Some(HandedBack), Some(true))
+        );
+        assert!(
+            s.engine.dataplane().state.set_elements.is_empty(),
+            "inet kipvs deleted"
+        );
+        assert_eq!(
+            s.engine.dataplane().state.virtual_servers,
+            weights,
+            "kube-proxy's now"
+        );
+        *node.synced.lock().unwrap() = Some(false);
+        assert!(!s.turn().await);
+        assert_eq!(s.standing().2, Some(false), "kube-proxy's health");
+
+        s.engine
+            .apply_assigned(Switching::revision("r3", ServiceProxy::Kipvs))
+            .await;
+        assert!(!s.turn().await);
+        assert_eq!(s.standing().1, Some(Standby));
+        *node.running.lock().unwrap() = None;
+        assert!(
+            s.turn().await,
+            "kube-proxy left: the same table is adopted again"
+        );
+        let (phase, proxy, _, _) = s.standing();
+        assert_eq!((phase, proxy), (NodePhase::Applied, Some(TakingOver)));
     }
 
     /// The engine removes kube-proxy's leftovers after its first full sync (kipvs's rules are
@@ -588,7 +1236,7 @@ mod tests {
         let planner = Planner::new(identity, ProxierConfiguration::default());
         let mut engine = Engine::new(handle, planner, FakeDataplane::default())
             .observed_by(events.clone())
-            .taking_over(Takeover::new(Arc::new(node.clone()), false));
+            .taking_over(fake_takeover(&node, false));
         let report = engine.sync().await.unwrap();
         assert!(matches!(report.ops[0], Op::WriteRules(_)));
         engine.takeover.as_mut().unwrap().removed().await;
@@ -604,7 +1252,7 @@ mod tests {
         assert!(engine.takeover.as_ref().unwrap().done());
 
         // A sync whose rules failed leaves kube-proxy's rules in place.
-        let mut takeover = Takeover::new(Arc::new(node.clone()), false);
+        let mut takeover = fake_takeover(&node, false);
         *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
         let failed = SyncReport {
             ops: vec![],

@@ -293,7 +293,7 @@ impl Observer for ProxyHealth {
     /// Standby keeps `/livez` healthy; leaving it gives the queued changes a whole timeout.
     fn takeover(&self, event: &TakeoverEvent) {
         let standby = match event {
-            TakeoverEvent::Standby(_) => true,
+            TakeoverEvent::Standby(_) | TakeoverEvent::KubeProxyBack(_) => true,
             TakeoverEvent::Programming => false,
             _ => return,
         };

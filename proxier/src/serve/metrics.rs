@@ -31,7 +31,8 @@
 //! | `kipvs_config_ignored_settings` | gauge | settings of the NodeProxyConfig in force that this version does not know and left out (a newer kipvs wrote them; named in the log and the status message) |
 //! | `kipvs_ipvs_scheduler_unavailable{scheduler}` | gauge | 1 for a scheduler a `kipvs.io/scheduler` annotation asks for and the kernel lacks (probed once; those Services get `ipvs.scheduler` and a warning) |
 //! | **takeover** ([`crate::engine::takeover`]) | | |
-//! | `kipvs_standby` | gauge | 1 while kube-proxy runs on the node and the proxier waits, programming nothing |
+//! | `kipvs_standby` | gauge | 1 while the proxier programs nothing: kube-proxy runs on the node, the node's `serviceProxy` is `kube-proxy`, or the switch is refused |
+//! | `kipvs_kube_proxy_back` | gauge | 1 while kube-proxy is back on a node the proxier programmed: the proxier stopped writing (its status says `healthy: false`) |
 //! | `kipvs_kube_proxy_removed_total{kind}` | counter | kube-proxy's iptables `rule`s, `chain`s and `ipset`s a takeover removed (a failed removal counts in `kipvs_sync_errors_total{cause="kube-proxy-removal"}`) |
 
 use crate::engine::observer::{Observer, SyncOutcome, TakeoverEvent};
@@ -411,10 +412,11 @@ impl InputMetrics {
     }
 }
 
-/// A takeover from kube-proxy: standby, and what of kube-proxy's was removed.
+/// A takeover from kube-proxy: standby, kube-proxy back, and what of kube-proxy's was removed.
 #[derive(Clone)]
 struct TakeoverMetrics {
     standby: IntGauge,
+    back: IntGauge,
     removed: IntCounterVec,
 }
 
@@ -423,7 +425,15 @@ impl TakeoverMetrics {
         TakeoverMetrics {
             standby: register_int_gauge_with_registry!(
                 "kipvs_standby",
-                "1 while kube-proxy runs on the node and the proxier programs nothing",
+                "1 while the proxier programs nothing: kube-proxy runs on the node, or the node's \
+                 serviceProxy is kube-proxy, or the switch is refused",
+                r
+            )
+            .expect(VALID),
+            back: register_int_gauge_with_registry!(
+                "kipvs_kube_proxy_back",
+                "1 while kube-proxy is back on a node the proxier programmed (the proxier stopped \
+                 writing)",
                 r
             )
             .expect(VALID),
@@ -486,7 +496,14 @@ impl Observer for Metrics {
     fn takeover(&self, event: &TakeoverEvent) {
         match event {
             TakeoverEvent::Standby(_) => self.takeover.standby.set(1),
-            TakeoverEvent::Programming => self.takeover.standby.set(0),
+            TakeoverEvent::KubeProxyBack(_) => {
+                self.takeover.standby.set(1);
+                self.takeover.back.set(1);
+            }
+            TakeoverEvent::Programming => {
+                self.takeover.standby.set(0);
+                self.takeover.back.set(0);
+            }
             TakeoverEvent::Removed {
                 rules,
                 chains,
