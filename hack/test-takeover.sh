@@ -4,18 +4,25 @@
 # mode in the VM with Debian's iptables (legacy) and ipset (hack/vm/kube-proxy-userland.sh), then the proxier
 # image's kipvs-proxier, both against that apiserver; driven through the end to end's guest agent
 # (tests/vm/e2e/agent.sh, hack/lib/e2e.sh) under its load (25 new TCP connections/s and 5 UDP queries/s to the
-# ClusterIP, 4 long-lived TCP connections). Phases:
+# ClusterIP, 4 long-lived TCP connections). The switch is driven as the operator drives it: through the node's
+# NodeProxyConfig (spec.config.serviceProxy, status.serviceProxy), with kube-proxy started and stopped where the
+# node label kipvs.io/service-proxy would start and stop its pod. Phases:
 #   1. kube-proxy converged: it alone serves the LoadBalancer Service web (ClusterIP, NodePort, VIP with source
 #      ranges) for 10 s;
-#   2. takeover: kipvs starts while kube-proxy runs (standby: the table must not change), kube-proxy stops, and
-#      while kipvs takes over an endpoint is removed, a port is added to the Service and its source ranges
-#      change; kipvs adopts kube-proxy's table, drains its NodePorts on other local addresses and removes its
-#      iptables rules and ipsets;
-#   3. negative control: kipvs stopped, `kube-proxy --cleanup` under the same load: the harness must see the
+#   2. takeover (serviceProxy: kipvs): kipvs starts while kube-proxy runs (standby: the table must not change,
+#      the status says Standby, Pending), kube-proxy stops, and while kipvs takes over (status TakingOver) an
+#      endpoint is removed, a port is added to the Service and its source ranges change; kipvs adopts
+#      kube-proxy's table, drains its NodePorts on other local addresses and removes its iptables rules and
+#      ipsets (status Programming, Applied);
+#   3. handback (serviceProxy: kube-proxy): kipvs stops writing and releases kube-proxy's ports (HandingBack),
+#      kube-proxy starts and adopts the table, kipvs deletes inet kipvs (HandedBack, Applied, healthy);
+#   4. takeover again (serviceProxy: kipvs): standby while kube-proxy runs, kube-proxy stops, kipvs takes over;
+#   5. negative control: kipvs stopped, `kube-proxy --cleanup` under the same load: the harness must see the
 #      failures (it flushes IPVS).
 # Printed per phase: requests sent / failed and long-lived connections broken (hack/lib/e2e.sh end_phase),
-# established IPVS connection entries from before the switch still present, the takeover's kernel ops by kind
-# (no delete or re-add of anything wanted: checked), and kube-proxy's chains and sets left (target 0).
+# established IPVS connection entries from before the switch still present, the switch's kernel ops by kind
+# (no delete or re-add of anything wanted: checked), and kube-proxy's chains and sets left (target 0 after a
+# takeover).
 # Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
 #
 # usage: hack/test-takeover.sh
@@ -89,6 +96,19 @@ KUBECONFIG=$KC patch_status /api/v1/nodes/test-node \
 VIP=203.0.113.80
 KUBECONFIG=$KC patch_status /api/v1/namespaces/default/services/web \
   "{\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"$VIP\"}]}}}" > /dev/null
+k apply --validate=false -k config/crd > /dev/null
+k wait --for condition=established --timeout=30s crd/nodeproxyconfigs.kipvs.io > /dev/null
+npc() { # npc REVISION SERVICE_PROXY: test-node's NodeProxyConfig as the operator writes it
+  k apply --validate=false -f - > /dev/null <<EOF
+apiVersion: kipvs.io/v1alpha1
+kind: NodeProxyConfig
+metadata: {name: test-node}
+spec: {revision: $1, assignedAt: "2026-11-26T00:00:00Z", config: {serviceProxy: $2}}
+EOF
+}
+standing() { k get nodeproxyconfig test-node -o jsonpath='{.status.serviceProxy} {.status.phase} {.status.healthy}'; }
+stands() { [[ "$(standing)" =~ $1 ]]; } # stands REGEX: the status matches
+is() { [ "$1" = "$("${@:2}")" ]; } # is VALUE COMMAND...: the command prints VALUE
 pod_ip() { echo "10.244.1.$((110 + $1))"; }
 slice web-e2e web "$(pod_ip 1):ready" "$(pod_ip 2):ready" "$(pod_ip 3):ready"
 
@@ -128,18 +148,44 @@ begin "kube-proxy (10 s)"
 sleep 10 # on purpose: kube-proxy alone carries the load
 end_phase
 
+# The kernel ops of the proxier's log from line $1 on (op=... lines) into $STATE/ops.$2, by kind into OPS; checks
+# that none deletes or unbinds what kipvs wants then ($STATE/table.$2, binds.$2) or adds again what was there
+# before ($3: the table before the switch).
+switch_ops() {
+  agent log 1000000 | tail -n +"$1" | sed 's/\x1b\[[0-9;]*m//g' | grep -o 'op=[A-Za-z]* .*' > "$STATE/ops.$2" || true
+  local ops=$STATE/ops.$2 before=$3 readded deleted unbound rs_readded
+  OPS=$(sed 's/ .*//; s/op=//' "$ops" | sort | uniq -c | awk '{printf "%s%s %s", s, $2, $1; s=", "}')
+  vs_of() { sed -n "s/^op=$1 vs=\"\([A-Z]*\) \([^\"]*\)\".*/\1 \2/p" "$ops" | awk '{print "-A -" tolower(substr($1,1,1)) " " $2}'; }
+  readded=$(vs_of AddVirtualServer | while read -r l; do grep -q -- "^$l " "$before" && echo "$l"; done || true)
+  deleted=$(vs_of DeleteVirtualServer | while read -r l; do grep -q -- "^$l " "$STATE/table.$2" && echo "$l"; done || true)
+  unbound=$(sed -n 's/^op=UnbindAddress address=//p' "$ops" | while read -r a; do grep -qx "$a" "$STATE/binds.$2" && echo "$a"; done || true)
+  rs_readded=$(sed -n 's/^op=AddRealServer vs="\([A-Z]*\) \([^"]*\)" rs=\([^ ]*\).*/\1 \2 \3/p' "$ops" |
+    awk '{print "-a -" tolower(substr($1,1,1)) " " $2 " -r " $3 " "}' | while read -r l; do
+      grep -q -- "^$l" "$before" && echo "$l"; done || true)
+  check "$2: no virtual server that was there was added again ($(wc -w <<<"$readded"))" [ -z "$readded" ]
+  check "$2: no wanted virtual server was deleted" [ -z "$deleted" ]
+  check "$2: no wanted address was unbound" [ -z "$unbound" ]
+  check "$2: no real server that was there was added again" [ -z "$rs_readded" ]
+}
+log_lines() { agent log 1000000 | wc -l; }
+standby() { agent log 1000 | grep -q 'standby: kube-proxy runs'; }
+
 # ---- 2. takeover --------------------------------------------------------------------------------------------
 begin "takeover"
 SAVED=$(agent conns-save)
+npc r1 kipvs # the operator: kipvs for test-node, and the label that makes kube-proxy's pod leave
 must proxier-start
-standby() { agent log 1000 | grep -q 'standby: kube-proxy runs'; }
 check "kipvs started next to kube-proxy waits in standby" wait_for 60 "kipvs's standby" standby
+check "standby reported: serviceProxy Standby, phase Pending" wait_for 30 "status Standby" stands '^Standby Pending'
 sleep 3 # on purpose: a window in which a write by kipvs would show
 agent table > "$STATE/table.standby"
 check "standby: kipvs changed nothing in IPVS" cmp -s "$STATE/table.kube-proxy" "$STATE/table.standby"
 must kube-proxy-stop
 t=$(now)
-# during the takeover: an endpoint removed, a port added to the ClusterIP, the source ranges changed
+# during the takeover (the gate previews the switch first: a change now could be refused as touching
+# connections): an endpoint removed, a port added to the ClusterIP, the source ranges changed
+WAIT_STEP=0.1 wait_for 30 "status TakingOver" stands '^(TakingOver|Programming) ' || true
+DURING=$(standing)
 SLICE_EXTRA_PORTS=',{"name":"http2","port":8080,"protocol":"TCP"}' slice web-e2e web "$(pod_ip 2):ready" "$(pod_ip 3):ready"
 k patch svc web --type=json -p '[{"op":"add","path":"/spec/ports/-","value":{"name":"http2","port":8081,"protocol":"TCP","targetPort":8080,"nodePort":30082}},
   {"op":"replace","path":"/spec/loadBalancerSourceRanges","value":["192.168.100.0/25","198.51.100.0/24"]}]' > /dev/null
@@ -149,33 +195,71 @@ TOOK=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
 check "the added port is programmed" quiet agent wait tcp 10.96.0.80:8081 "$(pod_ip 3):8080" 1 60
 gone_or_draining() { agent table | grep -q -- "-a -t $CIP -r $(pod_ip 1):8080 -m -w 1$" && return 1 || return 0; }
 check "the removed endpoint takes no new connections (drained or gone)" wait_for 30 "the removed endpoint" gone_or_draining
+check "the changes were made while kipvs took over (status then: $DURING)" grep -Eq '^(TakingOver|Programming) ' <<<"$DURING"
+check "taken over reported: serviceProxy Programming, Applied, healthy" wait_for 60 "status Programming" stands '^Programming Applied true'
 sleep 5 # on purpose: the taken-over node carries the load a while
 KEPT=$(agent conns-kept)
-agent table > "$STATE/table.kipvs"
-agent binds > "$STATE/binds.kipvs"
-agent log 100000 > "$STATE/proxier.log"
+agent table > "$STATE/table.takeover"
+agent binds > "$STATE/binds.takeover"
 LEFT=$(leftovers)
 probes "after the takeover"
-# The takeover's kernel ops: none deletes or unbinds what kipvs wants, none re-adds what kube-proxy had.
-sed 's/\x1b\[[0-9;]*m//g' "$STATE/proxier.log" | grep -o 'op=[A-Za-z]* .*' > "$STATE/ops" || true
-OPS=$(sed 's/ .*//; s/op=//' "$STATE/ops" | sort | uniq -c | awk '{printf "%s%s %s", s, $2, $1; s=", "}')
-vs_of() { sed -n "s/^op=$1 vs=\"\([A-Z]*\) \([^\"]*\)\".*/\1 \2/p" "$STATE/ops" | awk '{print "-A -" tolower(substr($1,1,1)) " " $2}'; }
-readded=$(vs_of AddVirtualServer | while read -r l; do grep -q -- "^$l " "$STATE/table.kube-proxy" && echo "$l"; done || true)
-deleted=$(vs_of DeleteVirtualServer | while read -r l; do grep -q -- "^$l " "$STATE/table.kipvs" && echo "$l"; done || true)
-unbound=$(sed -n 's/^op=UnbindAddress address=//p' "$STATE/ops" | while read -r a; do grep -qx "$a" "$STATE/binds.kipvs" && echo "$a"; done || true)
-rs_readded=$(sed -n 's/^op=AddRealServer vs="\([A-Z]*\) \([^"]*\)" rs=\([^ ]*\).*/\1 \2 \3/p' "$STATE/ops" |
-  awk '{print "-a -" tolower(substr($1,1,1)) " " $2 " -r " $3 " "}' | while read -r l; do
-    grep -q -- "^$l" "$STATE/table.kube-proxy" && echo "$l"; done || true)
-check "no virtual server kube-proxy had was added again ($(wc -w <<<"$readded"))" [ -z "$readded" ]
-check "no wanted virtual server was deleted" [ -z "$deleted" ]
-check "no wanted address was unbound" [ -z "$unbound" ]
-check "no real server kube-proxy had was added again" [ -z "$rs_readded" ]
+switch_ops 1 takeover "$STATE/table.kube-proxy"
+OPS1=$OPS
 check "kube-proxy's KUBE-* chains and ipsets are gone ($LEFT left)" [ "$LEFT" = 0 ]
 check "the long-lived connections' IPVS entries survived ($KEPT of $SAVED established entries kept)" [ "$KEPT" -ge 4 ]
 end_phase
-say "  takeover: kube-proxy stopped -> its rules removed by kipvs after $TOOK s; kernel ops: ${OPS:-none}"
+say "  takeover: kube-proxy stopped -> its rules removed by kipvs after $TOOK s; kernel ops: ${OPS1:-none}"
 
-# ---- 3. negative control: kube-proxy --cleanup --------------------------------------------------------------
+# ---- 3. handback --------------------------------------------------------------------------------------------
+begin "handback"
+SAVED3=$(agent conns-save)
+FROM=$(( $(log_lines) + 1 ))
+npc r2 kube-proxy # the operator: kube-proxy for test-node; it relabels the node once the status says HandingBack
+check "handing back reported: serviceProxy HandingBack, Pending" wait_for 60 "status HandingBack" stands '^HandingBack Pending'
+agent table > "$STATE/table.handingback"
+t=$(now)
+must kube-proxy-start # its pod starts on the relabelled node; the agent waits for its first sync
+check "handed back reported: serviceProxy HandedBack, Applied, healthy" wait_for 60 "status HandedBack" stands '^HandedBack Applied true'
+HANDED=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
+check "inet kipvs is deleted" is absent agent kipvs-table
+sleep 5 # on purpose: kube-proxy carries the load a while
+KEPT3=$(agent conns-kept)
+agent table > "$STATE/table.handback"
+agent binds > "$STATE/binds.handback"
+probes "after the handback"
+switch_ops "$FROM" handback "$STATE/table.takeover"
+OPS3=$OPS
+changed=$(diff <(grep -v "$(pod_ip 1)" "$STATE/table.handingback") <(grep -v "$(pod_ip 1)" "$STATE/table.handback") | grep -c '^[<>] -a' || true)
+check "kube-proxy kept kipvs's real servers as it found them ($changed changed)" [ "$changed" = 0 ]
+check "the long-lived connections' IPVS entries survived ($KEPT3 of $SAVED3 established entries kept)" [ "$KEPT3" -ge 4 ]
+end_phase
+say "  handback: kube-proxy started -> HandedBack after $HANDED s; kipvs's kernel ops: ${OPS3:-none}"
+
+# ---- 4. takeover again --------------------------------------------------------------------------------------
+begin "takeover again"
+SAVED4=$(agent conns-save)
+FROM=$(( $(log_lines) + 1 ))
+agent table > "$STATE/table.kube-proxy.2"
+npc r3 kipvs
+check "again: standby reported while kube-proxy runs" wait_for 60 "status Standby" stands '^Standby Pending'
+must kube-proxy-stop
+t=$(now)
+check "again: taken over reported: Programming, Applied, healthy" wait_for 90 "status Programming" stands '^Programming Applied true'
+TOOK4=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
+sleep 5 # on purpose: the taken-over node carries the load a while
+KEPT4=$(agent conns-kept)
+agent table > "$STATE/table.again"
+agent binds > "$STATE/binds.again"
+LEFT4=$(leftovers)
+probes "after the takeover again"
+switch_ops "$FROM" again "$STATE/table.kube-proxy.2"
+OPS4=$OPS
+check "again: kube-proxy's KUBE-* chains and ipsets are gone ($LEFT4 left)" [ "$LEFT4" = 0 ]
+check "again: the long-lived connections' IPVS entries survived ($KEPT4 of $SAVED4 established entries kept)" [ "$KEPT4" -ge 4 ]
+end_phase
+say "  takeover again: kube-proxy stopped -> Programming after $TOOK4 s; kernel ops: ${OPS4:-none}"
+
+# ---- 5. negative control: kube-proxy --cleanup --------------------------------------------------------------
 begin "kube-proxy --cleanup (control)"
 SAVED2=$(agent conns-save)
 must proxier-stop
@@ -190,9 +274,10 @@ say "load, whole run: $(head -n1 <<<"$final")"
 echo
 echo "=== takeover from kube-proxy 1.24 (IPVS) under load: requests sent / failed, long-lived connections broken"
 printf '  %s\n' "${FIG[@]}"
-echo "  established IPVS entries from before the switch still present: takeover $KEPT of $SAVED, kube-proxy --cleanup $KEPT2 of $SAVED2"
-echo "  takeover kernel ops: ${OPS:-none}"
-echo "  kube-proxy chains and sets: before $(grep -c . "$STATE/leftovers.kube-proxy") ($(grep -c '^chain' "$STATE/leftovers.kube-proxy") chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets), after the takeover $LEFT"
+echo "  established IPVS entries from before the switch still present: takeover $KEPT of $SAVED, handback $KEPT3 of $SAVED3, takeover again $KEPT4 of $SAVED4, kube-proxy --cleanup $KEPT2 of $SAVED2"
+echo "  kernel ops: takeover ${OPS1:-none}; handback ${OPS3:-none}; takeover again ${OPS4:-none}"
+echo "  switch times: kube-proxy stopped -> its rules removed $TOOK s; kube-proxy started -> HandedBack $HANDED s; kube-proxy stopped -> Programming again $TOOK4 s"
+echo "  kube-proxy chains and sets: before $(grep -c . "$STATE/leftovers.kube-proxy") ($(grep -c '^chain' "$STATE/leftovers.kube-proxy") chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets), after the takeover $LEFT, after the takeover again $LEFT4"
 echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"
 agent finish "$([ "$fail" = 0 ] && echo 0 || echo 1)" > /dev/null || true
 wait "$vm_pid" || bad "the VM run failed (its log: $STATE/vm.log)"

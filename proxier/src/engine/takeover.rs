@@ -398,12 +398,15 @@ impl<D: Dataplane> Engine<D> {
         if !takeover.done {
             return None;
         }
-        let node_ips = self.planner.node_ips();
+        let (node_ips, local) = (
+            self.planner.node_ips(),
+            self.planner.other_interface_addresses(),
+        );
         let draining = self
             .syncer
             .drains()
             .keys()
-            .any(|(vs, _)| !node_ips.contains(&vs.address));
+            .any(|(vs, _)| local.contains(&vs.address) && !node_ips.contains(&vs.address));
         if takeover.phase == Some(ServiceProxyPhase::TakingOver) && !draining {
             tracing::info!("takeover done: nothing of kube-proxy's is left");
             self.stand(ServiceProxyPhase::Programming, None, None);
