@@ -561,4 +561,51 @@ impl Observer for ServiceHealthServers {
             None => self.sync(ports),
         }
     }
+
+    /// A proxier that stops programming closes every health-check node port: kube-proxy,
+    /// handed the node back or back on it, binds the same ones. The first sync after the
+    /// standby is a full one, which opens them again.
+    fn takeover(&self, event: &TakeoverEvent) {
+        if matches!(
+            event,
+            TakeoverEvent::Standby(_) | TakeoverEvent::KubeProxyBack(_)
+        ) {
+            self.sync(&BTreeMap::new());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Standby (a handback, kube-proxy back) closes the health-check node ports for kube-proxy.
+    #[tokio::test]
+    async fn standby_closes_the_health_check_node_ports() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = free.local_addr().unwrap().port();
+        drop(free);
+        let health = ProxyHealth::new(Duration::from_secs(60), false);
+        let servers = ServiceHealthServers::new(health, vec!["127.0.0.1".parse().unwrap()]);
+        let service = HealthCheckNodePort {
+            namespace: "default".into(),
+            name: "web".into(),
+            local_ready_endpoints: 1,
+        };
+        servers.sync(&[(port, service)].into());
+        assert!(
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_err(),
+            "open"
+        );
+        servers.takeover(&TakeoverEvent::Standby("serviceProxy is kube-proxy".into()));
+        let mut rebound = Err(io::Error::other("not tried"));
+        for _ in 0..50 {
+            rebound = std::net::TcpListener::bind(("127.0.0.1", port));
+            if rebound.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(rebound.is_ok(), "released for kube-proxy: {rebound:?}");
+    }
 }
