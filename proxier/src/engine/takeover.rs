@@ -39,10 +39,12 @@
 use super::Engine;
 use super::observer::{Observer, TakeoverEvent};
 use super::syncer::SyncReport;
+use crate::dataplane::diff::Ownership;
 use crate::dataplane::kube_proxy::{KubeProxyNode, Leftovers};
 use crate::dataplane::settings::KernelSettings;
 use crate::dataplane::{Dataplane, Op};
-use crate::model::{DesiredState, Protocol, VirtualServerKey};
+use crate::engine::planner::Planner;
+use crate::model::{DesiredState, ObservedState, Protocol, VirtualServerKey};
 use crate::plan::kube_proxy::kubelet_creates_shared_chains;
 use crate::preview::Preview;
 use kipvs_crds::config::ServiceProxy;
@@ -93,6 +95,31 @@ pub fn kube_proxy_node_ports(
         .chain(draining)
         .map(|key| (key.port, key.protocol))
         .collect()
+}
+
+/// Whether `observed` holds a drain of kube-proxy's NodePorts that a takeover began and a
+/// restart interrupted: a virtual server kube-proxy's NodePorts would drain on (a local address
+/// that is not a node IP, a NodePort kipvs programs on the node IPs, in the NodePort range,
+/// outside `ipvs.excludeCIDRs`: [`Ownership::drains`]) whose real servers are all at weight 0,
+/// as the drain left them (kube-proxy programs weight 1). Cost: O(virtual servers).
+///
+/// [`Ownership::drains`]: crate::dataplane::diff::Ownership::drains
+pub fn kube_proxy_drain_interrupted(planner: &Planner, observed: &ObservedState) -> bool {
+    let node_ports = kube_proxy_node_ports(planner.desired(), planner.node_ips(), &BTreeMap::new());
+    let ownership = Ownership::new(
+        planner.config(),
+        planner.node_ips().iter().copied().collect(),
+        planner.other_interface_addresses().clone(),
+        node_ports,
+    );
+    let Ok(ownership) = ownership else {
+        return false;
+    };
+    observed.virtual_servers.iter().any(|(key, vs)| {
+        ownership.drains(key)
+            && !vs.real_servers.is_empty()
+            && vs.real_servers.values().all(|rs| rs.weight == 0)
+    })
 }
 
 /// How long one reading and removal of kube-proxy's leftovers may take in all (each tool has
@@ -489,6 +516,9 @@ impl<D: Dataplane> Engine<D> {
                 }
             }
         }
+        if !self.takeover.as_ref()?.found {
+            self.find_interrupted_drain().await;
+        }
         let takeover = self.takeover.as_mut()?;
         if let Err(e) = takeover.settings.apply(self.planner.config()).await {
             tracing::warn!("cannot make the kernel settings, again: {e}");
@@ -504,6 +534,31 @@ impl<D: Dataplane> Engine<D> {
         self.last_full_sync = None;
         self.stand(ServiceProxyPhase::TakingOver, None, None);
         None
+    }
+
+    /// After a restart: kube-proxy's NodePorts still draining on other local addresses
+    /// ([`kube_proxy_drain_interrupted`]) mean a takeover found kube-proxy here: their drain
+    /// goes on instead of leaving them at weight 0 for good. A kernel that cannot be read
+    /// leaves it to the next switch.
+    async fn find_interrupted_drain(&mut self) {
+        self.refresh_other_interface_addresses().await;
+        self.replan();
+        let observed = match self.syncer.dataplane_mut().observe().await {
+            Ok(observed) => observed,
+            Err(e) => {
+                tracing::warn!("cannot read the kernel's table for kube-proxy's drains: {e}");
+                return;
+            }
+        };
+        if kube_proxy_drain_interrupted(&self.planner, &observed)
+            && let Some(takeover) = self.takeover.as_mut()
+        {
+            tracing::info!(
+                "kube-proxy's NodePorts on other local addresses are still draining: the drain \
+                 goes on"
+            );
+            takeover.found = true;
+        }
     }
 
     /// The reason a switch now would be refused ([`Preview::refusal`]), from the preview of
@@ -1222,6 +1277,78 @@ mod tests {
         );
         let (phase, proxy, _, _) = s.standing();
         assert_eq!((phase, proxy), (NodePhase::Applied, Some(TakingOver)));
+    }
+
+    /// A restart after a takeover whose drain of kube-proxy's NodePorts on other local
+    /// addresses was under way: the drain goes on (the virtual server goes once idle) instead of
+    /// staying at weight 0 for good; a virtual server there at weight 1 (another program's) is
+    /// left alone.
+    #[tokio::test]
+    async fn a_drain_of_kube_proxys_node_ports_goes_on_after_a_restart() {
+        use crate::engine::tests::{Manifests, WEB};
+        use crate::model::{ObservedRealServer, ObservedVirtualServer, VirtualServerSpec};
+        let node_port = WEB
+            .replace("READY", "true")
+            .replace(
+                "clusterIP: 10.96.0.20",
+                "type: NodePort\n  clusterIP: 10.96.0.20",
+            )
+            .replace("targetPort: 8080}", "targetPort: 8080, nodePort: 30080}");
+        let node_ip: IpAddr = "192.168.1.5".parse().unwrap();
+        let other: IpAddr = "172.17.0.1".parse().unwrap();
+        let key = VirtualServerKey {
+            address: other,
+            port: 30080,
+            protocol: Protocol::Tcp,
+        };
+        for (weight, drained) in [(0, true), (1, false)] {
+            let m = Manifests::new(&format!("kp-restart-{weight}"), &node_port);
+            m.source.load_into(&m.handle, None).unwrap();
+            let mut kernel = ObservedState::default();
+            let rs = ObservedRealServer {
+                weight,
+                active_connections: 1,
+                inactive_connections: 0,
+            };
+            let vs = ObservedVirtualServer {
+                spec: VirtualServerSpec {
+                    scheduler: "rr".into(),
+                    persistence_timeout: None,
+                    sched_flags: Default::default(),
+                },
+                real_servers: [("10.244.1.2:8080".parse().unwrap(), rs)].into(),
+            };
+            kernel.virtual_servers.insert(key, vs);
+            let mut dataplane = FakeDataplane::new(kernel);
+            dataplane.other_addresses = [node_ip, other].into();
+            let identity = NodeIdentity {
+                name: "n1".into(),
+                node_ips: vec![node_ip],
+            };
+            let planner = Planner::new(identity, ProxierConfiguration::default());
+            let node = Arc::new(FakeNode::default());
+            let mut engine = Engine::new(m.handle.clone(), planner, dataplane)
+                .taking_over(fake_takeover(&node, false));
+            assert_eq!(engine.switch().await, None);
+            engine.sync().await.unwrap();
+            assert_eq!(engine.takeover.as_ref().unwrap().found, drained);
+            let draining = engine.syncer().drains().keys().any(|(vs, _)| *vs == key);
+            assert_eq!(draining, drained, "weight {weight}");
+            // Its last connection ends: the drained virtual server goes.
+            let state = &mut engine.syncer.dataplane_mut().state;
+            for rs in state
+                .virtual_servers
+                .get_mut(&key)
+                .unwrap()
+                .real_servers
+                .values_mut()
+            {
+                rs.active_connections = 0;
+            }
+            engine.check_drains().await.unwrap();
+            let present = engine.dataplane().state.virtual_servers.contains_key(&key);
+            assert_eq!(present, !drained, "weight {weight}");
+        }
     }
 
     /// The engine removes kube-proxy's leftovers after its first full sync (kipvs's rules are
