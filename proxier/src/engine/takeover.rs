@@ -373,8 +373,9 @@ impl<D: Dataplane> Engine<D> {
     }
 
     /// `serviceProxy: kube-proxy` on a node the proxier does not program: once kube-proxy has
-    /// synced, `inet kipvs` is deleted and the node is `HandedBack` with kube-proxy's health;
-    /// until then `Standby` (the proxier never programmed here) or `HandingBack`.
+    /// synced, `inet kipvs` is deleted and the node is `HandedBack` with kube-proxy's health
+    /// (read again every [`BACK_CHECK`]); until then `Standby` (the proxier never programmed
+    /// here) or `HandingBack`.
     async fn await_kube_proxy(&mut self) -> Option<Duration> {
         let takeover = self.takeover.as_mut()?;
         takeover.ports.send_replace(false);
@@ -391,6 +392,7 @@ impl<D: Dataplane> Engine<D> {
                 }
                 let message = (!healthy).then(|| "kube-proxy's /healthz is not 200".to_owned());
                 self.stand(ServiceProxyPhase::HandedBack, message, Some(healthy));
+                return Some(BACK_CHECK);
             }
             None if phase == Some(ServiceProxyPhase::HandedBack) => {
                 let message = "kube-proxy does not answer (its metrics and /healthz)";
