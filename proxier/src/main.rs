@@ -760,7 +760,7 @@ async fn takeover(
 ) -> anyhow::Result<()> {
     let mut kernel = connect_kernel().await?;
     let local = kernel.other_interface_addresses().await?;
-    let (planner, kubelet_version) = planned(args, api, local.clone()).await?;
+    let (planner, kubelet_version) = planned(args, api, local).await?;
     let kube_proxy = HostKubeProxy::default();
     let kubelet_chains = kubelet_creates_shared_chains(kubelet_version.as_deref());
     let leftovers = kube_proxy.leftovers(kubelet_chains).await;
