@@ -901,7 +901,57 @@ async fn main() -> std::process::ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_master;
+    use super::{Metrics, parse_master, serve_while, watch};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// The healthz and metrics servers hold their port only while the proxier programs: bound
+    /// when it may hold it, released (and `own` cleared) when it hands it to kube-proxy.
+    #[tokio::test]
+    async fn the_ports_are_held_only_while_allowed() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = free.local_addr().unwrap();
+        drop(free);
+        let (may_hold, rx) = watch::channel(false);
+        let own = Arc::new(AtomicBool::new(false));
+        let metrics = Metrics::new();
+        let routes = metrics.routes();
+        tokio::spawn(serve_while(
+            addr,
+            "metrics",
+            routes,
+            metrics,
+            rx,
+            Some(own.clone()),
+        ));
+        let bound = |want: bool| async move {
+            for _ in 0..200 {
+                let taken = std::net::TcpListener::bind(addr).is_err();
+                if taken == want {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            false
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(bound(false).await, "not held in standby");
+        may_hold.send_replace(true);
+        assert!(bound(true).await, "held while programming");
+        assert!(own.load(Ordering::Relaxed));
+        may_hold.send_replace(false);
+        assert!(bound(false).await, "released for kube-proxy");
+        for _ in 0..100 {
+            if !own.load(Ordering::Relaxed) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!own.load(Ordering::Relaxed));
+        may_hold.send_replace(true);
+        assert!(bound(true).await, "held again after a takeover again");
+    }
 
     #[test]
     fn master_is_a_url_or_a_host_and_port() {
