@@ -419,14 +419,12 @@ impl<D: Dataplane> Engine<D> {
 
     /// `serviceProxy: kipvs` on a node the proxier programs: `Programming` once kube-proxy's
     /// leftovers are removed and nothing drains on other local addresses; every
-    /// [`BACK_CHECK`] after that removal, whether kube-proxy is back: then the proxier stops
-    /// writing at once, releases kube-proxy's ports and reports `Standby`, `healthy: false`.
+    /// [`BACK_CHECK`], whether kube-proxy is back ([`KubeProxyNode::back`]; before that removal
+    /// only whether it runs): then the proxier stops writing at once, releases kube-proxy's
+    /// ports and reports `Standby`, `healthy: false`.
     async fn look_for_kube_proxy(&mut self) -> Option<Duration> {
         let takeover = self.takeover.as_mut()?;
         takeover.take_outcome().await;
-        if !takeover.done {
-            return None;
-        }
         let (node_ips, local) = (
             self.planner.node_ips(),
             self.planner.other_interface_addresses(),
@@ -436,7 +434,8 @@ impl<D: Dataplane> Engine<D> {
             .drains()
             .keys()
             .any(|(vs, _)| local.contains(&vs.address) && !node_ips.contains(&vs.address));
-        if takeover.phase == Some(ServiceProxyPhase::TakingOver) && !draining {
+        let done = takeover.done;
+        if done && takeover.phase == Some(ServiceProxyPhase::TakingOver) && !draining {
             tracing::info!("takeover done: nothing of kube-proxy's is left");
             self.stand(ServiceProxyPhase::Programming, None, None);
         }
@@ -449,7 +448,12 @@ impl<D: Dataplane> Engine<D> {
             return None;
         }
         takeover.last_check = Some(now);
-        let why = takeover.node.clone().back().await?;
+        // Until its leftovers are removed, its chain and set say nothing: its process does.
+        let node = takeover.node.clone();
+        let why = match done {
+            true => node.back().await?,
+            false => node.running().await?,
+        };
         let message = format!(
             "kube-proxy is back on this node ({why}): kipvs stopped writing and waits until it \
              has stopped (two programmers never run at once)"
