@@ -108,6 +108,12 @@ EOF
 }
 standing() { k get nodeproxyconfig test-node -o jsonpath='{.status.serviceProxy} {.status.phase} {.status.healthy}'; }
 stands() { [[ "$(standing)" =~ $1 ]]; } # stands REGEX: the status matches
+reports() { # reports WHAT REGEX: checks that the status comes to match within 90 s; else shows it and the log
+  if wait_for 90 "status $2" stands "$2"; then ok "$1 ($(standing))"; return; fi
+  bad "$1 (status: $(standing))"
+  k get nodeproxyconfig test-node -o jsonpath='{.status}' | sed 's/^/    /'; echo
+  agent log 60 | sed 's/\x1b\[[0-9;]*m//g; s/^/    /' | cut -c1-400
+}
 is() { [ "$1" = "$("${@:2}")" ]; } # is VALUE COMMAND...: the command prints VALUE
 pod_ip() { echo "10.244.1.$((110 + $1))"; }
 slice web-e2e web "$(pod_ip 1):ready" "$(pod_ip 2):ready" "$(pod_ip 3):ready"
@@ -176,7 +182,7 @@ SAVED=$(agent conns-save)
 npc r1 kipvs # the operator: kipvs for test-node, and the label that makes kube-proxy's pod leave
 must proxier-start
 check "kipvs started next to kube-proxy waits in standby" wait_for 60 "kipvs's standby" standby
-check "standby reported: serviceProxy Standby, phase Pending" wait_for 30 "status Standby" stands '^Standby Pending'
+reports "standby reported: serviceProxy Standby, phase Pending" '^Standby Pending'
 sleep 3 # on purpose: a window in which a write by kipvs would show
 agent table > "$STATE/table.standby"
 check "standby: kipvs changed nothing in IPVS" cmp -s "$STATE/table.kube-proxy" "$STATE/table.standby"
@@ -196,7 +202,7 @@ check "the added port is programmed" quiet agent wait tcp 10.96.0.80:8081 "$(pod
 gone_or_draining() { agent table | grep -q -- "-a -t $CIP -r $(pod_ip 1):8080 -m -w 1$" && return 1 || return 0; }
 check "the removed endpoint takes no new connections (drained or gone)" wait_for 30 "the removed endpoint" gone_or_draining
 check "the changes were made while kipvs took over (status then: $DURING)" grep -Eq '^(TakingOver|Programming) ' <<<"$DURING"
-check "taken over reported: serviceProxy Programming, Applied, healthy" wait_for 60 "status Programming" stands '^Programming Applied true'
+reports "taken over reported: serviceProxy Programming, Applied, healthy" '^Programming Applied true'
 sleep 5 # on purpose: the taken-over node carries the load a while
 KEPT=$(agent conns-kept)
 agent table > "$STATE/table.takeover"
@@ -215,11 +221,11 @@ begin "handback"
 SAVED3=$(agent conns-save)
 FROM=$(( $(log_lines) + 1 ))
 npc r2 kube-proxy # the operator: kube-proxy for test-node; it relabels the node once the status says HandingBack
-check "handing back reported: serviceProxy HandingBack, Pending" wait_for 60 "status HandingBack" stands '^HandingBack Pending'
+reports "handing back reported: serviceProxy HandingBack, Pending" '^HandingBack Pending'
 agent table > "$STATE/table.handingback"
 t=$(now)
 must kube-proxy-start # its pod starts on the relabelled node; the agent waits for its first sync
-check "handed back reported: serviceProxy HandedBack, Applied, healthy" wait_for 60 "status HandedBack" stands '^HandedBack Applied true'
+reports "handed back reported: serviceProxy HandedBack, Applied, healthy" '^HandedBack Applied true'
 HANDED=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
 check "inet kipvs is deleted" is absent agent kipvs-table
 sleep 5 # on purpose: kube-proxy carries the load a while
@@ -243,10 +249,10 @@ SAVED4=$(agent conns-save)
 FROM=$(( $(log_lines) + 1 ))
 agent table > "$STATE/table.kube-proxy.2"
 npc r3 kipvs
-check "again: standby reported while kube-proxy runs" wait_for 60 "status Standby" stands '^Standby Pending'
+reports "again: standby reported while kube-proxy runs" '^Standby Pending'
 must kube-proxy-stop
 t=$(now)
-check "again: taken over reported: Programming, Applied, healthy" wait_for 90 "status Programming" stands '^Programming Applied true'
+reports "again: taken over reported: Programming, Applied, healthy" '^Programming Applied true'
 TOOK4=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
 sleep 5 # on purpose: the taken-over node carries the load a while
 KEPT4=$(agent conns-kept)

@@ -251,6 +251,11 @@ impl<D: Dataplane> Syncer<D> {
         self.drains.since()
     }
 
+    /// The kernel's state as the syncs left it (`None` before the first full sync).
+    pub fn cached(&self) -> Option<&ObservedState> {
+        self.cache.as_ref()
+    }
+
     /// The cache entries failed ops left in doubt.
     pub fn in_doubt(&self) -> impl Iterator<Item = &Entry> {
         self.in_doubt.keys()

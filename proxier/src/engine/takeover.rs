@@ -12,7 +12,8 @@
 //!    `kipvs-proxier takeover` does); if it would delete, unbind or re-weight to 0 something
 //!    carrying connections, the proxier stays in standby, its revision `Failed` with the
 //!    preview's reason, unless `--allow-connection-changes`.
-//! 3. **TakingOver**: the kernel settings are made, the ports bound, and the first full sync
+//! 3. **TakingOver** (`Programming` at once where kube-proxy was not seen: a restart, a node
+//!    that never ran it): the kernel settings are made, the ports bound, and the first full sync
 //!    adopts kube-proxy's table as a restart adopts kipvs's own: what is wanted is kept or
 //!    edited in place (`dataplane::diff`), kube-proxy's NodePort virtual servers on addresses
 //!    that are not node IPs drain ([`Ownership::drains`]). Once a full sync has put
@@ -20,6 +21,8 @@
 //!    ([`Takeover::after_full_sync`], [`crate::plan::kube_proxy`] says which) in a task of
 //!    its own.
 //! 4. **Programming** once that removal is done and nothing drains on other local addresses.
+//!    After a restart, a drain of kube-proxy's NodePorts the last process began is found in the
+//!    first full sync's reading of the kernel and goes on ([`kube_proxy_drain_interrupted`]).
 //!    kube-proxy is looked for every [`BACK_CHECK`] ([`KubeProxyNode::back`]); if it is back,
 //!    the proxier stops writing at once, releases the ports and reports `healthy: false`
 //!    (`kipvs_kube_proxy_back`) until kube-proxy has stopped again, then takes over again.
@@ -152,6 +155,8 @@ pub struct Takeover {
     last_check: Option<Instant>,
     /// Whether a switch that touches connections goes ahead.
     allow_connection_changes: bool,
+    /// Whether the kernel's table was looked at for a drain a restart interrupted.
+    drains_checked: bool,
     /// `true` while the proxier may hold kube-proxy's ports (healthz, metrics): while it
     /// programs.
     ports: watch::Sender<bool>,
@@ -179,6 +184,7 @@ impl Takeover {
             back: None,
             last_check: None,
             allow_connection_changes,
+            drains_checked: false,
             ports: watch::Sender::new(false),
             settings,
         }
@@ -344,20 +350,18 @@ impl<D: Dataplane> Engine<D> {
 
     /// `serviceProxy: kube-proxy` on a node the proxier programs: one last full sync (every
     /// wanted real server at its planned weight, what kube-proxy 1.24 keeps), then nothing
-    /// more is written and kube-proxy's ports are released (`HandingBack`). A sync that fails
-    /// is tried again first.
+    /// more is written and kube-proxy's ports are released (`HandingBack`). A sync that could
+    /// not read the kernel is tried again first; failed ops are logged (kube-proxy programs
+    /// them).
     async fn hand_back(&mut self) -> Option<Duration> {
         self.last_full_sync = None;
         match self.sync().await {
             Ok(report) if report.failures.is_empty() => {}
-            Ok(report) => {
-                tracing::warn!(
-                    "handing back to kube-proxy: {} operations of the last sync failed, \
-                     syncing again first",
-                    report.failures.len()
-                );
-                return Some(STANDBY_CHECK);
-            }
+            // kube-proxy programs what failed (a failed op cannot keep the node from it).
+            Ok(report) => tracing::warn!(
+                "handing back to kube-proxy: {} operations of the last sync failed",
+                report.failures.len()
+            ),
             Err(e) => {
                 tracing::warn!("handing back to kube-proxy: the last sync failed ({e}), again");
                 return Some(STANDBY_CHECK);
@@ -423,6 +427,9 @@ impl<D: Dataplane> Engine<D> {
     /// only whether it runs): then the proxier stops writing at once, releases kube-proxy's
     /// ports and reports `Standby`, `healthy: false`.
     async fn look_for_kube_proxy(&mut self) -> Option<Duration> {
+        if !self.takeover.as_ref()?.found && !self.takeover.as_ref()?.drains_checked {
+            self.find_interrupted_drain();
+        }
         let takeover = self.takeover.as_mut()?;
         takeover.take_outcome().await;
         let (node_ips, local) = (
@@ -522,9 +529,6 @@ impl<D: Dataplane> Engine<D> {
                 }
             }
         }
-        if !self.takeover.as_ref()?.found {
-            self.find_interrupted_drain().await;
-        }
         let takeover = self.takeover.as_mut()?;
         if let Err(e) = takeover.settings.apply(self.planner.config()).await {
             tracing::warn!("cannot make the kernel settings, again: {e}");
@@ -537,33 +541,38 @@ impl<D: Dataplane> Engine<D> {
         takeover.back = None;
         takeover.done = false;
         takeover.last_check = None;
+        // Where kube-proxy was not seen, nothing of it is expected: Programming at once (a
+        // removal still runs, in case it left something).
+        let phase = match takeover.found {
+            true => ServiceProxyPhase::TakingOver,
+            false => ServiceProxyPhase::Programming,
+        };
         self.last_full_sync = None;
-        self.stand(ServiceProxyPhase::TakingOver, None, None);
+        self.stand(phase, None, None);
         None
     }
 
-    /// After a restart: kube-proxy's NodePorts still draining on other local addresses
-    /// ([`kube_proxy_drain_interrupted`]) mean a takeover found kube-proxy here: their drain
-    /// goes on instead of leaving them at weight 0 for good. A kernel that cannot be read
-    /// leaves it to the next switch.
-    async fn find_interrupted_drain(&mut self) {
-        self.refresh_other_interface_addresses().await;
-        self.replan();
-        let observed = match self.syncer.dataplane_mut().observe().await {
-            Ok(observed) => observed,
-            Err(e) => {
-                tracing::warn!("cannot read the kernel's table for kube-proxy's drains: {e}");
-                return;
-            }
+    /// After the first full sync of a proxier that did not see kube-proxy (a restart):
+    /// kube-proxy's NodePorts still draining on other local addresses in the kernel's table as
+    /// that sync read it ([`kube_proxy_drain_interrupted`]) mean a takeover found kube-proxy
+    /// here: the next sync is a full one that goes on with their drain, instead of leaving them
+    /// at weight 0 for good. Looked at once, so that the first sync waits for nothing.
+    fn find_interrupted_drain(&mut self) {
+        let Some(cached) = self.syncer.cached() else {
+            return;
         };
-        if kube_proxy_drain_interrupted(&self.planner, &observed)
-            && let Some(takeover) = self.takeover.as_mut()
-        {
+        let interrupted = kube_proxy_drain_interrupted(&self.planner, cached);
+        let Some(takeover) = self.takeover.as_mut() else {
+            return;
+        };
+        takeover.drains_checked = true;
+        if interrupted {
             tracing::info!(
                 "kube-proxy's NodePorts on other local addresses are still draining: the drain \
                  goes on"
             );
             takeover.found = true;
+            self.last_full_sync = None;
         }
     }
 
@@ -1335,6 +1344,10 @@ mod tests {
             let node = Arc::new(FakeNode::default());
             let mut engine = Engine::new(m.handle.clone(), planner, dataplane)
                 .taking_over(fake_takeover(&node, false));
+            assert_eq!(engine.switch().await, None);
+            engine.sync().await.unwrap();
+            // The first sync waits for nothing; the one after it is full when a drain was
+            // interrupted.
             assert_eq!(engine.switch().await, None);
             engine.sync().await.unwrap();
             assert_eq!(engine.takeover.as_ref().unwrap().found, drained);
