@@ -405,7 +405,12 @@ impl ProxierConfiguration {
     pub fn from_value_ignoring_unknown(
         value: &serde_json::Value,
     ) -> Result<(Self, Vec<String>), ConfigError> {
-        let known = serde_json::to_value(Self::default()).expect("the defaults serialize");
+        // Every field, also those not written at their default (serviceProxy).
+        let every_field = ProxierConfiguration {
+            service_proxy: ServiceProxy::KubeProxy,
+            ..Self::default()
+        };
+        let known = serde_json::to_value(every_field).expect("the defaults serialize");
         let mut value = value.clone();
         let mut ignored = Vec::new();
         if let serde_json::Value::Object(map) = &mut value
@@ -596,6 +601,11 @@ mod tests {
             crate::revision::config_revision(&ProxierConfiguration::default())
         );
         assert!(ProxierConfiguration::from_yaml_str("serviceProxy: cilium\n").is_err());
+        // A NodeProxyConfig's spec.config: known, not ignored.
+        let value = serde_json::json!({"serviceProxy": "kube-proxy"});
+        let (config, ignored) = ProxierConfiguration::from_value_ignoring_unknown(&value).unwrap();
+        assert_eq!(config.service_proxy, ServiceProxy::KubeProxy);
+        assert!(ignored.is_empty(), "{ignored:?}");
     }
 
     #[test]
