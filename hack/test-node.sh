@@ -21,7 +21,11 @@
 #     agnhost Deployment behind a ClusterIP and a NodePort Service answers from a pod, from the node and from
 #     outside the node (this namespace).
 #
-# Then (not with --smoke) KEP-3836 on the real node: `kubectl drain` (cordon + eviction) leaves the proxier's /healthz
+# Then (not with --smoke) under e2e-traffic's load from outside the node (25 new TCP connections/s, 5 UDP
+# datagrams/s, 4 long-lived connections) through the NodePort of tests/node/traffic.yaml: 20 s steady, `kubectl
+# rollout restart` of the backends' Deployment (new requests must not fail; a long-lived connection ends with its
+# old pod), and the kipvs DaemonSet updated to a new image tag (the same image tagged TAG-next; nothing may fail).
+# Then KEP-3836 on the real node: `kubectl drain` (cordon + eviction) leaves the proxier's /healthz
 # at 200 as kube-proxy's; the ToBeDeletedByClusterAutoscaler taint turns it to 503 while the gRPC liveness probe
 # (service "") keeps the pod Ready, and removing the taint turns it back to 200.
 #
@@ -63,6 +67,13 @@ hack/build-images.sh
 TAG=$(umoci ls --layout "$TARGET/images/kipvs-proxier" | head -n1)
 mapfile -t UPSTREAM < <(hack/node/images.sh)
 mapfile -t INITRD < <(hack/node/fetch.sh "$KUBELET")
+if [ "$MODE" = full ]; then
+  # e2e-traffic: the load client runs here (a release build), its backends in pods on the node (static, the
+  # flags of hack/build-images.sh so that both builds share their artefacts; mounted into agnhost's image)
+  cargo build --release --locked --quiet -p kipvs-e2e-traffic
+  RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$ROOT=/kipvs --remap-path-prefix=${CARGO_HOME:-$HOME/.cargo}=/cargo" \
+    cargo build --release --locked --quiet --target x86_64-unknown-linux-gnu -p kipvs-e2e-traffic
+fi
 T_BUILD=$(( $(date +%s) - t ))
 
 STATE=$(mktemp -d /tmp/kipvs-node.XXXXXX)
@@ -84,6 +95,15 @@ for n in kipvs-proxier kipvs-operator; do
   tar -C "$TARGET/images/$n" -cf "$P/images/$n.tar" oci-layout index.json blobs
   echo "kipvs.test/$n $TAG $n.tar" >> "$P/images/list"
 done
+if [ "$MODE" = full ]; then
+  # the proxier image once more as TAG2 (the DaemonSet's rolling update to a new tag), and the load's backend
+  TAG2=$TAG-next
+  cp -r "$TARGET/images/kipvs-proxier" "$STATE/proxier-next"
+  umoci tag --image "$STATE/proxier-next:$TAG" "$TAG2" && umoci rm --image "$STATE/proxier-next:$TAG"
+  tar -C "$STATE/proxier-next" -cf "$P/images/kipvs-proxier-next.tar" oci-layout index.json blobs
+  echo "kipvs.test/kipvs-proxier $TAG2 kipvs-proxier-next.tar" >> "$P/images/list"
+  mkdir -p "$P/bin" && cp "$TARGET/x86_64-unknown-linux-gnu/release/e2e_traffic" "$P/bin/"
+fi
 for u in "${UPSTREAM[@]}"; do
   read -r repo tag file <<<"$u"
   cp "$file" "$P/images/"; echo "$repo $tag $(basename "$file")" >> "$P/images/list"
@@ -279,6 +299,66 @@ check "the kubelet's HTTP probes keep the operator Ready ($OPERATOR_RESTARTS res
 check "still Ready" proxier_ready
 node_agent ipvs | sed 's/^/    /' || true
 
+# ---- under load: the backends' Deployment restarted, the proxier's DaemonSet updated to a new image tag ----------
+# e2e-traffic's load from outside the node (this namespace) through the NodePort of the traffic Service
+# (tests/node/traffic.yaml: e2e-traffic backends in pods): 25 new TCP connections/s, 5 UDP datagrams/s, 4 long-lived
+# TCP connections sending a line every 200 ms. Each phase prints requests sent / failed and long-lived
+# connections broken.
+if [ "$MODE" = full ]; then
+  k apply -f tests/node/traffic.yaml > /dev/null
+  check "the traffic Deployment (e2e-traffic backends) is rolled out" k rollout status deploy/traffic --timeout=300s
+  traffic_programmed() { [ "$(node_agent ipvs | grep -c -- "-a -t $NODE_IP:30090 ")" = 3 ]; }
+  check "its NodePort $NODE_IP:30090 is programmed with the three pods" until_ 60 traffic_programmed
+  TRAFFIC=$TARGET/release/e2e_traffic
+  nsx "$TRAFFIC" load --tcp "$NODE_IP:30090" --udp "$NODE_IP:30090" --rate 25 --udp-rate 5 --long 4 \
+    --stats "$STATE/load.stats" --stop "$STATE/load.stop" < /dev/null > /dev/null 2> "$STATE/load.log" &
+  load_pid=$!
+  stats() { cat "$STATE/load.stats" 2>/dev/null; }
+  field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
+  long_opened() { [ "$(field "$(stats)" long_opened)" = 4 ]; }
+  check "load running: 4 long-lived connections" until_ 30 long_opened
+  FIG=()
+  begin() { PHASE=$1; LAST=$(stats); say "== $PHASE"; }
+  zeros() { local v; for v in "$@"; do [ "$v" = 0 ] || return 1; done; }
+  end_phase() { # end_phase LONG_BROKEN_ALLOWED: the phase's figures; a failed request fails the check, and so
+    # does a broken long-lived connection beyond LONG_BROKEN_ALLOWED (those on pods that exited)
+    local s d=() f
+    s=$(stats)
+    for f in tcp_sent tcp_failed udp_sent udp_failed long_broken long_connect_failed slow pauses; do
+      d+=("$(( $(field "$s" "$f") - $(field "$LAST" "$f") ))")
+    done
+    FIG+=("$(printf '%-34s TCP sent %5d failed %d | UDP sent %4d failed %d | long-lived broken %d (reconnects failed %d) | slower than 1 s %d | load paused %d' \
+      "$PHASE" "${d[@]}")")
+    say "${FIG[-1]}"
+    check "$PHASE: no failed request" zeros "${d[1]}" "${d[3]}" "${d[5]}"
+    check "$PHASE: long-lived connections broken ${d[4]} <= $1" [ "${d[4]}" -le "$1" ]
+  }
+  begin "steady (20 s)"; sleep 20; end_phase 0
+  # Each old pod ends its long-lived connections when it exits (after its preStop sleep, in its grace period):
+  # that is the application's end. A connection opened again may land on another old pod and end with it too: at
+  # most 4 connections x 3 old pods. New connections must never fail.
+  begin "kubectl rollout restart deploy/traffic"
+  k rollout restart deploy/traffic > /dev/null
+  check "  ... rolled out" k rollout status deploy/traffic --timeout=300s
+  sleep 20 # the last old pod's preStop sleep and exit
+  end_phase 12
+  begin "DaemonSet kipvs-proxier to $TAG2"
+  t_update=$(date +%s.%N)
+  k -n kipvs-system set image ds/kipvs-proxier "proxier=kipvs.test/kipvs-proxier:$TAG2" > /dev/null
+  updated_ready() { # the one proxier pod runs TAG2 and is Ready
+    [ "$(k -n kipvs-system get pods -l app.kubernetes.io/name=kipvs-proxier -o jsonpath='{range .items[*]}{.spec.containers[0].image} {.status.conditions[?(@.type=="Ready")].status};{end}')" = \
+      "kipvs.test/kipvs-proxier:$TAG2 True;" ]
+  }
+  check "the DaemonSet's pod replaced by one of $TAG2, Ready" until_ 300 updated_ready
+  say "  set image -> the new pod Ready: $(elapsed "$t_update") s"
+  PP=$(proxier_pod)
+  sleep 10
+  end_phase 0
+  touch "$STATE/load.stop"; wait "$load_pid" || true
+  say "load, whole run: $(stats)"
+  grep -v 'talking to' "$STATE/load.log" | head -n 20 | sed 's/^/    /' || true
+fi
+
 # ---- KEP-3836: a node on its way out fails the proxier's /healthz -----------------------------------------------
 if [ "$MODE" = full ]; then
   HZ=http://127.0.0.1:10256/healthz
@@ -302,5 +382,6 @@ node_agent free | sed 's/^/    /' || true
 echo
 echo "=== node (kube-apiserver $K8S, kubelet in the VM): $pass passed, $fail failed ($(( $(date +%s) - T0 )) s)"
 echo "  Node Ready after ${T_READY} s; apply -> proxier pod Ready ${T_PODREADY:-never} s, -> kubernetes Service programmed ${T_PROG:-never} s"
+[ "$MODE" != full ] || printf '  %s\n' "${FIG[@]}"
 echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"
 [ "$fail" = 0 ]
