@@ -29,9 +29,16 @@
 # at 200 as kube-proxy's; the ToBeDeletedByClusterAutoscaler taint turns it to 503 while the gRPC liveness probe
 # (service "") keeps the pod Ready, and removing the taint turns it back to 200.
 #
-# usage: hack/test-node.sh [--smoke]    (--smoke: up to the probes, the part meant for hack/test.sh)
+# With --conformance, instead of the load and KEP-3836: upstream's own Service tests, `e2e.test` built from
+# ../shared/k8s (hack/lib/k8s-build.sh k8s_build_e2e, only in this mode), focused on the `[sig-network] Services`
+# tests marked [Conformance] and those on session affinity, traffic policies, terminating endpoints, UDP and SCTP
+# (with `[sig-network] SCTP`); a test that needs what a one-node cluster lacks skips itself and says why. The result is a Markdown table (hack/node/e2e-table.py)
+# in $E2E_REPORT (target/node-e2e) with ginkgo's JUnit report and the run's log.
+#
+# usage: hack/test-node.sh [--smoke|--conformance]    (--smoke: up to the probes, the part meant for hack/test.sh)
 # env:   KEEP=1 (keep the state dir and leave the cluster running until Enter is pressed), VMCACHE, NODECACHE,
-#        CPCACHE, NODE_MEM (MB, 3072), NODE_SMP (2)
+#        CPCACHE, NODE_MEM (MB, 3072), NODE_SMP (2); with --conformance E2E_FOCUS, E2E_SKIP (ginkgo regular
+#        expressions), E2E_REPORT
 # Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,9 +46,14 @@ cd "$ROOT"
 . hack/lib/host-tools.sh && host_tools
 . hack/lib/k8s-build.sh
 export RUST_BACKTRACE=0
-MODE=full
-[ "${1:-}" != --smoke ] || MODE=smoke
+case ${1:-} in
+  "") MODE=full ;;
+  --smoke) MODE=smoke ;;
+  --conformance) MODE=conformance ;;
+  *) echo "usage: hack/test-node.sh [--smoke|--conformance]" >&2; exit 2 ;;
+esac
 NS=kipvs-node TAP=kipvs-tap0 HOST_IP=192.168.77.1 NODE_IP=192.168.77.10 NODE=kipvs-node
+LB_IP=203.0.113.10 # the web-lb Service's load-balancer address (written by this test), routed to the node
 export CP_PORT=16443 CP_ETCD_PORT=23790
 say() { printf 'node: %s\n' "$*"; }
 K8S=$(hack/control-plane.sh version)
@@ -62,6 +74,7 @@ hack/control-plane.sh build
 mapfile -t BINS < <(k8s_build cmd/kubelet cmd/kube-controller-manager cmd/kube-scheduler)
 [ ${#BINS[@]} = 3 ] || { say "k8s_build gave no executables"; exit 1; }
 KUBELET=${BINS[0]} KCM=${BINS[1]} SCHED=${BINS[2]}
+[ "$MODE" != conformance ] || mapfile -t E2E < <(k8s_build_e2e) # e2e.test, ginkgo
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 hack/build-images.sh
 TAG=$(umoci ls --layout "$TARGET/images/kipvs-proxier" | head -n1)
@@ -132,6 +145,7 @@ cleanup() {
     say "cluster kept: ip netns exec $NS kubectl --kubeconfig $STATE/kubeconfig ...; press Enter to stop it"
     read -r _ || true
   fi
+  [ -z "${dns_pid:-}" ] || kill "$dns_pid" 2>/dev/null || true
   nsx hack/control-plane.sh stop "$STATE" 2>/dev/null || true
   ns_down
   if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
@@ -144,6 +158,7 @@ nsx ip tuntap add dev "$TAP" mode tap
 nsx ip addr add "$HOST_IP/24" dev "$TAP"
 nsx ip link set "$TAP" up
 nsx ip route add 10.244.0.0/24 via "$NODE_IP"
+nsx ip route add "$LB_IP/32" via "$NODE_IP"
 CP_BIND_ADDRESS=0.0.0.0 CP_SERVICE_ACCOUNTS=1 \
   CP_APISERVER_FLAGS="--advertise-address=$HOST_IP --feature-gates=GRPCContainerProbe=true --kubelet-preferred-address-types=InternalIP" \
   nsx hack/control-plane.sh start "$STATE"
@@ -153,6 +168,31 @@ nsx "$KCM" --kubeconfig="$KC" --service-account-private-key-file="$STATE/sa.key"
   --root-ca-file="$STATE/certs/apiserver.crt" --leader-elect=false --bind-address=127.0.0.1 \
   --feature-gates=GRPCContainerProbe=true > "$STATE/kcm.log" 2>&1 &
 nsx "$SCHED" --kubeconfig="$KC" --leader-elect=false --bind-address=127.0.0.1 > "$STATE/scheduler.log" 2>&1 &
+
+# ---- the cluster's DNS -----------------------------------------------------------------------------------------
+# No CoreDNS here (neither ../shared/k8s nor Debian has it): dnsmasq on HOST_IP:53 (the kubelet's clusterDNS)
+# answers for cluster.local with what a loop here writes from the Services every 2 s: an A record per ClusterIP
+# (NAME.NAMESPACE.svc.cluster.local), a CNAME per ExternalName Service; it is restarted when they change.
+command -v dnsmasq > /dev/null 2>&1 || fetch_tool dnsmasq dnsmasq-base usr/sbin/dnsmasq
+dns_records() { k get svc -A -o json | hack/node/dns-records.py "$HOST_IP" "$STATE/dns.hosts"; }
+dns_loop() { # (no errexit: a failed round is tried again)
+  local pid=""
+  set +e
+  while :; do
+    if dns_records > "$STATE/dns.conf.new" 2>/dev/null &&
+      ! { cmp -s "$STATE/dns.conf.new" "$STATE/dns.conf" && cmp -s "$STATE/dns.hosts.new" "$STATE/dns.hosts"; }; then
+      mv "$STATE/dns.hosts.new" "$STATE/dns.hosts"; mv "$STATE/dns.conf.new" "$STATE/dns.conf"
+      [ -z "$pid" ] || { kill "$pid"; wait "$pid"; } 2>/dev/null
+      # not through nsx (a function: $! would be its subshell, not dnsmasq)
+      ip netns exec "$NS" dnsmasq --keep-in-foreground --conf-file="$STATE/dns.conf" --log-facility=- \
+        >> "$STATE/dnsmasq.log" 2>&1 &
+      pid=$!
+    fi
+    sleep 2
+  done
+}
+dns_loop &
+dns_pid=$!
 
 # ---- the node ----------------------------------------------------------------------------------------------
 node_agent() { # node_agent CMD ARG...: the answer without its AGENT-RC line; fails when the command did
@@ -267,6 +307,15 @@ from_node() { # from_node DESCRIPTION URL: answered from the node; on failure, w
 from_node "ClusterIP $CIP:80 from the node" "http://$CIP/hostname"
 from_node "NodePort $NODE_IP:30080 from the node" "http://$NODE_IP:30080/hostname"
 answered "NodePort $NODE_IP:30080 from outside the node" nsx curl -s -m 5 "http://$NODE_IP:30080/hostname" || true
+# the LoadBalancer: its status as a cloud's controller writes it, then the address from a pod, the node and outside
+k get svc web-lb -o json |
+  python3 -c 'import json, sys; s = json.load(sys.stdin); s["status"] = {"loadBalancer": {"ingress": [{"ip": sys.argv[1]}]}}; print(json.dumps(s))' "$LB_IP" |
+  k replace --raw /api/v1/namespaces/default/services/web-lb/status -f - > /dev/null
+lb_programmed() { [ "$(node_agent ipvs | grep -c -- "-a -t $LB_IP:80 ")" = 2 ]; }
+check "the web-lb Service's load-balancer address $LB_IP:80 is programmed with both pods" until_ 60 lb_programmed
+answered "LoadBalancer $LB_IP:80 from a pod" dial "$LB_IP" 80 || true
+from_node "LoadBalancer $LB_IP:80 from the node" "http://$LB_IP/hostname"
+answered "LoadBalancer $LB_IP:80 from outside the node" nsx curl -s -m 5 "http://$LB_IP/hostname" || true
 
 # ---- the probes: the kubelet's own counters (prober_probe_total on its /metrics/probes) -------------------------
 probes() { # probes CONTAINER: "<probe_type>/<result> <count>" per series of the kipvs-system pods' CONTAINER
@@ -318,11 +367,11 @@ if [ "$MODE" = full ]; then
   long_opened() { [ "$(field "$(stats)" long_opened)" = 4 ]; }
   check "load running: 4 long-lived connections" until_ 30 long_opened
   FIG=()
-  begin() { PHASE=$1; LAST=$(stats); say "== $PHASE"; }
+  begin() { PHASE=$1; LAST=$(stats); say "== $PHASE (from $(date +%s.%N | cut -c1-14), the load log's clock)"; }
   zeros() { local v; for v in "$@"; do [ "$v" = 0 ] || return 1; done; }
   end_phase() { # end_phase LONG_BROKEN_ALLOWED: the phase's figures; a failed request fails the check, and so
-    # does a broken long-lived connection beyond LONG_BROKEN_ALLOWED (those on pods that exited)
-    local s d=() f
+    # does a broken long-lived connection beyond LONG_BROKEN_ALLOWED (those on pods that exited); fails with them
+    local s d=() f fail0=$fail
     s=$(stats)
     for f in tcp_sent tcp_failed udp_sent udp_failed long_broken long_connect_failed slow pauses; do
       d+=("$(( $(field "$s" "$f") - $(field "$LAST" "$f") ))")
@@ -332,8 +381,9 @@ if [ "$MODE" = full ]; then
     say "${FIG[-1]}"
     check "$PHASE: no failed request" zeros "${d[1]}" "${d[3]}" "${d[5]}"
     check "$PHASE: long-lived connections broken ${d[4]} <= $1" [ "${d[4]}" -le "$1" ]
+    [ "$fail" = "$fail0" ]
   }
-  begin "steady (20 s)"; sleep 20; end_phase 0
+  begin "steady (20 s)"; sleep 20; end_phase 0 || true
   # Each old pod ends its long-lived connections when it exits (after its preStop sleep, in its grace period):
   # that is the application's end. A connection opened again may land on another old pod and end with it too: at
   # most 4 connections x 3 old pods. New connections must never fail.
@@ -341,9 +391,10 @@ if [ "$MODE" = full ]; then
   k rollout restart deploy/traffic > /dev/null
   check "  ... rolled out" k rollout status deploy/traffic --timeout=300s
   sleep 20 # the last old pod's preStop sleep and exit
-  end_phase 12
+  end_phase 12 || true
   begin "DaemonSet kipvs-proxier to $TAG2"
   t_update=$(date +%s.%N)
+  k -n kipvs-system logs -f "$PP" > "$STATE/proxier-old.log" 2>&1 &
   k -n kipvs-system set image ds/kipvs-proxier "proxier=kipvs.test/kipvs-proxier:$TAG2" > /dev/null
   updated_ready() { # the one proxier pod runs TAG2 and is Ready
     [ "$(k -n kipvs-system get pods -l app.kubernetes.io/name=kipvs-proxier -o jsonpath='{range .items[*]}{.spec.containers[0].image} {.status.conditions[?(@.type=="Ready")].status};{end}')" = \
@@ -353,10 +404,38 @@ if [ "$MODE" = full ]; then
   say "  set image -> the new pod Ready: $(elapsed "$t_update") s"
   PP=$(proxier_pod)
   sleep 10
-  end_phase 0
+  end_phase 0 || {
+    say "the old proxier's last log lines and the new one's first (times in UTC; the load's in Unix seconds):"
+    tail -n 15 "$STATE/proxier-old.log" | sed 's/^/    old: /'
+    k -n kipvs-system logs "$PP" 2>&1 | head -n 25 | sed 's/^/    new: /' || true
+  }
   touch "$STATE/load.stop"; wait "$load_pid" || true
   say "load, whole run: $(stats)"
-  grep -v 'talking to' "$STATE/load.log" | head -n 20 | sed 's/^/    /' || true
+  # every failure with its time and cause, then how many requests were slow (>1 s)
+  grep -v -e 'talking to' -e ': slow: ' "$STATE/load.log" | head -n 40 | sed 's/^/    /' || true
+  say "requests slower than 1 s: $(grep -c ': slow: ' "$STATE/load.log" || true)"
+fi
+
+# ---- upstream's Service tests: e2e.test against this cluster ------------------------------------------------------
+# From the control plane's namespace (the apiserver, the node and its NodePorts reachable, as from a machine of the
+# cluster's network), the framework's own provider (local, no cloud), E2E_NODES (3) tests at a time (ginkgo's
+# parallel nodes, as upstream runs the non-[Serial] tests). The tests' pods run upstream's images loaded into the
+# node (agnhost, pause).
+if [ "$MODE" = conformance ]; then
+  E2E_FOCUS=${E2E_FOCUS:-'\[sig-network\] Services .*(\[Conformance\]|[Aa]ffinity|TrafficPolicy|[Tt]erminating|UDP|different protocols)|\[sig-network\] SCTP'}
+  E2E_SKIP=${E2E_SKIP:-'\[Disruptive\]|\[Serial\]|\[Flaky\]'}
+  REPORT=${E2E_REPORT:-$TARGET/node-e2e}
+  rm -rf "$REPORT" && mkdir -p "$REPORT"
+  say "e2e.test: focus '$E2E_FOCUS', skip '$E2E_SKIP', ${E2E_NODES:-3} at a time (log: $REPORT/e2e.log)"
+  t_e2e=$(date +%s)
+  nsx "${E2E[1]}" -nodes="${E2E_NODES:-3}" -noColor -focus="$E2E_FOCUS" -skip="$E2E_SKIP" "${E2E[0]}" -- \
+    --kubeconfig="$KC" --provider=local --kubectl-path="$(command -v kubectl)" --num-nodes=1 --report-dir="$REPORT" \
+    --disable-log-dump --dump-logs-on-failure=false --node-os-distro=debian > "$REPORT/e2e.log" 2>&1 || true
+  T_E2E=$(( $(date +%s) - t_e2e ))
+  hack/node/e2e-table.py "$REPORT"/junit_*.xml > "$REPORT/table.md" || true
+  sed 's/^/    /' "$REPORT/table.md"
+  check "e2e.test ran (${T_E2E} s): $(tail -n1 "$REPORT/table.md")" grep -q ' passed, ' "$REPORT/table.md"
+  say "the table: $REPORT/table.md; the run's log: $REPORT/e2e.log"
 fi
 
 # ---- KEP-3836: a node on its way out fails the proxier's /healthz -----------------------------------------------

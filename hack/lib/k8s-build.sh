@@ -18,6 +18,16 @@
 #   the same cache wait for each other (flock on $(k8s_cache)/build.lock). Build output goes to
 #   $(k8s_cache)/build/build.log; its last 40 lines are printed on failure.
 #   Errors: no tarball, a failed download or build (exit status 1, message on stderr).
+# k8s_build_e2e: builds upstream's end-to-end test executable (`go test -c ./test/e2e`) with its network tests
+#   only and the ginkgo command that runs it in parallel (the tree's vendored github.com/onsi/ginkgo/ginkgo), if
+#   not cached yet, and prints their paths, $(k8s_cache)/bin/e2e.test and bin/ginkgo, one a line. The
+#   tarball leaves out generated clients of GCE and AWS (its README), which test/e2e's cloud providers and the
+#   network tests on cloud load balancers, ingresses and firewalls import; a Go overlay (`go build -overlay`, the
+#   tarball stays as it is) builds the package without them: e2e_test.go imports test/e2e/network alone, e2e.go no
+#   cloud provider (`--provider=local` is the framework's own), and network's firewall.go, ingress.go,
+#   ingress_scale.go, loadbalancer.go, network_tiers.go and storage/utils' ebs.go are empty. Module mode with vendor/, static, the
+#   version of K8S_GIT_ENV in its ldflags. Same cache, lock and log as k8s_build (~10 min of CPU on 2 cores cold).
+#   Errors: as k8s_build's.
 # k8s_go_tools DIR: (what k8s_build uses; the Debian 1.20 build of hack/control-plane.sh too) Go 1.19 and an
 #   rsync wrapper (it runs with the unpacked libpopt, nothing else sees that LD_LIBRARY_PATH) under DIR/tools.
 # k8s_make DIR SRC LOG VAR=VALUE... make ARGS...: runs Kubernetes' Makefile in SRC with DIR's Go (offline:
@@ -80,11 +90,32 @@ k8s_built() {
   [ -x "$1/bin/$2" ] && [ -f "$1/stamp.$2" ] && head -n1 "$1/stamp.$2" | grep -qx "format=$K8S_BUILD_FORMAT"
 }
 
+# k8s_tree C: (in k8s_build's locked subshell) the Go tools and the unpacked tree in C/build; prints the tree
+k8s_tree() {
+  local W=$1/build T K
+  T=$(k8s_tarball)
+  mkdir -p "$W"
+  chmod 777 "$W" # apt's download sandbox user (_apt) writes here
+  k8s_go_tools "$W" || return 1
+  if [ ! -f "$W/src.done" ]; then
+    rm -rf "$W/src" && mkdir -p "$W/src" && tar -xJf "$T" -C "$W/src" || return 1
+    touch "$W/src.done"
+  fi
+  K=$W/src # the tree, or the one directory the tarball holds it in
+  [ -f "$K/Makefile" ] || K=$(dirname "$(find "$W/src" -maxdepth 2 -name Makefile | head -n1)")
+  [ -f "$K/Makefile" ] || { echo "k8s-build: no Makefile in $T" >&2; return 1; }
+  echo "$K"
+}
+
+# k8s_stamp C NAME: records that bin/NAME of cache C was built by these steps
+k8s_stamp() {
+  { echo "format=$K8S_BUILD_FORMAT"; "$1/bin/$2" --version 2>/dev/null | head -n1 || true; } > "$1/stamp.$2"
+}
+
 k8s_build() {
   [ $# -gt 0 ] || { echo "usage: k8s_build PKG..." >&2; return 2; }
-  local C T p n want=() t0 W K
+  local C p n want=() t0 W K
   C=$(k8s_cache) || return 1
-  T=$(k8s_tarball)
   mkdir -p "$C/bin"
   (
     flock 9
@@ -92,24 +123,74 @@ k8s_build() {
     [ ${#want[@]} -gt 0 ] || exit 0
     t0=$(date +%s)
     W=$C/build
-    mkdir -p "$W"
-    chmod 777 "$W" # apt's download sandbox user (_apt) writes here
-    echo "k8s-build: ${want[*]} from $(basename "$T") (several minutes; log: $W/build.log)" >&2
-    k8s_go_tools "$W" || exit 1
-    if [ ! -f "$W/src.done" ]; then
-      rm -rf "$W/src" && mkdir -p "$W/src" && tar -xJf "$T" -C "$W/src" || exit 1
-      touch "$W/src.done"
-    fi
-    K=$W/src # the tree, or the one directory the tarball holds it in
-    [ -f "$K/Makefile" ] || K=$(dirname "$(find "$W/src" -maxdepth 2 -name Makefile | head -n1)")
-    [ -f "$K/Makefile" ] || { echo "k8s-build: no Makefile in $T" >&2; exit 1; }
+    echo "k8s-build: ${want[*]} from $(basename "$(k8s_tarball)") (several minutes; log: $W/build.log)" >&2
+    K=$(k8s_tree "$C") || exit 1
     k8s_make "$W" "$K" "$W/build.log" "${K8S_GIT_ENV[@]}" make WHAT="${want[*]}" GOFLAGS=-tags=providerless || exit 1
     for p in "${want[@]}"; do
       n=$(basename "$p")
       cp "$K/_output/bin/$n" "$C/bin/$n.new" && mv "$C/bin/$n.new" "$C/bin/$n" || exit 1
-      { echo "format=$K8S_BUILD_FORMAT"; "$C/bin/$n" --version 2>/dev/null | head -n1 || true; } > "$C/stamp.$n"
+      k8s_stamp "$C" "$n"
     done
     echo "k8s-build: built ${want[*]} in $(( $(date +%s) - t0 ))s" >&2
   ) 9> "$C/build.lock" || return 1
   for p in "$@"; do echo "$C/bin/$(basename "$p")"; done
+}
+
+k8s_build_e2e() {
+  local C t0 W K O v ldflags
+  C=$(k8s_cache) || return 1
+  mkdir -p "$C/bin"
+  (
+    flock 9
+    k8s_built "$C" e2e.test && k8s_built "$C" ginkgo && exit 0
+    t0=$(date +%s)
+    W=$C/build
+    echo "k8s-build: test/e2e (network tests) from $(basename "$(k8s_tarball)") (10 min or more; log: $W/build.log)" >&2
+    K=$(k8s_tree "$C") || exit 1
+    O=$W/e2e-overlay
+    rm -rf "$O" && mkdir -p "$O" || exit 1
+    python3 - "$K" "$O" <<'PY' || exit 1
+import json, os, re, sys
+tree, out = sys.argv[1], sys.argv[2]
+replace = {}
+def put(rel, text):
+    path = os.path.join(out, rel.replace("/", "_"))
+    with open(path, "w") as f:
+        f.write(text)
+    replace[os.path.join(tree, rel)] = path
+def edit(rel, pattern):
+    with open(os.path.join(tree, rel)) as f:
+        text, n = re.subn(pattern, "", f.read())
+    assert n > 0, f"{rel}: nothing matches {pattern}"
+    put(rel, text)
+edit("test/e2e/e2e_test.go", r'\t_ "k8s.io/kubernetes/test/e2e/(?!network")[^"]*"\n')
+edit("test/e2e/e2e.go", r'\t_ "k8s.io/kubernetes/test/e2e/framework/providers/[^"]*"\n')
+for rel in ("test/e2e/network/firewall.go", "test/e2e/network/ingress.go", "test/e2e/network/ingress_scale.go",
+            "test/e2e/network/loadbalancer.go", "test/e2e/network/network_tiers.go", "test/e2e/storage/utils/ebs.go"):
+    with open(os.path.join(tree, rel)) as f:
+        package = re.search(r"^package \w+$", f.read(), re.M).group(0)
+    put(rel, package + "\n")
+with open(os.path.join(out, "overlay.json"), "w") as f:
+    json.dump({"Replace": replace}, f)
+PY
+    ldflags="-s -w"
+    for v in "${K8S_GIT_ENV[@]}"; do
+      case $v in
+        KUBE_GIT_COMMIT=*) ldflags+=" -X k8s.io/component-base/version.gitCommit=${v#*=}" ;;
+        KUBE_GIT_VERSION=*) ldflags+=" -X k8s.io/component-base/version.gitVersion=${v#*=}" ;;
+        KUBE_GIT_MAJOR=*) ldflags+=" -X k8s.io/component-base/version.gitMajor=${v#*=}" ;;
+        KUBE_GIT_MINOR=*) ldflags+=" -X k8s.io/component-base/version.gitMinor=${v#*=}" ;;
+      esac
+    done
+    k8s_make "$W" "$K" "$W/build.log" GO111MODULE=on GOFLAGS=-mod=vendor go test -c -vet=off -tags providerless \
+      -overlay "$O/overlay.json" -ldflags "$ldflags -X k8s.io/component-base/version.gitTreeState=clean" \
+      -o "$C/bin/e2e.test.new" ./test/e2e || exit 1
+    k8s_make "$W" "$K" "$W/build.log" GO111MODULE=on GOFLAGS=-mod=vendor go build -ldflags "-s -w" \
+      -o "$C/bin/ginkgo.new" github.com/onsi/ginkgo/ginkgo || exit 1
+    mv "$C/bin/e2e.test.new" "$C/bin/e2e.test" && k8s_stamp "$C" e2e.test || exit 1
+    mv "$C/bin/ginkgo.new" "$C/bin/ginkgo" && k8s_stamp "$C" ginkgo || exit 1
+    echo "k8s-build: built test/e2e (network tests) and ginkgo in $(( $(date +%s) - t0 ))s" >&2
+  ) 9> "$C/build.lock" || return 1
+  echo "$C/bin/e2e.test"
+  echo "$C/bin/ginkgo"
 }

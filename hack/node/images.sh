@@ -6,8 +6,10 @@
 #                                                upstream's (the kubelet's sandbox image of this tree)
 #   k8s.gcr.io/e2e-test-images/agnhost:2.33      test/images/agnhost (hack/lib/k8s-build.sh, static Go) at
 #                                                /agnhost, its entrypoint, with busybox-static's applets in /bin
-#                                                (the tests run `sh -c` with nc/wget in it, as upstream's alpine
-#                                                base gives them)
+#                                                and Debian's curl, netcat-openbsd (`nc`) and dash (`sh`) with
+#                                                the libraries they need: upstream's e2e tests run `sh -c` with
+#                                                curl and nc in it, as upstream's image (alpine + curl,
+#                                                netcat-openbsd) has them
 # Cached in $NODECACHE/images by the tarball and this script; prints "REPO TAG FILE" per image.
 #
 # usage: hack/node/images.sh        env: NODECACHE (~/.cache/kipvs-node), VMCACHE (busybox-static)
@@ -20,7 +22,10 @@ NODECACHE=${NODECACHE:-$HOME/.cache/kipvs-node}
 VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 TARBALL=$(k8s_tarball)
 [ -n "$TARBALL" ] || { echo "node-images: no Kubernetes source tarball (../shared/k8s)" >&2; exit 1; }
-key=$( (sha256sum "$TARBALL" "$0" | cut -c1-64; ls "$VMCACHE"/debs/busybox-static_*.deb) | sha256sum | cut -c1-16)
+TOOLS=(curl netcat-openbsd) # in agnhost's image, with their closure (and dash alone: it needs libc6 only)
+mapfile -t closure < <(deb_closure "${TOOLS[@]}")
+key=$( (sha256sum "$TARBALL" "$0" | cut -c1-64; ls "$VMCACHE"/debs/busybox-static_*.deb; printf '%s\n' "${closure[@]}") |
+  sha256sum | cut -c1-16)
 D=$NODECACHE/images/$key
 list() {
   echo "k8s.gcr.io/pause 3.6 $D/pause.tar"
@@ -60,6 +65,13 @@ install -m755 "$AGNHOST" "$W/agnhost/agnhost"
 dpkg -x "$(ls "$VMCACHE"/debs/busybox-static_*.deb | head -n1)" "$W/busybox"
 cp "$W/busybox/bin/busybox" "$W/agnhost/bin/busybox"
 for a in $("$W/agnhost/bin/busybox" --list); do [ "$a" = busybox ] || ln -s busybox "$W/agnhost/bin/$a"; done
+deb_fetch "$NODECACHE/debs" "${closure[@]}" dash
+for p in "${closure[@]}" dash; do dpkg -x "$(ls "$NODECACHE/debs/${p}"_*.deb | head -n1)" "$W/agnhost"; done
+rm -rf "$W"/agnhost/usr/share/{doc,man,info,locale,lintian,bug}
+ln -sf nc.openbsd "$W/agnhost/bin/nc" # what netcat-openbsd's postinst makes /bin/nc (busybox's applet before)
+# /bin/sh is dash: busybox's shell runs its own applets before PATH's commands, so `sh -c 'nc ...'` would get
+# busybox's nc (no -t) instead of netcat-openbsd's
+ln -sf dash "$W/agnhost/bin/sh"
 chmod 1777 "$W/agnhost/tmp"
 printf 'root:x:0:0:root:/:/bin/sh\n' > "$W/agnhost/etc/passwd"; printf 'root:x:0:\n' > "$W/agnhost/etc/group"
 oci_archive agnhost 2.33 "$W/agnhost" 0:0 /agnhost pause

@@ -34,6 +34,7 @@ mark network
 cp /payload/node/containerd.toml /etc/containerd/config.toml
 cp /payload/node/cni.conflist /etc/cni/net.d/10-kipvs-node.conflist
 cp /payload/node/kubelet.yaml /etc/kubernetes/kubelet.yaml
+printf 'clusterDNS: [%s]\nclusterDomain: cluster.local\n' "$HOST_IP" >> /etc/kubernetes/kubelet.yaml # the host's dnsmasq
 cp /payload/node/kubeconfig /etc/kubernetes/kubelet.kubeconfig
 
 containerd --config /etc/containerd/config.toml > "$L/containerd.log" 2>&1 &
