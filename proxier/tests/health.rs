@@ -359,6 +359,14 @@ async fn a_client_that_half_closes_after_its_request_gets_the_answer() {
 }
 
 #[tokio::test]
+async fn proxy_mode_answers_ipvs_as_kube_proxy_in_ipvs_mode() {
+    let p = proxier(Duration::from_secs(60), true);
+    let answer = get(p.addr, "/proxyMode").await.unwrap();
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body, "ipvs");
+}
+
+#[tokio::test]
 async fn metrics_text_has_kube_proxy_and_kipvs_names() {
     let mut p = proxier(Duration::from_secs(60), true);
     p.handle.update(|s| {

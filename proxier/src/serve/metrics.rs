@@ -1,4 +1,5 @@
-//! Prometheus metrics on `metricsBindAddress` (default `127.0.0.1:10249`, path `/metrics`).
+//! Prometheus metrics on `metricsBindAddress` (default `127.0.0.1:10249`, path `/metrics`), and
+//! `/proxyMode` there as kube-proxy's metrics server has it (the body `ipvs`).
 //!
 //! Names follow kube-proxy (`pkg/proxy/metrics/metrics.go`) where it has the metric, without
 //! the `ip_family` label newer releases add (one kipvs engine programs both families in one
@@ -101,14 +102,27 @@ impl Metrics {
         kipvs_exposition::encode(&self.registry)
     }
 
-    /// The `/metrics` route (`GET`, text format 0.0.4).
+    /// The metrics server's routes: `/metrics` (`GET`, text format 0.0.4) and `/proxyMode`
+    /// (`GET`, [`PROXY_MODE`]).
     pub fn routes(
         &self,
     ) -> impl Filter<Extract = (warp::reply::Response,), Error = warp::Rejection> + Clone + use<>
     {
+        let proxy_mode = warp::path!("proxyMode")
+            .and(warp::get())
+            .map(|| warp::reply::Reply::into_response(PROXY_MODE));
         kipvs_exposition::route(self.registry.clone())
+            .or(proxy_mode)
+            .unify()
     }
 }
+
+/// The body of `/proxyMode`: kube-proxy's metrics server answers with its mode
+/// (`cmd/kube-proxy/app/server.go`, no newline), and upstream's e2e tests read it from the node
+/// (`test/e2e/network/service.go` `proxyMode`) to know that IPVS's persistence outlives a
+/// session-affinity timeout shorter than its TIME_WAIT; kipvs programs IPVS as kube-proxy's
+/// `ipvs` mode does.
+pub const PROXY_MODE: &str = "ipvs";
 
 /// One sync's result: its wall time, the last success, how long a change took to reach the
 /// kernel, what failed, and the stale conntrack entries it deleted.
