@@ -32,8 +32,9 @@
 # With --conformance, instead of the load and KEP-3836: upstream's own Service tests, `e2e.test` built from
 # ../shared/k8s (hack/lib/k8s-build.sh k8s_build_e2e, only in this mode), focused on the `[sig-network] Services`
 # tests marked [Conformance] and those on session affinity, traffic policies, terminating endpoints, UDP and SCTP
-# (with `[sig-network] SCTP`); a test that needs what a one-node cluster lacks skips itself and says why. The result is a Markdown table (hack/node/e2e-table.py)
-# in $E2E_REPORT (target/node-e2e) with ginkgo's JUnit report and the run's log.
+# (with `[sig-network] SCTP`); a test that needs what a one-node cluster lacks skips itself and says why. The
+# result is a Markdown table (hack/node/e2e-table.py) in $E2E_REPORT (target/node-e2e) with ginkgo's JUnit report
+# and the run's log; docs/node-conformance.md explains each failure and skip.
 #
 # usage: hack/test-node.sh [--smoke|--conformance]    (--smoke: up to the probes, the part meant for hack/test.sh)
 # env:   KEEP=1 (keep the state dir and leave the cluster running until Enter is pressed), VMCACHE, NODECACHE,
