@@ -27,7 +27,7 @@
 #
 # usage: hack/test-takeover.sh
 # env:   CP_PORT/CP_ETCD_PORT (26443/26790), TAKEOVER_AGENT_PORT (26100), KEEP=1 (keep the state dir),
-#        TAKEOVER_HANDBACK=1 (phases 3 and 4), VMCACHE,
+#        TAKEOVER_HANDBACK=0 (leaves phases 3 and 4 out), VMCACHE,
 #        CPCACHE
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -217,9 +217,8 @@ check "the long-lived connections' IPVS entries survived ($KEPT of $SAVED establ
 end_phase
 say "  takeover: kube-proxy stopped -> its rules removed by kipvs after $TOOK s; kernel ops: ${OPS1:-none}"
 
-# Phases 3 and 4 run with TAKEOVER_HANDBACK=1: not yet part of hack/test.sh (their first VM run found the
-# proxier ignoring spec.config.serviceProxy, fixed since; not run again yet).
-if [ "${TAKEOVER_HANDBACK:-0}" = 1 ]; then
+# Phases 3 and 4: TAKEOVER_HANDBACK=0 leaves them out.
+if [ "${TAKEOVER_HANDBACK:-1}" = 1 ]; then
 # ---- 3. handback --------------------------------------------------------------------------------------------
 begin "handback"
 SAVED3=$(agent conns-save)
@@ -238,7 +237,7 @@ agent table > "$STATE/table.handback"
 agent binds > "$STATE/binds.handback"
 probes "after the handback"
 switch_ops "$FROM" handback "$STATE/table.takeover"
-OPS3=$OPS
+OPS3=${OPS:-none}
 # kipvs's real servers that kube-proxy changed (re-weighted or deleted); its own new ones (NodePorts on the other
 # local addresses) are not counted
 changed=$(diff <(grep -v "$(pod_ip 1)" "$STATE/table.handingback") <(grep -v "$(pod_ip 1)" "$STATE/table.handback") | grep -c '^< -a' || true)
@@ -265,7 +264,7 @@ agent binds > "$STATE/binds.again"
 LEFT4=$(leftovers)
 probes "after the takeover again"
 switch_ops "$FROM" again "$STATE/table.kube-proxy.2"
-OPS4=$OPS
+OPS4=${OPS:-none}
 check "again: kube-proxy's KUBE-* chains and ipsets are gone (${LEFT4:-n/a} left)" [ "${LEFT4:-n/a}" = 0 ]
 check "again: the long-lived connections' IPVS entries survived (${KEPT4:-n/a} of ${SAVED4:-n/a} established entries kept)" [ "${KEPT4:-n/a}" -ge 4 ]
 end_phase
