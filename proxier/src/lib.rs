@@ -13,6 +13,5 @@ pub mod format;
 pub mod inspect;
 pub mod model;
 pub mod plan;
-pub mod preview;
 pub mod serve;
 pub mod source;

@@ -10,6 +10,8 @@
 pub mod drains;
 pub mod observer;
 pub mod planner;
+pub mod preview;
+mod switch;
 pub mod syncer;
 pub mod takeover;
 

@@ -12,11 +12,11 @@
 //! connections to 0 (a drain keeps them but takes the real server out of rotation; any other
 //! weight, e.g. raising kube-proxy's wanted real servers from 0, kubernetes#92019, keeps it in).
 
+use super::planner::Planner;
+use super::takeover::kube_proxy_node_ports;
 use crate::dataplane::Op;
 use crate::dataplane::diff::{Ownership, diff};
 use crate::dataplane::kube_proxy::Leftovers;
-use crate::engine::planner::Planner;
-use crate::engine::takeover::kube_proxy_node_ports;
 use crate::model::{ObservedState, VirtualServerKey};
 use kipvs_crds::ConfigError;
 use std::collections::{BTreeMap, BTreeSet};
