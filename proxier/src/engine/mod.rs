@@ -67,6 +67,8 @@ pub struct ConfigFollower {
 struct Following {
     follower: ConfigFollower,
     report: StatusReport,
+    /// The settings of the revision in force this version leaves out.
+    ignored: Vec<String>,
 }
 
 impl Following {
@@ -92,6 +94,33 @@ pub struct Engine<D> {
     /// The NodePorts kube-proxy's virtual servers on other local addresses drain for
     /// ([`Ownership::kube_proxy_node_ports`]), as of the last full sync.
     kube_proxy_node_ports: BTreeSet<(u16, Protocol)>,
+    /// `Some` while the configuration in force was put in force while the proxier wrote
+    /// nothing (validated only, see [`apply_assigned`](Self::apply_assigned)) and the kernel
+    /// has not admitted it yet: the configuration in force before the first such one (the last
+    /// one the kernel admitted, or the local one), back in force should the kernel refuse the
+    /// later one at the switch ([`Engine::switch`]).
+    unadmitted: Option<InForce>,
+}
+
+/// What [`Engine::admit_at_switch`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admission {
+    /// Nothing awaited the kernel's admission (the configuration in force was admitted when it
+    /// was put in force, or is the local one): the switch makes its kernel settings.
+    Nothing,
+    /// The kernel admitted the configuration in force (its kernel settings are made).
+    Admitted,
+    /// The kernel refused it: the configuration in force before it is back in force; the
+    /// switch is decided again with it.
+    Refused,
+}
+
+/// A configuration in force and the revision it is (`None`: the local configuration), with
+/// the settings of it this version leaves out.
+struct InForce {
+    revision: Option<String>,
+    config: ProxierConfiguration,
+    ignored: Vec<String>,
 }
 
 impl<D: Dataplane> Engine<D> {
@@ -107,6 +136,7 @@ impl<D: Dataplane> Engine<D> {
             following: None,
             takeover: None,
             kube_proxy_node_ports: BTreeSet::new(),
+            unadmitted: None,
         }
     }
 
@@ -132,6 +162,7 @@ impl<D: Dataplane> Engine<D> {
         self.following = Some(Following {
             follower,
             report: StatusReport::default(),
+            ignored: Vec::new(),
         });
         self
     }
@@ -149,6 +180,13 @@ impl<D: Dataplane> Engine<D> {
     /// ([`Observer::config_changed`]) and the sync periods follow, and the revision is
     /// reported `Pending` (except before the first sync: a restart does not go back to
     /// Pending) until a sync with it succeeds.
+    ///
+    /// While the proxier writes nothing (a takeover that has not decided yet, standby, a
+    /// refused switch, a handback: [`Engine::switch`]) the configuration is validated only, and
+    /// the kernel's part (scheduler probe, settings) waits for the switch to kipvs, before its
+    /// first sync, so that standby writes nothing to the kernel; should the kernel refuse it
+    /// then, the configuration in force before it is put back in force and the revision is
+    /// reported `Failed` with the reason.
     ///
     /// Without a [`ConfigFollower`] this does nothing.
     pub async fn apply_assigned(&mut self, assigned: Assigned) {
@@ -180,8 +218,10 @@ impl<D: Dataplane> Engine<D> {
             following.report.reassigned();
             return;
         }
-        let name = revision.as_deref().unwrap_or("local");
-        if let Err(rejection) = admit(&*follower.kernel, &config).await {
+        let programs = self.takeover.as_ref().is_none_or(|t| t.programs());
+        let kernel = programs.then_some(&*follower.kernel);
+        if let Err(rejection) = admit(kernel, &config).await {
+            let name = revision.as_deref().unwrap_or("local");
             tracing::error!(
                 revision = name,
                 "cannot apply the configuration, keeping the previous one: {rejection}"
@@ -191,14 +231,75 @@ impl<D: Dataplane> Engine<D> {
             following.publish(changed);
             return;
         }
+        if !programs && self.unadmitted.is_none() {
+            self.unadmitted = Some(InForce {
+                revision: following.report.revision().map(str::to_owned),
+                config: self.planner.config().clone(),
+                ignored: following.ignored.clone(),
+            });
+        }
+        let changed = self.put_in_force(InForce {
+            revision,
+            config,
+            ignored,
+        });
+        if let Some(following) = &self.following {
+            following.publish(changed);
+        }
+    }
+
+    /// Puts `in_force` in force (see [`apply_assigned`](Self::apply_assigned)); whether the
+    /// status changed.
+    fn put_in_force(&mut self, in_force: InForce) -> bool {
+        let InForce {
+            revision,
+            config,
+            ignored,
+        } = in_force;
+        let name = revision.as_deref().unwrap_or("local");
         announce(name, self.planner.config(), &config, &ignored);
         self.syncer.max_drain = config.ipvs.drain_timeout;
         self.observer.config_changed(&config);
         self.observer.config_ignored(&ignored);
         self.planner.set_config(config);
         let restarting = self.last_full_sync.is_none();
+        let Some(following) = &mut self.following else {
+            return false;
+        };
         let changed = following.report.in_force(revision, restarting, &ignored);
-        following.publish(changed);
+        following.ignored = ignored;
+        changed
+    }
+
+    /// At the switch to kipvs ([`Engine::switch`]): the kernel's part of the admission of a
+    /// configuration put in force while the proxier wrote nothing
+    /// ([`apply_assigned`](Self::apply_assigned)), with the takeover's kernel settings: its
+    /// scheduler is probed and its kernel settings are made. If the kernel refuses it, the
+    /// configuration in force before it is put back in force and the refused revision is
+    /// reported `Failed` with the reason.
+    async fn admit_at_switch(&mut self) -> Admission {
+        let (Some(takeover), Some(previous)) = (self.takeover.as_ref(), self.unadmitted.take())
+        else {
+            return Admission::Nothing;
+        };
+        let Err(rejection) = admit(Some(&*takeover.settings), self.planner.config()).await else {
+            return Admission::Admitted;
+        };
+        let refused = self
+            .following
+            .as_ref()
+            .and_then(|f| f.report.revision().map(str::to_owned));
+        tracing::error!(
+            revision = refused.as_deref().unwrap_or("local"),
+            "cannot apply the configuration at the switch to kipvs, putting the previous one \
+             back in force: {rejection}"
+        );
+        let mut changed = self.put_in_force(previous);
+        if let Some(following) = &mut self.following {
+            changed |= following.report.rejected(refused, rejection.to_string());
+            following.publish(changed);
+        }
+        Admission::Refused
     }
 
     /// Update the published status after a sync (see [`kipvs_node_status::report`]). The last
@@ -566,16 +667,18 @@ enum Rejection {
     Settings(#[from] SettingsError),
 }
 
-/// What a configuration passes before it is put in force: it is valid, `kernel` has its
-/// scheduler ([`KernelSettings::check`]), and its kernel settings are made
-/// ([`KernelSettings::apply`]).
+/// What a configuration passes before it is put in force: it is valid and, with `kernel` (the
+/// proxier programs), the kernel has its scheduler ([`KernelSettings::check`]: a probe virtual
+/// server is added and deleted) and its kernel settings are made ([`KernelSettings::apply`]).
 async fn admit(
-    kernel: &dyn KernelSettings,
+    kernel: Option<&dyn KernelSettings>,
     config: &ProxierConfiguration,
 ) -> Result<(), Rejection> {
     config.validate()?;
-    kernel.check(config).await?;
-    kernel.apply(config).await?;
+    if let Some(kernel) = kernel {
+        kernel.check(config).await?;
+        kernel.apply(config).await?;
+    }
     Ok(())
 }
 

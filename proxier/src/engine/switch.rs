@@ -2,12 +2,12 @@
 //! each sync): the steps and phases the module documentation of [`super::takeover`] describes,
 //! taken on the engine's planner, syncer and status report.
 
-use super::Engine;
 use super::observer::TakeoverEvent;
 use super::preview::Preview;
 use super::takeover::{
     BACK_CHECK, GATE_CHECK, STANDBY_CHECK, STANDBY_WARN, kube_proxy_drain_interrupted,
 };
+use super::{Admission, Engine};
 use crate::dataplane::Dataplane;
 use crate::dataplane::kube_proxy::Leftovers;
 use kipvs_crds::config::ServiceProxy;
@@ -198,8 +198,12 @@ impl<D: Dataplane> Engine<D> {
 
     /// `serviceProxy: kipvs` on a node the proxier does not program: `Standby` while
     /// kube-proxy runs; then the gate (a switch that would touch connections is refused,
-    /// `Failed`, unless allowed); then the kernel settings, the ports and `TakingOver` (the
-    /// next sync is the full sync of the switch).
+    /// `Failed`, unless allowed); then the kernel: a configuration put in force while the
+    /// proxier wrote nothing is admitted now ([`Engine::admit_at_switch`]: refused, the
+    /// previous one is back in force and the switch is decided again with it), the kernel
+    /// settings are made; then the ports and `TakingOver` (the next sync is the full sync of
+    /// the switch). Nothing is written to the kernel before the gate has let the switch go
+    /// ahead.
     async fn take_over(&mut self) -> Option<Duration> {
         let takeover = self.takeover.as_mut()?;
         let node = takeover.node.clone();
@@ -249,11 +253,19 @@ impl<D: Dataplane> Engine<D> {
                 }
             }
         }
-        let takeover = self.takeover.as_mut()?;
-        if let Err(e) = takeover.settings.apply(self.planner.config()).await {
-            tracing::warn!("cannot make the kernel settings, again: {e}");
-            return Some(STANDBY_CHECK);
+        match self.admit_at_switch().await {
+            Admission::Admitted => {}
+            // Decided again at once, with the configuration back in force (the gate too).
+            Admission::Refused => return Some(Duration::ZERO),
+            Admission::Nothing => {
+                let takeover = self.takeover.as_mut()?;
+                if let Err(e) = takeover.settings.apply(self.planner.config()).await {
+                    tracing::warn!("cannot make the kernel settings, again: {e}");
+                    return Some(STANDBY_CHECK);
+                }
+            }
         }
+        let takeover = self.takeover.as_mut()?;
         if takeover.found || takeover.phase.is_some() {
             tracing::info!("kube-proxy does not run: taking the node over");
         }

@@ -6,14 +6,18 @@
 //! To kipvs (`serviceProxy: kipvs`):
 //! 1. **Standby** while kube-proxy runs on the node ([`KubeProxyNode::running`]): sources list
 //!    and watch, nothing is written to the kernel (no virtual server, no address, no sysctl,
-//!    no nftables) and kube-proxy's ports (healthz, metrics) are left to it; `/livez` stays
+//!    no IPVS timeout, no scheduler probe, no nftables: a revision assigned meanwhile is only
+//!    validated) and kube-proxy's ports (healthz, metrics) are left to it; `/livez` stays
 //!    healthy; a WARN every [`STANDBY_WARN`] says for how long and why.
 //! 2. **The gate**: the switch's first full sync is previewed ([`Preview::of_switch`], as
 //!    `kipvs-proxier takeover` does); if it would delete, unbind or re-weight to 0 something
 //!    carrying connections, the proxier stays in standby, its revision `Failed` with the
 //!    preview's reason, unless `--allow-connection-changes`.
 //! 3. **TakingOver** (`Programming` at once where kube-proxy was not seen: a restart, a node
-//!    that never ran it): the kernel settings are made, the ports bound, and the first full sync
+//!    that never ran it): a revision put in force while the proxier wrote nothing is admitted
+//!    by the kernel (its scheduler probed; refused, it is `Failed` and the configuration in
+//!    force before it is back), the kernel settings are made, the ports bound, and the first
+//!    full sync
 //!    adopts kube-proxy's table as a restart adopts kipvs's own: what is wanted is kept or
 //!    edited in place (`dataplane::diff`), kube-proxy's NodePort virtual servers on addresses
 //!    that are not node IPs drain ([`Ownership::drains`]). Once a full sync has put
@@ -200,7 +204,7 @@ impl Takeover {
         self.phase
     }
 
-    /// Whether the proxier programs now (or has not decided yet whether it may).
+    /// Whether the proxier programs now (`false` until the switch has decided that it may).
     pub fn programs(&self) -> bool {
         self.phase.is_some_and(ServiceProxyPhase::kipvs_programs)
     }
@@ -361,6 +365,7 @@ mod tests {
     use super::*;
     use crate::dataplane::fake::FakeDataplane;
     use crate::dataplane::kube_proxy::{Leftovers, Ruleset};
+    use crate::dataplane::settings::{FakeKernel, SchedulerError, SettingsError};
     use crate::dataplane::{DataplaneError, OpFailure};
     use crate::engine::Engine;
     use crate::engine::planner::{NodeIdentity, Planner};
@@ -436,11 +441,7 @@ mod tests {
     /// A takeover of `node` (`found`: kube-proxy's state was found) with the fake kernel's
     /// settings.
     fn fake_takeover(node: &Arc<FakeNode>, found: bool) -> Takeover {
-        let mut takeover = Takeover::new(
-            Arc::new(node.clone()),
-            Box::new(crate::dataplane::settings::FakeKernel),
-            false,
-        );
+        let mut takeover = Takeover::new(Arc::new(node.clone()), Box::new(FakeKernel), false);
         takeover.found = found;
         takeover
     }
@@ -655,23 +656,80 @@ mod tests {
         assert_eq!(node.removals.lock().unwrap().len(), 2);
     }
 
+    /// The node-wide kernel settings of a fake kernel that lacks the schedulers in `missing`,
+    /// recording each write to the kernel: `probe <scheduler>` (the scheduler check adds and
+    /// deletes a virtual server) and `settings` (sysctls, IPVS timeouts).
+    #[derive(Clone, Default)]
+    struct KernelWrites {
+        writes: Arc<Mutex<Vec<String>>>,
+        missing: Arc<Mutex<BTreeSet<String>>>,
+    }
+
+    impl KernelSettings for KernelWrites {
+        fn check<'a>(
+            &'a self,
+            config: &'a ProxierConfiguration,
+        ) -> BoxFuture<'a, Result<(), SchedulerError>> {
+            let scheduler = config.ipvs.effective_scheduler().to_owned();
+            self.writes
+                .lock()
+                .unwrap()
+                .push(format!("probe {scheduler}"));
+            if self.missing.lock().unwrap().contains(&scheduler) {
+                return Box::pin(async move { Err(SchedulerError::Missing { scheduler }) });
+            }
+            FakeKernel.check(config)
+        }
+
+        fn apply<'a>(
+            &'a self,
+            config: &'a ProxierConfiguration,
+        ) -> BoxFuture<'a, Result<(), SettingsError>> {
+            self.writes.lock().unwrap().push("settings".into());
+            FakeKernel.apply(config)
+        }
+    }
+
+    impl KernelWrites {
+        /// The writes so far.
+        fn writes(&self) -> Vec<String> {
+            self.writes.lock().unwrap().clone()
+        }
+    }
+
     /// An engine following revision `r1` (`service_proxy`) over `kernel`, with the WEB
-    /// Service's manifests, taking over `node`; the status it publishes, the observers' events
-    /// and `/livez`.
+    /// Service's manifests, taking over `node`; the status it publishes, the observers' events,
+    /// `/livez` and the writes of its kernel settings.
     struct Switching {
         engine: Engine<FakeDataplane>,
         status: watch::Receiver<Option<kipvs_crds::NodeProxyConfigStatus>>,
         events: Arc<Events>,
         health: ProxyHealth,
+        settings: KernelWrites,
         _manifests: crate::engine::tests::Manifests,
     }
 
     impl Switching {
         async fn new(node: &Arc<FakeNode>, kernel: ObservedState, allow: bool) -> Self {
+            let r1 = Switching::revision("r1", ServiceProxy::Kipvs);
+            let tag = format!("switch-{allow}");
+            Switching::starting(&tag, node, kernel, allow, r1, KernelWrites::default()).await
+        }
+
+        /// An engine as [`Switching::new`]'s, in manifests named by `tag`, starting on `r1`
+        /// with the kernel settings `settings` (the follower's and the takeover's).
+        async fn starting(
+            tag: &str,
+            node: &Arc<FakeNode>,
+            kernel: ObservedState,
+            allow: bool,
+            r1: crate::source::node_config::Assigned,
+            settings: KernelWrites,
+        ) -> Self {
             use crate::engine::ConfigFollower;
             use crate::source::node_config::Assigned;
             let m = crate::engine::tests::Manifests::new(
-                &format!("switch-{allow}"),
+                tag,
                 &crate::engine::tests::WEB.replace("READY", "true"),
             );
             m.source.load_into(&m.handle, None).unwrap();
@@ -680,7 +738,7 @@ mod tests {
             let follower = ConfigFollower {
                 assigned,
                 local: ProxierConfiguration::default(),
-                kernel: Box::new(crate::dataplane::settings::FakeKernel),
+                kernel: Box::new(settings.clone()),
                 report,
             };
             let identity = NodeIdentity {
@@ -693,18 +751,18 @@ mod tests {
             let planner = Planner::new(identity, ProxierConfiguration::default());
             let mut takeover = fake_takeover(node, false);
             takeover.allow_connection_changes = allow;
+            takeover.settings = Box::new(settings.clone());
             let mut engine = Engine::new(m.handle.clone(), planner, FakeDataplane::new(kernel))
                 .observed_by(Arc::new(observers))
                 .taking_over(takeover)
                 .following(follower);
-            engine
-                .apply_assigned(Switching::revision("r1", ServiceProxy::Kipvs))
-                .await;
+            engine.apply_assigned(r1).await;
             Switching {
                 engine,
                 status,
                 events,
                 health,
+                settings,
                 _manifests: m,
             }
         }
@@ -714,11 +772,41 @@ mod tests {
                 service_proxy: proxy,
                 ..ProxierConfiguration::default()
             };
+            Switching::assigned(name, config)
+        }
+
+        /// Revision `name` of `config`.
+        fn assigned(
+            name: &str,
+            config: ProxierConfiguration,
+        ) -> crate::source::node_config::Assigned {
             crate::source::node_config::Assigned::Revision {
                 revision: name.into(),
                 config: Box::new(config),
                 ignored: vec![],
             }
+        }
+
+        /// Revision `name`: `serviceProxy: kipvs` with the IPVS scheduler `scheduler`.
+        fn scheduling(name: &str, scheduler: &str) -> crate::source::node_config::Assigned {
+            let mut config = ProxierConfiguration::default();
+            config.ipvs.scheduler = scheduler.into();
+            Switching::assigned(name, config)
+        }
+
+        /// The published status's revision.
+        fn observed_revision(&self) -> String {
+            let status = self.status.borrow().clone().expect("a status");
+            status.observed_revision.unwrap_or_default()
+        }
+
+        /// The schedulers of the programmed virtual servers.
+        fn schedulers(&self) -> Vec<String> {
+            let table = &self.engine.dataplane().state.virtual_servers;
+            table
+                .values()
+                .map(|vs| vs.spec.scheduler.to_string())
+                .collect()
         }
 
         /// One turn of [`Engine::run`]'s loop: the switch, then a sync if it programs.
@@ -986,6 +1074,212 @@ mod tests {
         );
         let (phase, proxy, _, _) = s.standing();
         assert_eq!((phase, proxy), (NodePhase::Applied, Some(TakingOver)));
+    }
+
+    /// Issue 26 item 2: in standby nothing is written to the kernel, also when revisions are
+    /// assigned meanwhile: no scheduler probe, no sysctl, no IPVS timeout. A revision that is
+    /// not valid is still rejected with the reason; a valid one is put in force (Pending), and
+    /// the kernel admits it when kube-proxy has stopped, before the first sync. A revision
+    /// assigned while the proxier programs is admitted at once, as always.
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_written_to_the_kernel_in_standby() {
+        use ServiceProxyPhase::*;
+        let node = Arc::new(FakeNode::default());
+        *node.running.lock().unwrap() = Some("process kube-proxy (pid [7])".into());
+        let r1 = Switching::revision("r1", ServiceProxy::Kipvs);
+        let kernel = ObservedState::default();
+        let settings = KernelWrites::default();
+        let mut s = Switching::starting("standby-writes", &node, kernel, false, r1, settings).await;
+        for _ in 0..5 {
+            assert!(!s.turn().await);
+            tokio::time::advance(STANDBY_CHECK).await;
+        }
+        let mut invalid = ProxierConfiguration::default();
+        invalid.ipvs.sync_period = Duration::ZERO;
+        s.engine
+            .apply_assigned(Switching::assigned("r2", invalid))
+            .await;
+        let (phase, proxy, _, message) = s.standing();
+        assert_eq!((phase, proxy), (NodePhase::Failed, Some(Standby)));
+        assert_eq!(s.observed_revision(), "r2");
+        assert!(message.contains("ipvs.syncPeriod"), "{message}");
+        s.engine
+            .apply_assigned(Switching::scheduling("r3", "wrr"))
+            .await;
+        for _ in 0..5 {
+            assert!(!s.turn().await);
+            tokio::time::advance(STANDBY_CHECK).await;
+        }
+        let writes = s.settings.writes();
+        assert!(writes.is_empty(), "no kernel write in standby: {writes:?}");
+        assert_eq!(
+            s.applied(),
+            0,
+            "no IPVS, address or nftables write in standby"
+        );
+        let (phase, proxy, _, _) = s.standing();
+        assert_eq!((phase, proxy), (NodePhase::Pending, Some(Standby)));
+        assert_eq!(s.observed_revision(), "r3");
+
+        // kube-proxy stops: the switch probes r3's scheduler and makes its settings, then the
+        // first sync programs with it.
+        *node.running.lock().unwrap() = None;
+        assert_eq!(s.engine.switch().await, None);
+        assert_eq!(s.settings.writes(), ["probe wrr", "settings"]);
+        assert_eq!(s.applied(), 0, "the kernel admits r3 before the first sync");
+        s.engine.sync().await.unwrap();
+        assert_eq!(s.schedulers(), ["wrr"]);
+        let (phase, proxy, _, _) = s.standing();
+        assert_eq!((phase, proxy), (NodePhase::Applied, Some(TakingOver)));
+        assert_eq!(s.observed_revision(), "r3");
+
+        // Programming: a new revision is admitted at once.
+        s.engine
+            .apply_assigned(Switching::scheduling("r4", "lc"))
+            .await;
+        let writes = s.settings.writes();
+        assert_eq!(writes[2..], ["probe lc", "settings"]);
+    }
+
+    /// A revision put in force in standby whose scheduler the kernel lacks is found at the
+    /// switch: reported `Failed` with the reason, never programmed; the revision in force
+    /// before it is put back in force and programmed, as when such a revision is assigned to
+    /// a proxier that programs. The operator's rollback to it is `Applied`.
+    #[tokio::test(start_paused = true)]
+    async fn a_scheduler_the_kernel_lacks_at_the_switch_is_reported_not_programmed() {
+        use ServiceProxyPhase::*;
+        let node = Arc::new(FakeNode::default());
+        *node.running.lock().unwrap() = Some("process kube-proxy (pid [7])".into());
+        let r1 = Switching::revision("r1", ServiceProxy::Kipvs);
+        let kernel = ObservedState::default();
+        let settings = KernelWrites::default();
+        settings.missing.lock().unwrap().insert("mh".into());
+        let mut s = Switching::starting("switch-mh", &node, kernel, false, r1, settings).await;
+        assert!(!s.turn().await);
+        s.engine
+            .apply_assigned(Switching::scheduling("r2", "mh"))
+            .await;
+        assert!(!s.turn().await);
+        let writes = s.settings.writes();
+        assert!(writes.is_empty(), "no kernel write in standby: {writes:?}");
+        assert_eq!(
+            (s.standing().0, s.observed_revision()),
+            (NodePhase::Pending, "r2".into())
+        );
+
+        *node.running.lock().unwrap() = None;
+        assert_eq!(
+            s.engine.switch().await,
+            Some(Duration::ZERO),
+            "decided again"
+        );
+        assert_eq!(s.settings.writes(), ["probe mh"]);
+        assert_eq!(s.applied(), 0);
+        let (phase, _, _, message) = s.standing();
+        assert_eq!(
+            (phase, s.observed_revision()),
+            (NodePhase::Failed, "r2".into())
+        );
+        assert_eq!(
+            message,
+            "IPVS scheduler \"mh\" is not available: the kernel lacks ip_vs_mh"
+        );
+        assert_eq!(
+            s.engine.planner().config().ipvs.scheduler,
+            "",
+            "r1 in force"
+        );
+        assert!(s.turn().await, "the switch goes ahead with r1");
+        assert_eq!(s.settings.writes(), ["probe mh", "settings"]);
+        assert_eq!(s.schedulers(), ["rr"]);
+        assert_eq!(s.standing().0, NodePhase::Failed, "r2 stays reported");
+        assert_eq!(s.standing().1, None, "the status is r2's, not r1's");
+
+        s.engine
+            .apply_assigned(Switching::revision("r1", ServiceProxy::Kipvs))
+            .await;
+        s.engine.takeover.as_mut().unwrap().removed().await;
+        assert!(s.turn().await);
+        assert_eq!(s.observed_revision(), "r1");
+        let (phase, proxy, _, _) = s.standing();
+        assert_eq!((phase, proxy), (NodePhase::Applied, Some(Programming)));
+    }
+
+    /// A proxier that restarts where kube-proxy does not run admits its revision before it
+    /// writes anything else, as without a takeover: the scheduler is probed and the settings
+    /// made; a scheduler the kernel lacks leaves the previous (local) configuration in force and
+    /// the revision `Failed`. Without a takeover (`--kube-proxy-takeover=false`) the revision is
+    /// admitted as it is assigned.
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_that_programs_admits_its_revision_as_before() {
+        use ServiceProxyPhase::*;
+        for (scheduler, lacks) in [("wrr", false), ("mh", true)] {
+            let node = Arc::new(FakeNode::default());
+            let r1 = Switching::scheduling("r1", scheduler);
+            let settings = KernelWrites::default();
+            if lacks {
+                settings.missing.lock().unwrap().insert(scheduler.into());
+            }
+            let tag = format!("restart-{scheduler}");
+            let kernel = ObservedState::default();
+            let mut s = Switching::starting(&tag, &node, kernel, false, r1, settings).await;
+            assert_eq!(s.engine.switch().await.is_some(), lacks);
+            let probe = format!("probe {scheduler}");
+            let admitted = match lacks {
+                false => vec![probe, "settings".into()],
+                true => vec![probe],
+            };
+            assert_eq!(s.settings.writes(), admitted);
+            assert_eq!(s.applied(), 0);
+            if lacks {
+                assert_eq!(s.standing().0, NodePhase::Failed);
+                assert!(s.turn().await);
+                assert_eq!(s.schedulers(), ["rr"], "the local configuration");
+                assert_eq!(s.settings.writes()[1..], ["settings"]);
+                assert_eq!(s.standing().0, NodePhase::Failed);
+            } else {
+                s.engine.sync().await.unwrap();
+                assert_eq!(s.schedulers(), [scheduler]);
+                let (phase, proxy, _, _) = s.standing();
+                assert_eq!((phase, proxy), (NodePhase::Applied, Some(Programming)));
+            }
+        }
+
+        // Without a takeover: admitted as assigned, a refusal reported at once.
+        use crate::engine::ConfigFollower;
+        use crate::source::node_config::Assigned;
+        let m = crate::engine::tests::Manifests::new(
+            "no-takeover-admission",
+            &crate::engine::tests::WEB.replace("READY", "true"),
+        );
+        let settings = KernelWrites::default();
+        settings.missing.lock().unwrap().insert("mh".into());
+        let (_, assigned) = watch::channel(Assigned::Unknown);
+        let (report, status) = watch::channel(None);
+        let follower = ConfigFollower {
+            assigned,
+            local: ProxierConfiguration::default(),
+            kernel: Box::new(settings.clone()),
+            report,
+        };
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let mut engine =
+            Engine::new(m.handle.clone(), planner, FakeDataplane::default()).following(follower);
+        engine
+            .apply_assigned(Switching::scheduling("r1", "mh"))
+            .await;
+        assert_eq!(settings.writes(), ["probe mh"]);
+        let failed = status.borrow().clone().unwrap();
+        assert_eq!(failed.phase, Some(NodePhase::Failed));
+        engine
+            .apply_assigned(Switching::scheduling("r2", "wrr"))
+            .await;
+        assert_eq!(settings.writes(), ["probe mh", "probe wrr", "settings"]);
+        assert_eq!(engine.planner().config().ipvs.scheduler, "wrr");
     }
 
     /// A restart after a takeover whose drain of kube-proxy's NodePorts on other local

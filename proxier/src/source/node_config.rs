@@ -20,7 +20,9 @@
 //! - The engine checks a new revision first ([`ProxierConfiguration::validate`], then
 //!   [`KernelSettings::check`](crate::dataplane::settings::KernelSettings::check): the
 //!   scheduler must be available). A revision that fails is reported `Failed` with the reason
-//!   and the previous configuration stays in force.
+//!   and the previous configuration stays in force. While the proxier writes nothing (standby
+//!   during a move from kube-proxy) a revision is validated only; the kernel's check and
+//!   settings come at the switch to kipvs, before its first sync ([`crate::engine::takeover`]).
 //! - Applied live, without a restart: every Service is re-planned (feature gates, scheduler,
 //!   `nodePortAddresses`, `excludeCIDRs`) and synced through the usual diff, so only what the
 //!   change concerns is touched; `ipvs.drainTimeout`; IPVS timeouts and strictARP sysctls
