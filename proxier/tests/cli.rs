@@ -121,14 +121,93 @@ fn json_format_lists_bind_addresses() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// How long a test waits at most for an event of a proxier it runs: only a bound against a
+/// proxier that hangs. Each wait ends at its event, however long load delays it (a loaded
+/// machine once took more than 20 s to the proxier's first warning).
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A `kipvs-proxier run` process, killed when dropped (also when a test fails), and its stderr
+/// lines as they come.
+struct Running {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// The lines read so far.
+    seen: Vec<String>,
+}
+
+impl Running {
+    /// Starts `command` with its stderr read line by line.
+    fn start(mut command: Command) -> Self {
+        use std::io::{BufRead, BufReader};
+        let mut child = command
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run kipvs-proxier");
+        let (lines_tx, lines) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = lines_tx.send(line);
+            }
+        });
+        Running {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first stderr line, read before or now, that contains `needle`. Panics with the
+    /// stderr so far if the proxier exits first, or after [`PATIENCE`].
+    fn wait_for(&mut self, needle: &str) -> String {
+        use std::sync::mpsc::RecvTimeoutError;
+        if let Some(line) = self.seen.iter().find(|line| line.contains(needle)) {
+            return line.clone();
+        }
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let why = match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line);
+                    let line = self.seen.last().unwrap();
+                    if line.contains(needle) {
+                        return line.clone();
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => "the proxier exited before",
+                Err(RecvTimeoutError::Timeout) => "after PATIENCE, still no",
+            };
+            panic!("{why} {needle:?}; stderr:\n{}", self.seen.join("\n"));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `ready` holds, polling; panics naming `what` after [`PATIENCE`].
+fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} within {PATIENCE:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A port taken by another process (kube-controller-manager on 10257, kube-proxy still stopping
 /// on 10256) does not stop the proxier: it programs, and binds the server once the port is free.
 #[test]
 fn a_taken_server_port_is_retried_while_the_proxier_programs() {
-    use std::io::{BufRead, BufReader};
     use std::net::{TcpListener, TcpStream};
-    use std::sync::mpsc;
-    use std::time::{Duration, Instant};
 
     let dir = scratch("taken-port");
     std::fs::write(dir.join("good.yaml"), GOOD).unwrap();
@@ -141,7 +220,8 @@ fn a_taken_server_port_is_retried_while_the_proxier_programs() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let grpc = taken.local_addr().unwrap();
     let (healthz, metrics) = (free(), free());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kipvs-proxier"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kipvs-proxier"));
+    command
         .args([
             "run",
             "--node",
@@ -154,50 +234,27 @@ fn a_taken_server_port_is_retried_while_the_proxier_programs() {
         .arg(format!("--healthz-bind-address={healthz}"))
         .arg(format!("--metrics-bind-address={metrics}"))
         .arg(format!("--grpc-health-bind-address={grpc}"))
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run kipvs-proxier");
-    let (lines_tx, lines) = mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = lines_tx.send(line);
-        }
-    });
-    let wait_for = |needle: &str, within: Duration| {
-        let deadline = Instant::now() + within;
-        let mut seen = Vec::new();
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match lines.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(line) => seen.push(line),
-                Err(_) => break,
-            }
-        }
-        panic!(
-            "no {needle:?} within {within:?}; stderr so far:\n{}",
-            seen.join("\n")
-        );
-    };
-    let warning = wait_for(
-        "cannot bind the gRPC health server",
-        Duration::from_secs(20),
-    );
+        .env("RUST_LOG", "info");
+    let mut proxier = Running::start(command);
+    // The warning and the first sync come in either order.
+    let warning = proxier.wait_for("cannot bind the gRPC health server");
     assert!(warning.contains(&grpc.to_string()), "{warning}");
-    wait_for("sync complete", Duration::from_secs(20));
+    proxier.wait_for("sync complete");
+    wait_until("healthz serves while the gRPC health port is taken", || {
+        TcpStream::connect(healthz).is_ok()
+    });
     assert!(
-        TcpStream::connect(healthz).is_ok(),
-        "healthz serves meanwhile"
+        proxier.seen.iter().all(|l| !l.contains("bound the gRPC")),
+        "no gRPC health server bound while the port is taken"
     );
     drop(taken);
-    wait_for("bound the gRPC health server", Duration::from_secs(15));
+    proxier.wait_for("bound the gRPC health server");
     assert!(
         TcpStream::connect(grpc).is_ok(),
         "the gRPC health port is served now"
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(proxier);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// The DaemonSet in `config/` runs on every node, kubeadm control-plane nodes included: none of
