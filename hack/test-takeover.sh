@@ -9,14 +9,16 @@
 # node label kipvs.io/service-proxy would start and stop its pod. Phases:
 #   1. kube-proxy converged: it alone serves the LoadBalancer Service web (ClusterIP, NodePort, VIP with source
 #      ranges) for 10 s;
-#   2. takeover (serviceProxy: kipvs): kipvs starts while kube-proxy runs (standby: the table must not change,
-#      the status says Standby, Pending), kube-proxy stops, and while kipvs takes over (status TakingOver) an
+#   2. takeover (serviceProxy: kipvs): kipvs starts while kube-proxy runs (standby: the table and the IPVS
+#      timeouts must not change, the revision's tcpTimeout waits for the switch; the status says Standby,
+#      Pending), kube-proxy stops, and while kipvs takes over (status TakingOver) an
 #      endpoint is removed, a port is added to the Service and its source ranges change; kipvs adopts
 #      kube-proxy's table, drains its NodePorts on other local addresses and removes its iptables rules and
 #      ipsets (status Programming, Applied);
 #   3. handback (serviceProxy: kube-proxy): kipvs stops writing and releases kube-proxy's ports (HandingBack),
 #      kube-proxy starts and adopts the table, kipvs deletes inet kipvs (HandedBack, Applied, healthy);
-#   4. takeover again (serviceProxy: kipvs): standby while kube-proxy runs, kube-proxy stops, kipvs takes over;
+#   4. takeover again (serviceProxy: kipvs, another tcpTimeout): standby while kube-proxy runs (the IPVS timeouts
+#      stay), kube-proxy stops, kipvs takes over (and sets them);
 #   5. negative control: kipvs stopped, `kube-proxy --cleanup` under the same load: the harness must see the
 #      failures (it flushes IPVS).
 # Printed per phase: requests sent / failed and long-lived connections broken (hack/lib/e2e.sh end_phase),
@@ -99,12 +101,12 @@ KUBECONFIG=$KC patch_status /api/v1/namespaces/default/services/web \
   "{\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"$VIP\"}]}}}" > /dev/null
 k apply --validate=false -k config/crd > /dev/null
 k wait --for condition=established --timeout=30s crd/nodeproxyconfigs.kipvs.io > /dev/null
-npc() { # npc REVISION SERVICE_PROXY: test-node's NodeProxyConfig as the operator writes it
+npc() { # npc REVISION SERVICE_PROXY [IPVS]: test-node's NodeProxyConfig as the operator writes it (IPVS: its ipvs)
   k apply --validate=false -f - > /dev/null <<EOF
 apiVersion: kipvs.io/v1alpha1
 kind: NodeProxyConfig
 metadata: {name: test-node}
-spec: {revision: $1, assignedAt: "2026-11-26T00:00:00Z", config: {serviceProxy: $2}}
+spec: {revision: $1, assignedAt: "2026-11-26T00:00:00Z", config: {serviceProxy: $2${3:+, ipvs: $3}}}
 EOF
 }
 standing() { k get nodeproxyconfig test-node -o jsonpath='{.status.serviceProxy} {.status.phase} {.status.healthy}'; }
@@ -145,6 +147,7 @@ check "kube-proxy programs web in IPVS mode" quiet agent wait tcp $CIP "$(pod_ip
 agent table > "$STATE/table.kube-proxy"
 agent binds > "$STATE/binds.kube-proxy"
 agent leftovers > "$STATE/leftovers.kube-proxy"
+TIMEOUTS0=$(agent timeouts) # the kernel's: kube-proxy's config sets none
 say "kube-proxy's table: $(grep -c '^-A' "$STATE/table.kube-proxy") virtual servers, $(grep -c '^-a' "$STATE/table.kube-proxy") real servers; $(grep -c '^chain' "$STATE/leftovers.kube-proxy") KUBE-* chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets"
 probes "kube-proxy"
 FIG=()
@@ -180,13 +183,15 @@ standby() { agent log 1000 | grep -q 'standby: kube-proxy runs'; }
 # ---- 2. takeover --------------------------------------------------------------------------------------------
 begin "takeover"
 SAVED=$(agent conns-save)
-npc r1 kipvs # the operator: kipvs for test-node, and the label that makes kube-proxy's pod leave
+npc r1 kipvs '{tcpTimeout: 901s}' # the operator: kipvs for test-node, and the label that makes kube-proxy's pod leave
 must proxier-start
 check "kipvs started next to kube-proxy waits in standby" wait_for 60 "kipvs's standby" standby
 reports "standby reported: serviceProxy Standby, phase Pending" '^Standby Pending'
 sleep 3 # on purpose: a window in which a write by kipvs would show
 agent table > "$STATE/table.standby"
 check "standby: kipvs changed nothing in IPVS" cmp -s "$STATE/table.kube-proxy" "$STATE/table.standby"
+check "standby: kipvs set no IPVS timeout (r1's tcpTimeout 901s waits for the switch; tcp tcpfin udp: $(agent timeouts))" \
+  is "$TIMEOUTS0" agent timeouts
 must kube-proxy-stop
 t=$(now)
 # during the takeover (the gate previews the switch first: a change now could be refused as touching
@@ -204,6 +209,7 @@ gone_or_draining() { agent table | grep -q -- "-a -t $CIP -r $(pod_ip 1):8080 -m
 check "the removed endpoint takes no new connections (drained or gone)" wait_for 30 "the removed endpoint" gone_or_draining
 check "the changes were made while kipvs took over (status then: $DURING)" grep -Eq '^(TakingOver|Programming) ' <<<"$DURING"
 reports "taken over reported: serviceProxy Programming, Applied, healthy" '^Programming Applied true'
+check "the switch set r1's IPVS timeouts (tcp tcpfin udp: $(agent timeouts))" grep -q '^901 ' <<<"$(agent timeouts)"
 sleep 5 # on purpose: the taken-over node carries the load a while
 KEPT=$(agent conns-kept)
 agent table > "$STATE/table.takeover"
@@ -251,11 +257,14 @@ begin "takeover again"
 SAVED4=$(agent conns-save)
 FROM=$(( $(log_lines) + 1 ))
 agent table > "$STATE/table.kube-proxy.2"
-npc r3 kipvs
+npc r3 kipvs '{tcpTimeout: 902s}'
 reports "again: standby reported while kube-proxy runs" '^Standby Pending'
+check "again: standby set no IPVS timeout (r3's tcpTimeout 902s waits; tcp tcpfin udp: $(agent timeouts))" \
+  grep -q '^901 ' <<<"$(agent timeouts)"
 must kube-proxy-stop
 t=$(now)
 reports "again: taken over reported: Programming, Applied, healthy" '^Programming Applied true'
+check "again: the switch set r3's IPVS timeouts (tcp tcpfin udp: $(agent timeouts))" grep -q '^902 ' <<<"$(agent timeouts)"
 TOOK4=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
 sleep 5 # on purpose: the taken-over node carries the load a while
 KEPT4=$(agent conns-kept)

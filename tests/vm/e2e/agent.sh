@@ -31,6 +31,7 @@
 #                                 NAME` and `ipset NAME` lines
 #   metric NAME                   the lines of the proxier's metric NAME (127.0.0.1:10249)
 #   kipvs-table                   `present` or `absent`: kipvs's nftables table inet kipvs
+#   timeouts                      the kernel's IPVS timeouts in seconds: `TCP TCPFIN UDP`
 #   finish RC                     ends the run (guest.sh prints PASS/FAIL e2e)
 . /payload/tests/lib.sh
 E=/payload/tests/e2e
@@ -113,6 +114,7 @@ case $cmd in
     "$KP/bin/ipset" list -n 2>/dev/null | grep '^KUBE-' | sed 's/^/ipset /' ;;
   metric) wget -qO- http://127.0.0.1:10249/metrics | grep "^$1" ;;
   kipvs-table) nft list table inet kipvs > /dev/null 2>&1 && echo present || echo absent ;;
+  timeouts) ipvsadm -L --timeout | sed -n 's/^Timeout (tcp tcpfin udp): //p' ;;
   finish) echo "$1" > "$W/e2e.done" ;;
   *) echo "unknown command $cmd"; exit 2 ;;
 esac
