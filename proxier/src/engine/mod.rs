@@ -771,7 +771,11 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 
     impl Manifests {
         pub(super) fn new(tag: &str, contents: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("kipvs-{tag}-{}", std::process::id()));
+            // Tests run at once in one process, some with the same tag: one directory each.
+            static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let pid = std::process::id();
+            let dir = std::env::temp_dir().join(format!("kipvs-{tag}-{pid}-{n}"));
             std::fs::create_dir_all(&dir).unwrap();
             let file = dir.join(format!("{tag}.yaml"));
             std::fs::write(&file, contents).unwrap();
