@@ -30,6 +30,10 @@ nft delete table inet probe
 proxier_stop
 printf 'apiVersion: kipvs.io/v1alpha1\nkind: ProxierConfiguration\nipvs: {syncPeriod: 5m}\n' > "$W/refused-config.yaml"
 KIPVS_CONFIG=$W/refused-config.yaml proxier_start; wait_converged 30 >/dev/null
+# The table survives the restart, so it equals the plan at once: the hand-made element goes in only after
+# the new proxier's first full sync, which would delete it.
+first_full() { grep -m1 'sync complete kind="full"' "$(proxier_log)"; }
+wait_for 30 "the proxier's first full sync" first_full >/dev/null 2>&1 || bad "no full sync within 30 s"
 FOREIGN="$LB . 6 . 80 . 192.168.0.0/16" # step 1: wider than refused's range, in kipvs's form
 foreign() { nft "$1" element inet kipvs firewall-allow "{ $FOREIGN }"; } # add|delete
 [ -e /run/netns/client2 ] || {
@@ -73,7 +77,6 @@ check "   ... behind its firewall: the client inside the range is served" served
 a=$(get client2 $LB 80)
 check "   ... and client2 is dropped (got '$a')" [ -z "$a" ]
 proxier_stop; KIPVS_CONFIG=$W/refused-config.yaml proxier_start
-first_full() { grep -m1 'sync complete kind="full"' "$(proxier_log)"; }
 nothing_to_do() { first_full | grep -q ' ops=0 failed=0 '; }
 wait_for 30 "the first full sync after the restart" first_full >/dev/null 2>&1
 line=$(first_full); say "${line#*syncer: }"
