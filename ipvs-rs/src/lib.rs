@@ -52,6 +52,7 @@ pub mod constants;
 mod ctrl;
 mod error;
 mod handle;
+pub mod procfs;
 mod types;
 
 pub use codec::{IpvsCmd, IpvsMessage};

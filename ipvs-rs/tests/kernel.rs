@@ -452,3 +452,192 @@ async fn two_hundred_concurrent_adds_through_one_handle() {
         .count();
     assert_eq!(left, 0);
 }
+
+/// What the listing and a netlink dump both say about a service: its scheduler and each
+/// destination's address, port, forwarding, weight and connection counts, sorted.
+type Shared = (String, Vec<(IpAddr, u16, ForwardMethod, u32, u32, u32)>);
+
+/// `services` as the netlink dumps report them (`None` for one that is gone).
+async fn dumped(handle: &Handle, services: &[Service]) -> Vec<Option<Shared>> {
+    let mut out = Vec::new();
+    for service in services {
+        let Some(found) = find(handle, &service.id).await else {
+            out.push(None);
+            continue;
+        };
+        let mut dests: Vec<_> = handle
+            .destinations(&service.id)
+            .await
+            .expect("GET_DEST")
+            .into_iter()
+            .map(|d| {
+                let forward = match d.forward {
+                    ForwardMethod::Bypass => ForwardMethod::Masquerade, // listed as Masq
+                    other => other,
+                };
+                let (active, inactive) = (d.active_connections, d.inactive_connections);
+                (d.address, d.port, forward, d.weight, active, inactive)
+            })
+            .collect();
+        dests.sort_by_key(|d| (d.0, d.1));
+        out.push(Some((found.scheduler, dests)));
+    }
+    out
+}
+
+/// `services` as one read of `/proc/net/ip_vs` reports them (a firewall-mark service by its
+/// mark, the listing not printing its family).
+fn listed(services: &[Service]) -> Vec<Option<Shared>> {
+    let listing = ipvs::procfs::ProcListing::open()
+        .expect("open /proc/thread-self/net/ip_vs")
+        .read()
+        .expect("read and parse the listing");
+    services
+        .iter()
+        .map(|service| {
+            let found = listing.iter().find(|l| match (l.id, service.id) {
+                (ipvs::procfs::ListedId::Fwmark { mark }, ServiceId::Fwmark { mark: m, .. }) => {
+                    mark == m
+                }
+                (id, want) => id.service_id() == Some(want),
+            })?;
+            let mut dests: Vec<_> = found
+                .destinations
+                .iter()
+                .map(|d| {
+                    let (active, inactive) = (d.active_connections, d.inactive_connections);
+                    (d.address, d.port, d.forward, d.weight, active, inactive)
+                })
+                .collect();
+            dests.sort_by_key(|d| (d.0, d.1));
+            Some((found.scheduler.clone(), dests))
+        })
+        .collect()
+}
+
+/// Runs `ip ARGS`, panicking when it fails.
+fn ip(args: &str) {
+    let status = std::process::Command::new("ip")
+        .args(args.split_whitespace())
+        .status()
+        .unwrap_or_else(|err| panic!("ip {args}: {err}"));
+    assert!(status.success(), "ip {args}: {status}");
+}
+
+/// `/proc/net/ip_vs` against the netlink dumps on a table with both families, SCTP, a
+/// firewall-mark service, weights 0 and live connections: a virtual IP of each family on `lo`
+/// is also its service's real server (the connections of this namespace reach it through IPVS),
+/// a connection held open counts as active and one closed as inactive (FIN_WAIT, 2 minutes).
+#[tokio::test]
+async fn listing_matches_the_netlink_dumps() {
+    let Some(handle) = connect().await else {
+        return;
+    };
+    let (vip4, vip6) = (v4(198, 51, 100, 77), v6(0x77));
+    ip("address replace 198.51.100.77/32 dev lo");
+    ip("-6 address replace 2001:db8::77/128 dev lo nodad");
+    let tcp4 = Service::new(inet(vip4, 8080, Protocol::Tcp), "rr");
+    let tcp6 = Service::new(inet(vip6, 8080, Protocol::Tcp), "wrr");
+    let mut udp6 = Service::new(inet(vip6, 53, Protocol::Udp), "rr");
+    udp6.flags = ServiceFlags::PERSISTENT | ServiceFlags::ONEPACKET;
+    udp6.timeout = 10800;
+    let sctp = Service::new(inet(v4(192, 0, 2, 77), 3868, Protocol::Sctp), "rr");
+    let fwmark = Service::new(
+        ServiceId::Fwmark {
+            family: AddressFamily::Inet,
+            mark: 0x77,
+        },
+        "wrr",
+    );
+    let all = [tcp4, tcp6, udp6, sctp, fwmark];
+    let _cleanup = Cleanup::services(all.iter().map(|s| s.id));
+    let mut direct = Destination::new(v4(192, 0, 2, 8), 0, 3);
+    direct.forward = ForwardMethod::DirectRoute;
+    let dests = [
+        (0, Destination::new(vip4, 8080, 1)),
+        (0, Destination::new(v4(192, 0, 2, 9), 8080, 0)),
+        (1, Destination::new(vip6, 8080, 2)),
+        (1, Destination::new(v6(0x79), 8080, 0)),
+        (2, Destination::new(v6(0x5), 53, 0)),
+        (2, Destination::new(v6(0x6), 53, 5)),
+        (4, direct),
+    ];
+    for service in &all {
+        handle
+            .add_service(service)
+            .await
+            .unwrap_or_else(|err| panic!("add {}: {err}", service.id));
+    }
+    for (i, dest) in &dests {
+        handle
+            .add_destination(&all[*i].id, dest)
+            .await
+            .unwrap_or_else(|err| panic!("add {} to {}: {err}", dest.address, all[*i].id));
+    }
+
+    // Through IPVS to the virtual IP itself: one connection held, one closed, per family.
+    let mut held = Vec::new();
+    for vip in [vip4, vip6] {
+        let address = std::net::SocketAddr::new(vip, 8080);
+        let listener = std::net::TcpListener::bind(address).expect("listen on the virtual IP");
+        let open = std::net::TcpStream::connect(address).expect("connect through IPVS");
+        drop(std::net::TcpStream::connect(address).expect("connect through IPVS"));
+        held.push((listener, open));
+    }
+    let local = |table: &[Option<Shared>], i: usize| {
+        let vip = [vip4, vip6][i];
+        table[i].as_ref().and_then(|(_, dests)| {
+            let (.., active, inactive) = *dests.iter().find(|d| d.0 == vip)?;
+            Some((active, inactive))
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let before = loop {
+        let table = dumped(&handle, &all).await;
+        let counted = [0, 1].iter().all(|&i| {
+            local(&table, i).is_some_and(|(active, inactive)| active >= 1 && inactive >= 1)
+        });
+        if counted || std::time::Instant::now() > deadline {
+            break table;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    for i in [0, 1] {
+        let counts = local(&before, i);
+        assert!(
+            counts.is_some_and(|(active, inactive)| active >= 1 && inactive >= 1),
+            "{}: want an active and an inactive connection on the virtual IP's own real server, got {counts:?} in {before:?}",
+            all[i].id
+        );
+    }
+
+    // Equal to the dumps just before it or, the counts having moved, just after it.
+    let listing = listed(&all);
+    if listing != before {
+        assert_eq!(listing, dumped(&handle, &all).await, "before: {before:?}");
+    }
+    assert!(listing.iter().all(Option::is_some), "{listing:?}");
+    // Both families, weight 0 and an empty service are in it.
+    let weights: Vec<u32> = listing
+        .iter()
+        .flatten()
+        .flat_map(|(_, d)| d.iter().map(|d| d.3))
+        .collect();
+    assert_eq!(
+        weights.iter().filter(|&&w| w == 0).count(),
+        3,
+        "{listing:?}"
+    );
+    assert_eq!(listing[3].as_ref().map(|(_, d)| d.len()), Some(0));
+
+    drop(held);
+    for service in &all {
+        handle
+            .delete_service(&service.id)
+            .await
+            .expect("DEL_SERVICE");
+    }
+    assert_eq!(listed(&all), vec![None; all.len()]);
+    ip("address del 198.51.100.77/32 dev lo");
+    ip("-6 address del 2001:db8::77/128 dev lo");
+}

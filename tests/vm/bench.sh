@@ -10,7 +10,8 @@
 # when there is none), so a table programmed right after `ipvsadm -C` pays for the 20k trashed real
 # servers. The last step measures that: `ipvsadm -R` again into kipvs' namespace, flushed. Before it, a second
 # `run --once` in kipvs' namespace is a full sync of the programmed table (what the periodic resync does), timed
-# by part: IPVS read, nftables table read, diff, UDP conntrack listing.
+# by part: IPVS read (the service dump, then /proc/net/ip_vs for the real servers), nftables table read, diff,
+# UDP conntrack listing; once with the restore namespace's table in the kernel too, once alone.
 . /payload/tests/lib.sh
 B=/payload/manifests/bench
 say "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
@@ -62,17 +63,30 @@ echo "RATIO kipvs/ipvsadm-R (IPVS programming) = $(awk "BEGIN{printf \"%.2f\", $
 echo "RATIO kipvs/ipvsadm-R (whole process, incl. binding) = $(awk "BEGIN{printf \"%.2f\", $total / $restore}")"
 
 # A full sync of the programmed table, as the periodic resync does it: everything observed and diffed, nothing
-# to change.
-NO_COLOR=1 RUST_LOG=info,kipvs_proxier::dataplane=debug ip netns exec bench-kipvs "$KIPVS" run --once \
-  --node bench-node --manifests "$B" > "$W/bench.log" 2>&1
-check "the full sync of the programmed table changed nothing" grep -q 'sync complete.* ops=0 ' "$W/bench.log"
-observed() { # FIELD: seconds in that field of the `observed the kernel` line
-  sed -n "s/.*observed the kernel.* $1=\([0-9]*\).*/\1/p" "$W/bench.log" | tail -n1 | awk '{ printf "%.3f", $1 / 1e6 }'
+# to change. Twice: with the restore namespace's table still in the kernel, then alone, as on a node. Every
+# namespace's services share the kernel's one hash table, and the /proc/net/ip_vs of one namespace loses services
+# between its read chunks while others' are in it (ip_vs_info_seq_next steps over every namespace's entries,
+# ip_vs_info_array counts only its own): the proxier reads those over netlink.
+observed_n() { # FIELD: the value of that field of the `observed the kernel` line
+  sed -n "s/.*observed the kernel.* $1=\([0-9]*\).*/\1/p" "$W/bench.log" | tail -n1
 }
-sync=$(field_s duration_us); obs=$(observed duration_us); ct=$(field_s conntrack_us)
-say "full sync of the programmed table (the periodic resync's work): $sync s: observe $obs s (IPVS $(observed ipvs_us) s,"
-say "  nftables table read $(observed nft_us) s, addresses the rest); diff and the rest $(awk "BEGIN{print $sync - $obs - $ct}") s;"
-say "  UDP conntrack listing $ct s"
+observed() { # FIELD: seconds in that (microseconds) field of the `observed the kernel` line
+  observed_n "$1" | awk '{ printf "%.3f", $1 / 1e6 }'
+}
+full_sync() { # WHEN: a second `run --once` in kipvs' namespace, timed by part
+  NO_COLOR=1 RUST_LOG=info,kipvs_proxier::dataplane=debug ip netns exec bench-kipvs "$KIPVS" run --once \
+    --node bench-node --manifests "$B" > "$W/bench.log" 2>&1
+  check "the full sync of the programmed table changed nothing ($1)" grep -q 'sync complete.* ops=0 ' "$W/bench.log"
+  sync=$(field_s duration_us); obs=$(observed duration_us); ct=$(field_s conntrack_us)
+  say "full sync of the programmed table (the periodic resync's work), $1: $sync s: observe $obs s (IPVS $(observed ipvs_us) s:"
+  say "  real servers of $(observed_n from_listing) virtual servers from /proc/net/ip_vs, of $(observed_n destination_requests) by netlink requests;"
+  say "  nftables table read $(observed nft_us) s, addresses the rest); diff and the rest $(awk "BEGIN{print $sync - $obs - $ct}") s;"
+  say "  UDP conntrack listing $ct s"
+}
+full_sync "the restore namespace's $vs virtual servers in the kernel too"
+t0=$(now); in_ns restore "ipvsadm -C"; t1=$(now)
+say "ipvsadm -C in the restore namespace: $(awk "BEGIN{print $t1 - $t0}") s"
+full_sync "alone in the kernel"
 
 in_ns kipvs "ipvsadm -C"
 t0=$(now); ip netns exec bench-kipvs ipvsadm -R < "$W/table"; t1=$(now)

@@ -14,6 +14,7 @@ use crate::model::{
 };
 use futures::{StreamExt, TryStreamExt};
 use ipvs::IpvsMessage;
+use ipvs::procfs::{ListedService, ProcListing};
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NetlinkMessage};
 use netlink_packet_generic::GenlMessage;
 use netlink_packet_route::RouteNetlinkMessage;
@@ -33,6 +34,9 @@ pub const INTERFACE: &str = "kube-ipvs0";
 /// How many netlink reads (the destinations of each virtual server) are in flight at once.
 const PIPELINE_DEPTH: usize = 256;
 
+/// The real servers of each virtual server, as one read of the IPVS listing has them.
+type Listed = BTreeMap<VirtualServerKey, BTreeMap<SocketAddr, ObservedRealServer>>;
+
 /// errno values the dataplane treats as success.
 const EEXIST: i32 = libc::EEXIST;
 const EADDRNOTAVAIL: i32 = libc::EADDRNOTAVAIL;
@@ -40,6 +44,9 @@ const EADDRNOTAVAIL: i32 = libc::EADDRNOTAVAIL;
 /// The kernel dataplane of one network namespace.
 pub struct KernelDataplane {
     ipvs: ipvs::Handle,
+    /// `/proc/net/ip_vs` of the namespace: every virtual server's real servers in one read.
+    /// `None` when it cannot be opened or read (then one netlink dump per virtual server).
+    listing: Option<ProcListing>,
     rtnl: rtnetlink::Handle,
     /// Binds and unbinds addresses in batches (a stage of them is one `sendmsg` per
     /// [`super::batch::BATCH`] ops).
@@ -62,6 +69,14 @@ impl KernelDataplane {
     /// errors when the dummy link cannot be created (no `dummy` module, no `CAP_NET_ADMIN`).
     pub async fn connect() -> Result<Self, DataplaneError> {
         let ipvs = ipvs::Handle::connect().await?;
+        let listing = ProcListing::open()
+            .inspect_err(|error| {
+                tracing::warn!(
+                    %error,
+                    "no IPVS listing: reading real servers with one netlink request per virtual server"
+                );
+            })
+            .ok();
         let (conn, rtnl, _) = rtnetlink::new_connection().map_err(|source| DataplaneError::Io {
             context: "rtnetlink socket".into(),
             source,
@@ -78,6 +93,7 @@ impl KernelDataplane {
         let ipvs_batches = batcher(NETLINK_GENERIC, "IPVS")?;
         Ok(KernelDataplane {
             ipvs,
+            listing,
             rtnl,
             addresses,
             ipvs_batches,
@@ -153,6 +169,31 @@ impl KernelDataplane {
             }
         }
         Ok(out)
+    }
+
+    /// One read of the IPVS listing on the blocking pool (the kernel formats the table during
+    /// the read); `None` without a listing. A listing that cannot be read or parsed is dropped
+    /// with a warning: this and every later observation read the real servers over netlink.
+    async fn read_listing(&mut self) -> Option<Listed> {
+        let mut listing = self.listing.take()?;
+        let read = tokio::task::spawn_blocking(move || {
+            let services = listing.read();
+            (listing, services)
+        })
+        .await;
+        let error = match read {
+            Ok((listing, Ok(services))) => {
+                self.listing = Some(listing);
+                return Some(listed(services));
+            }
+            Ok((_, Err(error))) => error.to_string(),
+            Err(error) => error.to_string(),
+        };
+        tracing::warn!(
+            %error,
+            "cannot read the IPVS listing: reading real servers with one netlink request per virtual server from now on"
+        );
+        None
     }
 
     /// Apply a stage of address ops (all binds or all unbinds) in batches ([`Batcher`]): a
@@ -282,20 +323,29 @@ impl KernelDataplane {
 }
 
 impl Dataplane for KernelDataplane {
+    /// The virtual servers' specs come from one netlink service dump, their real servers from
+    /// one read of the IPVS listing that follows it ([`ipvs::procfs`]); a virtual server of the
+    /// dump the listing lacks (created in between, or skipped by a listing the table changed
+    /// under) is read over netlink, one the listing has and the dump lacks (created in between)
+    /// is left out, as a dump alone would. So each virtual server's real servers are read at one
+    /// moment, and what changed between the two reads at worst makes an op fail (`EEXIST`,
+    /// `ENOENT`) and the sync retry; it never makes the diff delete what exists and is wanted.
     async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
         let started = std::time::Instant::now();
         let services = self.ipvs.services().await?;
         let inet: Vec<(VirtualServerKey, VirtualServerSpec)> =
             services.iter().filter_map(observed_service).collect();
+        let listed = self.read_listing().await;
+        let (mut virtual_servers, unlisted) = take_listed(inet, listed);
+        let from_listing = virtual_servers.len();
         // Collected first: a closure inside the stream would not be `Send` for every lifetime.
-        let ids: Vec<_> = inet.iter().map(|(key, _)| service_id(key)).collect();
+        let ids: Vec<_> = unlisted.iter().map(|(key, _)| service_id(key)).collect();
         let requests: Vec<_> = ids.iter().map(|id| self.ipvs.destinations(id)).collect();
         let dests: Vec<_> = futures::stream::iter(requests)
             .buffered(PIPELINE_DEPTH)
             .collect()
             .await;
-        let mut virtual_servers = BTreeMap::new();
-        for ((key, spec), dests) in inet.into_iter().zip(dests) {
+        for ((key, spec), dests) in unlisted.into_iter().zip(dests) {
             let real_servers = match dests {
                 Ok(d) => real_servers(d),
                 // Deleted between the two dumps: it is gone.
@@ -313,6 +363,8 @@ impl Dataplane for KernelDataplane {
         let bound_addresses = self.bound_addresses().await?;
         tracing::debug!(
             virtual_servers = virtual_servers.len(),
+            from_listing,
+            destination_requests = ids.len(),
             set_elements = table.elements.len(),
             bound_addresses = bound_addresses.len(),
             ipvs_us,
@@ -481,7 +533,6 @@ impl Dataplane for KernelDataplane {
     }
 }
 
-/// Real servers by address from a destination dump.
 /// Whether the UDP conntrack cleanup runs: on unless `KIPVS_CONNTRACK_CLEANUP` is `false` or
 /// `0` (an escape hatch, and how the VM test shows what happens without it).
 fn conntrack_cleanup_enabled() -> bool {
@@ -491,6 +542,7 @@ fn conntrack_cleanup_enabled() -> bool {
     )
 }
 
+/// Real servers by address from a destination dump.
 fn real_servers(dests: Vec<ipvs::Destination>) -> BTreeMap<SocketAddr, ObservedRealServer> {
     dests
         .into_iter()
@@ -503,6 +555,56 @@ fn real_servers(dests: Vec<ipvs::Destination>) -> BTreeMap<SocketAddr, ObservedR
             (SocketAddr::new(d.address, d.port), rs)
         })
         .collect()
+}
+
+/// The listed address-based virtual servers kipvs can own, with their real servers (a
+/// virtual server listed twice, the table having changed between the reads, keeps its last).
+fn listed(services: Vec<ListedService>) -> Listed {
+    services
+        .into_iter()
+        .filter_map(|service| {
+            let key = virtual_server_key(service.id.service_id()?)?;
+            let real_servers = service
+                .destinations
+                .into_iter()
+                .map(|d| {
+                    let rs = ObservedRealServer {
+                        weight: d.weight,
+                        active_connections: d.active_connections,
+                        inactive_connections: d.inactive_connections,
+                    };
+                    (SocketAddr::new(d.address, d.port), rs)
+                })
+                .collect();
+            Some((key, real_servers))
+        })
+        .collect()
+}
+
+/// The dumped virtual servers (`dumped`, their specs) the listing has, with its real servers,
+/// and those it lacks, to be read over netlink (all of them without a listing). Listed virtual
+/// servers the dump lacks are left out.
+fn take_listed(
+    dumped: Vec<(VirtualServerKey, VirtualServerSpec)>,
+    listed: Option<Listed>,
+) -> (
+    BTreeMap<VirtualServerKey, ObservedVirtualServer>,
+    Vec<(VirtualServerKey, VirtualServerSpec)>,
+) {
+    let Some(mut listed) = listed else {
+        return (BTreeMap::new(), dumped);
+    };
+    let mut observed = BTreeMap::new();
+    let mut unlisted = Vec::new();
+    for (key, spec) in dumped {
+        match listed.remove(&key) {
+            Some(real_servers) => {
+                observed.insert(key, ObservedVirtualServer { spec, real_servers });
+            }
+            None => unlisted.push((key, spec)),
+        }
+    }
+    (observed, unlisted)
 }
 
 /// The error of every op of a batch whose socket failed (`what`: which socket).
@@ -599,11 +701,26 @@ pub fn service(key: &VirtualServerKey, spec: &VirtualServerSpec) -> ipvs::Servic
 /// The inverse of [`service`] for a dumped entry; `None` for fwmark services and unknown
 /// protocols (never kipvs's). The kernel-owned `HASHED` bit is dropped.
 pub fn observed_service(s: &ipvs::Service) -> Option<(VirtualServerKey, VirtualServerSpec)> {
+    let key = virtual_server_key(s.id)?;
+    let persistent = s.flags.0 & ipvs::ServiceFlags::PERSISTENT.0 != 0;
+    let sched_flags =
+        s.flags.0 & !(ipvs::ServiceFlags::PERSISTENT.0 | ipvs::ServiceFlags::HASHED.0);
+    let spec = VirtualServerSpec {
+        scheduler: s.scheduler.as_str().into(),
+        persistence_timeout: persistent.then_some(s.timeout),
+        sched_flags,
+    };
+    Some((key, spec))
+}
+
+/// The inverse of [`service_id`]; `None` for fwmark services and unknown protocols (never
+/// kipvs's).
+fn virtual_server_key(id: ipvs::ServiceId) -> Option<VirtualServerKey> {
     let ipvs::ServiceId::Inet {
         address,
         port,
         protocol,
-    } = s.id
+    } = id
     else {
         return None;
     };
@@ -613,20 +730,11 @@ pub fn observed_service(s: &ipvs::Service) -> Option<(VirtualServerKey, VirtualS
         ipvs::Protocol::Sctp => Protocol::Sctp,
         ipvs::Protocol::Other(_) => return None,
     };
-    let persistent = s.flags.0 & ipvs::ServiceFlags::PERSISTENT.0 != 0;
-    let sched_flags =
-        s.flags.0 & !(ipvs::ServiceFlags::PERSISTENT.0 | ipvs::ServiceFlags::HASHED.0);
-    let key = VirtualServerKey {
+    Some(VirtualServerKey {
         address,
         port,
         protocol,
-    };
-    let spec = VirtualServerSpec {
-        scheduler: s.scheduler.as_str().into(),
-        persistence_timeout: persistent.then_some(s.timeout),
-        sched_flags,
-    };
-    Some((key, spec))
+    })
 }
 
 #[cfg(test)]
@@ -671,5 +779,85 @@ mod tests {
         let entry = service(&key, &spec);
         assert_eq!(entry.netmask, 0xffff_ffff);
         assert_eq!(observed_service(&entry), Some((key, spec)));
+    }
+
+    fn key(address: &str, port: u16, protocol: Protocol) -> VirtualServerKey {
+        VirtualServerKey {
+            address: address.parse().unwrap(),
+            port,
+            protocol,
+        }
+    }
+
+    fn rr() -> VirtualServerSpec {
+        VirtualServerSpec {
+            scheduler: "rr".into(),
+            persistence_timeout: None,
+            sched_flags: 0,
+        }
+    }
+
+    /// The listing of the example cluster's DNS Service on TCP and UDP, one IPv6 Service and a
+    /// firewall-mark service, as `ip_vs_info_seq_show` prints them.
+    const LISTING: &str = "\
+IP Virtual Server version 1.2.1 (size=4096)
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port Forward Weight ActiveConn InActConn
+TCP  0A60000A:0035 rr  
+  -> 0AF40206:0035      Masq    1      0          0         
+  -> 0AF40105:0035      Masq    0      2          7         
+UDP  0A60000A:0035 rr  
+  -> 0AF40105:0035      Masq    1      0          3         
+TCP  [fd00:0000:0000:0000:0000:0000:0000:0014]:0050 rr 
+FWM  00000007 wrr 
+  -> 0AF40103:0000      Route   3      0          0         
+";
+
+    #[test]
+    fn the_listing_gives_real_servers_by_virtual_server() {
+        let listed = listed(ipvs::procfs::parse(LISTING).unwrap());
+        let rs = |weight, active_connections, inactive_connections| ObservedRealServer {
+            weight,
+            active_connections,
+            inactive_connections,
+        };
+        let want: Listed = [
+            (
+                key("10.96.0.10", 53, Protocol::Tcp),
+                [
+                    ("10.244.2.6:53".parse().unwrap(), rs(1, 0, 0)),
+                    ("10.244.1.5:53".parse().unwrap(), rs(0, 2, 7)),
+                ]
+                .into(),
+            ),
+            (
+                key("10.96.0.10", 53, Protocol::Udp),
+                [("10.244.1.5:53".parse().unwrap(), rs(1, 0, 3))].into(),
+            ),
+            (key("fd00::14", 80, Protocol::Tcp), BTreeMap::new()),
+        ]
+        .into();
+        // The firewall-mark service is not kipvs's: left out.
+        assert_eq!(listed, want);
+    }
+
+    #[test]
+    fn dumped_virtual_servers_the_listing_lacks_are_read_over_netlink() {
+        let listed = listed(ipvs::procfs::parse(LISTING).unwrap());
+        let dns = key("10.96.0.10", 53, Protocol::Tcp);
+        let created_after_the_listing = key("10.96.0.30", 443, Protocol::Tcp);
+        let dumped = vec![(dns, rr()), (created_after_the_listing, rr())];
+        let (observed, unlisted) = take_listed(dumped.clone(), Some(listed.clone()));
+        // Listed and dumped: the dump's spec, the listing's real servers.
+        assert_eq!(observed.len(), 1);
+        assert_eq!(observed[&dns].spec, rr());
+        assert_eq!(observed[&dns].real_servers, listed[&dns]);
+        // Dumped only: read over netlink. Listed only (UDP DNS, the IPv6 one, created after
+        // the dump): left out, as a dump alone would.
+        assert_eq!(unlisted, [(created_after_the_listing, rr())]);
+        // No listing: everything over netlink.
+        let (observed, unlisted) = take_listed(dumped.clone(), None);
+        assert!(observed.is_empty());
+        assert_eq!(unlisted, dumped);
     }
 }
