@@ -197,73 +197,21 @@ impl<D: Dataplane> Engine<D> {
     }
 
     /// `serviceProxy: kipvs` on a node the proxier does not program: `Standby` while
-    /// kube-proxy runs; then the gate (a switch that would touch connections is refused,
-    /// `Failed`, unless allowed); then the kernel: a configuration put in force while the
-    /// proxier wrote nothing is admitted now ([`Engine::admit_at_switch`]: refused, the
-    /// previous one is back in force and the switch is decided again with it), the kernel
-    /// settings are made; then the ports and `TakingOver` (the next sync is the full sync of
-    /// the switch). Nothing is written to the kernel before the gate has let the switch go
-    /// ahead.
+    /// kube-proxy runs; then the gate ([`Engine::gate`]); then the kernel
+    /// ([`Engine::admit_kernel`]); then the ports and `TakingOver` (the next sync is the full
+    /// sync of the switch). Nothing is written to the kernel before the gate has let the
+    /// switch go ahead.
     async fn take_over(&mut self) -> Option<Duration> {
-        let takeover = self.takeover.as_mut()?;
-        let node = takeover.node.clone();
+        let node = self.takeover.as_ref()?.node.clone();
         if let Some(why) = node.running().await {
-            let takeover = self.takeover.as_mut()?;
-            takeover.found = true;
-            takeover.ports.send_replace(false);
-            let (message, healthy) = match &takeover.back {
-                Some(back) => (back.clone(), Some(false)),
-                None => (
-                    format!(
-                        "kube-proxy runs on this node ({why}): kipvs writes nothing until it has \
-                         stopped"
-                    ),
-                    None,
-                ),
-            };
-            self.stand(ServiceProxyPhase::Standby, Some(message), healthy);
+            self.stand_by_kube_proxy(&why);
             return Some(STANDBY_CHECK);
         }
-        // The gate: a switch from kube-proxy (seen running by this process) only; a restart
-        // on a node kipvs programmed adopts its own table as it always does.
-        if takeover.found && !takeover.allow_connection_changes {
-            let now = Instant::now();
-            let previewed = takeover
-                .last_check
-                .is_some_and(|at| now.duration_since(at) < GATE_CHECK);
-            if previewed {
-                return Some(STANDBY_CHECK);
-            }
-            match self.preview_switch().await {
-                Ok(None) => {}
-                Ok(Some(refusal)) => {
-                    let takeover = self.takeover.as_mut()?;
-                    takeover.last_check = Some(now);
-                    if let Some(f) = &mut self.following {
-                        let changed = f.report.refused(refusal.clone());
-                        f.publish(changed);
-                    }
-                    tracing::warn!("the switch to kipvs is refused: {refusal}");
-                    self.stand(ServiceProxyPhase::Standby, Some(refusal), None);
-                    return Some(STANDBY_CHECK);
-                }
-                Err(e) => {
-                    tracing::warn!("cannot preview the switch to kipvs, again: {e}");
-                    return Some(STANDBY_CHECK);
-                }
-            }
+        if let Some(again) = self.gate().await {
+            return Some(again);
         }
-        match self.admit_at_switch().await {
-            Admission::Admitted => {}
-            // Decided again at once, with the configuration back in force (the gate too).
-            Admission::Refused => return Some(Duration::ZERO),
-            Admission::Nothing => {
-                let takeover = self.takeover.as_mut()?;
-                if let Err(e) = takeover.settings.apply(self.planner.config()).await {
-                    tracing::warn!("cannot make the kernel settings, again: {e}");
-                    return Some(STANDBY_CHECK);
-                }
-            }
+        if let Some(again) = self.admit_kernel().await {
+            return Some(again);
         }
         let takeover = self.takeover.as_mut()?;
         if takeover.found || takeover.phase.is_some() {
@@ -282,6 +230,86 @@ impl<D: Dataplane> Engine<D> {
         self.last_full_sync = None;
         self.stand(phase, None, None);
         None
+    }
+
+    /// kube-proxy runs on the node (`why`: how it was seen): `Standby`, its ports left to it;
+    /// unhealthy with the reason if it came back on a node the proxier programmed.
+    fn stand_by_kube_proxy(&mut self, why: &str) {
+        let Some(takeover) = self.takeover.as_mut() else {
+            return;
+        };
+        takeover.found = true;
+        takeover.ports.send_replace(false);
+        let (message, healthy) = match &takeover.back {
+            Some(back) => (back.clone(), Some(false)),
+            None => (
+                format!(
+                    "kube-proxy runs on this node ({why}): kipvs writes nothing until it has \
+                     stopped"
+                ),
+                None,
+            ),
+        };
+        self.stand(ServiceProxyPhase::Standby, Some(message), healthy);
+    }
+
+    /// The gate of a switch from kube-proxy (seen running by this process; a restart on a node
+    /// kipvs programmed adopts its own table as it always does): a switch that would touch
+    /// connections ([`Preview::refusal`]) is refused, `Failed` with the reason and previewed
+    /// again every [`GATE_CHECK`], unless `--allow-connection-changes`. `None`: the switch goes
+    /// ahead; else how soon to decide again.
+    async fn gate(&mut self) -> Option<Duration> {
+        let takeover = self.takeover.as_ref()?;
+        if !takeover.found || takeover.allow_connection_changes {
+            return None;
+        }
+        let now = Instant::now();
+        if takeover
+            .last_check
+            .is_some_and(|at| now.duration_since(at) < GATE_CHECK)
+        {
+            return Some(STANDBY_CHECK);
+        }
+        match self.preview_switch().await {
+            Ok(None) => None,
+            Ok(Some(refusal)) => {
+                if let Some(takeover) = self.takeover.as_mut() {
+                    takeover.last_check = Some(now);
+                }
+                if let Some(f) = &mut self.following {
+                    let changed = f.report.refused(refusal.clone());
+                    f.publish(changed);
+                }
+                tracing::warn!("the switch to kipvs is refused: {refusal}");
+                self.stand(ServiceProxyPhase::Standby, Some(refusal), None);
+                Some(STANDBY_CHECK)
+            }
+            Err(e) => {
+                tracing::warn!("cannot preview the switch to kipvs, again: {e}");
+                Some(STANDBY_CHECK)
+            }
+        }
+    }
+
+    /// The kernel's part of the switch: a configuration put in force while the proxier wrote
+    /// nothing is admitted now ([`Engine::admit_at_switch`]: refused, the previous one is back
+    /// in force and the switch is decided again at once with it), else the kernel settings of
+    /// the configuration in force are made. `None`: done; else how soon to decide again.
+    async fn admit_kernel(&mut self) -> Option<Duration> {
+        match self.admit_at_switch().await {
+            Admission::Admitted => None,
+            Admission::Refused => Some(Duration::ZERO),
+            Admission::Nothing => {
+                let takeover = self.takeover.as_mut()?;
+                match takeover.settings.apply(self.planner.config()).await {
+                    Ok(()) => None,
+                    Err(e) => {
+                        tracing::warn!("cannot make the kernel settings, again: {e}");
+                        Some(STANDBY_CHECK)
+                    }
+                }
+            }
+        }
     }
 
     /// After the first full sync of a proxier that did not see kube-proxy (a restart):
