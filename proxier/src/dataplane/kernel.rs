@@ -547,14 +547,24 @@ fn real_servers(dests: Vec<ipvs::Destination>) -> BTreeMap<SocketAddr, ObservedR
     dests
         .into_iter()
         .map(|d| {
-            let rs = ObservedRealServer {
-                weight: d.weight,
-                active_connections: d.active_connections,
-                inactive_connections: d.inactive_connections,
-            };
-            (SocketAddr::new(d.address, d.port), rs)
+            let counts = (d.weight, d.active_connections, d.inactive_connections);
+            real_server(SocketAddr::new(d.address, d.port), counts)
         })
         .collect()
+}
+
+/// One real server as observed: its address, and its weight, active and inactive connections
+/// (from a destination dump or the listing alike).
+fn real_server(
+    address: SocketAddr,
+    (weight, active_connections, inactive_connections): (u32, u32, u32),
+) -> (SocketAddr, ObservedRealServer) {
+    let rs = ObservedRealServer {
+        weight,
+        active_connections,
+        inactive_connections,
+    };
+    (address, rs)
 }
 
 /// The listed address-based virtual servers kipvs can own, with their real servers (a
@@ -568,12 +578,8 @@ fn listed(services: Vec<ListedService>) -> Listed {
                 .destinations
                 .into_iter()
                 .map(|d| {
-                    let rs = ObservedRealServer {
-                        weight: d.weight,
-                        active_connections: d.active_connections,
-                        inactive_connections: d.inactive_connections,
-                    };
-                    (SocketAddr::new(d.address, d.port), rs)
+                    let counts = (d.weight, d.active_connections, d.inactive_connections);
+                    real_server(SocketAddr::new(d.address, d.port), counts)
                 })
                 .collect();
             Some((key, real_servers))
