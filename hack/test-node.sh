@@ -367,6 +367,15 @@ if [ "$MODE" = full ]; then
   field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
   long_opened() { [ "$(field "$(stats)" long_opened)" = 4 ]; }
   check "load running: 4 long-lived connections" until_ 30 long_opened
+  # every pod change from now on, with the load log's clock: when each pod was marked terminating, lost its
+  # Ready, and was gone (printed with the load's failures at the end)
+  k get pods -A -w --output-watch-events -o wide 2>&1 | while IFS= read -r l; do
+    printf '%s %s\n' "$(date +%s.%N | cut -c1-14)" "$l"; done > "$STATE/pods.watch" &
+  ipvs_snapshot() { # $1: a name; the traffic NodePort's virtual servers (weights, connections) and IPVS's
+    # connections to them, kept in $STATE/ipvs.$1
+    node_agent sh "ipvsadm -Ln -t $NODE_IP:30090; ipvsadm -Ln -u $NODE_IP:30090; ipvsadm -Lnc | grep -c ':30090 '" \
+      > "$STATE/ipvs.$1" 2>&1 || true
+  }
   FIG=()
   begin() { PHASE=$1; LAST=$(stats); say "== $PHASE (from $(date +%s.%N | cut -c1-14), the load log's clock)"; }
   zeros() { local v; for v in "$@"; do [ "$v" = 0 ] || return 1; done; }
@@ -384,16 +393,25 @@ if [ "$MODE" = full ]; then
     check "$PHASE: long-lived connections broken ${d[4]} <= $1" [ "${d[4]}" -le "$1" ]
     [ "$fail" = "$fail0" ]
   }
+  fail_load=$fail
   begin "steady (20 s)"; sleep 20; end_phase 0 || true
   # Each old pod ends its long-lived connections when it exits (after its preStop sleep, in its grace period):
   # that is the application's end. A connection opened again may land on another old pod and end with it too: at
   # most 4 connections x 3 old pods. New connections must never fail.
   begin "kubectl rollout restart deploy/traffic"
+  OLD_PODS=$(k get pods -l app=traffic -o name)
   k rollout restart deploy/traffic > /dev/null
   check "  ... rolled out" k rollout status deploy/traffic --timeout=300s
-  sleep 20 # the last old pod's preStop sleep and exit
+  # The phase ends when the old pods are gone (each within its grace period after its preStop sleep; e2e-traffic
+  # as PID 1 ignores SIGTERM, so the kubelet kills it at the end of the grace period), and the client has seen
+  # their connections end (its read timeout, 3 s): a connection on an old pod never breaks in the next phase.
+  # shellcheck disable=SC2086 # OLD_PODS: words
+  old_gone() { local left; left=$(k get $OLD_PODS --ignore-not-found -o name) && [ -z "$left" ]; }
+  check "  ... the old pods are gone" until_ 120 old_gone
+  sleep 4
   end_phase 12 || true
   begin "DaemonSet kipvs-proxier to $TAG2"
+  ipvs_snapshot before
   t_update=$(date +%s.%N)
   k -n kipvs-system logs -f "$PP" > "$STATE/proxier-old.log" 2>&1 &
   k -n kipvs-system set image ds/kipvs-proxier "proxier=kipvs.test/kipvs-proxier:$TAG2" > /dev/null
@@ -405,16 +423,24 @@ if [ "$MODE" = full ]; then
   say "  set image -> the new pod Ready: $(elapsed "$t_update") s"
   PP=$(proxier_pod)
   sleep 10
+  ipvs_snapshot after
   end_phase 0 || {
     say "the old proxier's last log lines and the new one's first (times in UTC; the load's in Unix seconds):"
     tail -n 15 "$STATE/proxier-old.log" | sed 's/^/    old: /'
     k -n kipvs-system logs "$PP" 2>&1 | head -n 25 | sed 's/^/    new: /' || true
+    say "the NodePort in IPVS before the update and after (virtual servers; the count of IPVS's connections):"
+    sed 's/^/    before: /' "$STATE/ipvs.before"; sed 's/^/    after:  /' "$STATE/ipvs.after"
   }
   touch "$STATE/load.stop"; wait "$load_pid" || true
   say "load, whole run: $(stats)"
-  # every failure with its time and cause, then how many requests were slow (>1 s)
-  grep -v -e 'talking to' -e ': slow: ' "$STATE/load.log" | head -n 40 | sed 's/^/    /' || true
+  # every failure with its time and cause and the backend of each long-lived connection, then how many requests
+  # were slow (>1 s); the pods' changes when something failed
+  grep -v ': slow: ' "$STATE/load.log" | head -n 60 | sed 's/^/    /' || true
   say "requests slower than 1 s: $(grep -c ': slow: ' "$STATE/load.log" || true)"
+  if [ "$fail" != "$fail_load" ]; then
+    say "pod changes (the load log's clock):"
+    sed 's/^/    /' "$STATE/pods.watch"
+  fi
 fi
 
 # ---- upstream's Service tests: e2e.test against this cluster ------------------------------------------------------

@@ -4,7 +4,8 @@
 #   $NODECACHE/base-KEY.cpio.gz  the test VM's base initramfs (hack/vm/build-initramfs.sh, unchanged) with the
 #                                modules a node adds: bridge + br_netfilter + veth (the CNI bridge), overlay
 #                                (containerd's overlayfs snapshotter), the iptables-nft matches and targets the CNI
-#                                bridge's ipMasq and the kubelet use; the module tree is the kernel package's
+#                                bridge's ipMasq, its portmap (xt_sctp: an SCTP hostPort's `-p sctp --dport`) and
+#                                the kubelet use; the module tree is the kernel package's
 #                                net/, lib/, crypto/, drivers/net, drivers/virtio and fs/ (the VM cache has no fs/)
 #   $NODECACHE/root-KEY.cpio     Debian's containerd (with the runc-v2 shim only), runc, containernetworking-plugins
 #                                (the four the node uses) and iptables, with the libraries they need, unpacked at
@@ -30,7 +31,7 @@ NOT_RUN=(adduser passwd debconf cdebconf dpkg install-info tar libpam-modules li
 # kernel modules of a node, on top of the base initramfs's IPVS/conntrack/nf_tables set
 MODS=(bridge br_netfilter overlay nft_compat nft_nat nft_fib_inet nft_limit xt_MASQUERADE xt_comment xt_addrtype
   xt_conntrack xt_mark xt_multiport xt_nat xt_tcpudp xt_statistic xt_physdev ipt_REJECT nf_reject_ipv4
-  nfnetlink_log sctp)
+  nfnetlink_log sctp xt_sctp)
 "$ROOT/hack/vm/fetch.sh"
 mkdir -p "$NODECACHE"
 
