@@ -113,6 +113,9 @@ enum Admission {
     /// The kernel refused it: the configuration in force before it is back in force; the
     /// switch is decided again with it.
     Refused,
+    /// The kernel's part failed for a reason a later attempt may not meet
+    /// ([`Rejection::is_refusal`]): nothing changed, the switch is tried again.
+    Again,
 }
 
 /// A configuration in force and the revision it is (`None`: the local configuration), with
@@ -285,6 +288,13 @@ impl<D: Dataplane> Engine<D> {
         let Err(rejection) = admit(Some(&*takeover.settings), self.planner.config()).await else {
             return Admission::Admitted;
         };
+        if !rejection.is_refusal() {
+            tracing::warn!(
+                "cannot admit the configuration at the switch to kipvs, again: {rejection}"
+            );
+            self.unadmitted = Some(previous);
+            return Admission::Again;
+        }
         let refused = self
             .following
             .as_ref()
@@ -665,6 +675,26 @@ enum Rejection {
     /// Its kernel settings could not be made.
     #[error(transparent)]
     Settings(#[from] SettingsError),
+}
+
+impl Rejection {
+    /// Whether the configuration itself is refused (invalid, a scheduler the kernel lacks:
+    /// `ENOENT`, timeouts out of the kernel's range), not the attempt: a netlink or sysctl
+    /// error, or every probe port taken, may pass, and a configuration put in force while the
+    /// proxier wrote nothing is then admitted again at the next look ([`Engine::switch`]).
+    fn is_refusal(&self) -> bool {
+        match self {
+            Rejection::Invalid(_) | Rejection::Settings(SettingsError::TimeoutsOutOfRange(_)) => {
+                true
+            }
+            Rejection::Scheduler(SchedulerError::Refused { error, .. }) => {
+                matches!(error, ipvs::Error::NotFound)
+            }
+            Rejection::Scheduler(SchedulerError::ProbePortsTaken { .. }) => false,
+            Rejection::Scheduler(_) => true,
+            Rejection::Settings(_) => false,
+        }
+    }
 }
 
 /// What a configuration passes before it is put in force: it is valid and, with `kernel` (the

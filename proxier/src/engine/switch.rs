@@ -299,6 +299,7 @@ impl<D: Dataplane> Engine<D> {
         match self.admit_at_switch().await {
             Admission::Admitted => None,
             Admission::Refused => Some(Duration::ZERO),
+            Admission::Again => Some(STANDBY_CHECK),
             Admission::Nothing => {
                 let takeover = self.takeover.as_mut()?;
                 match takeover.settings.apply(self.planner.config()).await {

@@ -663,6 +663,8 @@ mod tests {
     struct KernelWrites {
         writes: Arc<Mutex<Vec<String>>>,
         missing: Arc<Mutex<BTreeSet<String>>>,
+        /// How many settings writes fail (a sysctl error) before they succeed.
+        failing: Arc<Mutex<usize>>,
     }
 
     impl KernelSettings for KernelWrites {
@@ -686,6 +688,12 @@ mod tests {
             config: &'a ProxierConfiguration,
         ) -> BoxFuture<'a, Result<(), SettingsError>> {
             self.writes.lock().unwrap().push("settings".into());
+            let mut failing = self.failing.lock().unwrap();
+            if *failing > 0 {
+                *failing -= 1;
+                let e = std::io::Error::other("read-only file system");
+                return Box::pin(async move { Err(SettingsError::Sysctl(e)) });
+            }
             FakeKernel.apply(config)
         }
     }
@@ -1203,6 +1211,55 @@ mod tests {
         assert_eq!(s.observed_revision(), "r1");
         let (phase, proxy, _, _) = s.standing();
         assert_eq!((phase, proxy), (NodePhase::Applied, Some(Programming)));
+    }
+
+    /// A kernel error at the switch that a later attempt may not meet (a sysctl write fails)
+    /// is not a refusal: the revision admitted in standby stays in force and `Pending`, the
+    /// switch is tried again at the next look and goes ahead with it once the kernel takes it.
+    #[tokio::test(start_paused = true)]
+    async fn a_passing_kernel_error_at_the_switch_is_tried_again_not_refused() {
+        use ServiceProxyPhase::*;
+        let node = Arc::new(FakeNode::default());
+        *node.running.lock().unwrap() = Some("process kube-proxy (pid [7])".into());
+        let r1 = Switching::revision("r1", ServiceProxy::Kipvs);
+        let settings = KernelWrites::default();
+        *settings.failing.lock().unwrap() = 1;
+        let kernel = ObservedState::default();
+        let mut s = Switching::starting("switch-sysctl", &node, kernel, false, r1, settings).await;
+        assert!(!s.turn().await);
+        s.engine
+            .apply_assigned(Switching::scheduling("r2", "wrr"))
+            .await;
+        assert!(!s.turn().await);
+        assert!(s.settings.writes().is_empty(), "no kernel write in standby");
+
+        *node.running.lock().unwrap() = None;
+        assert_eq!(s.engine.switch().await, Some(STANDBY_CHECK), "tried again");
+        assert_eq!(s.settings.writes(), ["probe wrr", "settings"]);
+        assert_eq!(s.applied(), 0, "nothing programmed");
+        assert_eq!(
+            (s.standing().0, s.observed_revision()),
+            (NodePhase::Pending, "r2".into()),
+            "not Failed"
+        );
+        assert_eq!(
+            s.engine.planner().config().ipvs.scheduler,
+            "wrr",
+            "r2 in force"
+        );
+
+        tokio::time::advance(STANDBY_CHECK).await;
+        assert!(s.turn().await, "the switch goes ahead with r2");
+        assert_eq!(
+            s.settings.writes(),
+            ["probe wrr", "settings", "probe wrr", "settings"]
+        );
+        assert_eq!(s.schedulers(), ["wrr"]);
+        s.engine.takeover.as_mut().unwrap().removed().await;
+        assert!(s.turn().await);
+        let (phase, proxy, _, _) = s.standing();
+        assert_eq!((phase, proxy), (NodePhase::Applied, Some(Programming)));
+        assert_eq!(s.observed_revision(), "r2");
     }
 
     /// A proxier that restarts where kube-proxy does not run admits its revision before it
