@@ -847,6 +847,27 @@ FWM  00000007 wrr
         assert_eq!(listed, want);
     }
 
+    /// A service printed twice (a service added before the kernel's cursor between two read
+    /// chunks moves the next chunk's start back by one) keeps its later print.
+    #[test]
+    fn a_virtual_server_listed_twice_keeps_its_later_print() {
+        let twice = LISTING.replace(
+            "UDP  0A60000A:0035 rr  \n",
+            "TCP  0A60000A:0035 rr  \n  -> 0AF40206:0035      Masq    0      5          1         \n\
+             UDP  0A60000A:0035 rr  \n",
+        );
+        let listed = listed(ipvs::procfs::parse(&twice).unwrap());
+        let dns = &listed[&key("10.96.0.10", 53, Protocol::Tcp)];
+        let later = ObservedRealServer {
+            weight: 0,
+            active_connections: 5,
+            inactive_connections: 1,
+        };
+        assert_eq!(dns.len(), 1, "the later print only: {dns:?}");
+        assert_eq!(dns[&"10.244.2.6:53".parse().unwrap()], later);
+        assert_eq!(listed.len(), 3);
+    }
+
     #[test]
     fn dumped_virtual_servers_the_listing_lacks_are_read_over_netlink() {
         let listed = listed(ipvs::procfs::parse(LISTING).unwrap());
