@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Taking a node over from kube-proxy under load, in the test VM: kube-apiserver 1.24 on this machine's loopback
-# (hack/control-plane.sh), kube-proxy v1.24.0-alpha.1 built from ../shared/k8s (hack/lib/k8s-build.sh) in IPVS
+# Taking a node over from kube-proxy under load, in the test VM: kube-apiserver on this machine's loopback
+# (hack/control-plane.sh), kube-proxy of the same release (Debian's 1.20.2 or KIPVS_K8S_BIN's: hack/lib/k8s-build.sh) in IPVS
 # mode in the VM with Debian's iptables (legacy) and ipset (hack/vm/kube-proxy-userland.sh), then the proxier
 # image's kipvs-proxier, both against that apiserver; driven through the end to end's guest agent
 # (tests/vm/e2e/agent.sh, hack/lib/e2e.sh) under its load (25 new TCP connections/s and 5 UDP queries/s to the
@@ -25,7 +25,6 @@
 # established IPVS connection entries from before the switch still present, the switch's kernel ops by kind
 # (no delete or re-add of anything wanted: checked), and kube-proxy's chains and sets left (target 0 after a
 # takeover).
-# Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
 #
 # usage: hack/test-takeover.sh
 # env:   CP_PORT/CP_ETCD_PORT (26443/26790), TAKEOVER_AGENT_PORT (26100), KEEP=1 (keep the state dir),
@@ -40,10 +39,8 @@ export RUST_BACKTRACE=0
 export CP_PORT=${CP_PORT:-26443} CP_ETCD_PORT=${CP_ETCD_PORT:-26790}
 AGENT_PORT=${TAKEOVER_AGENT_PORT:-26100}
 say() { printf 'takeover: %s\n' "$*"; }
-if [ "$(hack/control-plane.sh version)" != 1.24 ]; then
-  say "SKIPPED (needs the Kubernetes 1.24 source in ../shared/k8s: kube-proxy 1.24 and v1 EndpointSlices)"
-  exit 0
-fi
+K8S=$(hack/control-plane.sh version)
+ES_API=$(python3 tests/lib/k8s_api.py "${K8S#1.}" --api) # hack/lib/e2e.sh's slice
 T0=$(date +%s)
 LOAD0=$(uptime | sed 's/.*load average/load average/')
 . hack/lib/checks.sh # ok, bad, check

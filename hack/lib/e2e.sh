@@ -1,6 +1,7 @@
 # The end to end's host half, shared by the suites that drive the VM's e2e agent (tests/vm/e2e/agent.sh)
 # under load: hack/test-e2e.sh and hack/test-takeover.sh. Sourced after hack/lib/checks.sh (ok, bad,
-# check); the caller sets AGENT_PORT (the host loopback port QEMU forwards to the agent), CP_PORT, STATE (its
+# check); the caller sets AGENT_PORT (the host loopback port QEMU forwards to the agent), CP_PORT, ES_API (the
+# EndpointSlice group/version the release serves, tests/lib/k8s_api.py), STATE (its
 # state dir), vm_pid (the VM's hack/test-vm.sh, once started) and defines say and now.
 vm_gone() { ! kill -0 "$vm_pid" 2>/dev/null; }
 # stop_vm_and_control_plane: the caller's EXIT trap: the VM told to finish (killed after 5 s), the control plane
@@ -57,10 +58,10 @@ slice() {
     esac
     eps="$eps${eps:+,}{\"addresses\":[\"${e%%:*}\"],\"conditions\":{$c},\"nodeName\":\"test-node\"}"
   done
-  printf '{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"%s","namespace":"default",
+  printf '{"apiVersion":"%s","kind":"EndpointSlice","metadata":{"name":"%s","namespace":"default",
 "labels":{"kubernetes.io/service-name":"%s"}},"addressType":"IPv4","ports":[{"name":"http","port":8080,"protocol":"TCP"},
-{"name":"udp","port":8080,"protocol":"UDP"}%s],"endpoints":[%s]}' "$1" "$2" "${SLICE_EXTRA_PORTS:-}" "$eps" |
-    api_apply "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/$1"
+{"name":"udp","port":8080,"protocol":"UDP"}%s],"endpoints":[%s]}' "$ES_API" "$1" "$2" "${SLICE_EXTRA_PORTS:-}" "$eps" |
+    api_apply "/apis/$ES_API/namespaces/default/endpointslices/$1"
 }
 
 agent_up() {

@@ -1,70 +1,45 @@
-# Sourced: builds Kubernetes commands from the source tarball in ../shared/k8s (its README.md has the recipe),
-# offline, with Debian's Go 1.19, into the control-plane cache. Used by hack/control-plane.sh (kube-apiserver),
-# the kube-proxy scripts (hack/kube-proxy-vm.sh) and any other script that needs a real Kubernetes component.
+# Sourced: the Kubernetes components of the test layers. They come from one of two places:
+#   - KIPVS_K8S_BIN=DIR: the binaries of any release a tester brings (kube-apiserver, kube-controller-manager,
+#     kube-scheduler, kubelet, kube-proxy, e2e.test, ginkgo; each layer takes those it needs);
+#   - otherwise Debian bookworm's `kubernetes` source package (1.20.2, the whole tree with vendor/), fetched with
+#     `apt-get source` through a private apt configuration (nothing is added to /etc/apt), built offline with
+#     Debian's Go 1.19 (golang-1.19-go, -src, and rsync, which the Makefile needs, `apt-get download`ed and
+#     unpacked with `dpkg -x`), cached in $(k8s_cache).
+# The harness keys what it does on the release it finds (k8s_minor), never on where the binaries came from.
 #
-# k8s_tarball: prints the Kubernetes source tarball ($KIPVS_K8S_SRC, or shared/k8s next to this checkout, or
-#   next to the main checkout when this is a `git worktree`); prints nothing when there is none.
-# k8s_cache: prints the cache directory of that tarball, $CPCACHE/k8s-<first 16 hex digits of its sha256>
-#   (fails when there is no tarball).
-# k8s_build PKG...: builds each PKG (a main package of the tree: cmd/kube-proxy, cmd/kubelet,
-#   test/e2e/e2e.test, ...) that is not cached yet, all in one `make WHAT="PKG..."` (static: CGO_ENABLED=0,
-#   GOFLAGS=-tags=providerless, because the tarball leaves out the legacy cloud providers' generated clients),
-#   and prints the path of each executable, $(k8s_cache)/bin/<basename of PKG>, one a line, in argument order.
-#   Cached per tarball and per command: bin/NAME with its stamp stamp.NAME ("format=N" and the `--version`
-#   line, when the executable has that flag). The Go toolchain (golang-1.19-go, -src) and rsync (the Makefile
-#   needs it) are `apt-get download`ed and unpacked with `dpkg -x`; they, the unpacked source and the Go build
-#   cache stay in $(k8s_cache)/build (~2.5 GB) so that the next command reuses the packages built before
-#   (kube-apiserver cold: ~6.5 min of CPU on 2 cores; kube-proxy after it: much less). Concurrent calls on
-#   the same cache wait for each other (flock on $(k8s_cache)/build.lock). Build output goes to
-#   $(k8s_cache)/build/build.log; its last 40 lines are printed on failure.
-#   Errors: no tarball, a failed download or build (exit status 1, message on stderr).
-# k8s_build_e2e: builds upstream's end-to-end test executable (`go test -c ./test/e2e`) with its network tests
-#   only and the ginkgo command that runs it in parallel (the tree's vendored github.com/onsi/ginkgo/ginkgo), if
-#   not cached yet, and prints their paths, $(k8s_cache)/bin/e2e.test and bin/ginkgo, one a line. The
-#   tarball leaves out generated clients of GCE and AWS (its README), which test/e2e's cloud providers and the
-#   network tests on cloud load balancers, ingresses and firewalls import; a Go overlay (`go build -overlay`, the
-#   tarball stays as it is) builds the package without them: e2e_test.go imports test/e2e/network alone, e2e.go no
-#   cloud provider (`--provider=local` is the framework's own), and network's firewall.go, ingress.go,
-#   ingress_scale.go, loadbalancer.go, network_tiers.go and storage/utils' ebs.go are empty. Module mode with vendor/, static, the
-#   version of K8S_GIT_ENV in its ldflags. Same cache, lock and log as k8s_build (~10 min of CPU on 2 cores cold).
-#   Errors: as k8s_build's.
-# k8s_go_tools DIR: (what k8s_build uses; the Debian 1.20 build of hack/control-plane.sh too) Go 1.19 and an
-#   rsync wrapper (it runs with the unpacked libpopt, nothing else sees that LD_LIBRARY_PATH) under DIR/tools.
-# k8s_make DIR SRC LOG VAR=VALUE... make ARGS...: runs Kubernetes' Makefile in SRC with DIR's Go (offline:
-#   GOPROXY=off, GOTOOLCHAIN=local, CGO_ENABLED=0, GOCACHE=DIR/gocache, linux/amd64), the extra environment
-#   given, output in LOG.
+# k8s_bin NAME...: prints the path of each component NAME, one a line, in argument order: DIR/NAME with
+#   KIPVS_K8S_BIN, else the Debian build (built once, all missing ones in one `make`). agnhost (a test image,
+#   not a release component) is DIR/agnhost when DIR has it, else the Debian build. Logs on stderr which
+#   binary it took with its `--version`.
+#   Errors: NAME missing from DIR, a failed download or build (exit status 1, message on stderr).
+# k8s_minor: the minor version (20, 24, 33, ...) of the kube-apiserver k8s_bin gives (builds it if needed).
+# k8s_at_least MINOR: true when k8s_minor >= MINOR.
+# k8s_tree: (the Debian source) prints the unpacked, patched tree, fetching and unpacking it when needed.
+# k8s_cache: prints the Debian build's cache directory, $CPCACHE/k8s-debian.
 #
-# env: CPCACHE (~/.cache/kipvs-cp), KIPVS_K8S_SRC (directory holding kubernetes-*.tar.xz)
+# Why the tree is patched (found when kube-apiserver 1.20.2 was first built with Go 1.19):
+# - the vendored github.com/modern-go/reflect2 v1.0.1 built with Go >= 1.18 crashes on the first custom
+#   resource create (`fatal error: fault ... mapiternext`): replaced by Debian's reflect2 1.0.2, and
+#   json-iterator 1.1.10 by Debian's 1.1.12, the release made for it;
+# - go-openapi's type validator (vendored, validate/type.go) decides "this is null" with
+#   reflect.DeepEqual(reflect.Zero(T), reflect.ValueOf(data)), comparing reflect.Value internals: with Go >= 1.18
+#   an empty string matches, so every custom resource with a "" field is rejected. The condition is reduced to
+#   `data == nil` (what later kube-openapi versions do);
+# - `go build -mod=vendor` fails on this tree (`updates to go.mod needed`): the Makefile is the way in.
+# e2e.test is built with its network tests only (an overlay on e2e_test.go and e2e.go: no other test package,
+# no cloud provider), which cuts its build to what the node's conformance mode runs.
+#
+# env: CPCACHE (~/.cache/kipvs-cp), KIPVS_K8S_BIN (directory of binaries)
 # needs: hack/lib/host-tools.sh sourced (deb_fetch)
-K8S_BUILD_FORMAT=1 # bump when the build steps below change what ends up in bin/
-# The tarball's commit (../shared/k8s/README.md): not a git work tree, so the version is given.
-K8S_GIT_ENV=(KUBE_GIT_COMMIT=ab451280a0ea817bd9d6b4f3c06204e3f9a37e75 KUBE_GIT_VERSION=v1.24.0-alpha.1+ab451280a0ea81
-  KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=24)
+K8S_BUILD_FORMAT=2 # bump when the build steps below change what ends up in bin/
+K8S_DEB_VERSION=v1.20.2
+K8S_GIT_ENV=(KUBE_GIT_VERSION=$K8S_DEB_VERSION KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20 KUBE_GIT_TREE_STATE=clean)
 
-k8s_tarball() {
-  local d dirs=() here
-  here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-  if [ -n "${KIPVS_K8S_SRC:-}" ]; then
-    dirs=("$KIPVS_K8S_SRC")
-  else
-    dirs=("$here/../shared/k8s")
-    local common
-    common=$(git -C "$here" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
-    [ -n "$common" ] && dirs+=("$(dirname "$common")/../shared/k8s")
-  fi
-  for d in "${dirs[@]}"; do
-    compgen -G "$d/kubernetes-*.tar.xz" > /dev/null && { ls "$d"/kubernetes-*.tar.xz | head -n1; return; }
-  done
-  return 0
-}
+k8s_cache() { echo "${CPCACHE:-$HOME/.cache/kipvs-cp}/k8s-debian"; }
 
-k8s_cache() {
-  local t
-  t=$(k8s_tarball)
-  [ -n "$t" ] || { echo "k8s-build: no Kubernetes source tarball (../shared/k8s or \$KIPVS_K8S_SRC)" >&2; return 1; }
-  echo "${CPCACHE:-$HOME/.cache/kipvs-cp}/k8s-$(sha256sum "$t" | cut -c1-16)"
-}
+k8s_log() { printf 'k8s: %s\n' "$*" >&2; }
 
+# k8s_go_tools DIR: Go 1.19 and an rsync wrapper (it runs with the unpacked libpopt) under DIR/tools.
 k8s_go_tools() {
   local W=$1 d
   [ -x "$W/tools/bin/rsync" ] && [ -x "$W/tools/usr/lib/go-1.19/bin/go" ] && return 0
@@ -76,121 +51,197 @@ k8s_go_tools() {
   chmod +x "$W/tools/bin/rsync"
 }
 
+# k8s_make DIR SRC LOG VAR=VALUE... CMD...: CMD in SRC with DIR's Go, offline (GOPROXY=off, GOTOOLCHAIN=local,
+# static: CGO_ENABLED=0, GOCACHE=DIR/gocache, linux/amd64), the extra environment given, output in LOG.
 k8s_make() {
   local W=$1 K=$2 LOG=$3
   shift 3
   (cd "$K" && env PATH="$W/tools/bin:$W/tools/usr/lib/go-1.19/bin:$PATH" GOROOT="$W/tools/usr/lib/go-1.19" \
-    GOPROXY=off CGO_ENABLED=0 GOTOOLCHAIN=local GOCACHE="$W/gocache" KUBE_GIT_TREE_STATE=clean \
-    KUBE_BUILD_PLATFORMS=linux/amd64 "$@" > "$LOG" 2>&1) ||
-    { tail -n 40 "$LOG" >&2; echo "k8s-build: build failed (log: $LOG)" >&2; return 1; }
+    GOPROXY=off CGO_ENABLED=0 GOTOOLCHAIN=local GOCACHE="$W/gocache" KUBE_BUILD_PLATFORMS=linux/amd64 \
+    "$@" >> "$LOG" 2>&1) ||
+    { tail -n 40 "$LOG" >&2; k8s_log "build failed (log: $LOG)"; return 1; }
 }
 
-# k8s_built C NAME: bin/NAME of cache C is there and was built by these steps
-k8s_built() {
-  [ -x "$1/bin/$2" ] && [ -f "$1/stamp.$2" ] && head -n1 "$1/stamp.$2" | grep -qx "format=$K8S_BUILD_FORMAT"
-}
-
-# k8s_tree C: (in k8s_build's locked subshell) the Go tools and the unpacked tree in C/build; prints the tree
-k8s_tree() {
-  local W=$1/build T K
-  T=$(k8s_tarball)
-  mkdir -p "$W"
-  chmod 777 "$W" # apt's download sandbox user (_apt) writes here
-  k8s_go_tools "$W" || return 1
-  if [ ! -f "$W/src.done" ]; then
-    rm -rf "$W/src" && mkdir -p "$W/src" && tar -xJf "$T" -C "$W/src" || return 1
-    touch "$W/src.done"
+# k8s_fetch_source W: `apt-get source --download-only kubernetes` and the replacement Go packages into W/src-debs.
+k8s_fetch_source() {
+  local W=$1 S=$1/src-debs src
+  compgen -G "$S/kubernetes_*.orig.tar.gz" > /dev/null && compgen -G "$S/golang-github-json-iterator-go-dev_*.deb" \
+    > /dev/null && return 0
+  rm -rf "$W/apt" && mkdir -p "$W/apt/lists/partial" "$W/apt/cache/archives/partial" "$W/apt/parts" "$S"
+  chmod 777 "$S" # apt's download sandbox user (_apt) writes here
+  # deb-src for bookworm on the machine's own Debian mirror, in a private apt configuration
+  src=$(grep -l 'Suites: bookworm' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1 || true)
+  if [ -n "$src" ]; then
+    awk 'BEGIN{RS="";ORS="\n\n"} /Suites: bookworm( |$)/ && !/security/ {sub(/Types: deb/,"Types: deb-src"); print; exit}' \
+      "$src" > "$W/apt/parts/debsrc.sources"
+  else
+    printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\n' \
+      > "$W/apt/parts/debsrc.sources"
   fi
-  K=$W/src # the tree, or the one directory the tarball holds it in
-  [ -f "$K/Makefile" ] || K=$(dirname "$(find "$W/src" -maxdepth 2 -name Makefile | head -n1)")
-  [ -f "$K/Makefile" ] || { echo "k8s-build: no Makefile in $T" >&2; return 1; }
+  local APTSRC=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$W/apt/parts"
+    -o "Dir::State::Lists=$W/apt/lists" -o "Dir::Cache=$W/apt/cache")
+  k8s_log "fetching Debian's kubernetes source package through apt"
+  apt-get "${APTSRC[@]}" update -qq 2>&1 | grep -v -e unsandboxed -e 'pkgAcquire::Run' >&2 || true
+  (cd "$S" && apt-get "${APTSRC[@]}" source -qq --download-only kubernetes 2>&1) |
+    grep -v -e unsandboxed -e 'pkgAcquire::Run' >&2 || true
+  compgen -G "$S/kubernetes_*.orig.tar.gz" > /dev/null || { k8s_log "apt-get source kubernetes failed"; return 1; }
+  deb_fetch "$S" golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev
+}
+
+k8s_tree() {
+  local C W K pkg dir zero patched f
+  C=$(k8s_cache)
+  W=$C/build
+  K=$W/src/kubernetes-${K8S_DEB_VERSION#v}
+  [ -f "$W/src.done" ] && { echo "$K"; return 0; }
+  mkdir -p "$W" && chmod 777 "$W"
+  k8s_go_tools "$W" && k8s_fetch_source "$W" || return 1
+  rm -rf "$W/src" && mkdir -p "$W/src" && tar -xzf "$W"/src-debs/kubernetes_*.orig.tar.gz -C "$W/src" || return 1
+  [ -f "$K/Makefile" ] || { k8s_log "no $K/Makefile in Debian's kubernetes source"; return 1; }
+  for pkg in golang-github-modern-go-reflect2-dev:github.com/modern-go/reflect2 \
+             golang-github-json-iterator-go-dev:github.com/json-iterator/go; do
+    dir=${pkg#*:}
+    rm -rf "$W/deb" && mkdir -p "$W/deb" && dpkg -x "$W/src-debs/${pkg%%:*}"_*.deb "$W/deb"
+    find "$K/vendor/$dir" -maxdepth 1 -type f -name '*.go' -delete
+    find "$W/deb/usr/share/gocode/src/$dir" -maxdepth 1 -name '*.go' ! -name '*_test.go' -exec cp {} "$K/vendor/$dir/" \;
+  done
+  rm -rf "$W/deb"
+  zero='data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data))'
+  patched=$(grep -rlF "$zero" "$K/vendor" || true)
+  [ -n "$patched" ] || { k8s_log "go-openapi's zero-value check not found; the patch needs updating"; return 1; }
+  for f in $patched; do sed -i "s/data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data))/data == nil/" "$f"; done
+  touch "$W/src.done"
   echo "$K"
 }
 
-# k8s_stamp C NAME: records that bin/NAME of cache C was built by these steps
+# k8s_pkg NAME: the package of the tree that builds NAME
+k8s_pkg() {
+  case $1 in
+    agnhost) echo test/images/agnhost ;;
+    e2e.test | ginkgo) echo "$1" ;;
+    *) echo "cmd/$1" ;;
+  esac
+}
+
+# k8s_built NAME: bin/NAME of the Debian build is there and was built by these steps
+k8s_built() {
+  local C
+  C=$(k8s_cache)
+  [ -x "$C/bin/$1" ] && [ -f "$C/stamp.$1" ] && head -n1 "$C/stamp.$1" | grep -qx "format=$K8S_BUILD_FORMAT"
+}
+
 k8s_stamp() {
-  { echo "format=$K8S_BUILD_FORMAT"; "$1/bin/$2" --version 2>/dev/null | head -n1 || true; } > "$1/stamp.$2"
+  local C
+  C=$(k8s_cache)
+  { echo "format=$K8S_BUILD_FORMAT"; "$C/bin/$1" --version 2>/dev/null | head -n1 || true; } > "$C/stamp.$1"
 }
 
-k8s_build() {
-  [ $# -gt 0 ] || { echo "usage: k8s_build PKG..." >&2; return 2; }
-  local C p n want=() t0 W K
-  C=$(k8s_cache) || return 1
+# k8s_build_debian NAME...: builds each NAME not cached yet (one `make WHAT=...` for the commands, `go test -c`
+# for e2e.test), under a lock (concurrent callers wait for each other).
+k8s_build_debian() {
+  local C
+  C=$(k8s_cache)
   mkdir -p "$C/bin"
   (
     flock 9
-    for p in "$@"; do k8s_built "$C" "$(basename "$p")" || want+=("$p"); done
-    [ ${#want[@]} -gt 0 ] || exit 0
-    t0=$(date +%s)
-    W=$C/build
-    echo "k8s-build: ${want[*]} from $(basename "$(k8s_tarball)") (several minutes; log: $W/build.log)" >&2
-    K=$(k8s_tree "$C") || exit 1
-    k8s_make "$W" "$K" "$W/build.log" "${K8S_GIT_ENV[@]}" make WHAT="${want[*]}" GOFLAGS=-tags=providerless || exit 1
-    for p in "${want[@]}"; do
-      n=$(basename "$p")
-      cp "$K/_output/bin/$n" "$C/bin/$n.new" && mv "$C/bin/$n.new" "$C/bin/$n" || exit 1
-      k8s_stamp "$C" "$n"
+    local n want=() e2e=() t0 W K LOG
+    for n in "$@"; do
+      k8s_built "$n" && continue
+      case $n in e2e.test | ginkgo) e2e=(e2e.test ginkgo) ;; *) want+=("$(k8s_pkg "$n")") ;; esac
     done
-    echo "k8s-build: built ${want[*]} in $(( $(date +%s) - t0 ))s" >&2
-  ) 9> "$C/build.lock" || return 1
-  for p in "$@"; do echo "$C/bin/$(basename "$p")"; done
-}
-
-k8s_build_e2e() {
-  local C t0 W K O v ldflags
-  C=$(k8s_cache) || return 1
-  mkdir -p "$C/bin"
-  (
-    flock 9
-    k8s_built "$C" e2e.test && k8s_built "$C" ginkgo && exit 0
+    [ ${#want[@]} -gt 0 ] || [ ${#e2e[@]} -gt 0 ] || exit 0
     t0=$(date +%s)
     W=$C/build
-    echo "k8s-build: test/e2e (network tests) from $(basename "$(k8s_tarball)") (10 min or more; log: $W/build.log)" >&2
-    K=$(k8s_tree "$C") || exit 1
-    O=$W/e2e-overlay
-    rm -rf "$O" && mkdir -p "$O" || exit 1
-    python3 - "$K" "$O" <<'PY' || exit 1
+    LOG=$W/build.log
+    K=$(k8s_tree) || exit 1
+    if [ ${#want[@]} -gt 0 ]; then
+      k8s_log "building ${want[*]} from Debian's kubernetes $K8S_DEB_VERSION (several minutes; log: $LOG)"
+      # KUBE_STATIC_OVERRIDES: 1.20 links the kubelet and agnhost dynamically unless told (CGO_ENABLED=0 is set too)
+      k8s_make "$W" "$K" "$LOG" "${K8S_GIT_ENV[@]}" KUBE_STATIC_OVERRIDES="kubelet agnhost" GOFLAGS= \
+        make WHAT="${want[*]}" || exit 1
+      for n in "${want[@]}"; do
+        n=$(basename "$n")
+        cp "$K/_output/bin/$n" "$C/bin/$n.new" && mv "$C/bin/$n.new" "$C/bin/$n" && k8s_stamp "$n" || exit 1
+      done
+    fi
+    if [ ${#e2e[@]} -gt 0 ]; then
+      k8s_log "building test/e2e (network tests) and ginkgo from Debian's kubernetes (10 min or more; log: $LOG)"
+      k8s_build_e2e "$W" "$K" "$LOG" "$C/bin" || exit 1
+      k8s_stamp e2e.test && k8s_stamp ginkgo || exit 1
+    fi
+    k8s_log "built in $(( $(date +%s) - t0 ))s"
+  ) 9> "$C/build.lock"
+}
+
+# k8s_build_e2e W TREE LOG BIN: e2e.test (network tests only) and ginkgo into BIN
+k8s_build_e2e() {
+  local W=$1 K=$2 LOG=$3 B=$4 O=$1/e2e-overlay ldflags
+  rm -rf "$O" && mkdir -p "$O" || return 1
+  python3 - "$K" "$O" <<'PY' || return 1
 import json, os, re, sys
 tree, out = sys.argv[1], sys.argv[2]
 replace = {}
-def put(rel, text):
-    path = os.path.join(out, rel.replace("/", "_"))
-    with open(path, "w") as f:
-        f.write(text)
-    replace[os.path.join(tree, rel)] = path
 def edit(rel, pattern):
     with open(os.path.join(tree, rel)) as f:
         text, n = re.subn(pattern, "", f.read())
     assert n > 0, f"{rel}: nothing matches {pattern}"
-    put(rel, text)
+    path = os.path.join(out, rel.replace("/", "_"))
+    with open(path, "w") as f:
+        f.write(text)
+    replace[os.path.join(tree, rel)] = path
 edit("test/e2e/e2e_test.go", r'\t_ "k8s.io/kubernetes/test/e2e/(?!network")[^"]*"\n')
 edit("test/e2e/e2e.go", r'\t_ "k8s.io/kubernetes/test/e2e/framework/providers/[^"]*"\n')
-for rel in ("test/e2e/network/firewall.go", "test/e2e/network/ingress.go", "test/e2e/network/ingress_scale.go",
-            "test/e2e/network/loadbalancer.go", "test/e2e/network/network_tiers.go", "test/e2e/storage/utils/ebs.go"):
-    with open(os.path.join(tree, rel)) as f:
-        package = re.search(r"^package \w+$", f.read(), re.M).group(0)
-    put(rel, package + "\n")
 with open(os.path.join(out, "overlay.json"), "w") as f:
     json.dump({"Replace": replace}, f)
 PY
-    ldflags="-s -w"
-    for v in "${K8S_GIT_ENV[@]}"; do
-      case $v in
-        KUBE_GIT_COMMIT=*) ldflags+=" -X k8s.io/component-base/version.gitCommit=${v#*=}" ;;
-        KUBE_GIT_VERSION=*) ldflags+=" -X k8s.io/component-base/version.gitVersion=${v#*=}" ;;
-        KUBE_GIT_MAJOR=*) ldflags+=" -X k8s.io/component-base/version.gitMajor=${v#*=}" ;;
-        KUBE_GIT_MINOR=*) ldflags+=" -X k8s.io/component-base/version.gitMinor=${v#*=}" ;;
-      esac
-    done
-    k8s_make "$W" "$K" "$W/build.log" GO111MODULE=on GOFLAGS=-mod=vendor go test -c -vet=off -tags providerless \
-      -overlay "$O/overlay.json" -ldflags "$ldflags -X k8s.io/component-base/version.gitTreeState=clean" \
-      -o "$C/bin/e2e.test.new" ./test/e2e || exit 1
-    k8s_make "$W" "$K" "$W/build.log" GO111MODULE=on GOFLAGS=-mod=vendor go build -ldflags "-s -w" \
-      -o "$C/bin/ginkgo.new" github.com/onsi/ginkgo/ginkgo || exit 1
-    mv "$C/bin/e2e.test.new" "$C/bin/e2e.test" && k8s_stamp "$C" e2e.test || exit 1
-    mv "$C/bin/ginkgo.new" "$C/bin/ginkgo" && k8s_stamp "$C" ginkgo || exit 1
-    echo "k8s-build: built test/e2e (network tests) and ginkgo in $(( $(date +%s) - t0 ))s" >&2
-  ) 9> "$C/build.lock" || return 1
-  echo "$C/bin/e2e.test"
-  echo "$C/bin/ginkgo"
+  ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_DEB_VERSION"
+  ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=20"
+  ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  k8s_make "$W" "$K" "$LOG" GO111MODULE=on GOFLAGS=-mod=vendor go test -c -vet=off -overlay "$O/overlay.json" \
+    -ldflags "$ldflags" -o "$B/e2e.test.new" ./test/e2e || return 1
+  k8s_make "$W" "$K" "$LOG" GO111MODULE=on GOFLAGS=-mod=vendor go build -ldflags "-s -w" \
+    -o "$B/ginkgo.new" github.com/onsi/ginkgo/ginkgo || return 1
+  mv "$B/e2e.test.new" "$B/e2e.test" && mv "$B/ginkgo.new" "$B/ginkgo"
+}
+
+k8s_bin() {
+  [ $# -gt 0 ] || { echo "usage: k8s_bin NAME..." >&2; return 2; }
+  local n debian=() out=()
+  for n in "$@"; do
+    if [ -n "${KIPVS_K8S_BIN:-}" ] && [ -x "$KIPVS_K8S_BIN/$n" ]; then
+      continue
+    elif [ -n "${KIPVS_K8S_BIN:-}" ] && [ "$n" != agnhost ]; then
+      k8s_log "KIPVS_K8S_BIN=$KIPVS_K8S_BIN has no executable $n"; return 1
+    fi
+    debian+=("$n")
+  done
+  [ ${#debian[@]} -eq 0 ] || k8s_build_debian "${debian[@]}" || return 1
+  for n in "$@"; do
+    if [ -n "${KIPVS_K8S_BIN:-}" ] && [ -x "$KIPVS_K8S_BIN/$n" ]; then out+=("$(realpath "$KIPVS_K8S_BIN/$n")")
+    else out+=("$(k8s_cache)/bin/$n"); fi
+    k8s_log "$n: ${out[-1]} ($(k8s_version_of "${out[-1]}"))"
+  done
+  printf '%s\n' "${out[@]}"
+}
+
+# k8s_version_of PATH: the first version line PATH prints (e2e.test and ginkgo print theirs differently)
+k8s_version_of() {
+  local v
+  v=$("$1" --version 2>/dev/null | head -n1 || true)
+  [ -n "$v" ] || v=$("$1" version 2>/dev/null | head -n1 || true)
+  echo "${v:-no version}"
+}
+
+k8s_minor() {
+  local api v
+  api=$(k8s_bin kube-apiserver 2> /dev/null) || { k8s_bin kube-apiserver > /dev/null; return 1; }
+  v=$("$api" --version | grep -o 'v1\.[0-9]*' | head -n1)
+  [ -n "$v" ] || { k8s_log "$api --version: no version"; return 1; }
+  echo "${v#v1.}"
+}
+
+k8s_at_least() {
+  local m
+  m=$(k8s_minor) || return 1
+  [ "$m" -ge "$1" ]
 }

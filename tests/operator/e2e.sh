@@ -78,13 +78,19 @@ done
 ok "RBAC: the operator may patch Nodes (its label), not update, create or delete them"
 
 section "invalid ProxyConfigs"
-# 1.24 runs with CustomResourceValidationExpressions on (hack/control-plane.sh): CEL rules are enforced.
+# CEL rules (x-kubernetes-validations) are enforced from 1.23 (hack/control-plane.sh turns its gate on there);
+# before, a file whose rule only CEL can say is accepted by the apiserver, named as skipped, and caught by the
+# operator below.
 MINOR=$(kubectl get --raw /version | sed -n 's/.*"minor": *"\([0-9]*\).*/\1/p')
 ACCEPTED=()
 for f in tests/operator/invalid/*.yaml; do
   want=$(header expect-apiserver "$f")
-  if [ "$MINOR" -ge 24 ] && [ "$want" = accepted ] && [ -n "$(header expect-cel "$f")" ]; then
-    want=$(header expect-cel "$f")
+  if [ "$want" = accepted ] && [ -n "$(header expect-cel "$f")" ]; then
+    if [ "$MINOR" -ge 23 ]; then
+      want=$(header expect-cel "$f")
+    else
+      echo "SKIPPED on 1.$MINOR (needs 1.23: CEL): $(basename "$f") rejected by the apiserver's CEL rule"
+    fi
   fi
   if out=$(kubectl apply -f "$f" 2>&1); then
     [ "$want" = accepted ] || fail "$f was accepted, want: $want"
