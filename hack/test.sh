@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The project's test command (README "Tests"; .ci/run calls it).
-# Layers, fastest first: formatting and lints, unit tests + golden vectors + plan vectors,
-# then the real-kernel VM suite (hack/test-vm.sh), then the real control plane
-# (kube-apiserver 1.24 built once from ../shared/k8s, else 1.20.2 from Debian's source; cached:
-# hack/test-cluster.sh for the proxier, hack/test-operator.sh for the CRDs and the rollout controller),
-# then the end to end with the proxier in the VM against that apiserver (hack/test-e2e.sh; 1.24 only;
-# ~4 min after the VM suite, whose proxier image it reuses), then the differential parity check against the
-# real kube-proxy 1.24 in the VM (hack/parity-kube-proxy.sh --fast; 1.24 only), then the smoke part of the real
-# node: the VM as a Kubernetes node with a kubelet, kipvs installed with `kubectl apply -k config/`, the kubelet's
-# probes, a Service whose pods answer from a pod, the node and outside (hack/test-node.sh --smoke; 1.24 only),
-# then the takeover of a node from kube-proxy 1.24's IPVS mode under load (hack/test-takeover.sh; 1.24 only).
+# Layers, fastest first: formatting and lints, unit tests + golden vectors + plan vectors, then the real-kernel
+# VM suite (hack/test-vm.sh), then the real control plane: Kubernetes 1.20.2 built once from Debian's
+# `kubernetes` source package, or the binaries of KIPVS_K8S_BIN (hack/lib/k8s-build.sh; cached): the proxier
+# against kube-apiserver (hack/test-cluster.sh), the same again with the Debian binaries copied into a directory
+# given as KIPVS_K8S_BIN (the mechanism testers use for their release), the CRDs and the rollout controller
+# (hack/test-operator.sh), then the end to end with the proxier in the VM against that apiserver under load
+# (hack/test-e2e.sh), the differential parity check against the real kube-proxy's IPVS mode in the VM
+# (hack/parity-kube-proxy.sh --fast), the smoke part of the real node: the VM as a Kubernetes node with a
+# kubelet and containerd, kipvs installed with `kubectl apply -k`, the kubelet's probes, a Service whose pods
+# answer from a pod, the node and outside (hack/test-node.sh --smoke), then the takeover of a node from
+# kube-proxy's IPVS mode under load (hack/test-takeover.sh). docs/testing.md says what each proves on which release.
 # KIPVS_SKIP_VM=1 skips the VM suite and every layer that boots the VM, KIPVS_SKIP_CP=1 the control-plane
 # suites and everything after them, KIPVS_E2E=0 the end to end only, KIPVS_PARITY=0 the parity check only,
 # KIPVS_NODE=0 the node only, KIPVS_TAKEOVER=0 the takeover only.
@@ -36,10 +37,14 @@ if [ "${KIPVS_SKIP_VM:-0}" != 1 ]; then
   hack/test-vm.sh
 fi
 if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
-  step "control plane: build or reuse kube-apiserver $(hack/control-plane.sh version) (hack/control-plane.sh build)"
+  step "control plane: build or reuse the Kubernetes components and etcd (hack/control-plane.sh build)"
   hack/control-plane.sh build
-  step "proxier against the real kube-apiserver (hack/test-cluster.sh)"
+  step "proxier against the real kube-apiserver $(hack/control-plane.sh version) (hack/test-cluster.sh)"
   hack/test-cluster.sh
+  if [ -z "${KIPVS_K8S_BIN:-}" ]; then
+    step "KIPVS_K8S_BIN: the same suite against the Debian binaries copied into a directory"
+    hack/test-k8s-bin.sh
+  fi
   step "operator against the real kube-apiserver (hack/test-operator.sh)"
   hack/test-operator.sh
   if [ "${KIPVS_SKIP_VM:-0}" != 1 ] && [ "${KIPVS_E2E:-1}" != 0 ]; then
@@ -49,7 +54,7 @@ if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
     step "end to end (hack/test-e2e.sh) not run (KIPVS_E2E=0 or KIPVS_SKIP_VM=1)"
   fi
   if [ "${KIPVS_SKIP_VM:-0}" != 1 ] && [ "${KIPVS_PARITY:-1}" != 0 ]; then
-    step "parity with kube-proxy 1.24's IPVS mode in the VM, fast subset (hack/parity-kube-proxy.sh --fast; KIPVS_PARITY=0 skips it)"
+    step "parity with kube-proxy's IPVS mode in the VM, fast subset (hack/parity-kube-proxy.sh --fast; KIPVS_PARITY=0 skips it)"
     hack/parity-kube-proxy.sh --fast
   fi
   if [ "${KIPVS_SKIP_VM:-0}" != 1 ] && [ "${KIPVS_NODE:-1}" != 0 ]; then
@@ -57,7 +62,7 @@ if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
     hack/test-node.sh --smoke
   fi
   if [ "${KIPVS_SKIP_VM:-0}" != 1 ] && [ "${KIPVS_TAKEOVER:-1}" != 0 ]; then
-    step "takeover of a node from kube-proxy 1.24's IPVS mode under load, kube-proxy --cleanup as control (hack/test-takeover.sh; KIPVS_TAKEOVER=0 skips it)"
+    step "takeover of a node from kube-proxy's IPVS mode under load, kube-proxy --cleanup as control (hack/test-takeover.sh; KIPVS_TAKEOVER=0 skips it)"
     hack/test-takeover.sh
   fi
 fi
