@@ -1,12 +1,14 @@
 //! Where Services, EndpointSlices and the own Node come from: the [`store::Store`] they are
 //! written into through a [`SourceHandle`], the manifests files ([`manifests`]) and the
-//! Kubernetes API ([`kube`]), and the node's NodeProxyConfig ([`node_config`]).
+//! Kubernetes API ([`kube`]; [`v1beta1`] the EndpointSlices of API servers without
+//! `discovery.k8s.io/v1`), and the node's NodeProxyConfig ([`node_config`]).
 
 pub mod convert;
 pub mod kube;
 pub mod manifests;
 pub mod node_config;
 pub mod store;
+pub mod v1beta1;
 
 use ::kube::runtime::watcher;
 use kipvs_node_status::answered_status;
