@@ -1,7 +1,7 @@
 //! The Kubernetes API source against a scripted API server (tower-test): recorded list and
 //! watch answers, including a relist after `410 Gone`, an outage during which nothing is
-//! deleted, the backoff while the API server is away and the resumption once it is back, and a
-//! server without `discovery.k8s.io/v1` EndpointSlices.
+//! deleted, the backoff while the API server is away and the resumption once it is back, and
+//! the EndpointSlice version discovery finds: v1, v1beta1 (Kubernetes 1.20), or neither.
 
 use http::{Request, Response, StatusCode};
 use kipvs_crds::config::ProxierConfiguration;
@@ -9,9 +9,10 @@ use kipvs_proxier::dataplane::Op;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::engine::Engine;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
+use kipvs_proxier::model::objects::EndpointAddress;
 use kipvs_proxier::serve::metrics::{self, Metrics};
 use kipvs_proxier::source::SourceHandle;
-use kipvs_proxier::source::kube::{ENDPOINT_SLICES_RESOURCE, KubeSource, LIST_BATCH};
+use kipvs_proxier::source::kube::{KubeSource, LIST_BATCH, SliceVersion};
 use kipvs_proxier::source::store::Store;
 use kube::client::Body;
 use serde_json::{Value, json};
@@ -33,6 +34,8 @@ enum Reply {
     Watch(Vec<Value>),
     /// An error status.
     Status(u16, &'static str),
+    /// Discovery's resource list of a group version (`APIResourceList`) with these resources.
+    Resources(&'static str, &'static [&'static str]),
 }
 
 /// A connection that fails (the API server is not there), as the HTTP stack reports it.
@@ -47,11 +50,17 @@ impl std::fmt::Display for Unreachable {
 
 impl std::error::Error for Unreachable {}
 
-/// The resources the source watches, by URL path.
-const RESOURCES: [(&str, &str); 3] = [
+/// The resources the source watches and the discovery documents it reads, by URL path.
+const RESOURCES: [(&str, &str); 6] = [
     ("services", "/api/v1/services"),
     ("endpointslices", "/apis/discovery.k8s.io/v1/endpointslices"),
+    (
+        "endpointslices-v1beta1",
+        "/apis/discovery.k8s.io/v1beta1/endpointslices",
+    ),
     ("nodes", "/api/v1/nodes"),
+    ("discovery-v1", "/apis/discovery.k8s.io/v1"),
+    ("discovery-v1beta1", "/apis/discovery.k8s.io/v1beta1"),
 ];
 
 /// A scripted API server: each resource answers its requests in order with the replies
@@ -172,6 +181,18 @@ fn answer(reply: Reply) -> Response<Body> {
             (200, lines.concat())
         }
         Reply::Status(code, reason) => (code, status(code, reason).to_string()),
+        Reply::Resources(group_version, names) => {
+            let resources: Vec<Value> = names
+                .iter()
+                .map(|name| {
+                    json!({"name": name, "singularName": "", "namespaced": true,
+                                   "kind": "EndpointSlice", "verbs": ["list", "watch"]})
+                })
+                .collect();
+            let list = json!({"kind": "APIResourceList", "apiVersion": "v1",
+                              "groupVersion": group_version, "resources": resources});
+            (200, list.to_string())
+        }
     };
     Response::builder()
         .status(StatusCode::from_u16(code).unwrap())
@@ -204,6 +225,19 @@ fn slice(service: &str, ip: &str, rv: &str) -> Value {
            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
 }
 
+/// `slice` as a 1.20 API server returns it in `discovery.k8s.io/v1beta1`: the node in
+/// `topology`, no `nodeName`.
+fn slice_v1beta1(service: &str, ip: &str, node: &str, rv: &str) -> Value {
+    json!({"apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
+           "metadata": {"name": format!("{service}-1"), "namespace": "default", "resourceVersion": rv,
+                        "labels": {"kubernetes.io/service-name": service}},
+           "addressType": "IPv4",
+           "endpoints": [{"addresses": [ip], "conditions": {"ready": true},
+                          "topology": {"kubernetes.io/hostname": node,
+                                       "topology.kubernetes.io/zone": "zone-a"}}],
+           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+}
+
 fn node(rv: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "resourceVersion": rv}})
 }
@@ -216,7 +250,18 @@ struct Fixture {
     engine: Engine<FakeDataplane>,
 }
 
+/// The fixture of an API server that serves `discovery.k8s.io/v1` EndpointSlices.
 fn fixture() -> Fixture {
+    let f = fixture_without_discovery();
+    f.api.push(
+        "discovery-v1",
+        Reply::Resources("discovery.k8s.io/v1", &["endpointslices"]),
+    );
+    f
+}
+
+/// The fixture, with no discovery answer queued: the EndpointSlice watch waits for one.
+fn fixture_without_discovery() -> Fixture {
     let (api, client) = ApiServer::start();
     let metrics = Metrics::new();
     let handle = SourceHandle::gated().with_observer(Arc::new(metrics.clone()));
@@ -472,14 +517,122 @@ async fn a_relist_that_breaks_off_changes_nothing() {
     f.relist_web_and_cache("9").await;
 }
 
+/// `kipvs_api_resource_unavailable` of the EndpointSlices in `version`.
+fn unavailable(metrics: &Metrics, version: SliceVersion) -> Option<f64> {
+    let resource = version.resource();
+    let name = format!("kipvs_api_resource_unavailable{{resource=\"{resource}\"}}");
+    metrics::sample(&metrics.encode(), &name)
+}
+
+/// The address of each endpoint of Service `web`'s slices, and its node.
+fn web_endpoints(store: &Store) -> Vec<(Option<EndpointAddress>, Option<String>)> {
+    let slices = store.slices_of(&("default".into(), "web".into()));
+    let endpoints = slices.iter().flat_map(|slice| slice.endpoints.iter());
+    endpoints
+        .map(|e| (e.address.clone(), e.node_name.as_deref().map(str::to_owned)))
+        .collect()
+}
+
+fn ip(text: &str) -> Option<EndpointAddress> {
+    Some(EndpointAddress::Ip(text.parse().unwrap()))
+}
+
+/// Kubernetes 1.20: discovery has EndpointSlices in `discovery.k8s.io/v1beta1` only. They are
+/// listed and watched there and reach the store as their v1 equivalents (the node from
+/// `topology`); nothing is reported missing. When that watch answers 404 (the API server was
+/// upgraded past 1.24), it is reported, discovery is asked again, and the v1 EndpointSlices
+/// replace them.
 #[tokio::test(start_paused = true)]
-async fn missing_endpoint_slices_v1_is_reported_and_services_still_program() {
-    let mut f = fixture();
-    let unavailable = |m: &Metrics| {
-        let name =
-            format!("kipvs_api_resource_unavailable{{resource=\"{ENDPOINT_SLICES_RESOURCE}\"}}");
-        metrics::sample(&m.encode(), &name)
-    };
+async fn endpoint_slices_from_v1beta1_where_v1_is_not_served() {
+    let mut f = fixture_without_discovery();
+    f.api.push("discovery-v1", Reply::Status(404, "NotFound"));
+    f.api.push(
+        "discovery-v1beta1",
+        Reply::Resources("discovery.k8s.io/v1beta1", &["endpointslices"]),
+    );
+    f.api.push(
+        "services",
+        Reply::List("ServiceList", vec![service("web", "10.96.0.10", "1")], "1"),
+    );
+    f.api
+        .push("nodes", Reply::List("NodeList", vec![node("1")], "1"));
+    f.api.push(
+        "endpointslices-v1beta1",
+        Reply::List(
+            "EndpointSliceList",
+            vec![slice_v1beta1("web", "10.244.1.2", NODE, "1")],
+            "1",
+        ),
+    );
+    tokio::time::timeout(Duration::from_secs(5), f.handle.wait_ready())
+        .await
+        .expect("ready");
+    assert_eq!(
+        web_endpoints(&f.handle.read()),
+        [(ip("10.244.1.2"), Some(NODE.to_owned()))]
+    );
+    let first = &f.api.requests("endpointslices-v1beta1")[0];
+    assert!(first.contains("labelSelector=%21service.kubernetes.io%2Fservice-proxy-name%2C%21service.kubernetes.io%2Fheadless"), "{first}");
+    assert_eq!(f.api.requests("endpointslices"), Vec::<String>::new());
+    for version in SliceVersion::ALL {
+        assert_ne!(unavailable(&f.metrics, version), Some(1.0), "{version:?}");
+    }
+    f.engine.sync().await.unwrap();
+    let vs = &f.engine.dataplane().state.virtual_servers;
+    assert_eq!(
+        vs.values().map(|vs| vs.real_servers.len()).sum::<usize>(),
+        1
+    );
+
+    // Watch events arrive in v1beta1 too.
+    f.api.push(
+        "endpointslices-v1beta1",
+        Reply::Watch(vec![event(
+            "MODIFIED",
+            slice_v1beta1("web", "10.244.1.3", "other-node", "2"),
+        )]),
+    );
+    f.until("the v1beta1 watch event", |s| {
+        web_endpoints(s) == [(ip("10.244.1.3"), Some("other-node".to_owned()))]
+    })
+    .await;
+
+    // Upgraded past 1.24: v1beta1 is gone, v1 is there.
+    f.api
+        .push("endpointslices-v1beta1", Reply::Status(404, "NotFound"));
+    f.requests("discovery-v1", 2).await;
+    assert_eq!(unavailable(&f.metrics, SliceVersion::V1beta1), Some(1.0));
+    assert_eq!(
+        web_endpoints(&f.handle.read()),
+        [(ip("10.244.1.3"), Some("other-node".to_owned()))],
+        "the last EndpointSlices listed stay"
+    );
+    f.api.push(
+        "discovery-v1",
+        Reply::Resources("discovery.k8s.io/v1", &["endpointslices"]),
+    );
+    f.api.push(
+        "endpointslices",
+        Reply::List(
+            "EndpointSliceList",
+            vec![slice("web", "10.244.1.4", "3")],
+            "3",
+        ),
+    );
+    f.until("the v1 EndpointSlices", |s| {
+        web_endpoints(s) == [(ip("10.244.1.4"), None)]
+    })
+    .await;
+    assert_eq!(unavailable(&f.metrics, SliceVersion::V1beta1), Some(0.0));
+    assert_ne!(unavailable(&f.metrics, SliceVersion::V1), Some(1.0));
+}
+
+/// An API server that serves EndpointSlices in neither version (discovery answers 404 for
+/// both): reported under v1's name, Services program without endpoints, and discovery is asked
+/// again until a version is served, whose EndpointSlices are then listed.
+#[tokio::test(start_paused = true)]
+async fn endpoint_slices_served_in_neither_version_are_reported_and_services_still_program() {
+    let mut f = fixture_without_discovery();
     f.api.push(
         "services",
         Reply::List("ServiceList", vec![service("web", "10.96.0.10", "1")], "1"),
@@ -487,20 +640,27 @@ async fn missing_endpoint_slices_v1_is_reported_and_services_still_program() {
     f.api
         .push("nodes", Reply::List("NodeList", vec![node("1")], "1"));
     for _ in 0..3 {
-        f.api.push("endpointslices", Reply::Status(404, "NotFound"));
+        f.api.push("discovery-v1", Reply::Status(404, "NotFound"));
+        f.api
+            .push("discovery-v1beta1", Reply::Status(404, "NotFound"));
     }
     tokio::time::timeout(Duration::from_secs(5), f.handle.wait_ready())
         .await
         .expect("ready without EndpointSlices");
-    assert_eq!(unavailable(&f.metrics), Some(1.0));
+    assert_eq!(unavailable(&f.metrics, SliceVersion::V1), Some(1.0));
     f.engine.sync().await.unwrap();
     let vs = &f.engine.dataplane().state.virtual_servers;
     assert_eq!(vs.len(), 1);
     assert!(vs.values().all(|vs| vs.real_servers.is_empty()));
 
-    // It keeps retrying, and picks the EndpointSlices up once they are served.
-    f.requests("endpointslices", 3).await;
-    assert_eq!(unavailable(&f.metrics), Some(1.0));
+    // It keeps asking, and picks the EndpointSlices up once they are served.
+    f.requests("discovery-v1beta1", 3).await;
+    assert_eq!(unavailable(&f.metrics, SliceVersion::V1), Some(1.0));
+    assert_eq!(f.api.requests("endpointslices"), Vec::<String>::new());
+    f.api.push(
+        "discovery-v1",
+        Reply::Resources("discovery.k8s.io/v1", &["endpointslices"]),
+    );
     f.api.push(
         "endpointslices",
         Reply::List(
@@ -513,7 +673,7 @@ async fn missing_endpoint_slices_v1_is_reported_and_services_still_program() {
         s.slices_of(&("default".into(), "web".into())).len() == 1
     })
     .await;
-    assert_eq!(unavailable(&f.metrics), Some(0.0));
+    assert_eq!(unavailable(&f.metrics, SliceVersion::V1), Some(0.0));
     f.engine.sync().await.unwrap();
     let vs = &f.engine.dataplane().state.virtual_servers;
     assert_eq!(

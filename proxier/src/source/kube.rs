@@ -1,6 +1,5 @@
-//! The Kubernetes API source: kube-runtime watchers on Services, EndpointSlices
-//! (`discovery.k8s.io/v1`) and the own Node, writing into the [`Store`] through a
-//! [`SourceHandle`].
+//! The Kubernetes API source: kube-runtime watchers on Services, EndpointSlices and the own
+//! Node, writing into the [`Store`] through a [`SourceHandle`].
 //!
 //! - Each watcher lists, then watches; on `410 Gone` or a broken watch it lists again. A list
 //!   replaces that kind in the store at once when complete ([`Store::replace_services`],
@@ -16,26 +15,34 @@
 //!   30 s when it answers with errors, a relist at once after `410 Gone`).
 //! - The handle is marked ready (the engine may program) once every kind has been listed
 //!   once.
-//! - An API server that does not serve `discovery.k8s.io/v1` EndpointSlices (Kubernetes
-//!   < 1.21 answers 404) is reported once as an error and in
-//!   `kipvs_api_resource_unavailable{resource="endpointslices.discovery.k8s.io/v1"}`; the
-//!   proxier then runs with Services only (virtual servers without real servers) and keeps
-//!   retrying, picking the EndpointSlices up when they appear.
+//! - EndpointSlices are read as `discovery.k8s.io/v1` where the API server serves them, else as
+//!   `discovery.k8s.io/v1beta1` (Kubernetes 1.20), chosen from API discovery before the watch
+//!   starts ([`choose_slice_version`]) and logged. A v1beta1 object becomes a v1 one as it
+//!   arrives ([`super::v1beta1`]), so everything past the watch is the same for both.
+//! - An API server that serves neither (discovery finds no `endpointslices` in either version),
+//!   or stops serving the one read (its watch answers 404), is reported once as an error and in
+//!   `kipvs_api_resource_unavailable{resource="endpointslices.discovery.k8s.io/v1"}` (the
+//!   resource read, or v1 when there is none); the proxier then runs with Services only
+//!   (virtual servers without real servers, and the EndpointSlices last listed, if any) and
+//!   asks discovery again with backoff, picking the EndpointSlices up when they appear.
 //!
 //! Services and EndpointSlices are filtered as kube-proxy filters them
 //! ([`PROXY_LABEL_SELECTOR`]); the Node by the field selector `metadata.name=<node>`.
 
 use super::store::{ConvertedService, ConvertedSlice, Store, object_key};
-use super::{SourceHandle, is_not_found};
-use futures::StreamExt;
+use super::{SourceHandle, is_not_found, v1beta1};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kipvs_node_status::Retry;
+use kube::core::Status;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use std::collections::BTreeSet;
 use std::fmt::Debug;
+use std::pin::pin;
 use std::sync::{Arc, Mutex};
 
 /// kube-proxy's label selector for Services and EndpointSlices: not handed to another proxy
@@ -43,8 +50,127 @@ use std::sync::{Arc, Mutex};
 pub const PROXY_LABEL_SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 
-/// The EndpointSlice resource the proxier needs, as named in logs and metrics.
-pub const ENDPOINT_SLICES_RESOURCE: &str = "endpointslices.discovery.k8s.io/v1";
+/// An EndpointSlice API version the source can read. Kubernetes API: `discovery.k8s.io/v1beta1`
+/// is served in 1.17–1.24, `discovery.k8s.io/v1` from 1.21, so a 1.20 API server has only
+/// v1beta1 and a 1.25 one only v1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SliceVersion {
+    /// `discovery.k8s.io/v1` (Kubernetes 1.21 and newer): read wherever it is served.
+    V1,
+    /// `discovery.k8s.io/v1beta1` (Kubernetes 1.17–1.24): read where v1 is not served.
+    V1beta1,
+}
+
+impl SliceVersion {
+    /// Every version, the preferred first.
+    pub const ALL: [SliceVersion; 2] = [SliceVersion::V1, SliceVersion::V1beta1];
+
+    /// Its group version, as discovery names it (`discovery.k8s.io/v1`).
+    pub fn group_version(self) -> &'static str {
+        match self {
+            SliceVersion::V1 => "discovery.k8s.io/v1",
+            SliceVersion::V1beta1 => "discovery.k8s.io/v1beta1",
+        }
+    }
+
+    /// Its resource, as named in logs and in `kipvs_api_resource_unavailable`
+    /// (`endpointslices.discovery.k8s.io/v1`).
+    pub fn resource(self) -> &'static str {
+        match self {
+            SliceVersion::V1 => "endpointslices.discovery.k8s.io/v1",
+            SliceVersion::V1beta1 => "endpointslices.discovery.k8s.io/v1beta1",
+        }
+    }
+}
+
+/// The EndpointSlice version to read, from what discovery answered: `served` holds the
+/// resource lists (`GET /apis/<group>/<version>`, an `APIResourceList`) of the group versions
+/// the API server serves, in any order and with any other group versions among them. The first
+/// of [`SliceVersion::ALL`] whose list names `endpointslices`; `None` when no list does (a
+/// server older than 1.17, or one that has the resource switched off).
+pub fn choose_slice_version(served: &[APIResourceList]) -> Option<SliceVersion> {
+    SliceVersion::ALL.into_iter().find(|version| {
+        served.iter().any(|list| {
+            list.group_version == version.group_version()
+                && list.resources.iter().any(|r| r.name == "endpointslices")
+        })
+    })
+}
+
+/// Which EndpointSlice version to read, from the API server's discovery: `GET
+/// /apis/discovery.k8s.io/v1`, then `/apis/discovery.k8s.io/v1beta1` if v1 has no EndpointSlices,
+/// and [`choose_slice_version`] of the answers (a 404 is a group version not served).
+///
+/// # Errors
+/// The first failed request but a 404: the API server could not be reached or answered with
+/// another error.
+async fn discover_slice_version(client: &Client) -> kube::Result<Option<SliceVersion>> {
+    let mut served = Vec::new();
+    for version in SliceVersion::ALL {
+        match client
+            .list_api_group_resources(version.group_version())
+            .await
+        {
+            Ok(list) => served.push(list),
+            Err(kube::Error::Api(status)) if status.code == 404 => continue,
+            Err(e) => return Err(e),
+        }
+        if let Some(chosen) = choose_slice_version(&served) {
+            return Ok(Some(chosen));
+        }
+    }
+    Ok(None)
+}
+
+/// The 404 the watch of a resource that is not served fails with: what the retry waits on
+/// when discovery finds no EndpointSlices.
+fn not_served(resource: &str) -> watcher::Error {
+    let message = format!("{resource} is not served");
+    let status = Status::failure(&message, "NotFound").with_code(404);
+    watcher::Error::InitialListFailed(kube::Error::Api(status.boxed()))
+}
+
+/// The EndpointSlice resource reported not served (logged once, 1 in
+/// `kipvs_api_resource_unavailable`), until EndpointSlices are listed again.
+#[derive(Default)]
+struct Unserved(Option<&'static str>);
+
+impl Unserved {
+    /// The API server does not serve `resource`: report it, unless it is reported already.
+    fn report(&mut self, handle: &SourceHandle, resource: &'static str) {
+        match self.0.replace(resource) {
+            Some(reported) if reported == resource => return,
+            Some(reported) => handle.resource_unavailable(reported, false),
+            None => {}
+        }
+        tracing::error!(
+            resource,
+            "the API server does not serve {resource} (Kubernetes >= 1.20 serves EndpointSlices \
+             as discovery.k8s.io/v1 or v1beta1): running with Services only, without endpoints, \
+             and retrying"
+        );
+        handle.resource_unavailable(resource, true);
+    }
+
+    /// EndpointSlices were listed: what was reported is served now.
+    fn served(&mut self, handle: &SourceHandle) {
+        if let Some(resource) = self.0.take() {
+            tracing::info!(resource, "EndpointSlices are served now");
+            handle.resource_unavailable(resource, false);
+        }
+    }
+}
+
+/// `event` with its object made a `B` by `f`.
+fn map_event<A, B>(event: Event<A>, f: impl FnOnce(A) -> B) -> Event<B> {
+    match event {
+        Event::Apply(object) => Event::Apply(f(object)),
+        Event::Delete(object) => Event::Delete(f(object)),
+        Event::Init => Event::Init,
+        Event::InitApply(object) => Event::InitApply(f(object)),
+        Event::InitDone => Event::InitDone,
+    }
+}
 
 /// How many objects of a list in progress are held as Kubernetes objects before they are
 /// converted (kube's watcher lists in pages of 500).
@@ -107,8 +233,6 @@ trait Kind:
     const NAME: &'static str;
     /// Its watch, in logs.
     const WATCH: &'static str;
-    /// Whether the proxier can run without it when the API server does not serve it.
-    const OPTIONAL: bool;
     fn apply(store: &mut Store, object: Self);
     fn delete(store: &mut Store, object: &Self);
     /// What a listed object is held as until its list completes: what the store keeps of it.
@@ -122,7 +246,6 @@ trait Kind:
 impl Kind for Service {
     const NAME: &'static str = "Service";
     const WATCH: &'static str = "Service watch";
-    const OPTIONAL: bool = false;
     fn apply(store: &mut Store, object: Self) {
         store.upsert_service(object);
     }
@@ -141,7 +264,6 @@ impl Kind for Service {
 impl Kind for EndpointSlice {
     const NAME: &'static str = "EndpointSlice";
     const WATCH: &'static str = "EndpointSlice watch";
-    const OPTIONAL: bool = true;
     fn apply(store: &mut Store, object: Self) {
         store.upsert_slice(object);
     }
@@ -160,7 +282,6 @@ impl Kind for EndpointSlice {
 impl Kind for Node {
     const NAME: &'static str = "Node";
     const WATCH: &'static str = "Node watch";
-    const OPTIONAL: bool = false;
     fn apply(store: &mut Store, object: Self) {
         store.set_node(Some(object));
     }
@@ -212,7 +333,7 @@ impl KubeSource {
         let node = watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
         tokio::join!(
             self.follow::<Service>(labels.clone(), &handle, &synced),
-            self.follow::<EndpointSlice>(labels, &handle, &synced),
+            self.follow_slices(labels, &handle, &synced),
             self.follow::<Node>(node, &handle, &synced),
         );
     }
@@ -224,11 +345,98 @@ impl KubeSource {
         handle: &SourceHandle,
         synced: &Synced,
     ) {
-        let api = Api::<K>::all(self.client.clone());
-        let mut events = watcher::watcher(api, config).boxed();
+        let events = watcher::watcher(Api::<K>::all(self.client.clone()), config);
         let mut retry = Retry::new(K::WATCH);
+        self.apply_events(events, &mut retry, None, handle, synced)
+            .await;
+    }
+
+    /// Apply the EndpointSlices' watch events to the store, forever, in the version discovery
+    /// finds ([`discover_slice_version`]; logged when it is chosen). While neither version is
+    /// served, or once the one read answers 404, it is reported ([`Unserved`]), the
+    /// EndpointSlices count as listed (Services program without them) and discovery is asked
+    /// again after the retry's wait. A discovery request that fails otherwise (the API server
+    /// away, or answering another error) is retried as a failed list is.
+    async fn follow_slices(&self, config: watcher::Config, handle: &SourceHandle, synced: &Synced) {
+        let mut retry = Retry::new(EndpointSlice::WATCH);
+        let mut unserved = Unserved::default();
+        let mut reading = None;
+        loop {
+            let (resource, error) = match discover_slice_version(&self.client).await {
+                Err(e) => {
+                    let e = watcher::Error::InitialListFailed(e);
+                    retry.failed(&e, "the last known objects").await;
+                    continue;
+                }
+                Ok(None) => (SliceVersion::V1.resource(), not_served("EndpointSlices")),
+                Ok(Some(version)) => {
+                    if reading.replace(version) != Some(version) {
+                        let group_version = version.group_version();
+                        tracing::info!(group_version, "reading EndpointSlices as {group_version}");
+                    }
+                    let watch = self.follow_version(
+                        version,
+                        &config,
+                        &mut retry,
+                        &mut unserved,
+                        handle,
+                        synced,
+                    );
+                    let Some(error) = watch.await else {
+                        return; // the watch ended (kube-runtime's does not)
+                    };
+                    (version.resource(), error)
+                }
+            };
+            unserved.report(handle, resource);
+            synced.mark(EndpointSlice::NAME);
+            retry.wait(&error).await;
+        }
+    }
+
+    /// Apply the watch events of the EndpointSlices in `version` to the store (each a v1
+    /// [`EndpointSlice`]) until the API server answers that it does not serve them (the 404,
+    /// returned).
+    async fn follow_version(
+        &self,
+        version: SliceVersion,
+        config: &watcher::Config,
+        retry: &mut Retry,
+        unserved: &mut Unserved,
+        handle: &SourceHandle,
+        synced: &Synced,
+    ) -> Option<watcher::Error> {
+        let (client, config) = (self.client.clone(), config.clone());
+        let unserved = Some(unserved);
+        match version {
+            SliceVersion::V1 => {
+                let events = watcher::watcher(Api::<EndpointSlice>::all(client), config);
+                self.apply_events(events, retry, unserved, handle, synced)
+                    .await
+            }
+            SliceVersion::V1beta1 => {
+                let api = Api::<v1beta1::EndpointSlice>::all(client);
+                let events = watcher::watcher(api, config)
+                    .map_ok(|event| map_event(event, EndpointSlice::from));
+                self.apply_events(events, retry, unserved, handle, synced)
+                    .await
+            }
+        }
+    }
+
+    /// Apply one kind's watch `events` to the store until they end, retrying failures with
+    /// `retry`. With `unserved` (a kind the proxier runs without) a 404, the resource not
+    /// served, ends it instead and is returned; a complete list clears what `unserved` reported.
+    async fn apply_events<K: Kind>(
+        &self,
+        events: impl Stream<Item = watcher::Result<Event<K>>>,
+        retry: &mut Retry,
+        mut unserved: Option<&mut Unserved>,
+        handle: &SourceHandle,
+        synced: &Synced,
+    ) -> Option<watcher::Error> {
+        let mut events = pin!(events);
         let mut listing = Listing::<K>::default();
-        let mut unavailable = false;
         while let Some(event) = events.next().await {
             if event.is_ok() {
                 retry.succeeded();
@@ -243,32 +451,84 @@ impl KubeSource {
                     let listed = listing.done(handle);
                     tracing::info!(kind = K::NAME, count = listed.len(), "listed");
                     handle.update(|store| K::replace(store, listed));
-                    if std::mem::take(&mut unavailable) {
-                        tracing::info!(
-                            resource = ENDPOINT_SLICES_RESOURCE,
-                            "the API server serves it now"
-                        );
-                        handle.resource_unavailable(ENDPOINT_SLICES_RESOURCE, false);
+                    if let Some(unserved) = unserved.as_deref_mut() {
+                        unserved.served(handle);
                     }
                     synced.mark(K::NAME);
                 }
                 Ok(Event::Apply(object)) => handle.update(|store| K::apply(store, object)),
                 Ok(Event::Delete(object)) => handle.update(|store| K::delete(store, &object)),
-                Err(e) if K::OPTIONAL && is_not_found(&e) => {
-                    if !std::mem::replace(&mut unavailable, true) {
-                        tracing::error!(
-                            resource = ENDPOINT_SLICES_RESOURCE,
-                            "the API server does not serve {ENDPOINT_SLICES_RESOURCE} (404; \
-                             Kubernetes >= 1.21 is needed): running with Services only, \
-                             without endpoints, and retrying"
-                        );
-                        handle.resource_unavailable(ENDPOINT_SLICES_RESOURCE, true);
-                    }
-                    synced.mark(K::NAME);
-                    retry.wait(&e).await;
-                }
+                Err(e) if unserved.is_some() && is_not_found(&e) => return Some(e),
                 Err(e) => retry.failed(&e, "the last known objects").await,
             }
         }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The resource list discovery answers for `group_version` serving `resources`.
+    fn served(group_version: &str, resources: &[&str]) -> APIResourceList {
+        let resources: Vec<_> = resources
+            .iter()
+            .map(|name| {
+                json!({"name": name, "singularName": "", "namespaced": true,
+                       "kind": "EndpointSlice", "verbs": ["get", "list", "watch"]})
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": group_version, "resources": resources
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn slice_version_is_v1_where_served_else_v1beta1() {
+        use SliceVersion::{V1, V1beta1};
+        let v1 = served("discovery.k8s.io/v1", &["endpointslices"]);
+        let v1beta1 = served("discovery.k8s.io/v1beta1", &["endpointslices"]);
+        let apps = served("apps/v1", &["deployments", "endpointslices"]);
+        for (lists, chosen) in [
+            // 1.21–1.24: both, v1 preferred whatever the order.
+            (vec![v1.clone(), v1beta1.clone()], Some(V1)),
+            (vec![v1beta1.clone(), v1.clone()], Some(V1)),
+            // 1.25 and newer.
+            (vec![v1.clone()], Some(V1)),
+            // 1.20 (and 1.17–1.19).
+            (vec![v1beta1.clone()], Some(V1beta1)),
+            (vec![apps.clone(), v1beta1.clone()], Some(V1beta1)),
+            // A group version served without EndpointSlices (switched off by runtime-config).
+            (
+                vec![served("discovery.k8s.io/v1", &[]), v1beta1.clone()],
+                Some(V1beta1),
+            ),
+            // Neither: older than 1.17, or another group's endpointslices only.
+            (vec![], None),
+            (vec![apps.clone()], None),
+            (
+                vec![served("discovery.k8s.io/v1alpha1", &["endpointslices"])],
+                None,
+            ),
+        ] {
+            let names: Vec<&str> = lists.iter().map(|l| l.group_version.as_str()).collect();
+            assert_eq!(choose_slice_version(&lists), chosen, "{names:?}");
+        }
+        assert_eq!(V1.resource(), "endpointslices.discovery.k8s.io/v1");
+        assert_eq!(
+            V1beta1.resource(),
+            "endpointslices.discovery.k8s.io/v1beta1"
+        );
+        assert_eq!(
+            (
+                EndpointSlice::api_version(&()),
+                v1beta1::EndpointSlice::api_version(&())
+            ),
+            (V1.group_version().into(), V1beta1.group_version().into())
+        );
     }
 }

@@ -24,7 +24,8 @@ pub trait StoreObserver: Send + Sync {
     /// the store lock, so it must be quick.
     fn store_updated(&self, _store: &Store) {}
     /// The API server does (`true`) or does not any more (`false`) serve `resource` (e.g.
-    /// `endpointslices.discovery.k8s.io/v1` on Kubernetes < 1.21).
+    /// `endpointslices.discovery.k8s.io/v1` on an API server that serves neither it nor
+    /// v1beta1).
     fn resource_unavailable(&self, _resource: &'static str, _unavailable: bool) {}
     /// `files` manifests files do not load as they are (their last good content is used).
     fn invalid_manifests(&self, _files: usize) {}
