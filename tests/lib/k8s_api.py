@@ -4,7 +4,8 @@ The suites write EndpointSlices in `discovery.k8s.io/v1`; a kube-apiserver befor
 `discovery.k8s.io/v1beta1` (1.17-1.24). `endpointslice_for(obj, minor)` gives the object as release `minor`
 takes it: v1beta1 keeps an endpoint's zone and node in `topology` (`topology.kubernetes.io/zone`,
 `kubernetes.io/hostname`, as the 1.20 EndpointSlice controller writes them) and its `nodeName` (1.20, behind
-the EndpointSliceNodeName gate the harness turns on); `hints` came in 1.21, so a 1.20 apiserver drops them.
+the EndpointSliceNodeName gate the harness turns on); `hints` came in 1.21, so they are left out before (kubectl's
+validation refuses the unknown field).
 
 As a command: `k8s_api.py MINOR` reads YAML or JSON documents on stdin and writes them, EndpointSlices
 converted, as YAML documents on stdout; `k8s_api.py MINOR --api` prints the EndpointSlice group/version.
@@ -31,6 +32,8 @@ def endpointslice_for(obj, minor):
         topology = dict(ep.pop("deprecatedTopology", None) or {})
         if "zone" in ep:
             topology["topology.kubernetes.io/zone"] = ep.pop("zone")
+        if int(minor) < 21:
+            ep.pop("hints", None)
         if ep.get("nodeName"):
             topology["kubernetes.io/hostname"] = ep["nodeName"]
         if topology:
