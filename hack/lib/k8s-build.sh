@@ -26,8 +26,8 @@
 #   an empty string matches, so every custom resource with a "" field is rejected. The condition is reduced to
 #   `data == nil` (what later kube-openapi versions do);
 # - `go build -mod=vendor` fails on this tree (`updates to go.mod needed`): the Makefile is the way in.
-# e2e.test is built with its network tests only (an overlay on e2e_test.go and e2e.go: no other test package,
-# no cloud provider), which cuts its build to what the node's conformance mode runs.
+# e2e.test is built with its network tests only (e2e_test.go and e2e.go cut: no other test package, no cloud
+# provider), which cuts its build to what the node's conformance mode runs.
 #
 # env: CPCACHE (~/.cache/kipvs-cp), KIPVS_K8S_BIN (directory of binaries)
 # needs: hack/lib/host-tools.sh sourced (deb_fetch)
@@ -173,35 +173,28 @@ k8s_build_debian() {
   ) 9> "$C/build.lock"
 }
 
-# k8s_build_e2e W TREE LOG BIN: e2e.test (network tests only) and ginkgo into BIN
+# k8s_build_e2e W TREE LOG BIN: e2e.test (network tests only) and ginkgo into BIN, through the Makefile (1.20
+# builds in GOPATH mode; `go test -mod=vendor` fails on this tree). The tree is the build's own unpacked copy:
+# e2e_test.go and e2e.go are cut to the network tests, without cloud providers, in place.
 k8s_build_e2e() {
-  local W=$1 K=$2 LOG=$3 B=$4 O=$1/e2e-overlay ldflags
-  rm -rf "$O" && mkdir -p "$O" || return 1
-  python3 - "$K" "$O" <<'PY' || return 1
-import json, os, re, sys
-tree, out = sys.argv[1], sys.argv[2]
-replace = {}
-def edit(rel, pattern):
-    with open(os.path.join(tree, rel)) as f:
-        text, n = re.subn(pattern, "", f.read())
-    assert n > 0, f"{rel}: nothing matches {pattern}"
-    path = os.path.join(out, rel.replace("/", "_"))
+  local W=$1 K=$2 LOG=$3 B=$4
+  python3 - "$K" <<'PY' || return 1
+import os, re, sys
+tree = sys.argv[1]
+for rel, pattern in (("test/e2e/e2e_test.go", r'\t_ "k8s.io/kubernetes/test/e2e/(?!network")[^"]*"\n'),
+                     ("test/e2e/e2e.go", r'\t_ "k8s.io/kubernetes/test/e2e/framework/providers/[^"]*"\n')):
+    path = os.path.join(tree, rel)
+    with open(path) as f:
+        text = f.read()
+    text, n = re.subn(pattern, "", text)
+    assert n > 0 or '"k8s.io/kubernetes/test/e2e/network"' in text or rel.endswith("e2e.go"), f"{rel}: nothing matches"
     with open(path, "w") as f:
         f.write(text)
-    replace[os.path.join(tree, rel)] = path
-edit("test/e2e/e2e_test.go", r'\t_ "k8s.io/kubernetes/test/e2e/(?!network")[^"]*"\n')
-edit("test/e2e/e2e.go", r'\t_ "k8s.io/kubernetes/test/e2e/framework/providers/[^"]*"\n')
-with open(os.path.join(out, "overlay.json"), "w") as f:
-    json.dump({"Replace": replace}, f)
 PY
-  ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_DEB_VERSION"
-  ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=20"
-  ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
-  k8s_make "$W" "$K" "$LOG" GO111MODULE=on GOFLAGS=-mod=vendor go test -c -vet=off -overlay "$O/overlay.json" \
-    -ldflags "$ldflags" -o "$B/e2e.test.new" ./test/e2e || return 1
-  k8s_make "$W" "$K" "$LOG" GO111MODULE=on GOFLAGS=-mod=vendor go build -ldflags "-s -w" \
-    -o "$B/ginkgo.new" github.com/onsi/ginkgo/ginkgo || return 1
-  mv "$B/e2e.test.new" "$B/e2e.test" && mv "$B/ginkgo.new" "$B/ginkgo"
+  k8s_make "$W" "$K" "$LOG" "${K8S_GIT_ENV[@]}" GOFLAGS= make WHAT="test/e2e/e2e.test vendor/github.com/onsi/ginkgo/ginkgo" ||
+    return 1
+  cp "$K/_output/bin/e2e.test" "$B/e2e.test.new" && cp "$K/_output/bin/ginkgo" "$B/ginkgo.new" &&
+    mv "$B/e2e.test.new" "$B/e2e.test" && mv "$B/ginkgo.new" "$B/ginkgo"
 }
 
 k8s_bin() {
