@@ -296,8 +296,11 @@ agent table > "$STATE/table.before-outage"
 hack/control-plane.sh stop-apiserver "$STATE"
 sleep 30 # on purpose: the outage
 agent table > "$STATE/table.during-outage"
+# The real server of `kubernetes` (10.96.0.1:443) is the apiserver's own endpoint: newer releases withdraw it
+# when they shut down gracefully, a change the proxier follows. Everything else must stay.
+but_apiserver() { active | grep -v -- '^-a -t 10\.96\.0\.1:443 ' || true; }
 check "apiserver down 30 s: the same virtual servers and weighted real servers (nothing deleted)" \
-  cmp -s <(active < "$STATE/table.before-outage") <(active < "$STATE/table.during-outage")
+  cmp -s <(but_apiserver < "$STATE/table.before-outage") <(but_apiserver < "$STATE/table.during-outage")
 hack/control-plane.sh start-apiserver "$STATE" 2> "$STATE/apiserver-restart.log"
 slice lat-e2e lat "10.244.1.99:ready" "10.244.1.96:ready"
 t=$(now)
