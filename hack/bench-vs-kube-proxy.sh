@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# kube-proxy 1.24 (IPVS mode) against kipvs, speed and cost side by side in one boot of the test VM, on the
+# kube-proxy (IPVS mode) against kipvs, speed and cost side by side in one boot of the test VM, on the
 # same objects in the same real kube-apiserver and the same kernel (hack/lib/kube-proxy-vm.sh: kube-proxy
-# built from ../shared/k8s, the proxier image's kipvs-proxier, as hack/parity-kube-proxy.sh runs them).
+# of Debian's 1.20.2 build or KIPVS_K8S_BIN's, the proxier image's kipvs-proxier, as
+# hack/parity-kube-proxy.sh runs them). The tables name the kube-proxy release, from its --version.
 # For each size N: N ClusterIP Services with an EndpointSlice of two ready endpoints each
 # (tests/kube-proxy/corpus.py --scale, four `kubectl create` at once) and the Service bench-churn
 # (10.96.250.1:80). Then, for each minSyncPeriod setting and each proxier in turn (the kernel flushed
@@ -29,8 +30,8 @@
 #
 # usage: hack/bench-vs-kube-proxy.sh [N...]            (default: 1000 10000)
 #        hack/bench-vs-kube-proxy.sh --e2e
-# env:   BENCH_MIN_SYNC ("0 1s": the minSyncPeriod settings; 0 is 1.24's default for IPVS mode, which
-#        defaults only iptables mode's to 1 s; kipvs's is 0 too), BENCH_MIN_SYNC_UP_TO (1000: the settings
+# env:   BENCH_MIN_SYNC ("0 1s": the minSyncPeriod settings; 0 is kube-proxy's default for IPVS mode
+#        (1.20-1.24 default only iptables mode's to 1 s); kipvs's is 0 too), BENCH_MIN_SYNC_UP_TO (1000: the settings
 #        after the first run at sizes up to this only, each is another cold start of both),
 #        BENCH_RATES ("10 100"), CHURN_SECONDS (15), BENCH_SYNC_PERIOD (10s), BENCH_LIMIT (600 s per cold
 #        start), VMMEM (3072), and
@@ -55,7 +56,7 @@ say() { printf 'bench: %s\n' "$*"; }
 kpvm_require
 T0=$(date +%s)
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-say "load average at start: $LOAD0"
+say "kube-proxy $KPVM_RELEASE (IPVS mode) against kipvs; load average at start: $LOAD0"
 STATE=$(mktemp -d /tmp/kipvs-bench-kp.XXXXXX)
 
 if [ "${1:-}" = --e2e ]; then
@@ -67,7 +68,7 @@ if [ "${1:-}" = --e2e ]; then
     sed -n '/^=== end to end/,/machine load/p' "$STATE/e2e-$p.log"
   done
   echo
-  echo "=== failed requests, kube-proxy 1.24 (IPVS) and kipvs, hack/test-e2e.sh's phases under its load (25 TCP" \
+  echo "=== failed requests, kube-proxy $KPVM_RELEASE (IPVS) and kipvs, hack/test-e2e.sh's phases under its load (25 TCP" \
     "connections/s, 5 UDP queries/s, 4 long-lived connections); load average at start $LOAD0, at end $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 - "$STATE/e2e-kube-proxy.figures" "$STATE/e2e-kipvs.figures" <<'PY'
 import os, sys
@@ -95,7 +96,7 @@ put() { echo "$*" >> "$R/results.txt"; } # SIZE SETTING PROXIER KEY VALUE
 
 # ---- the clusters: one per size and minSyncPeriod setting ----------------------------------------------
 CORPUS=$STATE/corpus
-python3 tests/kube-proxy/corpus.py "$CORPUS" --scale "$(tr ' ' ',' <<<"$*")"
+python3 tests/kube-proxy/corpus.py "$CORPUS" --minor "$KPVM_MINOR" --scale "$(tr ' ' ',' <<<"$*")"
 setting_dir() { echo "scale-$1.min-$2"; } # SIZE SETTING
 settings() { # SIZE: the minSyncPeriod settings run at that size
   if [ "$1" -le "$MIN_SYNC_UP_TO" ]; then echo "$MIN_SYNC"; else echo "${MIN_SYNC%% *}"; fi
@@ -126,7 +127,7 @@ kpvm_boot || exit 1
 
 SEQ=0 # the churn's next sequence number (tests/kube-proxy/churn.py address)
 churn() { # RATE SECONDS OUT: writes, prints churn.py's summary
-  python3 tests/kube-proxy/churn.py write "$SERVER" "$TOKEN" scale0 bench-churn "$SEQ" "$1" "$2" "$3"
+  python3 tests/kube-proxy/churn.py write "$KPVM_MINOR" "$SERVER" "$TOKEN" scale0 bench-churn "$SEQ" "$1" "$2" "$3"
   SEQ=$(( SEQ + $(wc -l < "$3") ))
 }
 field() { sed -n "s/^$1 //p" "$2" | tail -n1; }
@@ -193,7 +194,7 @@ kpvm_finish 0 || say "the VM run failed (its log: $STATE/vm.log)"
 
 # ---- the tables ------------------------------------------------------------------------------------------
 echo
-echo "=== kube-proxy 1.24 (IPVS) / kipvs, one VM boot (QEMU TCG, 1 vCPU, ${VMMEM} MiB), syncPeriod $SYNC_PERIOD," \
+echo "=== kube-proxy $KPVM_RELEASE (IPVS) / kipvs, one VM boot (QEMU TCG, 1 vCPU, ${VMMEM} MiB), syncPeriod $SYNC_PERIOD," \
   "churn $SECONDS_EACH s per rate; load average at start $LOAD0, at end $(cut -d' ' -f1-3 /proc/loadavg)," \
   "$(( $(date +%s) - T0 )) s"
 python3 - "$R/results.txt" <<'PY' | tee "$STATE/report"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Differential parity with the real kube-proxy: kube-proxy v1.24.0-alpha.1 (IPVS mode, built from
-# ../shared/k8s by hack/lib/k8s-build.sh) and kipvs (the proxier image's kipvs-proxier) program the same
+# Differential parity with the real kube-proxy: kube-proxy in IPVS mode (Debian's 1.20.2 build, or
+# KIPVS_K8S_BIN's: hack/lib/k8s-build.sh) and kipvs (the proxier image's kipvs-proxier) program the same
 # kernel in turn, in one VM boot (hack/test-vm.sh --kube-proxy), from the same objects in a real
-# kube-apiserver 1.24 on this machine's loopback (hack/control-plane.sh; the guest reaches it through QEMU's
-# user-mode network as in hack/test-e2e.sh), with the same KubeProxyConfiguration.
+# kube-apiserver of the same release on this machine's loopback (hack/control-plane.sh; the guest reaches it
+# through QEMU's user-mode network as in hack/test-e2e.sh), with the same KubeProxyConfiguration. The corpus,
+# the configuration and the deviations are keyed on that release (1.MINOR, k8s_minor): what it serves and
+# knows, and how it differs from kipvs.
 #
 # The corpus (tests/kube-proxy/corpus.py): one cluster per plan vector (proxier/testdata/plan, every step
 # of a multi-step one; ClusterIPs and NodePorts moved into the apiserver's ranges) and generated clusters of
@@ -13,8 +15,6 @@
 # the same with `kipvs-proxier run --once`. tests/kube-proxy/compare.py compares the two states line by line:
 # every difference is a deviation listed in tests/kube-proxy/deviations.yaml (with its reason and source) or
 # fails the run.
-# Without kube-apiserver 1.24 (no ../shared/k8s) it prints what it skips and exits 0.
-#
 # The VM, the control plane and the agent are hack/lib/kube-proxy-vm.sh's (shared with
 # hack/bench-vs-kube-proxy.sh, the speed and cost comparison).
 #
@@ -22,7 +22,7 @@
 #   --fast: the subset hack/test.sh runs (PARITY_FAST_VECTORS and one generated cluster of 30 Services)
 #   default: every plan vector, PARITY_GENERATED (6) generated clusters of PARITY_PER_CLUSTER (40) Services and
 #           the scale clusters of PARITY_SCALE (1000; comma-separated sizes, "" for none), with their figures
-# env:   PARITY_SEED (25), CP_PORT/CP_ETCD_PORT (27443/27790), PARITY_AGENT_PORT (27100), KEEP=1 (keep the
+# env:   KIPVS_K8S_BIN (hack/lib/k8s-build.sh), PARITY_SEED (25), CP_PORT/CP_ETCD_PORT (27443/27790), PARITY_AGENT_PORT (27100), KEEP=1 (keep the
 #        state dir: corpus, results, logs), VMCACHE, CPCACHE
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,17 +35,17 @@ FAST_VECTORS=${PARITY_FAST_VECTORS:-load-balancer-source-ranges,external-ips,onl
 say() { printf 'parity: %s\n' "$*"; }
 kpvm_require
 T0=$(date +%s)
-say "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+say "kube-proxy $KPVM_RELEASE (IPVS mode) against kipvs; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 STATE=$(mktemp -d /tmp/kipvs-parity.XXXXXX)
 
 # ---- the corpus ------------------------------------------------------------------------------------------
 CORPUS=$STATE/corpus
 LIMIT=120 # seconds a proxier may take to converge on one cluster
 if [ "${1:-}" = --fast ]; then
-  python3 tests/kube-proxy/corpus.py "$CORPUS" --vectors proxier/testdata/plan --only "$FAST_VECTORS" \
+  python3 tests/kube-proxy/corpus.py "$CORPUS" --minor "$KPVM_MINOR" --vectors proxier/testdata/plan --only "$FAST_VECTORS" \
     --generated 1 --per-cluster 30 --seed "$SEED"
 else
-  python3 tests/kube-proxy/corpus.py "$CORPUS" --vectors proxier/testdata/plan \
+  python3 tests/kube-proxy/corpus.py "$CORPUS" --minor "$KPVM_MINOR" --vectors proxier/testdata/plan \
     --generated "${PARITY_GENERATED:-6}" --per-cluster "${PARITY_PER_CLUSTER:-40}" --seed "$SEED" \
     --scale "${PARITY_SCALE-1000}"
   LIMIT=600
@@ -80,7 +80,7 @@ done
 
 # ---- the comparison ----------------------------------------------------------------------------------------
 set +e
-python3 tests/kube-proxy/compare.py "$CORPUS" "$R" tests/kube-proxy/deviations.yaml | tee "$STATE/report"
+python3 tests/kube-proxy/compare.py "$CORPUS" "$R" tests/kube-proxy/deviations.yaml "$KPVM_MINOR" | tee "$STATE/report"
 rc=${PIPESTATUS[0]}
 set -e
 [ "$failed" = 0 ] || rc=1

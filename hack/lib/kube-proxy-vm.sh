@@ -1,10 +1,13 @@
-# kube-proxy 1.24 and kipvs in one boot of the test VM against a real kube-apiserver on this machine: the
+# kube-proxy (Debian's 1.20.2 build or KIPVS_K8S_BIN's: hack/lib/k8s-build.sh) and kipvs in one boot of the
+# test VM against a real kube-apiserver of the same release on this machine: the
 # harness of hack/parity-kube-proxy.sh and hack/bench-vs-kube-proxy.sh (sourced, bash; run from the
 # repository's root with hack/lib/host-tools.sh's host_tools done). The guest half is tests/kube-proxy/
 # (guest.sh, agent.sh); the kube-apiserver is reached through QEMU's user-mode network as in
 # hack/test-e2e.sh.
 #
-#   kpvm_require             exits 0 (SKIPPED) without kube-apiserver 1.24; python3-yaml installed when missing
+#   kpvm_require             python3-yaml installed when missing; sets KPVM_MINOR (the release under test,
+#                            1.MINOR: k8s_minor) and KPVM_RELEASE (kube-proxy's version, e.g. v1.20.2, from
+#                            its --version); fails when kube-proxy and kube-apiserver are not of one minor
 #   kpvm_init STATE          the control plane started in STATE/cp, the guest's files in STATE/guest
 #                            (hack/lib/kube-proxy-payload.sh, the agent, kipvs's kubeconfig);
 #                            sets KC (the host's kubeconfig) and G (the guest's /payload/kube-proxy); installs
@@ -40,9 +43,16 @@ kpvm_cleanup() {
   if [ "${KEEP:-0}" = 1 ]; then echo "state kept in $KPVM_STATE"; else rm -rf "$KPVM_STATE"; fi
 }
 
-# kpvm_require: what the harness needs before it starts: python3's yaml module for the corpus and the comparison
+# kpvm_require: what the harness needs before it starts: python3's yaml module for the corpus and the
+# comparison, the release under test
 kpvm_require() {
+  local kp
   python3 -c 'import yaml' 2> /dev/null || apt-get install -y -qq python3-yaml > /dev/null
+  KPVM_MINOR=$(k8s_minor) || return 1
+  kp=$(k8s_bin kube-proxy) || return 1
+  KPVM_RELEASE=$("$kp" --version | grep -o 'v1\.[0-9]*\.[0-9a-z.+-]*' | head -n1)
+  [ "${KPVM_RELEASE#v1.}" != "$KPVM_RELEASE" ] && [ "$(cut -d. -f2 <<<"$KPVM_RELEASE")" = "$KPVM_MINOR" ] ||
+    { echo "kube-proxy $kp is ${KPVM_RELEASE:-of no version}, kube-apiserver 1.$KPVM_MINOR: one release is needed" >&2; return 1; }
 }
 
 kpvm_init() {
@@ -70,8 +80,9 @@ kpvm_apply() {
   kubectl --kubeconfig "$KC" delete svc,endpointslices -A -l kipvs-parity=1 --wait=false > /dev/null 2>&1
   kubectl --kubeconfig "$KC" delete node test-node --ignore-not-found --wait=false > /dev/null
   # The apiserver's validation stands: an object it rejects (an invalid vector input, a second Service on one
-  # ClusterIP) is left out and named in the report; fields 1.24 does not know (trafficDistribution) are
-  # pruned, as a 1.24 cluster does (--validate=false: no client-side schema check).
+  # ClusterIP) is left out and named in the report; fields the release does not know (trafficDistribution) are
+  # pruned, as a cluster of that release does (--validate=false: no client-side schema check; 1.20 prunes
+  # internalTrafficPolicy, EndpointSlice hints and ipMode too).
   kubectl --kubeconfig "$KC" apply --validate=false -f "$1/$2/objects.yaml" > "$3/apply.log" 2>&1 || true
   if [ -f "$1/$2/create-0.json" ]; then # a scale cluster: four kubectl at once
     for f in "$1/$2"/create-*.json; do

@@ -4,7 +4,7 @@
 # `apt-get download`ed (hack/lib/host-tools.sh deb_fetch, cached in $VMCACHE/kube-proxy-debs) and unpacked
 # with `dpkg -x`; nothing is installed.
 #
-# usage: hack/vm/kube-proxy-userland.sh DIR        env: VMCACHE (hack/vm/fetch.sh must have run)
+# usage: hack/vm/kube-proxy-userland.sh DIR        env: VMCACHE (hack/vm/fetch.sh's; run first, a no-op when cached)
 # Writes, for the guest at /payload/kube-proxy (hack/test-vm.sh --kube-proxy copies DIR there):
 #   DIR/root/       the unpacked packages
 #   DIR/bin/        iptables, iptables-save, iptables-restore, the ip6tables trio (xtables-legacy-multi),
@@ -14,16 +14,20 @@
 #                   guest loads those not loaded yet
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
+export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
+"$HERE/fetch.sh" # the kernel's modules (MODDIR); on a fresh cache this runs before hack/test-vm.sh does
 # shellcheck source=/dev/null
 . "$VMCACHE/env.sh" # MODDIR
 . "$HERE/../lib/host-tools.sh"
 . "$HERE/../lib/modules.sh"
 OUT=$(realpath -m "$1")
-# pkg/proxy/ipvs (CanUseIPVSProxier, the ipsets and the iptables rules of the IPVS proxier), and the ipv6
-# tables: with both families' iptables present kube-proxy 1.24 runs its dual-stack proxier.
+# pkg/proxy/ipvs (CanUseIPVSProxier, the ipsets and the iptables rules of the IPVS proxier; xt_physdev for
+# 1.20's external-IP rule, `-m physdev ! --physdev-is-in`, proxier.go:1744: without it every
+# iptables-restore of a sync with an external IP fails), and the ipv6
+# tables: with both families' iptables present kube-proxy runs its dual-stack proxier (1.20: with the
+# IPv6DualStack gate, which tests/kube-proxy/corpus.py gives it).
 MODS="x_tables ip_tables ip6_tables iptable_nat iptable_filter ip6table_nat ip6table_filter nf_nat xt_nat
-  xt_comment xt_mark xt_addrtype xt_conntrack xt_MASQUERADE xt_set xt_tcpudp xt_multiport xt_sctp
+  xt_comment xt_mark xt_addrtype xt_conntrack xt_MASQUERADE xt_set xt_tcpudp xt_multiport xt_sctp xt_physdev
   ip_set ip_set_hash_ip ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet ip_set_hash_net
   ip_set_bitmap_port"
 # The run-time closure of the three, without what the VM's base already has (glibc, libgcc) or needs not

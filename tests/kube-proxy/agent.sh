@@ -10,14 +10,14 @@
 #                           sorted, then `seconds S` (start to the converged state first seen), `cpu S` (user +
 #                           system) and `maxrss KB` (peak RSS) of the proxier's process (busybox time -v). Exit 1
 #                           (with the log's tail) when the proxier fails or does not converge within LIMIT seconds (120).
-#                           kube-proxy: its IPVS mode, converged when it has synced at least once
-#                           (kubeproxy_sync_proxy_rules_duration_seconds_count on 127.0.0.1:10249) and the
-#                           state has not changed for 3 s. kipvs: `kipvs-proxier run --once` (it syncs once
-#                           the API's lists are complete, then exits).
+#                           kube-proxy: its IPVS mode, converged once a sync has completed (synced) and
+#                           the state has not changed for 3 s since. kipvs: `kipvs-proxier run --once` (it
+#                           syncs once the API's lists are complete, then exits).
 #   clock                   the guest's clock (seconds since boot, /proc/uptime, 10 ms steps)
 #   start PROXIER CLUSTER VS RS [LIMIT]  (hack/bench-vs-kube-proxy.sh) as run, but the proxier keeps running
 #                           (kipvs: `kipvs-proxier run`): converged once the kernel holds at least VS virtual
-#                           and RS real servers (/proc/net/ip_vs); prints `seconds S` (start to converged)
+#                           and RS real servers (/proc/net/ip_vs) and a sync has completed (synced: the
+#                           counts alone are reached mid-sync); prints `seconds S` (start to converged)
 #                           and the usage lines; exit 1 when it fails or does not converge within LIMIT (600)
 #   usage                   of the running proxier: `cpu S` (user + system, its waited-for children's
 #                           included: kube-proxy's iptables-restore and ipset), `maxrss KB` (VmHWM) and its
@@ -71,6 +71,21 @@ usage() { # PID
     $1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" { print "sync_count " int($2) }
     $1 == "kubeproxy_sync_proxy_rules_duration_seconds_sum" { print "sync_sum " $2 }'
 }
+# synced LOG: 0 once the proxier (LOG its log) has completed a sync of every IP family it runs, 1 before, 2 when
+# an iptables-restore of a sync failed. kubeproxy_sync_proxy_rules_last_timestamp_seconds is set at the end
+# of a successful sync, after the stale virtual servers and bound addresses are removed (1.20:
+# pkg/proxy/ipvs/proxier.go:1657; kipvs the same), but a dual-stack kube-proxy's two proxiers (one a family)
+# share it: there the duration histogram's count (one per sync and family, failed ones included:
+# proxier.go:1043, 1617) must reach 2 as well. A failed iptables-restore (proxier.go:1611-1617, e.g. a
+# missing match module) leaves the sync unfinished: the run fails rather than wait for a state it never reaches.
+synced() {
+  fams=1; grep -qi 'dualStackProxier' "$1" && fams=2
+  wget -qO- http://127.0.0.1:10249/metrics 2>/dev/null | awk -v fams=$fams '
+    $1 == "kubeproxy_sync_proxy_rules_last_timestamp_seconds" && $2 + 0 > 0 { done = 1 }
+    $1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" { n = $2 + 0 }
+    $1 == "kubeproxy_sync_proxy_rules_iptables_restore_failures_total" && $2 + 0 > 0 { failed = 1 }
+    END { exit failed ? 2 : !(done && n >= fams) }'
+}
 counts() { # virtual and real servers in the kernel
   awk '/^(TCP|UDP|SCTP) / { v++ } /^  -> [0-9A-F]/ { r++ } END { print v + 0, r + 0 }' /proc/net/ip_vs
 }
@@ -96,11 +111,11 @@ case $cmd in
         while [ $stable -lt 6 ]; do
           kill -0 "$pid" 2> /dev/null || fail "kube-proxy exited" "$log"
           [ $i -lt $((limit * 2)) ] || { kill "$pid"; fail "kube-proxy did not converge in $limit s" "$log"; }
-          n=$(wget -qO- http://127.0.0.1:10249/metrics 2>/dev/null |
-            awk '$1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" { print int($2) }')
+          ok=0; synced "$log" && ok=1 || [ $? = 1 ] || { kill "$pid"; fail "kube-proxy: an iptables-restore failed" "$log"; }
+          # (synced is read before the state: the state read is that sync's or a later one's)
           s=$(state | md5sum)
           [ "$s" = "$last" ] || t1=$(awk "BEGIN{print $(now) - $t0}") # the state as it was first seen
-          if [ "${n:-0}" -ge 1 ] && [ "$s" = "$last" ]; then stable=$((stable + 1)); else stable=0; fi
+          if [ $ok = 1 ] && [ "$s" = "$last" ]; then stable=$((stable + 1)); else stable=0; fi
           last=$s; i=$((i + 1)); sleep 0.5
         done
         # (it falls back to iptables mode when it cannot use IPVS: no virtual server at all, not even the
@@ -137,7 +152,10 @@ case $cmd in
       *) echo "unknown proxier $proxier"; exit 2 ;;
     esac
     pid=$!; echo "$pid" > "$W/bench.pid"; echo "$log" > "$W/bench.log"
-    converged() { set -- $(counts); [ "$1" -ge "$vs" ] && [ "$2" -ge "$rs" ]; }
+    converged() {
+      synced "$log" || { [ $? = 1 ] || fail "$proxier: an iptables-restore failed" "$log"; return 1; }
+      set -- $(counts); [ "$1" -ge "$vs" ] && [ "$2" -ge "$rs" ]
+    }
     until converged; do
       alive "$pid" || fail "$proxier exited" "$log"
       [ "$(awk "BEGIN{print ($(now) - $t0 < $limit)}")" = 1 ] || fail "$proxier did not converge in $limit s ($(counts))" "$log"

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """EndpointSlice churn and its latency to the kernel, for hack/bench-vs-kube-proxy.sh.
 
-usage: churn.py write SERVER TOKEN NAMESPACE SERVICE FIRST RATE SECONDS OUT
+usage: churn.py write MINOR SERVER TOKEN NAMESPACE SERVICE FIRST RATE SECONDS OUT
        churn.py latency WRITES WATCH OFFSET
 
-write: RATE writes a second for SECONDS (paced from the start: a write that returns late is not made up
+write: (MINOR: the release of the kube-apiserver, 1.MINOR: the EndpointSlice's group/version is the one it
+  serves, tests/lib/k8s_api.py) RATE writes a second for SECONDS (paced from the start: a write that returns late is not made up
   for by a burst) to the EndpointSlice SERVICE-churn of Service SERVICE in NAMESPACE, through one
   keep-alive HTTPS connection to the kube-apiserver at SERVER (https://host:port, bearer TOKEN, the
   certificate not verified: the test control plane's own). Write k (k = FIRST, FIRST + 1, ...) is a
@@ -25,7 +26,11 @@ import json
 import ssl
 import sys
 import time
+import os
 import urllib.parse
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from k8s_api import endpointslice_api, endpointslice_for  # noqa: E402
 
 FIXED = "10.251.0.1"
 
@@ -45,11 +50,11 @@ def sequence(addr):
     return int(parts[2]) * 250 + int(parts[3]) - 1
 
 
-def write(server, token, ns, svc, first, rate, seconds, out):
+def write(minor, server, token, ns, svc, first, rate, seconds, out):
     url = urllib.parse.urlparse(server)
     conn = http.client.HTTPSConnection(url.hostname, url.port, context=ssl._create_unverified_context(), timeout=30)
     name = f"{svc}-churn"
-    path = f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/{name}?fieldManager=kipvs-bench&force=true"
+    path = f"/apis/{endpointslice_api(minor)}/namespaces/{ns}/endpointslices/{name}?fieldManager=kipvs-bench&force=true"
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/apply-patch+yaml"}
     start = time.time()
     n = int(rate * seconds)
@@ -63,7 +68,7 @@ def write(server, token, ns, svc, first, rate, seconds, out):
                     "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": svc, "kipvs-parity": "1"}},
                     "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
                     "endpoints": [{"addresses": [a], "conditions": {"ready": True}, "nodeName": "node-0"} for a in (address(k), FIXED)]}
-            conn.request("PATCH", path, json.dumps(body), headers)
+            conn.request("PATCH", path, json.dumps(endpointslice_for(body, minor)), headers)
             resp = conn.getresponse()
             text = resp.read()
             t = time.time()
@@ -105,9 +110,9 @@ def latency(writes_file, watch_file, offset):
 
 
 def main():
-    if len(sys.argv) == 10 and sys.argv[1] == "write":
+    if len(sys.argv) == 11 and sys.argv[1] == "write":
         a = sys.argv[2:]
-        write(a[0], a[1], a[2], a[3], int(a[4]), float(a[5]), float(a[6]), a[7])
+        write(int(a[0]), a[1], a[2], a[3], a[4], int(a[5]), float(a[6]), float(a[7]), a[8])
     elif len(sys.argv) == 5 and sys.argv[1] == "latency":
         latency(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     else:

@@ -2,7 +2,11 @@
 """Compares what kube-proxy and kipvs programmed for each cluster of the parity corpus
 (hack/parity-kube-proxy.sh) and explains every difference by the deviations file, or reports it.
 
-usage: compare.py CORPUS_DIR RESULTS_DIR DEVIATIONS_YAML
+usage: compare.py CORPUS_DIR RESULTS_DIR DEVIATIONS_YAML MINOR
+
+MINOR is the release of kube-proxy under test (1.MINOR). A deviation with `releases` ("1.20", "1.21-1.25",
+"1.26-", "-1.28": inclusive ranges, comma-separated) applies to those releases only; the others do not
+explain a difference there and are not listed.
 
 RESULTS_DIR/CLUSTER/{kube-proxy,kipvs}.out hold the guest agent's `run` output (tests/kube-proxy/agent.sh:
 `ipvs LINE` and `bind ADDRESS` lines, `seconds S`); RESULTS_DIR/CLUSTER/rejected-objects, when not empty,
@@ -113,13 +117,32 @@ def count_services(cluster_dir):
     return sum(1 for d in docs if d and d.get("kind") == "Service")
 
 
+def applies(deviation, minor):
+    """Whether DEVIATION's `releases` (see the module doc; every release when absent) include 1.MINOR."""
+    spec = str(deviation.get("releases", "")).strip()
+    if not spec:
+        return True
+
+    def m(v, default):
+        return int(v.split(".")[1]) if v else default
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if "-" not in part:
+            hi = lo
+        if m(lo, 0) <= minor <= m(hi, 10**6):
+            return True
+    return False
+
+
 def ratio(a, b):
     return f"{a / b:.1f}x" if b else "-"
 
 
 def main():
-    corpus, results, dev_path = sys.argv[1:4]
-    deviations = yaml.safe_load(open(dev_path)) or []
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    corpus, results, dev_path, minor = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    deviations = [d for d in yaml.safe_load(open(dev_path)) or [] if applies(d, minor)]
     for d in deviations:
         for key in ("id", "reason", "source", "only_in", "lines"):
             if key not in d:
@@ -130,7 +153,7 @@ def main():
     hit_clusters = {d["id"]: set() for d in deviations}
     clusters = services = compared_lines = unexplained = missing = 0
     rejected = []  # (cluster, the apiserver's message)
-    not_comparable = []  # (cluster, why kube-proxy 1.24 cannot run it)
+    not_comparable = []  # (cluster, why kube-proxy 1.MINOR cannot run it)
     secs = {"kube-proxy": 0.0, "kipvs": 0.0}
     scale_rows = []
     for name in sorted(os.listdir(corpus)):
@@ -183,7 +206,7 @@ def main():
             src = open(os.path.join(corpus, name, "source")).read().strip()
             print(f"--- {name} ({src})")
             print("\n".join(report) if report else "  identical")
-    print(f"=== parity: {clusters} clusters ({services} Services) compared, {compared_lines} distinct lines,"
+    print(f"=== parity with kube-proxy 1.{minor}: {clusters} clusters ({services} Services) compared, {compared_lines} distinct lines,"
           f" kube-proxy {secs['kube-proxy']:.0f} s / kipvs {secs['kipvs']:.0f} s to converge in all")
     for name, why in not_comparable:
         print(f"  not compared: {name}: {why}")

@@ -2,21 +2,26 @@
 """The corpus of the kube-proxy parity check (hack/parity-kube-proxy.sh): clusters of Services,
 EndpointSlices and a Node, each with the proxy settings both proxiers get.
 
-usage: corpus.py OUT_DIR [--vectors PLAN_DIR] [--only NAME,...] [--generated N] [--per-cluster K]
-                 [--seed S] [--scale N,...]
+usage: corpus.py OUT_DIR --minor MINOR [--vectors PLAN_DIR] [--only NAME,...] [--generated N]
+                 [--per-cluster K] [--seed S] [--scale N,...]
+
+MINOR is the release under test (1.MINOR: kube-apiserver and kube-proxy, hack/lib/k8s-build.sh k8s_minor).
+The objects and settings are written as that release takes them: EndpointSlices through
+tests/lib/k8s_api.py endpointslice_for (v1beta1 before 1.21), and kube-proxy's configuration with only the
+feature gates, schedulers and nodePortAddresses keywords that release knows (kube_proxy_config).
 
 Writes one directory per cluster under OUT_DIR:
   objects.yaml    Namespaces, the Node test-node (without status) and the Services and EndpointSlices
                   (labelled kipvs-parity=1, so that they can be deleted between clusters)
   status.txt      status merge patches to make after the apply, one "API_PATH JSON" a line (the Node's
                   addresses, Services' load-balancer ingress)
-  kube-proxy.yaml the KubeProxyConfiguration kube-proxy 1.24 runs with
-  kipvs.yaml      the same file for kipvs, plus the kipvs gates 1.24 does not know (a kube-proxy given an
-                  unknown gate refuses to start)
+  kube-proxy.yaml the KubeProxyConfiguration kube-proxy 1.MINOR runs with
+  kipvs.yaml      the same file for kipvs, with the cluster's own gates (kipvs's) in place of kube-proxy's
+                  (a kube-proxy given a gate its release does not know refuses to start)
   addrs           addresses the guest puts on a dummy interface (node0) besides loopback: the node IPs and
                   the addresses of the node's other interfaces, as a node would have them
   node-ips        the Node's InternalIPs, one a line
-  not-comparable  (when kube-proxy 1.24 refuses the settings, e.g. a scheduler it does not know) why; the
+  not-comparable  (when kube-proxy 1.MINOR refuses the settings, e.g. a scheduler it does not know) why; the
                   driver names the cluster and runs neither proxier
   source          where the cluster comes from (the plan vector, or "generated seed S")
   create-P.json   (scale clusters) the Services and EndpointSlices as four Lists, for four `kubectl create`
@@ -47,7 +52,11 @@ import sys
 
 import yaml
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from k8s_api import endpointslice_for  # noqa: E402
+
 NODE = "test-node"
+MINOR = 24  # the release under test, 1.MINOR (main sets it from --minor)
 LABEL = {"kipvs-parity": "1"}
 
 
@@ -89,9 +98,34 @@ class Alloc:
         return self.port
 
 
-def kube_proxy_config(settings):
+def kube_proxy_gates(gates, minor):
+    """The feature gates kube-proxy 1.MINOR runs with, for a cluster whose (kipvs) gates are GATES: only gates
+    that release knows (it refuses any other), and only where they matter to the comparison."""
+    kp = {}
+    if minor == 20:
+        # alpha in 1.20, off by default: the dual-stack proxier (cmd/kube-proxy/app/server_others.go
+        # IPv6DualStack) and an endpoint's nodeName (pkg/proxy/endpointslicecache.go EndpointSliceNodeName),
+        # as the apiserver runs with them (hack/control-plane.sh)
+        kp.update(IPv6DualStack=True, EndpointSliceNodeName=True)
+    if 22 <= minor <= 27:
+        # alpha 1.22-1.25 (off), beta 1.26-1.27, GA (locked on) from 1.28: given explicitly, both follow the
+        # cluster's setting (kipvs's gates default to on)
+        kp["ProxyTerminatingEndpoints"] = gates.get("ProxyTerminatingEndpoints", True)
+    if 21 <= minor <= 32:
+        # alpha 1.21-1.22, beta from 1.23 (off by default in some), GA in 1.33: on, as kipvs always reads hints
+        kp["TopologyAwareHints"] = True
+    return kp
+
+
+# The schedulers kube-proxy accepts (pkg/proxy/apis/config/validation/validation.go
+# validateIPVSSchedulerMethod: the same list in 1.20 and 1.24, "" is rr)
+SCHEDULERS = {"", "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq"}
+
+
+def kube_proxy_config(settings, minor):
     """The KubeProxyConfiguration of SETTINGS (kube-proxy field names: ipvs, nodePortAddresses,
-    featureGates, iptables.masqueradeAll, clusterCIDR) for kube-proxy and for kipvs."""
+    featureGates, iptables.masqueradeAll, clusterCIDR) for kube-proxy 1.MINOR and for kipvs. Every field
+    written here is in 1.20's KubeProxyConfiguration v1alpha1."""
     base = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
@@ -111,41 +145,36 @@ def kube_proxy_config(settings):
     if (settings.get("nftables") or {}).get("masqueradeAll") or (settings.get("iptables") or {}).get("masqueradeAll"):
         base["iptables"] = {"masqueradeAll": True}
     gates = dict(settings.get("featureGates") or {})
-    # kipvs's gates default to on; kube-proxy 1.24's ProxyTerminatingEndpoints is alpha, off by default:
-    # given explicitly, both follow the same setting. TopologyAwareHints (beta, off in 1.24): on, as kipvs
-    # always reads hints.
-    gates.setdefault("ProxyTerminatingEndpoints", True)
     kp = dict(base)
-    kp["featureGates"] = {"ProxyTerminatingEndpoints": gates["ProxyTerminatingEndpoints"], "TopologyAwareHints": True}
+    kp_gates = kube_proxy_gates(gates, minor)
+    if kp_gates:
+        kp["featureGates"] = kp_gates
     kv = dict(base)
-    kv["featureGates"] = dict(gates)
-    # kube-proxy 1.24 has no nodePortAddresses keyword ("primary" came in 1.29): kipvs alone reads it
-    if any(a == "primary" for a in base.get("nodePortAddresses", [])):
+    kv["featureGates"] = gates
+    # the nodePortAddresses keyword "primary" (the node's primary IPs) came in 1.29; before, kube-proxy
+    # refuses anything but a CIDR (validation.go validateNodePortAddresses), so kipvs alone reads it
+    if minor < 29 and any(a == "primary" for a in base.get("nodePortAddresses", [])):
         kp["nodePortAddresses"] = [a for a in base["nodePortAddresses"] if a != "primary"]
     return kp, kv
 
 
-# The schedulers kube-proxy 1.24 accepts (pkg/proxy/apis/config/validation: validateIPVSSchedulerMethod)
-SCHEDULERS_124 = {"", "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq"}
-
-
 def write_cluster(out, name, source, docs, status, settings, addrs):
-    """Writes the files of the module doc for cluster NAME under OUT."""
+    """Writes the files of the module doc for cluster NAME under OUT (MINOR: the module's global)."""
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     scheduler = (settings.get("ipvs") or {}).get("scheduler", "")
-    if scheduler not in SCHEDULERS_124:
+    if scheduler not in SCHEDULERS:
         with open(os.path.join(d, "not-comparable"), "w") as f:
-            f.write(f"kube-proxy 1.24 refuses ipvs.scheduler {scheduler} (not in its validation's list)\n")
+            f.write(f"kube-proxy 1.{MINOR} refuses ipvs.scheduler {scheduler} (not in its validation's list)\n")
     namespaces = sorted({o["metadata"].get("namespace", "default") for o in docs if o["kind"] != "Node"})
     objs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in namespaces if n != "default"]
-    objs += docs
+    objs += [endpointslice_for(o, MINOR) for o in docs]
     with open(os.path.join(d, "objects.yaml"), "w") as f:
         yaml.safe_dump_all(objs, f, sort_keys=False)
     with open(os.path.join(d, "status.txt"), "w") as f:
         for path, body in status:
             f.write(f"{path} {json.dumps(body, separators=(',', ':'))}\n")
-    kp, kv = kube_proxy_config(settings)
+    kp, kv = kube_proxy_config(settings, MINOR)
     for fname, conf in (("kube-proxy.yaml", kp), ("kipvs.yaml", kv)):
         with open(os.path.join(d, fname), "w") as f:
             yaml.safe_dump(conf, f, sort_keys=False)
@@ -218,6 +247,10 @@ def from_vector(out, name, d, alloc):
             continue
         if kind == "Service":
             spec = o.setdefault("spec", {})
+            if MINOR < 24 and spec.get("type", "ClusterIP") == "ClusterIP" and spec.get("externalTrafficPolicy") == "Cluster":
+                # 1.20 rejects any externalTrafficPolicy on a ClusterIP Service (1.24 takes it); Cluster is
+                # what such a Service does anyway
+                del spec["externalTrafficPolicy"]
             ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
             if ips and ips[0] != "None":
                 new = [alloc.ip(ip) for ip in ips]
@@ -286,8 +319,9 @@ def gen_service(rng, alloc, ns, i):
             spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": rng.choice([60, 3600, 10800])}}
     if typ != "ClusterIP" and rng.random() < 0.4:
         spec["externalTrafficPolicy"] = "Local"
-    # (internalTrafficPolicy Local only on ClusterIP Services: kube-proxy 1.24 applies it to the NodePort and
-    # load-balancer virtual servers too, a deviation the plan vectors show on their own)
+    # (internalTrafficPolicy Local only on ClusterIP Services: kube-proxy 1.21-1.25 applies it to the NodePort
+    # and load-balancer virtual servers too, a deviation the plan vectors show on their own; a 1.20 apiserver
+    # drops the field)
     if typ == "ClusterIP" and rng.random() < 0.3:
         spec["internalTrafficPolicy"] = "Local"
     if rng.random() < 0.2:
@@ -298,8 +332,9 @@ def gen_service(rng, alloc, ns, i):
             spec["loadBalancerSourceRanges"] = rng.choice([["198.51.100.0/24"], ["198.51.100.0/24", "192.168.100.0/24"]])
         if rng.random() < 0.8:
             status = {"status": {"loadBalancer": {"ingress": [{"ip": f"198.18.{i // 250}.{i % 250 + 1}"}]}}}
-    # Hints only where kube-proxy 1.24 reads them too: with its annotation, and not with externalTrafficPolicy
-    # Local (1.24 then ignores hints for the whole Service); the other cases are plan vectors of their own.
+    # Hints only where kube-proxy 1.21-1.26 reads them too: with its annotation, and not with
+    # externalTrafficPolicy Local (it then ignores hints for the whole Service); the other cases are plan
+    # vectors of their own. (A 1.20 apiserver drops hints: EndpointSlice hints came in 1.21.)
     hinted = "externalTrafficPolicy" not in spec and rng.random() < 0.3
     annotations = {"service.kubernetes.io/topology-aware-hints": "auto"} if hinted else {}
     meta = {"name": name, "namespace": ns, "labels": dict(LABEL)}
@@ -362,7 +397,7 @@ def scale(out, alloc, n):
         yaml.safe_dump_all([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}} for ns in namespaces] + [node], f)
     for p in range(4):
         with open(os.path.join(out, name, f"create-{p}.json"), "w") as f:
-            json.dump({"apiVersion": "v1", "kind": "List", "items": objs[p::4]}, f)
+            json.dump({"apiVersion": "v1", "kind": "List", "items": [endpointslice_for(o, MINOR) for o in objs[p::4]]}, f)
 
 
 def main():
@@ -374,7 +409,10 @@ def main():
     ap.add_argument("--per-cluster", type=int, default=40)
     ap.add_argument("--seed", type=int, default=25)
     ap.add_argument("--scale", default="")
+    ap.add_argument("--minor", type=int, required=True)
     a = ap.parse_args()
+    global MINOR
+    MINOR = a.minor
     alloc = Alloc()
     only = {x for x in a.only.split(",") if x}
     if a.vectors:
