@@ -59,7 +59,12 @@ k() { kubectl --kubeconfig "$KC" "$@"; }
 guest_kubeconfig "$KC" > "$STATE/guest-kubeconfig" # kipvs's; kube-proxy's is kube_proxy_payload's
 G=$STATE/kube-proxy # the guest's /payload/kube-proxy
 kube_proxy_payload "$G" "$KC"
-cat > "$G/config.yaml" <<'EOF'
+KMINOR=${K8S#1.}
+# kube-proxy refuses a feature gate its release does not know: ProxyTerminatingEndpoints came in 1.22 (alpha)
+# and is on by default from 1.26
+GATES=""
+[ "$KMINOR" -ge 22 ] && [ "$KMINOR" -lt 26 ] && GATES="featureGates: {ProxyTerminatingEndpoints: true}"
+cat > "$G/config.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: ipvs
@@ -68,7 +73,7 @@ clientConnection: {kubeconfig: /payload/kube-proxy/kubeconfig}
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0, min: 0}
 ipvs: {strictARP: false}
-featureGates: {ProxyTerminatingEndpoints: true}
+$GATES
 EOF
 
 # ---- objects: the VM's Node and the Service web ------------------------------------------------------------
@@ -146,6 +151,26 @@ agent binds > "$STATE/binds.kube-proxy"
 agent leftovers > "$STATE/leftovers.kube-proxy"
 TIMEOUTS0=$(agent timeouts) # the kernel's: kube-proxy's config sets none
 say "kube-proxy's table: $(grep -c '^-A' "$STATE/table.kube-proxy") virtual servers, $(grep -c '^-a' "$STATE/table.kube-proxy") real servers; $(grep -c '^chain' "$STATE/leftovers.kube-proxy") KUBE-* chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets"
+# kube-proxy's chains and sets in IPVS mode, by release (pkg/proxy/ipvs/proxier.go: iptablesChains,
+# iptablesEnsureChains; ipset.go): all there before the takeover, so its removal meets each. A release not
+# listed is not compared; the takeover must still leave none.
+kube_proxy_objects() {
+  case $1 in
+    20)
+      printf 'chain iptables filter KUBE-FORWARD\n'
+      printf 'chain iptables nat KUBE-%s\n' FIREWALL LOAD-BALANCER MARK-DROP MARK-MASQ NODE-PORT POSTROUTING SERVICES
+      printf 'ipset KUBE-%s\n' LOOP-BACK CLUSTER-IP EXTERNAL-IP EXTERNAL-IP-LOCAL LOAD-BALANCER LOAD-BALANCER-LOCAL \
+        LOAD-BALANCER-FW LOAD-BALANCER-SOURCE-IP LOAD-BALANCER-SOURCE-CIDR NODE-PORT-TCP NODE-PORT-LOCAL-TCP \
+        NODE-PORT-UDP NODE-PORT-LOCAL-UDP NODE-PORT-SCTP-HASH NODE-PORT-LOCAL-SCTP-HASH ;;
+  esac
+}
+KP_WANT=$(kube_proxy_objects "$KMINOR" | sort)
+if [ -n "$KP_WANT" ]; then
+  KP_DIFF=$(diff <(echo "$KP_WANT") <(sort "$STATE/leftovers.kube-proxy") | grep '^[<>]' | tr '\n' ' ' || true)
+  check "kube-proxy $K8S made exactly its release's chains and sets (${KP_DIFF:-as listed})" [ -z "$KP_DIFF" ]
+else
+  say "kube-proxy $K8S: chains and sets not compared (no list for 1.$KMINOR)"
+fi
 probes "kube-proxy"
 FIG=()
 must load-start $CIP $CIP
@@ -291,7 +316,7 @@ say "  control: $KEPT2 of $SAVED2 established IPVS entries kept after kube-proxy
 final=$(agent load-stop)
 say "load, whole run: $(head -n1 <<<"$final")"
 echo
-echo "=== takeover from kube-proxy 1.24 (IPVS) under load: requests sent / failed, long-lived connections broken"
+echo "=== takeover from kube-proxy $K8S (IPVS) under load: requests sent / failed, long-lived connections broken"
 printf '  %s\n' "${FIG[@]}"
 echo "  established IPVS entries from before the switch still present: takeover $KEPT of $SAVED, handback ${KEPT3:-n/a} of ${SAVED3:-n/a}, takeover again ${KEPT4:-n/a} of ${SAVED4:-n/a}, kube-proxy --cleanup $KEPT2 of $SAVED2"
 echo "  kernel ops: takeover ${OPS1:-none}; handback ${OPS3:-n/a}; takeover again ${OPS4:-n/a}"
