@@ -251,6 +251,10 @@ def from_vector(out, name, d, alloc):
                 # 1.20 rejects any externalTrafficPolicy on a ClusterIP Service (1.24 takes it); Cluster is
                 # what such a Service does anyway
                 del spec["externalTrafficPolicy"]
+            if spec.get("externalIPs"):
+                # the apiserver refuses a loopback, link-local or unspecified externalIP and with it the
+                # Service (1.20 pkg/apis/core/validation/validation.go:5721-5731): the vector's other addresses stay comparable
+                spec["externalIPs"] = [a for a in spec["externalIPs"] if not special_ip(a)]
             ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
             if ips and ips[0] != "None":
                 new = [alloc.ip(ip) for ip in ips]
@@ -275,6 +279,16 @@ def from_vector(out, name, d, alloc):
     objs.insert(0, n)
     status.insert(0, st)
     write_cluster(out, name, f"proxier/testdata/plan/{name.replace('.', '/')}", objs, status, settings, local_addrs(node_ips or [a["address"] for a in st[1]["status"]["addresses"]], other))
+
+
+def special_ip(a):
+    """Whether A is an address the apiserver refuses as an externalIP (or not an address at all: kept, for
+    the apiserver to judge)."""
+    try:
+        ip = ipaddress.ip_address(a)
+    except ValueError:
+        return False
+    return ip.is_unspecified or ip.is_loopback or ip.is_link_local
 
 
 def local_addrs(node_ips, other):
