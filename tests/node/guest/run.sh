@@ -1,7 +1,7 @@
 #!/bin/sh
 # The test node: PID 1 (hack/vm/init) runs this after loading the modules. It turns the VM into a Kubernetes
 # node of the host's control plane (hack/test-node.sh): cgroup v2, the NIC on the host's tap (node.env: NODE_IP,
-# HOST_IP), containerd with the images of /payload/images loaded offline, Debian's CNI bridge for pods, and a
+# HOST_IP, SANDBOX_IMAGE, KUBELET_ARGS), containerd with the images of /payload/images loaded offline, Debian's CNI bridge for pods, and a
 # kubelet registered with the host's kube-apiserver. Then it serves the agent (agent.sh, busybox httpd CGI on
 # NODE_IP:7000) and runs until the host stops the VM. Milestones go to the console as `NODE <what> uptime=<s>`.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -31,7 +31,7 @@ echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
 ip link set eth0 up && ip addr add "$NODE_IP/24" dev eth0 && ip route add default via "$HOST_IP" ||
   fail "no NIC (eth0)"
 mark network
-cp /payload/node/containerd.toml /etc/containerd/config.toml
+sed "s#@SANDBOX_IMAGE@#$SANDBOX_IMAGE#" /payload/node/containerd.toml > /etc/containerd/config.toml
 cp /payload/node/cni.conflist /etc/cni/net.d/10-kipvs-node.conflist
 cp /payload/node/kubelet.yaml /etc/kubernetes/kubelet.yaml
 printf 'clusterDNS: [%s]\nclusterDomain: cluster.local\n' "$HOST_IP" >> /etc/kubernetes/kubelet.yaml # the host's dnsmasq
@@ -40,15 +40,23 @@ cp /payload/node/kubeconfig /etc/kubernetes/kubelet.kubeconfig
 containerd --config /etc/containerd/config.toml > "$L/containerd.log" 2>&1 &
 i=0; until ctr version > /dev/null 2>&1; do i=$((i + 1)); [ $i -lt 300 ] || fail "containerd does not answer"; sleep 0.2; done
 mark containerd
-while read -r repo tag file; do
-  ctr -n k8s.io images import --base-name "$repo" "/payload/images/$file" > /dev/null || fail "import $repo:$tag"
-  ctr -n k8s.io images ls -q | grep -qx "$repo:$tag" || fail "import $repo:$tag: not listed as such"
+# each line: FILE REF [REF...]; the archive's image is imported as REF's repository with the archive's tag,
+# then tagged with each REF
+while read -r file refs; do
+  first=${refs%% *}
+  got=$(ctr -n k8s.io images import --base-name "${first%:*}" "/payload/images/$file" |
+    sed -n 's/^unpacking \([^ ]*\) .*/\1/p' | head -n1)
+  [ -n "$got" ] || fail "import $file"
+  for r in $refs; do [ "$r" = "$got" ] || ctr -n k8s.io images tag --force "$got" "$r" > /dev/null || fail "tag $r"; done
+  case " $refs " in *" $got "*) ;; *) ctr -n k8s.io images rm "$got" > /dev/null ;; esac
+  for r in $refs; do ctr -n k8s.io images ls -q | grep -qxF "$r" || fail "import $file: $r not listed"; done
 done < /payload/images/list
 mark images "$(ctr -n k8s.io images ls -q | grep -v sha256 | tr '\n' ' ')"
 
+# KUBELET_ARGS: the flags this kubelet's release takes (node.env, from hack/test-node.sh)
+# shellcheck disable=SC2086
 kubelet --config=/etc/kubernetes/kubelet.yaml --kubeconfig=/etc/kubernetes/kubelet.kubeconfig \
-  --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --container-runtime=remote \
-  --container-runtime-endpoint=unix:///run/containerd/containerd.sock --pod-infra-container-image=k8s.gcr.io/pause:3.6 \
+  --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" $KUBELET_ARGS \
   --v="${KUBELET_V:-1}" > "$L/kubelet.log" 2>&1 &
 echo $! > /run/kubelet.pid
 mark kubelet
