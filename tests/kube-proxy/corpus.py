@@ -266,6 +266,8 @@ def from_vector(out, name, d, alloc):
                     p["nodePort"] = alloc.node_port(p["nodePort"])
             if "healthCheckNodePort" in spec:
                 spec["healthCheckNodePort"] = alloc.node_port(spec["healthCheckNodePort"])
+            elif spec.get("type") == "LoadBalancer" and spec.get("externalTrafficPolicy") == "Local":
+                spec["healthCheckNodePort"] = alloc.node_port()  # (see gen_service)
             st = o.pop("status", None)
             if st:
                 status.append((f"/api/v1/namespaces/{meta.get('namespace', 'default')}/services/{meta['name']}", {"status": st}))
@@ -333,6 +335,10 @@ def gen_service(rng, alloc, ns, i):
             spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": rng.choice([60, 3600, 10800])}}
     if typ != "ClusterIP" and rng.random() < 0.4:
         spec["externalTrafficPolicy"] = "Local"
+        if typ == "LoadBalancer":
+            # from the corpus's ports: one the apiserver picks may be a later Service's nodePort, which it
+            # then refuses while the earlier cluster's deletion is not through
+            spec["healthCheckNodePort"] = alloc.node_port()
     # (internalTrafficPolicy Local only on ClusterIP Services: kube-proxy 1.21-1.25 applies it to the NodePort
     # and load-balancer virtual servers too, a deviation the plan vectors show on their own; a 1.20 apiserver
     # drops the field)
