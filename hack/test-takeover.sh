@@ -7,6 +7,8 @@
 # ClusterIP, 4 long-lived TCP connections). The switch is driven as the operator drives it: through the node's
 # NodeProxyConfig (spec.config.serviceProxy, status.serviceProxy), with kube-proxy started and stopped where the
 # node label kipvs.io/service-proxy would start and stop its pod. Phases:
+# kube-proxy's configuration (feature gates) and the chains and sets it must have made are keyed on its release
+# (hack/control-plane.sh version).
 #   1. kube-proxy converged: it alone serves the LoadBalancer Service web (ClusterIP, NodePort, VIP with source
 #      ranges) for 10 s;
 #   2. takeover (serviceProxy: kipvs): kipvs starts while kube-proxy runs (standby: the table and the IPVS
@@ -27,7 +29,7 @@
 # takeover).
 #
 # usage: hack/test-takeover.sh
-# env:   CP_PORT/CP_ETCD_PORT (26443/26790), TAKEOVER_AGENT_PORT (26100), KEEP=1 (keep the state dir),
+# env:   CP_PORT/CP_ETCD_PORT (26443/26790), TAKEOVER_AGENT_PORT (26100), KEEP=1 (keep the state dir, with the proxier's log),
 #        TAKEOVER_HANDBACK=0 (leaves phases 3 and 4 out), VMCACHE,
 #        CPCACHE
 set -euo pipefail
@@ -231,6 +233,7 @@ gone_or_draining() { agent table | grep -q -- "-a -t $CIP -r $(pod_ip 1):8080 -m
 check "the removed endpoint takes no new connections (drained or gone)" wait_for 30 "the removed endpoint" gone_or_draining
 check "the changes were made while kipvs took over (status then: $DURING)" grep -Eq '^(TakingOver|Programming) ' <<<"$DURING"
 reports "taken over reported: serviceProxy Programming, Applied, healthy" '^Programming Applied true'
+TOOKP=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
 check "the switch set r1's IPVS timeouts (tcp tcpfin udp: $(agent timeouts))" grep -q '^901 ' <<<"$(agent timeouts)"
 sleep 5 # on purpose: the taken-over node carries the load a while
 KEPT=$(agent conns-kept)
@@ -243,7 +246,7 @@ OPS1=$OPS
 check "kube-proxy's KUBE-* chains and ipsets are gone ($LEFT left)" [ "$LEFT" = 0 ]
 check "the long-lived connections' IPVS entries survived ($KEPT of $SAVED established entries kept)" [ "$KEPT" -ge 4 ]
 end_phase
-say "  takeover: kube-proxy stopped -> its rules removed by kipvs after $TOOK s; kernel ops: ${OPS1:-none}"
+say "  takeover: kube-proxy stopped -> its rules removed by kipvs after $TOOK s, Programming after $TOOKP s; kernel ops: ${OPS1:-none}"
 
 # Phases 3 and 4: TAKEOVER_HANDBACK=0 leaves them out.
 if [ "${TAKEOVER_HANDBACK:-1}" = 1 ]; then
@@ -320,9 +323,10 @@ echo "=== takeover from kube-proxy $K8S (IPVS) under load: requests sent / faile
 printf '  %s\n' "${FIG[@]}"
 echo "  established IPVS entries from before the switch still present: takeover $KEPT of $SAVED, handback ${KEPT3:-n/a} of ${SAVED3:-n/a}, takeover again ${KEPT4:-n/a} of ${SAVED4:-n/a}, kube-proxy --cleanup $KEPT2 of $SAVED2"
 echo "  kernel ops: takeover ${OPS1:-none}; handback ${OPS3:-n/a}; takeover again ${OPS4:-n/a}"
-echo "  switch times: kube-proxy stopped -> its rules removed $TOOK s; kube-proxy started -> HandedBack ${HANDED:-n/a} s; kube-proxy stopped -> Programming again ${TOOK4:-n/a} s"
+echo "  switch times: kube-proxy stopped -> its rules removed $TOOK s, Programming $TOOKP s; kube-proxy started -> HandedBack ${HANDED:-n/a} s; kube-proxy stopped -> Programming again ${TOOK4:-n/a} s"
 echo "  kube-proxy chains and sets: before $(grep -c . "$STATE/leftovers.kube-proxy") ($(grep -c '^chain' "$STATE/leftovers.kube-proxy") chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets), after the takeover $LEFT, after the takeover again ${LEFT4:-n/a}"
 echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"
+agent log 1000000 > "$STATE/proxier.log" 2>&1 || true # kept with KEEP=1
 agent finish "$([ "$fail" = 0 ] && echo 0 || echo 1)" > /dev/null || true
 wait "$vm_pid" || bad "the VM run failed (its log: $STATE/vm.log)"
 vm_pid=""
