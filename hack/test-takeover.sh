@@ -6,9 +6,8 @@
 # (tests/vm/e2e/agent.sh, hack/lib/e2e.sh) under its load (25 new TCP connections/s and 5 UDP queries/s to the
 # ClusterIP, 4 long-lived TCP connections). The switch is driven as the operator drives it: through the node's
 # NodeProxyConfig (spec.config.serviceProxy, status.serviceProxy), with kube-proxy started and stopped where the
-# node label kipvs.io/service-proxy would start and stop its pod. Phases:
-# kube-proxy's configuration (feature gates) and the chains and sets it must have made are keyed on its release
-# (hack/control-plane.sh version).
+# node label kipvs.io/service-proxy would start and stop its pod. kube-proxy's configuration (feature gates) and
+# the chains and sets it must have made are keyed on its release (hack/control-plane.sh version). Phases:
 #   1. kube-proxy converged: it alone serves the LoadBalancer Service web (ClusterIP, NodePort, VIP with source
 #      ranges) for 10 s;
 #   2. takeover (serviceProxy: kipvs): kipvs starts while kube-proxy runs (standby: the table and the IPVS
