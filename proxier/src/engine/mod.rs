@@ -524,7 +524,9 @@ impl<D: Dataplane> Engine<D> {
     /// Sync once the source is ready ([`SourceHandle::wait_ready`]), then whenever a source
     /// reports a change (at most once per `ipvs.minSyncPeriod`) and at least every
     /// `ipvs.syncPeriod`, until `shutdown` resolves; before each sync [`Engine::switch`] says
-    /// whether the proxier may write (a takeover from kube-proxy, a handback). A failed sync is logged and retried after
+    /// whether the proxier may write (a takeover from kube-proxy, a handback), and between
+    /// syncs the takeover's progress and kube-proxy's return are looked at when due
+    /// ([`Engine::look_due`]). A failed sync is logged and retried after
     /// [`RETRY_INTERVAL`], doubling while it fails; the kernel is left as it is on shutdown
     /// (never flushed).
     pub async fn run(&mut self, shutdown: impl Future<Output = ()>) {
@@ -624,9 +626,12 @@ impl<D: Dataplane> Engine<D> {
 
     /// Waits for what triggers the next sync: a source change, `period` elapsed, or a new
     /// NodeProxyConfig assignment on `assigned` (applied here; `unreadable` is cleared once one
-    /// is known). Checks the draining real servers every [`DRAIN_CHECK_INTERVAL`] meanwhile.
-    /// While the proxier writes nothing ([`Engine::switch`]) only `period` and a new
-    /// assignment count, and no drain is checked. False when `shutdown` resolved first.
+    /// is known). Checks the draining real servers every [`DRAIN_CHECK_INTERVAL`] meanwhile,
+    /// and, while the proxier programs on a node it may have taken over from kube-proxy, the
+    /// takeover's progress and kube-proxy's return when due ([`Engine::look_due`]; kube-proxy
+    /// back triggers the next turn, which writes nothing). While the proxier writes nothing
+    /// ([`Engine::switch`]) only `period` and a new assignment count, and no drain is
+    /// checked. False when `shutdown` resolved first.
     async fn wait_for_sync(
         &mut self,
         period: Duration,
@@ -655,6 +660,11 @@ impl<D: Dataplane> Engine<D> {
                 _ = tokio::time::sleep(DRAIN_CHECK_INTERVAL), if draining => {
                     if let Err(e) = self.check_drains().await {
                         tracing::error!("drain check failed, will retry: {e}");
+                    }
+                }
+                _ = self.look_due() => {
+                    if self.look_between_syncs().await {
+                        return true;
                     }
                 }
             }

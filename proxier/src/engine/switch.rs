@@ -196,6 +196,32 @@ impl<D: Dataplane> Engine<D> {
         Some(STANDBY_CHECK)
     }
 
+    /// Between syncs ([`Engine::run`] waits up to `ipvs.syncPeriod` on a quiet node): resolves
+    /// when the proxier programs as `serviceProxy: kipvs` says and the switch is due a look
+    /// ([`look_between_syncs`](Self::look_between_syncs)): the next look for kube-proxy
+    /// ([`BACK_CHECK`] after the last one) or the end of the removal of kube-proxy's leftovers
+    /// (its outcome taken); never otherwise. Cancel-safe.
+    pub(super) async fn look_due(&mut self) {
+        let kipvs = self.planner.config().service_proxy == ServiceProxy::Kipvs;
+        let Some(takeover) = self.takeover.as_mut().filter(|t| kipvs && t.programs()) else {
+            return std::future::pending().await;
+        };
+        let next = takeover
+            .last_check
+            .map_or_else(Instant::now, |at| at + BACK_CHECK);
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            _ = takeover.removal_ended() => {}
+        }
+    }
+
+    /// Between syncs, once [`look_due`](Self::look_due): the look before a sync
+    /// ([`look_for_kube_proxy`](Self::look_for_kube_proxy): `Programming` once the takeover is
+    /// done, kube-proxy back), without the sync. Whether the proxier stopped writing.
+    pub(super) async fn look_between_syncs(&mut self) -> bool {
+        self.look_for_kube_proxy().await.is_some()
+    }
+
     /// `serviceProxy: kipvs` on a node the proxier does not program: `Standby` while
     /// kube-proxy runs; then the gate ([`Engine::gate`]); then the kernel
     /// ([`Engine::admit_kernel`]); then the ports and `TakingOver` (the next sync is the full

@@ -74,7 +74,10 @@ pub const STANDBY_WARN: Duration = Duration::from_secs(180);
 pub const GATE_CHECK: Duration = Duration::from_secs(10);
 
 /// How often a proxier that programs looks whether kube-proxy is back
-/// ([`KubeProxyNode::back`]): the longest two programmers can run at once.
+/// ([`KubeProxyNode::back`]), between syncs too ([`Engine::look_due`]): the longest two
+/// programmers can run at once.
+///
+/// [`Engine::look_due`]: super::Engine::look_due
 pub const BACK_CHECK: Duration = Duration::from_secs(10);
 
 /// The NodePorts (port, protocol) whose virtual servers on other local addresses than the node
@@ -245,6 +248,18 @@ impl Takeover {
             self.done = done;
             self.found |= found;
         }
+    }
+
+    /// Resolves when the removal in progress ends, its outcome taken; never without one.
+    /// Cancel-safe: dropped before that, the removal goes on.
+    pub(super) async fn removal_ended(&mut self) {
+        let Some(removal) = self.removal.as_mut() else {
+            return std::future::pending().await;
+        };
+        let (done, found) = removal.await.unwrap_or((false, false));
+        self.removal = None;
+        self.done = done;
+        self.found |= found;
     }
 
     /// Whether kube-proxy's leftovers were removed (or none was found, every ruleset read).
@@ -735,13 +750,13 @@ mod tests {
             settings: KernelWrites,
         ) -> Self {
             use crate::engine::ConfigFollower;
-            use crate::source::node_config::Assigned;
             let m = crate::engine::tests::Manifests::new(
                 tag,
                 &crate::engine::tests::WEB.replace("READY", "true"),
             );
             m.source.load_into(&m.handle, None).unwrap();
-            let (_, assigned) = watch::channel(Assigned::Unknown);
+            // What `run` finds assigned: `r1` (nothing assigned after it).
+            let (_, assigned) = watch::channel(r1.clone());
             let (report, status) = watch::channel(None);
             let follower = ConfigFollower {
                 assigned,
@@ -925,6 +940,98 @@ mod tests {
         assert_eq!(s.standing().2, None, "the proxier's own verdict again");
         s.engine.takeover.as_mut().unwrap().removed().await;
         assert_eq!(node.removals.lock().unwrap().len(), 2);
+    }
+
+    /// Drives `run` ([`Engine::run`]'s loop, which ends only on shutdown) until `status` reports
+    /// `serviceProxy` `proxy`, for at most `limit`: how long it took (`None`: not within `limit`).
+    async fn run_until(
+        run: &mut std::pin::Pin<Box<impl Future<Output = ()>>>,
+        status: &mut watch::Receiver<Option<kipvs_crds::NodeProxyConfigStatus>>,
+        proxy: ServiceProxyPhase,
+        limit: Duration,
+    ) -> Option<Duration> {
+        let start = Instant::now();
+        let reached = status.wait_for(|s| s.as_ref().and_then(|s| s.service_proxy) == Some(proxy));
+        tokio::select! {
+            _ = run => unreachable!("run ends only on shutdown"),
+            reached = tokio::time::timeout(limit, reached) => reached.ok().map(|_| start.elapsed()),
+        }
+    }
+
+    /// On a quiet node (no source change, no drain) `run` moves from TakingOver to Programming
+    /// as soon as the removal of kube-proxy's leftovers ends, not at the next periodic sync
+    /// (`ipvs.syncPeriod` later).
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_takeover_is_done_when_the_removal_ends() {
+        use ServiceProxyPhase::*;
+        let node = Arc::new(FakeNode::default());
+        *node.running.lock().unwrap() = Some("process kube-proxy (pid [7])".into());
+        *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
+        let hold = Arc::new(tokio::sync::Notify::new());
+        *node.hold.lock().unwrap() = Some(hold.clone());
+        let mut s = Switching::new(&node, ObservedState::default(), false).await;
+        let Switching { engine, status, .. } = &mut s;
+        let mut run = Box::pin(engine.run(std::future::pending()));
+        let second = Duration::from_secs(1);
+        let sync_period = ProxierConfiguration::default().ipvs.sync_period;
+        assert!(
+            STANDBY_CHECK + 4 * second < sync_period,
+            "no periodic sync in this test"
+        );
+        assert!(run_until(&mut run, status, Standby, second).await.is_some());
+        *node.running.lock().unwrap() = None;
+        let taking_over = run_until(&mut run, status, TakingOver, STANDBY_CHECK + second).await;
+        assert!(taking_over.is_some(), "kube-proxy stopped: taken over");
+        // The removal runs (held): TakingOver meanwhile.
+        assert_eq!(
+            run_until(&mut run, status, Programming, 3 * second).await,
+            None
+        );
+        assert_eq!(node.removals.lock().unwrap().len(), 1);
+        hold.notify_one();
+        let done = run_until(&mut run, status, Programming, second / 10).await;
+        assert_eq!(
+            done,
+            Some(Duration::ZERO),
+            "Programming once the removal ends"
+        );
+    }
+
+    /// On a quiet node `run` looks for kube-proxy every [`BACK_CHECK`] between syncs: one that
+    /// comes back is seen within [`BACK_CHECK`], not at the next periodic sync; the looks force
+    /// no full sync.
+    #[tokio::test(start_paused = true)]
+    async fn kube_proxy_back_on_a_quiet_node_is_seen_within_back_check() {
+        use ServiceProxyPhase::*;
+        let node = Arc::new(FakeNode::default());
+        let mut s = Switching::new(&node, ObservedState::default(), false).await;
+        let Switching { engine, status, .. } = &mut s;
+        let mut run = Box::pin(engine.run(std::future::pending()));
+        let second = Duration::from_secs(1);
+        let sync_period = ProxierConfiguration::default().ipvs.sync_period;
+        assert!(
+            2 * second + BACK_CHECK < sync_period,
+            "no periodic sync in this test"
+        );
+        let programming = run_until(&mut run, status, Programming, second).await;
+        assert_eq!(
+            programming,
+            Some(Duration::ZERO),
+            "kube-proxy never ran here"
+        );
+        assert_eq!(run_until(&mut run, status, Standby, 2 * second).await, None);
+        *node.running.lock().unwrap() = Some("kube-proxy's /healthz answers".into());
+        let seen = run_until(&mut run, status, Standby, BACK_CHECK).await;
+        assert!(seen.is_some(), "seen within BACK_CHECK");
+        drop(run);
+        let (_, _, healthy, message) = s.standing();
+        assert_eq!(healthy, Some(false));
+        assert!(message.contains("kube-proxy is back"), "{message}");
+        assert_eq!(
+            s.engine.dataplane().full_observes,
+            1,
+            "the first sync's alone"
+        );
     }
 
     /// A kernel table as kube-proxy left it: the WEB Service's ClusterIP virtual server with
