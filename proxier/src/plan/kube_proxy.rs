@@ -3,7 +3,7 @@
 //! and `ipset list -n` print, the output the `iptables-restore --noflush` input and the set
 //! names to destroy; `dataplane::kube_proxy` runs the tools.
 //!
-//! The names are the union of kube-proxy's IPVS mode from 1.24 to the current release
+//! The names are the union of kube-proxy's IPVS mode from 1.20 to the current release
 //! (`pkg/proxy/ipvs/proxier.go`: `iptablesJumpChain`, `iptablesChains`,
 //! `iptablesEnsureChains`; `pkg/proxy/ipvs/ipset.go`; kubernetes#108460, #110628, #119791 for
 //! the later filter chains and `KUBE-IPVS-IPS`). IPv6 sets are named `KUBE-6-…`, cut to 31
@@ -38,7 +38,7 @@ use std::fmt;
 /// kubelet's canary chain: its presence in a ruleset says kubelet manages the shared chains.
 pub const KUBELET_CANARY: &str = "KUBE-KUBELET-CANARY";
 
-/// kube-proxy's chains in the nat table, 1.24 to current (IPVS mode).
+/// kube-proxy's chains in the nat table, 1.20 to current (IPVS mode).
 const NAT_CHAINS: &[&str] = &[
     "KUBE-SERVICES",
     "KUBE-POSTROUTING",
@@ -49,7 +49,7 @@ const NAT_CHAINS: &[&str] = &[
     "KUBE-MARK-DROP",
 ];
 
-/// kube-proxy's chains in the filter table, 1.24 to current (IPVS mode).
+/// kube-proxy's chains in the filter table, 1.20 to current (IPVS mode).
 const FILTER_CHAINS: &[&str] = &[
     "KUBE-FORWARD",
     "KUBE-NODE-PORT",
