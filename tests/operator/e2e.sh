@@ -3,8 +3,8 @@
 #   1. the CRDs install; the samples apply (the ProxyConfig, and the patch that keeps kube-proxy's
 #      DaemonSet off nodes labelled kipvs.io/service-proxy=kipvs); the operator's RBAC lets it patch
 #      Nodes (the label) and nothing more on them; each invalid ProxyConfig in invalid/ is rejected by the
-#      apiserver with the schema's message (on 1.24, with CEL on, also the rules only CEL can say:
-#      `expect-cel`), or (those CEL rules on 1.20, which ignores them) accepted and reported
+#      apiserver with the schema's message (from 1.23, with CEL on, also the rules only CEL can say:
+#      `expect-cel`), or (those CEL rules before 1.23, which ignores them) accepted and reported
 #      InvalidSpec by the operator;
 #   2. two operator replicas elect one leader through a Lease;
 #   3. ten Nodes (one canary, one tainted ToBeDeletedByClusterAutoscaler) and fake_proxier standing in

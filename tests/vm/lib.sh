@@ -49,7 +49,7 @@ proxier_pid() { cat "$W/proxier.pid" 2>/dev/null; }
 proxier_log() { echo "$W/proxier.$(cat "$W/proxier.n" 2>/dev/null || echo 0).log"; }
 # what the proxier reads: the API server when KIPVS_KUBECONFIG is set (the end to end), else the manifests
 proxier_source() { if [ -n "${KIPVS_KUBECONFIG:-}" ]; then echo "--kubeconfig $KIPVS_KUBECONFIG"; else echo "--manifests $M"; fi; }
-# kube-proxy 1.24 (IPVS mode) and its userland, when the payload has them (hack/lib/kube-proxy-vm.sh,
+# kube-proxy (IPVS mode, the test bed's release) and its userland, when the payload has them (hack/lib/kube-proxy-vm.sh,
 # hack/test-e2e.sh with E2E_PROXIER=kube-proxy): hack/vm/kube-proxy-userland.sh's layout
 KP=/payload/kube-proxy
 kube_proxy_modules() { # loads the iptables and ipset modules kube-proxy needs (KP/modules/order), those not loaded yet
