@@ -219,19 +219,6 @@ dns_loop() { # (no errexit: a failed round is tried again)
 }
 dns_loop &
 dns_pid=$!
-# ---- with --conformance, a cloud's load balancer as the tests see it: each LoadBalancer Service gets an address
-# of 203.0.113.0/24 in its status (hack/node/lb-status.py every 2 s), routed to the node, which kipvs programs
-if [ "$MODE" = conformance ]; then
-  lb_loop() { # (no errexit: a failed round is tried again)
-    set +e
-    while :; do
-      nsx python3 hack/node/lb-status.py "https://$HOST_IP:$CP_PORT" kipvs-test-token "${LB_IP%.*}" >> "$STATE/lb-status.log" 2>&1
-      sleep 2
-    done
-  }
-  lb_loop &
-  lb_pid=$!
-fi
 
 # ---- the node ----------------------------------------------------------------------------------------------
 node_agent() { # node_agent CMD ARG...: the answer without its AGENT-RC line; fails when the command did
@@ -495,6 +482,17 @@ if [ "$MODE" = conformance ]; then
   E2E_SKIP=${E2E_SKIP:-'\[Flaky\]|load balancer cleanup finalizer'}
   REPORT=${E2E_REPORT:-$TARGET/node-e2e}
   rm -rf "$REPORT" && mkdir -p "$REPORT"
+  # a cloud's load balancer as the tests see it: each LoadBalancer Service gets an address of 203.0.113.0/24 in
+  # its status (hack/node/lb-status.py every 2 s), routed to the node, which kipvs programs
+  lb_loop() { # (no errexit: a failed round is tried again)
+    set +e
+    while :; do
+      nsx python3 hack/node/lb-status.py "https://$HOST_IP:$CP_PORT" kipvs-test-token "${LB_IP%.*}" >> "$REPORT/lb-status.log" 2>&1
+      sleep 2
+    done
+  }
+  lb_loop &
+  lb_pid=$!
   say "e2e.test: focus '$E2E_FOCUS', skip '$E2E_SKIP', ${E2E_NODES:-3} at a time (log: $REPORT/e2e.log)"
   t_e2e=$(date +%s)
   nsx "${E2E[1]}" -nodes="${E2E_NODES:-3}" -noColor -focus="$E2E_FOCUS" -skip="$E2E_SKIP" "${E2E[0]}" -- \

@@ -33,7 +33,8 @@ SANDBOX=$("$KUBELET" --help 2>&1 | sed -n 's/.*--pod-infra-container-image .*(de
 PAUSE_REFS=("${SANDBOX:-registry.k8s.io/pause:3.10}") AGNHOST_REFS=(kipvs.test/agnhost:node)
 if [ -n "$E2E_TEST" ]; then
   e2e_images=$("$E2E_TEST" --list-images 2>/dev/null) || { echo "node-images: $E2E_TEST --list-images failed" >&2; exit 1; }
-  p=$(grep -m1 '/pause:' <<<"$e2e_images" || true) a=$(grep -m1 '/agnhost:' <<<"$e2e_images" || true)
+  # the framework's agnhost is the e2e-test-images one (its list has a private registry's agnhost too)
+  p=$(grep -m1 '/pause:' <<<"$e2e_images" || true) a=$(grep -m1 '/e2e-test-images/agnhost:' <<<"$e2e_images" || true)
   [ -n "$a" ] || { echo "node-images: no agnhost in $E2E_TEST --list-images" >&2; exit 1; }
   [ -z "$p" ] || [ "$p" = "${PAUSE_REFS[0]}" ] || PAUSE_REFS+=("$p")
   AGNHOST_REFS+=("$a")
