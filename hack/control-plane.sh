@@ -60,8 +60,8 @@ apiserver_gates() {
   [ "$m" -gt 21 ] || g+=(EndpointSliceTerminatingCondition=true) # alpha in 1.20-1.21
   [ "$m" -gt 20 ] || g+=(EndpointSliceNodeName=true IPv6DualStack=true) # alpha in 1.20
   [ "$m" -gt 24 ] || g+=(MixedProtocolLBService=true) # alpha 1.20-1.23, beta 1.24 (off before 1.26 on some)
-  [ "$m" -lt 21 ] || [ "$m" -gt 22 ] || g+=(TopologyAwareHints=true) # alpha 1.21-1.22
-  [ "$m" -lt 23 ] || [ "$m" -gt 24 ] || g+=(CustomResourceValidationExpressions=true) # alpha 1.23, beta 1.24
+  [ "$m" -lt 21 ] || [ "$m" -gt 23 ] || g+=(TopologyAwareHints=true) # alpha 1.21-1.22, beta off in 1.23
+  [ "$m" -lt 23 ] || [ "$m" -gt 24 ] || g+=(CustomResourceValidationExpressions=true) # alpha 1.23-1.24
   [ ${#g[@]} -eq 0 ] || { local IFS=,; echo "--feature-gates=${g[*]}"; }
 }
 

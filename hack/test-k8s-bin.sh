@@ -19,7 +19,7 @@ out=$(KIPVS_K8S_BIN=$D k8s_bin kube-proxy 2>&1) && bad "a directory without kube
 check "k8s_minor reads the release from the directory's kube-apiserver" [ "$(KIPVS_K8S_BIN=$D k8s_minor 2> /dev/null)" = 20 ]
 if KIPVS_K8S_BIN=$D hack/test-cluster.sh > "$D/cluster.log" 2>&1; then ok "hack/test-cluster.sh passed with KIPVS_K8S_BIN"
 else tail -n 30 "$D/cluster.log"; bad "hack/test-cluster.sh failed with KIPVS_K8S_BIN"; fi
-grep -E '^cluster: [0-9]+ passed|passed, [0-9]+ failed' "$D/cluster.log" | tail -n1 | sed 's/^/  /'
+{ grep -E 'passed, [0-9]+ failed' "$D/cluster.log" || true; } | tail -n1 | sed 's/^/  /'
 check "  ... on $D's kube-apiserver" grep -q "k8s: kube-apiserver: $D/kube-apiserver (Kubernetes v1.20.2)" "$D/cluster.log"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

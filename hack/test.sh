@@ -15,6 +15,7 @@
 # suites and everything after them, KIPVS_E2E=0 the end to end only, KIPVS_PARITY=0 the parity check only,
 # KIPVS_NODE=0 the node only, KIPVS_TAKEOVER=0 the takeover only.
 set -euo pipefail
+[ -z "${KIPVS_K8S_BIN:-}" ] || export KIPVS_K8S_BIN=$(realpath "$KIPVS_K8S_BIN") # relative to the caller
 cd "$(dirname "$0")/.."
 # Everything the layers below need on the host (nft, umoci, kubectl, base tools), fetched into
 # ~/.cache/kipvs-tools or installed when missing: a fresh machine needs no manual step.

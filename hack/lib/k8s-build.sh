@@ -14,10 +14,11 @@
 #   Errors: NAME missing from DIR, a failed download or build (exit status 1, message on stderr).
 # k8s_minor: the minor version (20, 24, 33, ...) of the kube-apiserver k8s_bin gives (builds it if needed).
 # k8s_at_least MINOR: true when k8s_minor >= MINOR.
-# k8s_tree: (the Debian source) prints the unpacked, patched tree, fetching and unpacking it when needed.
+# k8s_tree: (the Debian source) prints the unpacked, patched tree, fetching and unpacking it when needed; for
+#   callers outside k8s_build_debian, which holds the build lock: k8s_source does the same under that lock.
 # k8s_cache: prints the Debian build's cache directory, $CPCACHE/k8s-debian.
 #
-# Why the tree is patched (found when kube-apiserver 1.20.2 was first built with Go 1.19):
+# Why the tree is patched (Go 1.19 builds a 1.20 that breaks otherwise):
 # - the vendored github.com/modern-go/reflect2 v1.0.1 built with Go >= 1.18 crashes on the first custom
 #   resource create (`fatal error: fault ... mapiternext`): replaced by Debian's reflect2 1.0.2, and
 #   json-iterator 1.1.10 by Debian's 1.1.12, the release made for it;
@@ -65,9 +66,8 @@ k8s_make() {
 # k8s_fetch_source W: `apt-get source --download-only kubernetes` and the replacement Go packages into W/src-debs.
 k8s_fetch_source() {
   local W=$1 S=$1/src-debs src
-  compgen -G "$S/kubernetes_*.orig.tar.gz" > /dev/null && compgen -G "$S/golang-github-json-iterator-go-dev_*.deb" \
-    > /dev/null && return 0
-  rm -rf "$W/apt" && mkdir -p "$W/apt/lists/partial" "$W/apt/cache/archives/partial" "$W/apt/parts" "$S"
+  [ -f "$S.done" ] && return 0
+  rm -rf "$W/apt" "$S" && mkdir -p "$W/apt/lists/partial" "$W/apt/cache/archives/partial" "$W/apt/parts" "$S"
   chmod 777 "$S" # apt's download sandbox user (_apt) writes here
   # deb-src for bookworm on the machine's own Debian mirror, in a private apt configuration
   src=$(grep -l 'Suites: bookworm' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1 || true)
@@ -85,7 +85,8 @@ k8s_fetch_source() {
   (cd "$S" && apt-get "${APTSRC[@]}" source -qq --download-only kubernetes 2>&1) |
     grep -v -e unsandboxed -e 'pkgAcquire::Run' >&2 || true
   compgen -G "$S/kubernetes_*.orig.tar.gz" > /dev/null || { k8s_log "apt-get source kubernetes failed"; return 1; }
-  deb_fetch "$S" golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev
+  deb_fetch "$S" golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev || return 1
+  touch "$S.done" # an interrupted fetch starts again
 }
 
 k8s_tree() {
@@ -112,6 +113,13 @@ k8s_tree() {
   for f in $patched; do sed -i "s/data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data))/data == nil/" "$f"; done
   touch "$W/src.done"
   echo "$K"
+}
+
+k8s_source() {
+  local C
+  C=$(k8s_cache)
+  mkdir -p "$C"
+  (flock 9; k8s_tree) 9> "$C/build.lock"
 }
 
 # k8s_pkg NAME: the package of the tree that builds NAME
@@ -227,8 +235,8 @@ k8s_version_of() {
 
 k8s_minor() {
   local api v
-  api=$(k8s_bin kube-apiserver 2> /dev/null) || { k8s_bin kube-apiserver > /dev/null; return 1; }
-  v=$("$api" --version | grep -o 'v1\.[0-9]*' | head -n1)
+  api=$(k8s_bin kube-apiserver 2> /dev/null) || { k8s_log "no kube-apiserver (k8s_bin kube-apiserver says why)"; return 1; }
+  v=$("$api" --version | grep -o 'v1\.[0-9]*' | head -n1 || true)
   [ -n "$v" ] || { k8s_log "$api --version: no version"; return 1; }
   echo "${v#v1.}"
 }

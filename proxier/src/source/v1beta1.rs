@@ -117,7 +117,7 @@ impl From<EndpointSlice> for v1::EndpointSlice {
 
 impl From<Endpoint> for v1::Endpoint {
     /// The v1 endpoint for a v1beta1 one: `nodeName`, else `topology["kubernetes.io/hostname"]`
-    /// (what kube-proxy 1.20 reads), gives `nodeName`; `topology["topology.kubernetes.io/zone"]`
+    /// (the key kube-proxy 1.20 reads; 1.21's reads `nodeName` first), gives `nodeName`; `topology["topology.kubernetes.io/zone"]`
     /// gives `zone`; the rest as it is. The other topology keys, v1's `deprecatedTopology`, are
     /// read by nothing and left out.
     fn from(endpoint: Endpoint) -> Self {
