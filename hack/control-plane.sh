@@ -54,14 +54,11 @@ build() {
   fetch_etcd
 }
 
-# apiserver_gates MINOR: the --feature-gates the tests need that release MINOR knows and has off by default
+# apiserver_gates MINOR: --feature-gates for kube-apiserver of release MINOR: k8s_gates, and CRD validation rules
+# (CEL: alpha 1.23-1.24)
 apiserver_gates() {
-  local m=$1 g=()
-  [ "$m" -gt 21 ] || g+=(EndpointSliceTerminatingCondition=true) # alpha in 1.20-1.21
-  [ "$m" -gt 20 ] || g+=(EndpointSliceNodeName=true IPv6DualStack=true) # alpha in 1.20
-  [ "$m" -gt 24 ] || g+=(MixedProtocolLBService=true) # alpha 1.20-1.23, beta 1.24 (off before 1.26 on some)
-  [ "$m" -lt 21 ] || [ "$m" -gt 23 ] || g+=(TopologyAwareHints=true) # alpha 1.21-1.22, beta off in 1.23
-  [ "$m" -lt 23 ] || [ "$m" -gt 24 ] || g+=(CustomResourceValidationExpressions=true) # alpha 1.23-1.24
+  local g
+  mapfile -t g < <(k8s_gates "$1"; [ "$1" -lt 23 ] || [ "$1" -gt 24 ] || echo CustomResourceValidationExpressions=true)
   [ ${#g[@]} -eq 0 ] || { local IFS=,; echo "--feature-gates=${g[*]}"; }
 }
 

@@ -46,9 +46,9 @@ minor=$(cut -d. -f2 "$STATE/version")
 # kubelets before 1.24 have no gRPC probes (KEP-2727): config-http-probes/ is the install for them; before 1.23
 # the apiserver's schema has no x-kubernetes-validations (CEL), which kubectl's client-side validation refuses:
 # --validate=false, as README says
-INSTALL=config/ VALIDATE=()
-[ "$minor" -ge 24 ] || INSTALL=config-http-probes/
-[ "$minor" -ge 23 ] || VALIDATE=(--validate=false)
+. hack/lib/k8s-build.sh # k8s_install, k8s_apply_flags
+INSTALL=$(k8s_install "$minor")
+mapfile -t VALIDATE < <(k8s_apply_flags "$minor")
 step "the deployment: kubectl apply -k $INSTALL ${VALIDATE[*]} --dry-run=server (images, RBAC, DaemonSet, Deployment, CRDs)"
 # The namespace for real (a server-side dry run of namespaced objects needs it), everything else dry.
 kubectl --kubeconfig "$STATE/kubeconfig" apply -f config/operator/namespace.yaml >/dev/null

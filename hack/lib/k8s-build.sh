@@ -14,6 +14,14 @@
 #   Errors: NAME missing from DIR, a failed download or build (exit status 1, message on stderr).
 # k8s_minor: the minor version (20, 24, 33, ...) of the kube-apiserver k8s_bin gives (builds it if needed).
 # k8s_at_least MINOR: true when k8s_minor >= MINOR.
+# k8s_gates MINOR: the feature gates (pkg/features) the tests need that release MINOR knows and has off by
+#   default, one NAME=true a line: EndpointSlice serving/terminating conditions and nodeName, dual-stack
+#   Services, TCP and UDP on one LoadBalancer, EndpointSlice hints. kube-apiserver and kube-controller-manager
+#   (whose EndpointSlice controller writes the conditions) take the same.
+# k8s_install MINOR: the install for kubelets of that release: config/ (gRPC probes, KEP-2727: 1.24 and newer),
+#   else config-http-probes/.
+# k8s_apply_flags MINOR: kubectl apply's flags for that install: --validate=false before 1.23, whose schema has no
+#   x-kubernetes-validations (CEL) for kubectl's client-side validation.
 # k8s_tree: (the Debian source) prints the unpacked, patched tree, fetching and unpacking it when needed; for
 #   callers outside k8s_build_debian, which holds the build lock: k8s_source does the same under that lock.
 # k8s_cache: prints the Debian build's cache directory, $CPCACHE/k8s-debian.
@@ -114,6 +122,18 @@ k8s_tree() {
   touch "$W/src.done"
   echo "$K"
 }
+
+k8s_gates() {
+  local m=$1
+  [ "$m" -gt 21 ] || echo EndpointSliceTerminatingCondition=true # alpha in 1.20-1.21
+  [ "$m" -gt 20 ] || printf '%s\n' EndpointSliceNodeName=true IPv6DualStack=true # alpha in 1.20
+  [ "$m" -gt 24 ] || echo MixedProtocolLBService=true # alpha 1.20-1.23, beta 1.24
+  [ "$m" -lt 21 ] || [ "$m" -gt 23 ] || echo TopologyAwareHints=true # alpha 1.21-1.22, beta off in 1.23
+}
+
+k8s_install() { if [ "$1" -ge 24 ]; then echo config/; else echo config-http-probes/; fi; }
+
+k8s_apply_flags() { [ "$1" -ge 23 ] || echo --validate=false; }
 
 k8s_source() {
   local C
