@@ -499,7 +499,7 @@ if [ "$MODE" = conformance ]; then
     --kubeconfig="$KC" --provider=local --kubectl-path="$(command -v kubectl)" --num-nodes=1 --report-dir="$REPORT" \
     --disable-log-dump --dump-logs-on-failure=false --node-os-distro=debian > "$REPORT/e2e.log" 2>&1 || true
   T_E2E=$(( $(date +%s) - t_e2e ))
-  hack/node/e2e-table.py "$REPORT"/junit_*.xml > "$REPORT/table.md" || true
+  hack/node/e2e-table.py --log "$REPORT/e2e.log" "$REPORT"/junit_*.xml > "$REPORT/table.md" || true
   sed 's/^/    /' "$REPORT/table.md"
   check "e2e.test ran (${T_E2E} s): $(tail -n1 "$REPORT/table.md")" grep -q ' passed, ' "$REPORT/table.md"
   say "the table: $REPORT/table.md; the run's log: $REPORT/e2e.log"

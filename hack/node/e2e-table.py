@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """The result of upstream's e2e.test run (hack/test-node.sh --conformance) as a Markdown table.
 
-usage: hack/node/e2e-table.py JUNIT_XML...
+usage: hack/node/e2e-table.py [--log E2E_LOG] JUNIT_XML...
 
 Reads the JUnit reports ginkgo writes in --report-dir (junit_*.xml) and prints one row per test that was in
 the focus: passed, failed (with the first line of the failure message) or skipped at run time (with the skip's
 message: the test's own reason, e.g. too few nodes). Tests outside the focus are reported skipped without a
-message and are left out. The last line sums the rows and their time.
+message and are left out. Ginkgo 1 writes a run-time skip without its message too: with --log, the skips
+ginkgo's output (E2E_LOG) prints as `S [SKIPPING]` with their message are rows. The last line sums the rows and
+their time.
 
 Errors: a file that is not a JUnit report (exit status 1, message on stderr).
 """
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -24,7 +27,36 @@ def reason(element):
     return (lines[0] if lines else "").replace("|", "\\|")[:240]
 
 
+def logged_skips(path):
+    """{test name: message} of each `S [SKIPPING]` block of ginkgo's output: its container lines and the test's
+    (ending in its node, e.g. [It] or [BeforeEach]) joined as JUnit names them, then the first message line."""
+    skips, block = {}, None
+
+    def close():
+        for i, text in enumerate(block or []):
+            if re.search(r" \[(It|BeforeEach|JustBeforeEach|AfterEach)\]$", text) and i + 1 < len(block):
+                skips[" ".join(block[:i] + [text.rsplit(" [", 1)[0]])] = block[i + 1]
+                return
+
+    with open(path, errors="replace") as f:
+        for line in f:
+            text = line.strip()
+            if line.startswith("S [SKIPPING]"):
+                close()
+                block = []
+            elif block is not None and line.startswith("---"):
+                close()
+                block = None
+            elif block is not None and text and not text.startswith(("/", "_output")):
+                block.append(text)
+    close()
+    return skips
+
+
 def main(paths):
+    log = {}
+    if paths[:1] == ["--log"]:
+        log, paths = logged_skips(paths[1]), paths[2:]
     rows = []
     for path in paths:
         try:
@@ -44,6 +76,8 @@ def main(paths):
             elif skipped is not None:
                 if skipped.get("message") or (skipped.text or "").strip():
                     rows.append((name, "skipped", seconds, reason(skipped)))
+                elif name in log:
+                    rows.append((name, "skipped", seconds, log[name].replace("|", "\\|")[:240]))
             elif not name.startswith("[SynchronizedBeforeSuite]") and not name.startswith("[SynchronizedAfterSuite]"):
                 rows.append((name, "passed", seconds, ""))
     print("| test | result | time (s) | reason |")
