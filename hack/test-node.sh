@@ -83,16 +83,16 @@ KUBELET_MINOR=$("$KUBELET" --version | grep -o 'v1\.[0-9]*' | head -n1 | cut -d.
 [ -n "$KUBELET_MINOR" ] || { say "$KUBELET --version: no release"; exit 1; }
 KUBELET_ARGS="--container-runtime-endpoint=unix:///run/containerd/containerd.sock"
 [ "$KUBELET_MINOR" -ge 24 ] || KUBELET_ARGS="--container-runtime=remote $KUBELET_ARGS" # docker before, refused after
-if [ "$KUBELET_MINOR" -ge 24 ]; then
-  INSTALL=config PROBE=gRPC PROBE_AT='liveness port {.livenessProbe.grpc.port}, readiness port {.readinessProbe.grpc.port}'
+INSTALL=$(k8s_install "$KUBELET_MINOR") INSTALL=${INSTALL%/}
+if [ "$INSTALL" = config ]; then
+  PROBE=gRPC PROBE_AT='liveness port {.livenessProbe.grpc.port}, readiness port {.readinessProbe.grpc.port}'
 else # no gRPC probes (KEP-2727)
-  INSTALL=config-http-probes PROBE=HTTP
+  PROBE=HTTP
   PROBE_AT='liveness GET :{.livenessProbe.httpGet.port}{.livenessProbe.httpGet.path}, readiness GET :{.readinessProbe.httpGet.port}{.readinessProbe.httpGet.path}'
 fi
 # before 1.23 the apiserver's schema has no x-kubernetes-validations (the CRDs' CEL rules), which kubectl's
 # client-side validation refuses: --validate=false there, as README says
-VALIDATE=()
-[ "${K8S#1.}" -ge 23 ] || VALIDATE=(--validate=false)
+mapfile -t VALIDATE < <(k8s_apply_flags "${K8S#1.}")
 say "kube-apiserver $K8S, kubelet 1.$KUBELET_MINOR: kubelet $KUBELET_ARGS; kubectl apply -k $INSTALL/ ${VALIDATE[*]}" \
   "($PROBE probes)"
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -191,8 +191,12 @@ CP_BIND_ADDRESS=0.0.0.0 CP_SERVICE_ACCOUNTS=1 \
   nsx hack/control-plane.sh start "$STATE"
 KC=$STATE/kubeconfig
 k() { nsx kubectl --kubeconfig "$KC" "$@"; }
+# the apiserver's gates (k8s_gates): the EndpointSlice controller writes the conditions they turn on
+KCM_GATES=$(k8s_gates "${K8S#1.}" | paste -sd, -)
+KCM_GATES=${KCM_GATES:+--feature-gates=$KCM_GATES}
+# shellcheck disable=SC2086 # KCM_GATES: one word or none
 nsx "$KCM" --kubeconfig="$KC" --service-account-private-key-file="$STATE/sa.key" \
-  --root-ca-file="$STATE/certs/apiserver.crt" --leader-elect=false --bind-address=127.0.0.1 > "$STATE/kcm.log" 2>&1 &
+  --root-ca-file="$STATE/certs/apiserver.crt" --leader-elect=false --bind-address=127.0.0.1 $KCM_GATES > "$STATE/kcm.log" 2>&1 &
 nsx "$SCHED" --kubeconfig="$KC" --leader-elect=false --bind-address=127.0.0.1 > "$STATE/scheduler.log" 2>&1 &
 
 # ---- the cluster's DNS -----------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The upstream images a node and upstream's e2e tests need, built offline and written as OCI archives (an OCI
 # image layout in a tar: what `ctr images import` reads):
-#   pause     build/pause/linux/pause.c of Debian's kubernetes source (k8s_tree), `gcc -static`; runs as 65535
+#   pause     build/pause/linux/pause.c of Debian's kubernetes source (k8s_source), `gcc -static`; runs as 65535
 #             like upstream's
 #   agnhost   `k8s_bin agnhost` (KIPVS_K8S_BIN's when it has one, else the Debian build) at /agnhost, its
 #             entrypoint, with busybox-static's applets in /bin and Debian's curl, wget, netcat-openbsd (`nc`) and
@@ -40,7 +40,7 @@ if [ -n "$E2E_TEST" ]; then
   AGNHOST_REFS+=("$a")
 fi
 
-K=$(k8s_tree)
+K=$(k8s_source)
 PAUSE_C=$K/build/pause/linux/pause.c
 AGNHOST=$(k8s_bin agnhost)
 TOOLS=(curl wget netcat-openbsd) # in agnhost's image, with their closure (and dash alone: it needs libc6 only)
