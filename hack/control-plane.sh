@@ -23,7 +23,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$ROOT/hack/lib/host-tools.sh" && host_tools # curl, openssl (a fresh machine may lack them)
-. "$ROOT/hack/lib/k8s-build.sh" # k8s_bin, k8s_minor
+. "$ROOT/hack/lib/k8s-build.sh" # k8s_bin, k8s_minor_of, k8s_gates
 CPCACHE=${CPCACHE:-$HOME/.cache/kipvs-cp}
 CP_PORT=${CP_PORT:-16443}
 CP_ETCD_PORT=${CP_ETCD_PORT:-23790}
@@ -35,7 +35,7 @@ log() { printf 'control-plane: %s\n' "$*" >&2; }
 # (1.MINOR of that kube-apiserver).
 select_version() {
   APISERVER=$(k8s_bin kube-apiserver) || exit 1
-  VERSION=1.$(k8s_minor 2> /dev/null)
+  VERSION=1.$(k8s_minor_of "$APISERVER") || exit 1
   ETCD=$CPCACHE/etcd/etcd
 }
 

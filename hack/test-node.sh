@@ -79,8 +79,7 @@ if [ "$MODE" = conformance ]; then
   [ ${#E2E[@]} = 2 ] || { say "k8s_bin gave no e2e.test and ginkgo"; exit 1; }
 fi
 # the kubelet's release decides its flags and the probes kipvs is installed with
-KUBELET_MINOR=$("$KUBELET" --version | grep -o 'v1\.[0-9]*' | head -n1 | cut -d. -f2)
-[ -n "$KUBELET_MINOR" ] || { say "$KUBELET --version: no release"; exit 1; }
+KUBELET_MINOR=$(k8s_minor_of "$KUBELET")
 KUBELET_ARGS="--container-runtime-endpoint=unix:///run/containerd/containerd.sock"
 [ "$KUBELET_MINOR" -ge 24 ] || KUBELET_ARGS="--container-runtime=remote $KUBELET_ARGS" # docker before, refused after
 INSTALL=$(k8s_install "$KUBELET_MINOR") INSTALL=${INSTALL%/}

@@ -12,8 +12,9 @@
 #   not a release component) is DIR/agnhost when DIR has it, else the Debian build. Logs on stderr which
 #   binary it took with its `--version`.
 #   Errors: NAME missing from DIR, a failed download or build (exit status 1, message on stderr).
-# k8s_minor: the minor version (20, 24, 33, ...) of the kube-apiserver k8s_bin gives (builds it if needed).
-# k8s_at_least MINOR: true when k8s_minor >= MINOR.
+# k8s_minor_of PATH: the minor version (20, 24, 33, ...) of the component at PATH, from its `--version`.
+#   Errors: no `v1.N` in that output (exit status 1, message on stderr).
+# k8s_minor: k8s_minor_of the kube-apiserver k8s_bin gives (builds it if needed): the release under test.
 # k8s_gates MINOR: the feature gates (pkg/features) the tests need that release MINOR knows and has off by
 #   default, one NAME=true a line: EndpointSlice serving/terminating conditions and nodeName, dual-stack
 #   Services, TCP and UDP on one LoadBalancer, EndpointSlice hints. kube-apiserver and kube-controller-manager
@@ -253,16 +254,15 @@ k8s_version_of() {
   echo "${v:-no version}"
 }
 
-k8s_minor() {
-  local api v
-  api=$(k8s_bin kube-apiserver 2> /dev/null) || { k8s_log "no kube-apiserver (k8s_bin kube-apiserver says why)"; return 1; }
-  v=$("$api" --version | grep -o 'v1\.[0-9]*' | head -n1 || true)
-  [ -n "$v" ] || { k8s_log "$api --version: no version"; return 1; }
+k8s_minor_of() {
+  local v
+  v=$("$1" --version 2> /dev/null | grep -o 'v1\.[0-9]*' | head -n1 || true)
+  [ -n "$v" ] || { k8s_log "$1 --version: no release"; return 1; }
   echo "${v#v1.}"
 }
 
-k8s_at_least() {
-  local m
-  m=$(k8s_minor) || return 1
-  [ "$m" -ge "$1" ]
+k8s_minor() {
+  local api
+  api=$(k8s_bin kube-apiserver 2> /dev/null) || { k8s_log "no kube-apiserver (k8s_bin kube-apiserver says why)"; return 1; }
+  k8s_minor_of "$api"
 }

@@ -50,8 +50,8 @@ kpvm_require() {
   python3 -c 'import yaml' 2> /dev/null || apt-get install -y -qq python3-yaml > /dev/null
   KPVM_MINOR=$(k8s_minor) || return 1
   kp=$(k8s_bin kube-proxy) || return 1
-  KPVM_RELEASE=$("$kp" --version | grep -o 'v1\.[0-9]*\.[0-9a-z.+-]*' | head -n1)
-  [ "${KPVM_RELEASE#v1.}" != "$KPVM_RELEASE" ] && [ "$(cut -d. -f2 <<<"$KPVM_RELEASE")" = "$KPVM_MINOR" ] ||
+  KPVM_RELEASE=$("$kp" --version | grep -o 'v1\.[0-9]*\.[0-9a-z.+-]*' | head -n1 || true)
+  [ "$(k8s_minor_of "$kp")" = "$KPVM_MINOR" ] ||
     { echo "kube-proxy $kp is ${KPVM_RELEASE:-of no version}, kube-apiserver 1.$KPVM_MINOR: one release is needed" >&2; return 1; }
 }
 
