@@ -34,6 +34,7 @@ pub mod kernel;
 pub mod kube_proxy;
 pub mod nft;
 pub mod nft_elements;
+pub mod preflight;
 pub mod program;
 pub mod settings;
 pub mod sysctl;

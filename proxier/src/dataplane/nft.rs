@@ -869,6 +869,25 @@ impl Nft {
         self.run(&["-j", "-f", "-"], Some(&payload)).await.map(drop)
     }
 
+    /// Sends a batch in check mode (`nft -c -j -f -`): the kernel validates every object and
+    /// expression of it and aborts the transaction, so nothing is written
+    /// ([`super::preflight`]).
+    ///
+    /// # Errors
+    /// [`NftError`] with `nft`'s answer when the kernel refuses part of it.
+    pub async fn check(&self, batch: &Nftables<'_>) -> Result<(), NftError> {
+        let payload = serde_json::to_vec(batch)?;
+        self.run(&["-c", "-j", "-f", "-"], Some(&payload))
+            .await
+            .map(drop)
+    }
+
+    /// An `nft` run as `program` (a scripted one in tests).
+    #[cfg(test)]
+    pub fn with_program(program: Program) -> Self {
+        Nft { program }
+    }
+
     /// Reads kipvs's table; an empty [`ObservedTable`] when it does not exist.
     pub async fn observe(&self) -> Result<ObservedTable, NftError> {
         match self
