@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command (README "Tests"; .ci/run calls it).
+# The project's test command (README "The two commands"; .ci/run calls it).
 # Layers, fastest first: formatting and lints, unit tests + golden vectors + plan vectors, then the real-kernel
 # VM suite (hack/test-vm.sh), then the real control plane: Kubernetes 1.20.2 built once from Debian's
 # `kubernetes` source package, or the binaries of KIPVS_K8S_BIN (hack/lib/k8s-build.sh; cached): the proxier
@@ -31,6 +31,8 @@ step "cargo clippy --workspace --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "module layering of every crate (hack/check-imports.py: no import cycle; the proxier's plan/ and model/ stay below dataplane/)"
 hack/check-imports.py
+step "Markdown: relative links resolve, no path outside the repository (hack/check-doc-links.py)"
+hack/check-doc-links.py
 step "cargo test --workspace (unit tests, golden vectors, plan vectors, property tests, nftables in a private netns)"
 KIPVS_REQUIRE_NFT=${KIPVS_REQUIRE_NFT:-1} cargo test --workspace --quiet
 if [ "${KIPVS_SKIP_VM:-0}" != 1 ]; then
