@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `Progressing` | nodes are moving to the target revision | `RollingOut`, `Soaking`, `AwaitingPromotion`, `StageTooSmall`, `RollingBack` / False: `RolloutComplete`, `NoNodes`, `RolledBack`, `Halted`, `InvalidSpec` |
 //! | `Available` | no node is failed on the revision its NodeProxyConfig carries | `AllHealthy` / False: `NodesFailed` |
-//! | `Degraded` | something needs a person | `InvalidSpec`, `RevisionFailed`, `NodeConflict`, `StageTooSmall`, `WriteFailed` (NodeProxyConfig or label writes being retried), `NodesFailed` (within the failure budget) / False: `AsExpected` |
+//! | `Degraded` | something needs a person | `InvalidSpec`, `RevisionFailed`, `NodeConflict`, `StageTooSmall`, `WriteFailed` (NodeProxyConfig or label writes being retried), `KubeProxyReturned` (kube-proxy runs on nodes labelled `kipvs`), `NodesFailed` (within the failure budget) / False: `AsExpected` |
 //! | `Paused` | nothing moves until a person acts | `SpecPaused`, `AwaitingPromotion` / False: `Running` |
 //!
 //! A condition keeps its `lastTransitionTime` unless its status changes (Kubernetes API
@@ -131,6 +131,30 @@ impl ConditionSet {
                 },
             ));
         }
+    }
+
+    /// kube-proxy runs on `nodes`, labelled `kipvs` and carrying a `kipvs` revision, and kipvs
+    /// stands by there (kube-proxy's DaemonSet re-applied by `kubeadm upgrade`, kubespray or an
+    /// addon manager without the affinity that keeps it off them); `cause`: what the operator
+    /// sees of that DaemonSet and what to do.
+    pub fn kube_proxy_returned(&mut self, nodes: &[&str], cause: &str) {
+        if nodes.is_empty() {
+            return;
+        }
+        let message = format!(
+            "kube-proxy runs on {} node(s) labelled kipvs.io/service-proxy=kipvs, where kipvs \
+             stands by: {}; {cause}",
+            nodes.len(),
+            list(nodes)
+        );
+        self.degraded.push((
+            3,
+            Verdict {
+                status: true,
+                reason: "KubeProxyReturned",
+                message,
+            },
+        ));
     }
 
     /// Availability of the nodes this ProxyConfig configures (`eligible`: selected, not
@@ -338,7 +362,7 @@ impl ConditionSet {
             None => verdict(
                 false,
                 "AsExpected",
-                "no invalid spec, failed revision, failed node, failing write or conflict",
+                "no invalid spec, failed revision, failed node, failing write, conflict or returned kube-proxy",
             ),
         };
         let verdicts = [self.progressing, self.available, degraded, self.paused];

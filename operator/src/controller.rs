@@ -19,7 +19,7 @@
 use crate::conditions::ConditionSet;
 use crate::events::Publisher;
 use crate::metrics::Metrics;
-use crate::rollout::{self, Decision, Input, NodeView, NpcView, Write};
+use crate::rollout::{self, Decision, Input, KubeProxyDaemonSet, NodeView, NpcView, Write};
 use crate::stored::{StoredProxyConfig, UndecodableSpec};
 use crate::triggers::{Concerned, node_triggers, npc_triggers, proxy_config_triggers};
 use crate::writer::{Expected, WRITE_CONCURRENCY, Writer};
@@ -502,6 +502,7 @@ fn decide_from_stores(
         nodes: &views,
         npcs: &npcs,
         failing_writes: &failing_writes,
+        kube_proxy: KubeProxyDaemonSet::Unknown,
         now,
     });
     let seen = decision

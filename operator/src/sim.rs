@@ -7,7 +7,9 @@
 //! takeover tests (`tests/takeover.rs`) and the harnesses that run the operator without real
 //! nodes (`examples/fake_proxier.rs`, `examples/fleet`).
 
-use crate::rollout::{Decision, Input, Label, NodeView, NpcView, Write, decide};
+use crate::rollout::{
+    Decision, Input, KubeProxyDaemonSet, Label, NodeView, NpcView, Write, decide,
+};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -86,6 +88,8 @@ pub struct Fleet {
     pub npcs: BTreeMap<String, NodeProxyConfig>,
     /// Nodes whose NodeProxyConfig write keeps failing, with the error (as the writer reports).
     pub failing_writes: BTreeMap<String, String>,
+    /// kube-proxy's DaemonSet as the operator sees it (`Input::kube_proxy`).
+    pub kube_proxy: KubeProxyDaemonSet,
     /// The current time.
     pub now: Timestamp,
 }
@@ -102,6 +106,7 @@ impl Fleet {
                 .collect(),
             npcs: BTreeMap::new(),
             failing_writes: BTreeMap::new(),
+            kube_proxy: KubeProxyDaemonSet::Unknown,
             now: Timestamp::from_second(1_800_000_000).expect("valid time"),
         }
     }
@@ -124,6 +129,7 @@ impl Fleet {
             nodes: &views,
             npcs: &npcs,
             failing_writes: &self.failing_writes,
+            kube_proxy: self.kube_proxy,
             now: self.now,
         })
     }
@@ -260,9 +266,15 @@ impl Fleet {
 /// in `kipvs_crds::nodeproxyconfig` describes it. A node starts with kube-proxy running and kipvs
 /// standing by. What the proxier reports of a revision (Pending, Applied) is left to the
 /// caller's status reducer; [`NodeStandIn::follow`] says where the node stands.
+///
+/// kube-proxy has a start-up time: its pod runs as soon as its DaemonSet puts it on the node,
+/// and programs (has synced) only once the caller says its start-up time has passed
+/// ([`NodeStandIn::kube_proxy_synced`]). [`NodeStandIn::serves`] says whether anything serves
+/// the node's Services at an instant ("never none").
 #[derive(Clone, Debug)]
 pub struct NodeStandIn {
     kube_proxy: bool,
+    kube_proxy_synced: bool,
     programs: bool,
     took_over: bool,
 }
@@ -271,6 +283,7 @@ impl Default for NodeStandIn {
     fn default() -> Self {
         NodeStandIn {
             kube_proxy: true,
+            kube_proxy_synced: true,
             programs: false,
             took_over: false,
         }
@@ -309,7 +322,45 @@ impl NodeStandIn {
             return Err("kube-proxy would start while kipvs programs the node".to_owned());
         }
         self.kube_proxy = runs;
+        self.kube_proxy_synced = false;
         Ok(Some(runs))
+    }
+
+    /// kube-proxy's DaemonSet is re-applied without the affinity (`kubeadm upgrade`, an addon
+    /// manager): its pod starts whatever the label; a kipvs that programs sees it at once, stops
+    /// writing and keeps its rules in the kernel (they serve until kube-proxy has synced).
+    /// Returns whether kube-proxy started. Call [`NodeStandIn::label`] with `stays` from then
+    /// on.
+    pub fn kube_proxy_returns(&mut self) -> bool {
+        let started = !self.kube_proxy;
+        if started {
+            self.kube_proxy = true;
+            self.kube_proxy_synced = false;
+        }
+        self.programs = false;
+        started
+    }
+
+    /// The proxier's process dies (a crashloop): it writes nothing from now on, and what it
+    /// wrote is no longer kept up to date ([`NodeStandIn::serves`] with `alive` false).
+    pub fn proxier_dies(&mut self) {
+        self.programs = false;
+        self.took_over = false;
+    }
+
+    /// kube-proxy's start-up time has passed since its pod started: it has synced the node.
+    /// Nothing without its pod.
+    pub fn kube_proxy_synced(&mut self) {
+        self.kube_proxy_synced = self.kube_proxy;
+    }
+
+    /// Whether something serves the node's Services now: kipvs programs, kipvs's rules are kept
+    /// in the kernel by a live proxier that took the node over and stopped writing (handing
+    /// back, or standing by for a kube-proxy that came back) until kube-proxy has synced, or
+    /// kube-proxy has synced. A node whose proxier is dead (`alive` false) is served only by a
+    /// synced kube-proxy.
+    pub fn serves(&self, alive: bool) -> bool {
+        (alive && (self.programs || self.took_over)) || (self.kube_proxy && self.kube_proxy_synced)
     }
 
     /// The proxier follows its revision's `serviceProxy`: for `kipvs` it stands by while
@@ -344,7 +395,7 @@ impl NodeStandIn {
             ServiceProxy::KubeProxy => {
                 self.programs = false;
                 standing.handing_back = was_programming;
-                if self.kube_proxy {
+                if self.kube_proxy && self.kube_proxy_synced {
                     self.took_over = false;
                     standing.phase = ServiceProxyPhase::HandedBack;
                     standing.healthy = Some(true);

@@ -3,17 +3,22 @@
 //! `kipvs.io/service-proxy=kipvs`) and each node's proxier as the contract in
 //! `kipvs_crds::nodeproxyconfig` describes it. After every step the model checks that kipvs and
 //! kube-proxy never program a node at the same time and that kube-proxy starts only on a node
-//! where kipvs has stopped.
+//! where kipvs has stopped ("never two"), and counts the seconds each node has no serving proxy
+//! ("never none": kube-proxy serves only [`KUBE_PROXY_START_UP`] after its pod started).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kipvs_crds::{NodePhase, ProxyConfigSpec, RolloutSpec, ServiceProxy, ServiceProxyPhase, Stage};
-use kipvs_operator::rollout::Decision;
+use kipvs_operator::rollout::{Decision, KubeProxyDaemonSet};
 use kipvs_operator::sim::{Fleet, NodeStandIn, node, proxy_config};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// How long a node has to take a revision: short, so that a stuck takeover fails soon.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// kube-proxy's start-up time: from its pod's start to its first sync (a real one takes a few
+/// seconds: image, iptables/ipset restore, the first full sync).
+const KUBE_PROXY_START_UP: u64 = 5;
 
 /// How a node's proxier or kube-proxy misbehaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +30,9 @@ enum Fault {
     /// The proxier predates `status.serviceProxy`: it programs whatever it is given and
     /// reports Applied.
     Old,
+    /// The proxier's pod never runs (crashlooping, Pending, ImagePullBackOff): it never
+    /// follows its NodeProxyConfig and never reports.
+    Silent,
 }
 
 /// The fleet, kube-proxy's DaemonSet and the proxiers.
@@ -34,6 +42,14 @@ struct Cluster {
     faults: BTreeMap<String, Fault>,
     /// Nodes in the order their label first became `kipvs`.
     labelled_kipvs: Vec<String>,
+    /// kube-proxy's DaemonSet lost its affinity: its pod runs on every node.
+    unpatched: bool,
+    /// The time, in ticks.
+    clock: u64,
+    /// When kube-proxy's pod last started on each node.
+    kube_proxy_started: BTreeMap<String, u64>,
+    /// Seconds each node had no serving proxy (nodes that always had one are absent).
+    none: BTreeMap<String, u64>,
 }
 
 fn selector(key: &str, value: &str) -> LabelSelector {
@@ -92,12 +108,16 @@ impl Cluster {
                 .map(|(node, fault)| ((*node).to_owned(), *fault))
                 .collect(),
             labelled_kipvs: Vec::new(),
+            unpatched: false,
+            clock: 0,
+            kube_proxy_started: BTreeMap::new(),
+            none: BTreeMap::new(),
         }
     }
 
     /// One second: the operator decides (writes and labels applied), kube-proxy's DaemonSet
     /// follows the labels, the proxiers follow their NodeProxyConfigs and report. Checks that
-    /// no node has two programmers at any point.
+    /// no node has two programmers at any point, and counts the nodes with none.
     fn tick(&mut self) -> Decision {
         let decision = self.fleet.step();
         let names: Vec<String> = self.nodes.keys().cloned().collect();
@@ -106,20 +126,62 @@ impl Cluster {
             if label.as_deref() == Some("kipvs") && !self.labelled_kipvs.contains(name) {
                 self.labelled_kipvs.push(name.clone());
             }
-            let stays = self.faults.get(name) == Some(&Fault::KubeProxyStays);
+            let fault = self.faults.get(name).copied();
+            let stays = fault == Some(Fault::KubeProxyStays) || self.unpatched;
+            let alive = fault != Some(Fault::Silent);
             let model = self.nodes.get_mut(name).expect("modelled");
-            if let Err(e) = model.label(label.as_deref(), stays) {
-                panic!("{name}: {e}");
+            match model.label(label.as_deref(), stays) {
+                Ok(Some(true)) => {
+                    self.kube_proxy_started.insert(name.clone(), self.clock);
+                }
+                Ok(_) => {}
+                Err(e) => panic!("{name}: {e}"),
             }
-            self.proxier(name);
+            self.start_up(name);
+            if alive {
+                self.proxier(name);
+            }
             let model = &self.nodes[name];
             assert!(
                 !(model.kube_proxy() && model.kipvs_programs()),
                 "{name}: kube-proxy and kipvs program at once"
             );
+            if !model.serves(alive) {
+                *self.none.entry(name.clone()).or_default() += 1;
+            }
         }
+        self.clock += 1;
         self.fleet.advance(Duration::from_secs(1));
         decision
+    }
+
+    /// kube-proxy has synced `node` once [`KUBE_PROXY_START_UP`] passed since its pod started.
+    fn start_up(&mut self, node: &str) {
+        let started = self.kube_proxy_started.get(node).copied();
+        if started.is_some_and(|at| self.clock >= at + KUBE_PROXY_START_UP) {
+            self.nodes
+                .get_mut(node)
+                .expect("modelled")
+                .kube_proxy_synced();
+        }
+    }
+
+    /// kube-proxy's DaemonSet is re-applied without its affinity (`kubeadm upgrade`, an addon
+    /// manager): its pod starts on every node; the operator sees the DaemonSet as `seen`.
+    fn unpatch(&mut self, seen: KubeProxyDaemonSet) {
+        self.unpatched = true;
+        self.fleet.kube_proxy = seen;
+        for (name, model) in &mut self.nodes {
+            if model.kube_proxy_returns() {
+                self.kube_proxy_started.insert(name.clone(), self.clock);
+            }
+        }
+    }
+
+    /// The proxier of `node` starts crashlooping: it dies and never reports again.
+    fn crashloop(&mut self, node: &str) {
+        self.faults.insert(node.to_owned(), Fault::Silent);
+        self.nodes.get_mut(node).expect("modelled").proxier_dies();
     }
 
     /// `node`'s proxier follows its NodeProxyConfig and reports (the contract in
@@ -277,6 +339,7 @@ fn the_takeover_and_the_way_back_roll_out_in_stages() {
     c.settle(200);
     everyone("kube-proxy", &c);
     assert_eq!(c.labels(), BTreeSet::from([Some("kube-proxy")]));
+    assert_eq!(c.none, BTreeMap::new(), "never none");
     let back = c.fleet.pc.status.clone().unwrap();
     assert_eq!(
         back.revision, standby.revision,
@@ -301,6 +364,7 @@ fn a_takeover_that_never_completes_rolls_the_fleet_back_to_kube_proxy() {
     assert!(reasons.contains(&"RollingBack"), "{reasons:?}");
     everyone("kube-proxy", &c);
     assert_eq!(c.labels(), BTreeSet::from([Some("kube-proxy")]));
+    assert_eq!(c.none, BTreeMap::new(), "never none");
     assert!(
         c.labelled_kipvs.len() > 1,
         "others had taken over before node-5 failed: {:?}",
@@ -339,6 +403,7 @@ fn a_refused_takeover_within_the_budget_gives_that_node_back_to_kube_proxy() {
     );
     assert_eq!(c.fleet.label_of("node-3"), Some("kube-proxy"));
     assert_eq!(c.fleet.pc.status.as_ref().unwrap().failed_nodes, 1);
+    assert_eq!(c.none, BTreeMap::new(), "never none");
 }
 
 /// Version skew: a proxier that predates `status.serviceProxy` serves a `kipvs` revision
@@ -375,16 +440,26 @@ fn a_proxier_without_status_service_proxy_is_never_handed_to_kube_proxy() {
     assert_eq!(status.target_revision, good);
 }
 
-/// Labels follow the stored NodeProxyConfig, not the decision: a node is labelled `kipvs` only
-/// by a decision after the one that assigned it the revision (kube-proxy leaves once the
-/// proxier can read what makes it take over), and a label owed to a revision already assigned
-/// is written while `spec.paused` holds NodeProxyConfig writes back.
+/// Labels follow the stored NodeProxyConfig and the proxier's report on it, not the decision:
+/// a node is labelled `kipvs` only once its proxier has reported for the revision that makes
+/// it take over (alive, standing by), and a label owed to a revision already assigned is
+/// written while `spec.paused` holds NodeProxyConfig writes back.
 #[test]
 fn labels_follow_the_stored_node_proxy_config_even_while_paused() {
     let mut c = Cluster::new(3, spec(ServiceProxy::Kipvs, 0), &[]);
     let first = c.fleet.step();
     assert!(!first.writes.is_empty());
     assert!(first.labels.is_empty(), "nothing stored yet");
+    let stored = c.fleet.step();
+    assert!(
+        stored.labels.is_empty(),
+        "stored, but the proxier has not reported"
+    );
+    for node in c.fleet.npcs.keys().cloned().collect::<Vec<_>>() {
+        let standby = Some(ServiceProxyPhase::Standby);
+        c.fleet
+            .report_service_proxy(&node, NodePhase::Pending, true, "", standby);
+    }
     c.fleet.pc.spec.paused = true;
     let paused = c.fleet.step();
     assert!(paused.writes.is_empty(), "paused writes no NodeProxyConfig");
@@ -392,4 +467,133 @@ fn labels_follow_the_stored_node_proxy_config_even_while_paused() {
     let assigned: Vec<&str> = c.fleet.npcs.keys().map(String::as_str).collect();
     assert_eq!(labelled, assigned, "the canary's label is owed");
     assert!(paused.labels.iter().all(|l| l.proxy == ServiceProxy::Kipvs));
+}
+
+/// The new kipvs pod on the canary crashloops (it never reports) when the fleet moves from
+/// kube-proxy: the canary is never labelled `kipvs`, so kube-proxy stays and serves it; the
+/// revision fails there by `applyTimeout` and rolls back. No node is ever without a serving
+/// proxy. (Before issue 33 the canary was labelled `kipvs` as soon as its NodeProxyConfig was
+/// stored: kube-proxy left and nothing took over.)
+#[test]
+fn a_crashlooping_proxier_on_the_canary_never_leaves_it_without_a_proxy() {
+    let mut c = Cluster::new(6, spec(ServiceProxy::KubeProxy, 0), &[]);
+    c.settle(100);
+    c.crashloop("node-0");
+    c.switch_to(ServiceProxy::Kipvs);
+    let decisions = c.settle(400);
+    let reasons = reasons(&decisions);
+    assert!(reasons.contains(&"RevisionFailed"), "{reasons:?}");
+    assert!(c.labelled_kipvs.is_empty(), "{:?}", c.labelled_kipvs);
+    assert_eq!(c.none, BTreeMap::new(), "never none");
+    everyone("kube-proxy", &c);
+    assert_eq!(c.labels(), BTreeSet::from([Some("kube-proxy")]));
+}
+
+/// A fleet kipvs took over gets a new revision, and the canary's kipvs pod crashloops from
+/// then on (its kipvs rules no longer kept): silent on the revision past `applyTimeout`, it is
+/// labelled `kube-proxy` and kube-proxy serves it after its start-up; the revision fails and
+/// rolls back, and the stale report of the revision it programmed before it died does not move
+/// kube-proxy away again. The canary is without a proxy for at most applyTimeout + kube-proxy's
+/// start-up (+ a decision); no other node ever. (Before issue 33 its label stayed `kipvs`: no
+/// proxy for ever.)
+#[test]
+fn a_proxier_that_dies_on_a_migrated_canary_is_replaced_by_kube_proxy_within_apply_timeout() {
+    let mut c = Cluster::new(6, spec(ServiceProxy::Kipvs, 0), &[]);
+    c.settle(100);
+    everyone("kipvs", &c);
+    let good = c.fleet.pc.status.clone().unwrap().last_good_revision;
+    c.crashloop("node-0");
+    c.fleet.pc.spec.config.ipvs.scheduler = "lc".into();
+    c.fleet.pc.metadata.generation = c.fleet.pc.metadata.generation.map(|g| g + 1);
+    let decisions = c.settle(400);
+    assert!(reasons(&decisions).contains(&"RevisionFailed"));
+    assert_eq!(c.fleet.label_of("node-0"), Some("kube-proxy"));
+    // Rolled back: the stale Applied report of the good revision leaves the label alone.
+    for _ in 0..120 {
+        c.tick();
+    }
+    assert_eq!(c.fleet.label_of("node-0"), Some("kube-proxy"));
+    let without = c.none.get("node-0").copied().unwrap_or_default();
+    let bound = APPLY_TIMEOUT.as_secs() + KUBE_PROXY_START_UP + 2;
+    assert!(
+        without <= bound,
+        "node-0 without a proxy for {without} s (bound {bound})"
+    );
+    assert_eq!(c.none.len(), 1, "only the canary: {:?}", c.none);
+    assert_eq!(c.fleet.pc.status.clone().unwrap().last_good_revision, good);
+}
+
+/// kube-proxy's DaemonSet re-applied without its affinity after a completed takeover
+/// (`kubeadm upgrade`, an addon manager): kube-proxy starts on every node and kipvs stands by
+/// (its rules kept until kube-proxy has synced). The operator changes no label (a `kube-proxy`
+/// label would keep kube-proxy there after the DaemonSet is patched again) and says so in
+/// Degraded `KubeProxyReturned`, naming the nodes and the missing patch; once the DaemonSet is
+/// patched again kube-proxy leaves and kipvs takes every node back. Never none, never two.
+/// (Before issue 33 the operator relabelled every node `kube-proxy` by `applyTimeout`.)
+#[test]
+fn kube_proxy_back_after_a_completed_takeover_is_reported_and_no_node_is_relabelled() {
+    let mut c = Cluster::new(6, spec(ServiceProxy::Kipvs, 0), &[]);
+    c.settle(100);
+    everyone("kipvs", &c);
+    c.unpatch(KubeProxyDaemonSet::Unpatched);
+    let mut decisions = Vec::new();
+    for _ in 0..(APPLY_TIMEOUT.as_secs() * 3) {
+        decisions.push(c.tick());
+    }
+    everyone("kube-proxy", &c);
+    assert!(
+        decisions.iter().all(|d| d.labels.is_empty()),
+        "no label written"
+    );
+    assert_eq!(c.labels(), BTreeSet::from([Some("kipvs")]));
+    let status = c.fleet.pc.status.clone().unwrap();
+    let degraded = status
+        .conditions
+        .iter()
+        .find(|cond| cond.type_ == "Degraded")
+        .unwrap();
+    assert_eq!(degraded.reason, "KubeProxyReturned", "{degraded:?}");
+    assert!(degraded.message.contains("node-0"), "{}", degraded.message);
+    assert!(
+        degraded.message.contains("lost the node affinity"),
+        "{}",
+        degraded.message
+    );
+    assert_eq!(
+        reasons(&decisions)
+            .iter()
+            .filter(|r| **r == "KubeProxyReturned")
+            .count(),
+        1,
+        "one Event"
+    );
+
+    // Without the DaemonSet in sight, the proxiers' reports (Standby after they programmed)
+    // say the same.
+    c.fleet.kube_proxy = KubeProxyDaemonSet::Unknown;
+    let d = c.tick();
+    assert!(d.labels.is_empty());
+    let degraded = d
+        .status
+        .conditions
+        .iter()
+        .find(|cond| cond.type_ == "Degraded")
+        .unwrap();
+    assert_eq!(degraded.reason, "KubeProxyReturned");
+
+    c.unpatched = false;
+    c.fleet.kube_proxy = KubeProxyDaemonSet::Patched;
+    c.settle(100);
+    for _ in 0..5 {
+        c.tick();
+    }
+    everyone("kipvs", &c);
+    assert_eq!(c.none, BTreeMap::new(), "never none");
+    let status = c.fleet.pc.status.clone().unwrap();
+    let degraded = status
+        .conditions
+        .iter()
+        .find(|cond| cond.type_ == "Degraded")
+        .unwrap();
+    assert_eq!(degraded.status, "False", "{degraded:?}");
 }

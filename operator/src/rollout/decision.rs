@@ -140,6 +140,7 @@ impl<'a> Decider<'a> {
         }
         self.restore_drifted(&members, &drifted, &spec_revision);
         self.report_availability(&members);
+        self.report_kube_proxy_returned(&members);
         self.label_members(&members);
     }
 

@@ -1,11 +1,12 @@
 //! What one decision reads: the ProxyConfig, and views of the Nodes and NodeProxyConfigs that
 //! keep only what the rules look at.
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::{
     NodeProxyConfig, NodeProxyConfigStatus, ProxierConfiguration, ProxyConfigSpec,
-    ProxyConfigStatus, ServiceProxy,
+    ProxyConfigStatus, SERVICE_PROXY_LABEL, ServiceProxy,
 };
 use kube::core::Selector;
 use std::collections::{BTreeMap, HashMap};
@@ -67,6 +68,87 @@ impl<'a> NodeView<'a> {
             uid: node.metadata.uid.as_deref(),
             labels: node.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
             skip,
+        }
+    }
+}
+
+/// What the operator sees of kube-proxy's DaemonSet (`kube-system/kube-proxy`, the name
+/// kubeadm, kubespray and the addon manager give it): whether its pod template still keeps
+/// kube-proxy off nodes labelled [`SERVICE_PROXY_LABEL`]`=kipvs`
+/// (`config/samples/kube-proxy-daemonset-patch.yaml`). `kubeadm upgrade`, kubespray and addon
+/// managers re-apply the DaemonSet without that affinity, and kube-proxy then starts on every
+/// node kipvs took over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KubeProxyDaemonSet {
+    /// Not read: not found, not listed yet, or the operator may not read it.
+    #[default]
+    Unknown,
+    /// Every node selector term of its required node affinity has
+    /// `kipvs.io/service-proxy NotIn [kipvs]`.
+    Patched,
+    /// It exists without that affinity: its pods run on nodes labelled `kipvs`.
+    Unpatched,
+}
+
+impl KubeProxyDaemonSet {
+    /// Reads the required node affinity of `ds`'s pod template: [`Self::Patched`] when every
+    /// node selector term (they are ORed) keeps nodes labelled `kipvs` out through a `NotIn`
+    /// (or `DoesNotExist`) expression on [`SERVICE_PROXY_LABEL`], else [`Self::Unpatched`].
+    pub fn of(ds: &DaemonSet) -> Self {
+        let terms = ds
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .map(|r| r.node_selector_terms.as_slice())
+            .unwrap_or_default();
+        let keeps_out = |term: &k8s_openapi::api::core::v1::NodeSelectorTerm| {
+            term.match_expressions.iter().flatten().any(|e| {
+                e.key == SERVICE_PROXY_LABEL
+                    && match e.operator.as_str() {
+                        "NotIn" => e
+                            .values
+                            .iter()
+                            .flatten()
+                            .any(|v| v == ServiceProxy::Kipvs.as_str()),
+                        "DoesNotExist" => true,
+                        _ => false,
+                    }
+            })
+        };
+        if !terms.is_empty() && terms.iter().all(keeps_out) {
+            KubeProxyDaemonSet::Patched
+        } else {
+            KubeProxyDaemonSet::Unpatched
+        }
+    }
+
+    /// What it means for nodes where kube-proxy runs although they are labelled `kipvs`, and
+    /// what to do (for Degraded `KubeProxyReturned`).
+    pub fn cause(self) -> &'static str {
+        match self {
+            KubeProxyDaemonSet::Unpatched => {
+                "kube-proxy's DaemonSet kube-system/kube-proxy has lost the node affinity \
+                 kipvs.io/service-proxy NotIn [kipvs] (re-applied by kubeadm upgrade, kubespray \
+                 or an addon manager?): patch it again \
+                 (config/samples/kube-proxy-daemonset-patch.yaml) and kipvs takes these nodes \
+                 back"
+            }
+            KubeProxyDaemonSet::Patched => {
+                "kube-proxy's DaemonSet kube-system/kube-proxy keeps the affinity: another \
+                 kube-proxy (a static pod, another DaemonSet?) runs there"
+            }
+            KubeProxyDaemonSet::Unknown => {
+                "check that kube-proxy's DaemonSet still has the node affinity \
+                 kipvs.io/service-proxy NotIn [kipvs] \
+                 (config/samples/kube-proxy-daemonset-patch.yaml)"
+            }
         }
     }
 }
@@ -134,6 +216,10 @@ pub struct Input<'a> {
     /// Nodes whose NodeProxyConfig write for this ProxyConfig keeps failing (being retried),
     /// with the last error ([`crate::writer`]); reported as Degraded `WriteFailed`.
     pub failing_writes: &'a BTreeMap<String, String>,
+    /// kube-proxy's DaemonSet as last seen, for the nodes where kube-proxy runs although they
+    /// are labelled `kipvs` (Degraded `KubeProxyReturned`, and their labels left as they are
+    /// when it is [`KubeProxyDaemonSet::Unpatched`]).
+    pub kube_proxy: KubeProxyDaemonSet,
     /// The time of the decision.
     pub now: Timestamp,
 }

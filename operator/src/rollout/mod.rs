@@ -34,14 +34,21 @@
 //! - **`spec.paused`**: the decision is computed and reported, but no NodeProxyConfig is
 //!   written and no stage advances.
 //! - **Service proxy label.** Each member's Node label
-//!   [`SERVICE_PROXY_LABEL`](kipvs_crds::SERVICE_PROXY_LABEL) follows its NodeProxyConfig
-//!   (`labels::wanted_label`): `kipvs` once the stores show a revision whose `serviceProxy` is
-//!   `kipvs`; `kube-proxy` once the proxier reports, for a `kube-proxy` revision (or a `kipvs`
-//!   one the node failed), a phase in which kipvs does not write. A revision with
-//!   `serviceProxy: kube-proxy` counts as healthy on a node only when the proxier reports such a
-//!   phase (`status.serviceProxy`): a proxier that predates the field keeps programming, so
-//!   the revision fails there by `applyTimeout` and the rollout's failure budget and rollback
-//!   apply as for any revision.
+//!   [`SERVICE_PROXY_LABEL`](kipvs_crds::SERVICE_PROXY_LABEL) follows its NodeProxyConfig and
+//!   its proxier's reports (`labels::wanted_label`), so that a node is never left without a
+//!   proxy, nor given two: `kipvs` only once the proxier has reported for a revision whose
+//!   `serviceProxy` is `kipvs` (alive: standing by while kube-proxy runs, or programming);
+//!   `kube-proxy` once the proxier reports, for a `kube-proxy` revision (or a `kipvs` one the
+//!   node failed), a phase in which kipvs does not write, and also where the proxier is silent
+//!   (no report for the revision by `applyTimeout`: crashlooping, Pending, ImagePullBackOff),
+//!   or reported a takeover it never completed by then, or loses its NodeProxyConfig in a
+//!   rollback without reporting that it programs. Where kube-proxy runs again on a node kipvs
+//!   took over (its DaemonSet re-applied without the affinity: [`KubeProxyDaemonSet`]), the
+//!   label stays `kipvs` and Degraded `KubeProxyReturned` names the nodes and the missing
+//!   patch. A revision with `serviceProxy: kube-proxy` counts as healthy on a node only when
+//!   the proxier reports such a phase (`status.serviceProxy`): a proxier that predates the
+//!   field keeps programming, so the revision fails there by `applyTimeout` and the rollout's
+//!   failure budget and rollback apply as for any revision.
 //!
 //! # Layout
 //!
@@ -66,5 +73,5 @@ mod stages;
 mod writes;
 
 pub use decision::decide;
-pub use input::{Input, NodeView, NpcView, SkipReason, TO_BE_DELETED_TAINT};
+pub use input::{Input, KubeProxyDaemonSet, NodeView, NpcView, SkipReason, TO_BE_DELETED_TAINT};
 pub use outcome::{Decision, Label, Note, Object, Write};

@@ -2,10 +2,15 @@
 //! where the rollout stands.
 
 use super::decision::{Decider, count};
+use super::input::KubeProxyDaemonSet;
+use super::labels::{kube_proxy_returned, stands_by_for_kube_proxy};
 use super::selection::{Health, Member};
 use super::stages::Cursor;
 use crate::conditions::list;
-use kipvs_crds::{NodeFailure, NodePhase, PROMOTE_ANNOTATION, Stage, StagePhase, StageStatus};
+use kipvs_crds::{
+    NodeFailure, NodePhase, PROMOTE_ANNOTATION, SERVICE_PROXY_LABEL, ServiceProxy, Stage,
+    StagePhase, StageStatus,
+};
 
 /// How many conflicting node names and failures status keeps.
 const MAX_LISTED: usize = 20;
@@ -32,6 +37,45 @@ impl<'a> Decider<'a> {
             );
         }
         self.conditions.conflicts(conflicts);
+    }
+
+    /// kube-proxy running on members labelled `kipvs` whose proxier stands by for their
+    /// `kipvs` revision because of it (`labels::kube_proxy_returned`, or any such standby while
+    /// kube-proxy's DaemonSet lacks its affinity), as Degraded `KubeProxyReturned` with one
+    /// Event when the names change.
+    pub(super) fn report_kube_proxy_returned(&mut self, members: &[Member<'_>]) {
+        let unpatched = self.input.kube_proxy == KubeProxyDaemonSet::Unpatched;
+        let kipvs = Some(ServiceProxy::Kipvs.as_str());
+        let nodes: Vec<&str> = members
+            .iter()
+            .filter(|m| m.view.skip.is_none())
+            .filter(|m| m.view.labels.get(SERVICE_PROXY_LABEL).map(String::as_str) == kipvs)
+            .filter(|m| {
+                m.npc.is_some_and(|npc| {
+                    kube_proxy_returned(npc) || (unpatched && stands_by_for_kube_proxy(npc))
+                })
+            })
+            .map(|m| m.view.name)
+            .collect();
+        let was = self
+            .prev
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.reason == "KubeProxyReturned")
+            .map(|c| c.message.clone());
+        self.conditions
+            .kube_proxy_returned(&nodes, self.input.kube_proxy.cause());
+        if !nodes.is_empty() && was.is_none_or(|m| !m.contains(&list(&nodes))) {
+            self.note(
+                true,
+                "KubeProxyReturned",
+                format!(
+                    "kube-proxy runs again on {} node(s) labelled kipvs: {}",
+                    nodes.len(),
+                    list(&nodes)
+                ),
+            );
+        }
     }
 
     /// Available: no node this ProxyConfig controls is failed on the revision it carries.
