@@ -9,7 +9,11 @@ use ipnet::IpNet;
 use kipvs_crds::config::ProxierConfiguration;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr};
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
 
 /// An IPVS table and a `kube-ipvs0` address list held in memory.
 ///
@@ -38,9 +42,34 @@ pub struct FakeDataplane {
     /// nftables ops this fake kernel refuses (`File exists`) while they are listed, changing
     /// nothing, as when a set element of kipvs clashes with one it did not write.
     pub refusing: Vec<Op>,
+    /// How long a full observation ([`Dataplane::observer`]) takes, as `nft -j list table` and
+    /// the IPVS dump of a large table do (1.7 s of `nft` at 10k Services): the observation
+    /// returns the state as it was when it started, this much (Tokio) time later.
+    pub observe_delay: Duration,
+    /// Where the fake tells what happens to it and when, for tests that run the engine's loop
+    /// and so cannot look at the fake meanwhile.
+    pub events: Option<UnboundedSender<(Instant, FakeEvent)>>,
+}
+
+/// What happened to a [`FakeDataplane`] (see [`FakeDataplane::events`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FakeEvent {
+    /// A full observation started.
+    ObserveStarted,
+    /// A full observation ended (after [`FakeDataplane::observe_delay`]).
+    ObserveEnded,
+    /// An op was applied successfully.
+    Applied(Op),
 }
 
 impl FakeDataplane {
+    /// Tells [`FakeDataplane::events`] of `event`, if anyone listens.
+    fn tell(&self, event: FakeEvent) {
+        if let Some(events) = &self.events {
+            let _ = events.send((Instant::now(), event));
+        }
+    }
+
     /// A fake holding `state`.
     pub fn new(state: ObservedState) -> Self {
         FakeDataplane {
@@ -108,6 +137,44 @@ impl FakeDataplane {
                 error: DataplaneError::NftTransaction("Could not process rule: File exists".into()),
             })
             .collect()
+    }
+
+    /// [`Dataplane::apply`]: stage by stage, as the kernel dataplane: an nftables stage's
+    /// refused ops (overlapping `firewall-allow` intervals, which the kernel refuses) fail
+    /// alone, as the kernel's [`isolate::Isolation`] leaves them, and what depends on a failed
+    /// op is kept back by the same [`isolate::Withholding`].
+    fn apply_stages(&mut self, ops: &[Op]) -> Vec<OpFailure> {
+        let mut failures = Vec::new();
+        let mut withholding = isolate::Withholding::default();
+        for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
+            let (stage, held) = withholding.split(stage);
+            failures.extend(held);
+            let refused = if stage.first().is_some_and(|op| op.stage() == NFT_STAGE) {
+                self.refused(&stage)
+            } else {
+                Vec::new()
+            };
+            let stage_failures = if refused.is_empty() {
+                self.apply_stage(&stage)
+            } else {
+                let rest: Vec<Op> = stage
+                    .iter()
+                    .filter(|op| !refused.iter().any(|f| &f.op == *op))
+                    .cloned()
+                    .collect();
+                let failures = self.apply_stage(&rest);
+                let mut refused = refused;
+                if isolate::refused_creations(&refused) {
+                    let present = &self.state.set_elements;
+                    let applied = isolate::applied_anyway(&mut refused, present);
+                    self.applied.extend(applied);
+                }
+                refused.into_iter().chain(failures).collect()
+            };
+            withholding.failed(ops, &stage_failures);
+            failures.extend(stage_failures);
+        }
+        failures
     }
 
     fn apply_stage(&mut self, ops: &[Op]) -> Vec<OpFailure> {
@@ -184,9 +251,21 @@ impl KernelSettings for FakeModules {
 }
 
 impl Dataplane for FakeDataplane {
-    async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
+    fn observer(
+        &mut self,
+    ) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send + 'static {
         self.full_observes += 1;
-        Ok(self.state.clone())
+        self.tell(FakeEvent::ObserveStarted);
+        let (state, delay, events) = (self.state.clone(), self.observe_delay, self.events.clone());
+        async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            if let Some(events) = events {
+                let _ = events.send((Instant::now(), FakeEvent::ObserveEnded));
+            }
+            Ok(state)
+        }
     }
 
     async fn observe_virtual_servers(
@@ -218,40 +297,12 @@ impl Dataplane for FakeDataplane {
         Ok(self.other_addresses.clone())
     }
 
-    /// Stage by stage, as the kernel dataplane: an nftables stage's refused ops (overlapping
-    /// `firewall-allow` intervals, which the kernel refuses) fail alone, as the kernel's
-    /// [`isolate::Isolation`] leaves them, and what depends on a failed op is kept back by the
-    /// same [`isolate::Withholding`].
+    /// [`FakeDataplane::apply_stages`], telling [`FakeDataplane::events`] of each op applied.
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
-        let mut failures = Vec::new();
-        let mut withholding = isolate::Withholding::default();
-        for stage in ops.chunk_by(|a, b| a.stage() == b.stage()) {
-            let (stage, held) = withholding.split(stage);
-            failures.extend(held);
-            let refused = if stage.first().is_some_and(|op| op.stage() == NFT_STAGE) {
-                self.refused(&stage)
-            } else {
-                Vec::new()
-            };
-            let stage_failures = if refused.is_empty() {
-                self.apply_stage(&stage)
-            } else {
-                let rest: Vec<Op> = stage
-                    .iter()
-                    .filter(|op| !refused.iter().any(|f| &f.op == *op))
-                    .cloned()
-                    .collect();
-                let failures = self.apply_stage(&rest);
-                let mut refused = refused;
-                if isolate::refused_creations(&refused) {
-                    let present = &self.state.set_elements;
-                    let applied = isolate::applied_anyway(&mut refused, present);
-                    self.applied.extend(applied);
-                }
-                refused.into_iter().chain(failures).collect()
-            };
-            withholding.failed(ops, &stage_failures);
-            failures.extend(stage_failures);
+        let applied = self.applied.len();
+        let failures = self.apply_stages(ops);
+        for op in &self.applied[applied..] {
+            self.tell(FakeEvent::Applied(op.clone()));
         }
         failures
     }

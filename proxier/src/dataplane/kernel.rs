@@ -23,7 +23,9 @@ use netlink_packet_route::link::LinkAttribute;
 use netlink_proto::sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 use rtnetlink::{AddressMessageBuilder, LinkDummy};
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 
 /// The dummy interface holding every ClusterIP, externalIP and VIP-mode load-balancer IP, as
 /// in kube-proxy (`netlink_linux.go`). It is created if missing and, like upstream, left DOWN
@@ -44,9 +46,8 @@ const EADDRNOTAVAIL: i32 = libc::EADDRNOTAVAIL;
 /// The kernel dataplane of one network namespace.
 pub struct KernelDataplane {
     ipvs: ipvs::Handle,
-    /// `/proc/net/ip_vs` of the namespace: every virtual server's real servers in one read.
-    /// `None` when it cannot be opened or read (then one netlink dump per virtual server).
-    listing: Option<ProcListing>,
+    /// The full observations ([`Dataplane::observer`]), on sockets of their own.
+    reader: Reader,
     rtnl: rtnetlink::Handle,
     /// Binds and unbinds addresses in batches (a stage of them is one `sendmsg` per
     /// [`super::batch::BATCH`] ops).
@@ -69,6 +70,9 @@ impl KernelDataplane {
     /// errors when the dummy link cannot be created (no `dummy` module, no `CAP_NET_ADMIN`).
     pub async fn connect() -> Result<Self, DataplaneError> {
         let ipvs = ipvs::Handle::connect().await?;
+        // Its own socket: a full observation's dumps never hold the turn of the writers'
+        // re-reads ([`Dataplane::observe_virtual_servers`]).
+        let observing = ipvs::Handle::connect().await?;
         let listing = ProcListing::open()
             .inspect_err(|error| {
                 tracing::warn!(
@@ -91,9 +95,16 @@ impl KernelDataplane {
         };
         let addresses = batcher(NETLINK_ROUTE, "rtnetlink")?;
         let ipvs_batches = batcher(NETLINK_GENERIC, "IPVS")?;
+        let reader = Reader {
+            ipvs: observing,
+            listing: Arc::new(std::sync::Mutex::new(listing)),
+            rtnl: rtnl.clone(),
+            link_index,
+            nft: Nft::default(),
+        };
         Ok(KernelDataplane {
             ipvs,
-            listing,
+            reader,
             rtnl,
             addresses,
             ipvs_batches,
@@ -148,52 +159,6 @@ impl KernelDataplane {
     /// The IPVS handle (shared with helpers such as the timeouts setup).
     pub fn ipvs(&self) -> &ipvs::Handle {
         &self.ipvs
-    }
-
-    async fn bound_addresses(&self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
-        let mut stream = self
-            .rtnl
-            .address()
-            .get()
-            .set_link_index_filter(self.link_index)
-            .execute();
-        let mut out = BTreeSet::new();
-        while let Some(msg) = stream.try_next().await? {
-            if msg.header.index != self.link_index {
-                continue;
-            }
-            for attr in &msg.attributes {
-                if let AddressAttribute::Address(a) = attr {
-                    out.insert(*a);
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// One read of the IPVS listing on the blocking pool (the kernel formats the table during
-    /// the read); `None` without a listing. A listing that cannot be read or parsed is dropped
-    /// with a warning: this and every later observation read the real servers over netlink.
-    async fn read_listing(&mut self) -> Option<Listed> {
-        let mut listing = self.listing.take()?;
-        let read = tokio::task::spawn_blocking(move || {
-            let services = listing.read();
-            (listing, services)
-        })
-        .await;
-        let error = match read {
-            Ok((listing, Ok(services))) => {
-                self.listing = Some(listing);
-                return Some(listed(services));
-            }
-            Ok((_, Err(error))) => error.to_string(),
-            Err(error) => error.to_string(),
-        };
-        tracing::warn!(
-            %error,
-            "cannot read the IPVS listing: reading real servers with one netlink request per virtual server from now on"
-        );
-        None
     }
 
     /// Apply a stage of address ops (all binds or all unbinds) in batches ([`Batcher`]): a
@@ -323,61 +288,10 @@ impl KernelDataplane {
 }
 
 impl Dataplane for KernelDataplane {
-    /// The virtual servers' specs come from one netlink service dump, their real servers from
-    /// one read of the IPVS listing that follows it ([`ipvs::procfs`]); a virtual server of the
-    /// dump the listing lacks (created in between, or skipped by a listing the table changed
-    /// under) is read over netlink, one the listing has and the dump lacks (created in between)
-    /// is left out, as a dump alone would. So each virtual server's real servers are read at one
-    /// moment, and what changed between the two reads at worst makes an op fail (`EEXIST`,
-    /// `ENOENT`) and the sync retry; it never makes the diff delete what exists and is wanted.
-    async fn observe(&mut self) -> Result<ObservedState, DataplaneError> {
-        let started = std::time::Instant::now();
-        let services = self.ipvs.services().await?;
-        let inet: Vec<(VirtualServerKey, VirtualServerSpec)> =
-            services.iter().filter_map(observed_service).collect();
-        let listed = self.read_listing().await;
-        let (mut virtual_servers, unlisted) = take_listed(inet, listed);
-        let from_listing = virtual_servers.len();
-        // Collected first: a closure inside the stream would not be `Send` for every lifetime.
-        let ids: Vec<_> = unlisted.iter().map(|(key, _)| service_id(key)).collect();
-        let requests: Vec<_> = ids.iter().map(|id| self.ipvs.destinations(id)).collect();
-        let dests: Vec<_> = futures::stream::iter(requests)
-            .buffered(PIPELINE_DEPTH)
-            .collect()
-            .await;
-        for ((key, spec), dests) in unlisted.into_iter().zip(dests) {
-            let real_servers = match dests {
-                Ok(d) => real_servers(d),
-                // Deleted between the two dumps: it is gone.
-                Err(ipvs::Error::NoSuchService) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            virtual_servers.insert(key, ObservedVirtualServer { spec, real_servers });
-        }
-        // A table that cannot be read is an error, not an empty table: an empty one would
-        // make the diff re-add what exists and never delete a stale element. The sync fails
-        // (nothing is changed) and is retried with backoff; a missing table reads as empty.
-        let ipvs_us = started.elapsed().as_micros() as u64;
-        let table = self.nft.observe().await?;
-        let nft_us = started.elapsed().as_micros() as u64 - ipvs_us;
-        let bound_addresses = self.bound_addresses().await?;
-        tracing::debug!(
-            virtual_servers = virtual_servers.len(),
-            from_listing,
-            destination_requests = ids.len(),
-            set_elements = table.elements.len(),
-            bound_addresses = bound_addresses.len(),
-            ipvs_us,
-            nft_us,
-            duration_us = started.elapsed().as_micros() as u64,
-            "observed the kernel"
-        );
-        Ok(ObservedState {
-            virtual_servers,
-            bound_addresses,
-            set_elements: table.elements,
-            nft_rule_comments: table.rule_comments,
-        })
+    fn observer(
+        &mut self,
+    ) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send + 'static {
+        self.reader.clone().observe()
     }
 
     async fn observe_virtual_servers(
@@ -412,7 +326,7 @@ impl Dataplane for KernelDataplane {
     }
 
     async fn observe_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
-        self.bound_addresses().await
+        self.reader.bound_addresses().await
     }
 
     async fn observe_set_elements(&mut self) -> Result<BTreeSet<SetElement>, DataplaneError> {
@@ -530,6 +444,130 @@ impl Dataplane for KernelDataplane {
             .into_iter()
             .map(|(e, error)| (e, error.into()))
             .collect()
+    }
+}
+
+/// What a full observation reads with ([`Dataplane::observer`]): the dataplane's rtnetlink
+/// handle, and an IPVS socket and `nft` runs of its own, so that it runs as a task beside the
+/// dataplane's writes.
+#[derive(Clone)]
+struct Reader {
+    ipvs: ipvs::Handle,
+    /// `/proc/net/ip_vs` of the namespace: every virtual server's real servers in one read.
+    /// `None` when it cannot be opened or read (then one netlink dump per virtual server).
+    listing: Arc<std::sync::Mutex<Option<ProcListing>>>,
+    rtnl: rtnetlink::Handle,
+    link_index: u32,
+    nft: Nft,
+}
+
+impl Reader {
+    /// The virtual servers' specs come from one netlink service dump, their real servers from
+    /// one read of the IPVS listing that follows it ([`ipvs::procfs`]); a virtual server of the
+    /// dump the listing lacks (created in between, or skipped by a listing the table changed
+    /// under) is read over netlink, one the listing has and the dump lacks (created in between)
+    /// is left out, as a dump alone would. So each virtual server's real servers are read at one
+    /// moment, and what changed between the two reads at worst makes an op fail (`EEXIST`,
+    /// `ENOENT`) and the sync retry; it never makes the diff delete what exists and is wanted.
+    async fn observe(self) -> Result<ObservedState, DataplaneError> {
+        let started = std::time::Instant::now();
+        let services = self.ipvs.services().await?;
+        let inet: Vec<(VirtualServerKey, VirtualServerSpec)> =
+            services.iter().filter_map(observed_service).collect();
+        let listed = self.read_listing().await;
+        let (mut virtual_servers, unlisted) = take_listed(inet, listed);
+        let from_listing = virtual_servers.len();
+        // Collected first: a closure inside the stream would not be `Send` for every lifetime.
+        let ids: Vec<_> = unlisted.iter().map(|(key, _)| service_id(key)).collect();
+        let requests: Vec<_> = ids.iter().map(|id| self.ipvs.destinations(id)).collect();
+        let dests: Vec<_> = futures::stream::iter(requests)
+            .buffered(PIPELINE_DEPTH)
+            .collect()
+            .await;
+        for ((key, spec), dests) in unlisted.into_iter().zip(dests) {
+            let real_servers = match dests {
+                Ok(d) => real_servers(d),
+                // Deleted between the two dumps: it is gone.
+                Err(ipvs::Error::NoSuchService) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            virtual_servers.insert(key, ObservedVirtualServer { spec, real_servers });
+        }
+        // A table that cannot be read is an error, not an empty table: an empty one would
+        // make the diff re-add what exists and never delete a stale element. The sync fails
+        // (nothing is changed) and is retried with backoff; a missing table reads as empty.
+        let ipvs_us = started.elapsed().as_micros() as u64;
+        let table = self.nft.observe().await?;
+        let nft_us = started.elapsed().as_micros() as u64 - ipvs_us;
+        let bound_addresses = self.bound_addresses().await?;
+        tracing::debug!(
+            virtual_servers = virtual_servers.len(),
+            from_listing,
+            destination_requests = ids.len(),
+            set_elements = table.elements.len(),
+            bound_addresses = bound_addresses.len(),
+            ipvs_us,
+            nft_us,
+            duration_us = started.elapsed().as_micros() as u64,
+            "observed the kernel"
+        );
+        Ok(ObservedState {
+            virtual_servers,
+            bound_addresses,
+            set_elements: table.elements,
+            nft_rule_comments: table.rule_comments,
+        })
+    }
+
+    async fn bound_addresses(&self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
+        let mut stream = self
+            .rtnl
+            .address()
+            .get()
+            .set_link_index_filter(self.link_index)
+            .execute();
+        let mut out = BTreeSet::new();
+        while let Some(msg) = stream.try_next().await? {
+            if msg.header.index != self.link_index {
+                continue;
+            }
+            for attr in &msg.attributes {
+                if let AddressAttribute::Address(a) = attr {
+                    out.insert(*a);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One read of the IPVS listing on the blocking pool (the kernel formats the table during
+    /// the read); `None` without a listing. A listing that cannot be read or parsed is dropped
+    /// with a warning: this and every later observation read the real servers over netlink.
+    async fn read_listing(&self) -> Option<Listed> {
+        let shared = self.listing.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let mut listing = shared.lock().unwrap_or_else(|e| e.into_inner());
+            let services = listing.as_mut()?.read();
+            if services.is_err() {
+                *listing = None;
+            }
+            Some(services)
+        })
+        .await;
+        let error = match read {
+            Ok(None) => return None,
+            Ok(Some(Ok(services))) => return Some(listed(services)),
+            Ok(Some(Err(error))) => error.to_string(),
+            Err(error) => {
+                *self.listing.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                error.to_string()
+            }
+        };
+        tracing::warn!(
+            %error,
+            "cannot read the IPVS listing: reading real servers with one netlink request per virtual server from now on"
+        );
+        None
     }
 }
 

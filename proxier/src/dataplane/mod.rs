@@ -461,8 +461,21 @@ pub enum DataplaneError {
 /// [`fake::FakeDataplane`] (in memory, kernel-like errors).
 pub trait Dataplane {
     /// Read the current state: every inet virtual server with its real servers and their
-    /// connection counts, and the addresses on `kube-ipvs0`.
-    fn observe(&mut self) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send;
+    /// connection counts, the addresses on `kube-ipvs0`, kipvs's set elements and rules
+    /// ([`Dataplane::observer`], awaited).
+    fn observe(&mut self) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send {
+        self.observer()
+    }
+
+    /// The read of [`Dataplane::observe`] as a task of its own: the future holds its own
+    /// sockets (and `nft` process) and borrows nothing, so it runs beside this dataplane's
+    /// writes (a full sync reads the kernel while incremental syncs go on,
+    /// `engine::syncer::Syncer::begin_full`). What it returns is each part of the state as it
+    /// was at some moment between the future's start and its end; an entry written meanwhile
+    /// may read either way, and the caller reconciles those with what it wrote.
+    fn observer(
+        &mut self,
+    ) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send + 'static;
 
     /// Read only the virtual servers `keys` (those that exist) with their real servers and
     /// connection counts: the cheap refresh of draining real servers.

@@ -19,6 +19,7 @@ use crate::dataplane::diff::Ownership;
 use crate::dataplane::settings::{KernelSettings, SchedulerError, SettingsError};
 use crate::dataplane::{Dataplane, DataplaneError, Op};
 use crate::model::Protocol;
+use crate::model::{ObservedState, full_scope};
 use crate::plan::Touched;
 use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
@@ -100,6 +101,76 @@ pub struct Engine<D> {
     /// one the kernel admitted, or the local one), back in force should the kernel refuse the
     /// later one at the switch ([`Engine::switch`]).
     unadmitted: Option<InForce>,
+    /// Whether a periodic full sync reads the kernel in a task of its own while incremental
+    /// syncs go on ([`Engine::run`] sets it; see [`Engine::sync`]).
+    reads_beside: bool,
+    /// The observation of the periodic full sync under way beside incremental syncs.
+    observing: Option<Observing>,
+}
+
+/// The observation of a full sync, running as a task of its own ([`Syncer::begin_full`]);
+/// aborted when dropped.
+struct Observing {
+    /// When it started (the full sync's start).
+    started: Instant,
+    read: tokio::task::JoinHandle<Result<ObservedState, DataplaneError>>,
+    /// What it read, once [`Observing::wait`] saw it end.
+    done: Option<Result<ObservedState, DataplaneError>>,
+}
+
+impl Observing {
+    /// Starts the observation of a full sync on `syncer`'s dataplane, as a Tokio task.
+    fn start<D: Dataplane>(syncer: &mut Syncer<D>) -> Self {
+        Observing {
+            started: Instant::now(),
+            read: tokio::spawn(syncer.begin_full()),
+            done: None,
+        }
+    }
+
+    /// Whether it ended.
+    fn is_finished(&self) -> bool {
+        self.done.is_some() || self.read.is_finished()
+    }
+
+    /// Waits until it ended, keeping what it read; resolves at once after that.
+    async fn wait(&mut self) {
+        if self.done.is_none() {
+            self.done = Some(joined((&mut self.read).await));
+        }
+    }
+
+    /// What it read (waits for the end).
+    async fn finish(mut self) -> Result<ObservedState, DataplaneError> {
+        self.wait().await;
+        self.done.take().expect("waited")
+    }
+}
+
+impl Drop for Observing {
+    fn drop(&mut self) {
+        self.read.abort();
+    }
+}
+
+/// The outcome of the observation task (a panic or an abort is an error of the observation).
+fn joined(
+    result: Result<Result<ObservedState, DataplaneError>, tokio::task::JoinError>,
+) -> Result<ObservedState, DataplaneError> {
+    result.unwrap_or_else(|e| {
+        Err(DataplaneError::Io {
+            context: "observing the kernel".into(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    })
+}
+
+/// Resolves once the observation in `observing` (if any) ended; never without one.
+async fn observation_ended(observing: &mut Option<Observing>) {
+    match observing {
+        Some(observing) => observing.wait().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What [`Engine::admit_at_switch`] did.
@@ -140,6 +211,8 @@ impl<D: Dataplane> Engine<D> {
             takeover: None,
             kube_proxy_node_ports: BTreeSet::new(),
             unadmitted: None,
+            reads_beside: false,
+            observing: None,
         }
     }
 
@@ -352,6 +425,14 @@ impl<D: Dataplane> Engine<D> {
     /// Re-plan what changed and sync the dataplane: in full on the first sync, after a Node or
     /// configuration change and once per `ipvs.syncPeriod`; otherwise only what changed.
     ///
+    /// Inside [`run`](Self::run), a full sync that is due only because `ipvs.syncPeriod` passed
+    /// (not the first one, nor one [`Engine::switch`] asks for) does not stall the changes: its
+    /// observation of the kernel starts in a task of its own ([`Syncer::begin_full`]), the
+    /// calls meanwhile sync what changed incrementally, and the first call after the
+    /// observation ended finishes the full sync with it ([`Syncer::finish_full`], which
+    /// reconciles it with the writes made meanwhile). A re-plan of every Service meanwhile is
+    /// synced against the cache of the kernel's state, all of it in scope.
+    ///
     /// # Errors
     /// Only when the dataplane cannot be observed; nothing is changed then.
     ///
@@ -361,18 +442,29 @@ impl<D: Dataplane> Engine<D> {
         let period_over = self
             .last_full_sync
             .is_none_or(|t| t.elapsed() >= self.planner.config().ipvs.sync_period);
-        if period_over {
+        let beside =
+            self.reads_beside && self.last_full_sync.is_some() && self.syncer.cached().is_some();
+        if !beside {
+            // A full sync that reads inline: an observation under way is dropped.
+            self.observing = None;
+        }
+        let finished = self.observing.take_if(|o| o.is_finished());
+        let starting = beside && period_over && self.observing.is_none() && finished.is_none();
+        if period_over && (!beside || starting) {
             self.refresh_other_interface_addresses().await;
         }
         let (replanned, trigger_times) = self.replan();
-        // What changed, unless the whole table is due.
+        if starting {
+            self.observing = Some(Observing::start(&mut self.syncer));
+        }
+        let all = matches!(replanned, Replanned::All);
+        let full = finished.is_some() || (!beside && (period_over || all));
+        // What changed, unless this sync is a full one.
         let touched = match &replanned {
-            Replanned::Touched(touched) if !period_over => Some(touched),
+            Replanned::Touched(touched) if !full => Some(touched),
             _ => None,
         };
-        if touched.is_none()
-            && let Some(takeover) = self.takeover.as_mut()
-        {
+        if full && let Some(takeover) = self.takeover.as_mut() {
             let kubelet_version = self
                 .source
                 .with_store(|store| store.kubelet_version().map(str::to_owned));
@@ -388,23 +480,30 @@ impl<D: Dataplane> Engine<D> {
         }
         self.syncer.ownership = self.ownership();
         let desired = self.planner.desired();
-        let result = match touched {
-            Some(touched) => self.syncer.sync_touched(desired, touched).await,
-            None => {
-                let result = self.syncer.sync(desired).await;
-                if result.is_ok() {
-                    self.last_full_sync = Some(Instant::now());
-                }
-                result
+        let result = match (touched, finished) {
+            (Some(touched), _) => self.syncer.sync_touched(desired, touched).await,
+            (None, Some(observing)) => {
+                let started = observing.started;
+                let observed = observing.finish().await;
+                self.syncer.finish_full(desired, observed, started).await
             }
+            (None, None) if !full => {
+                let cache = self.syncer.cached().expect("beside: a cache");
+                let everything = full_scope(desired, cache);
+                self.syncer.sync_touched(desired, &everything).await
+            }
+            (None, None) => self.syncer.sync(desired).await,
         };
-        self.tell_observers(&result, touched, &trigger_times);
+        if full && result.is_ok() {
+            self.last_full_sync = Some(Instant::now());
+        }
+        self.tell_observers(&result, full, touched, &trigger_times);
         self.report_sync(&result);
         if let Ok(report) = &result {
             self.probe_schedulers(report).await;
             // After the observers: removing kube-proxy's rules runs processes (in a task of its
             // own), and the sync's outcome (health, status) does not wait for them.
-            if let Some(takeover) = self.takeover.as_mut().filter(|_| touched.is_none()) {
+            if let Some(takeover) = self.takeover.as_mut().filter(|_| full) {
                 takeover.after_full_sync(report, &self.observer).await;
             }
         }
@@ -462,16 +561,19 @@ impl<D: Dataplane> Engine<D> {
         })
     }
 
-    /// Tells the observers how the sync of `touched` (`None`: the whole table) ended.
+    /// Tells the observers how the sync of `touched` (`None`: the whole table; `full`: it
+    /// observed the kernel) ended.
     fn tell_observers(
         &self,
         result: &Result<SyncReport, DataplaneError>,
+        full: bool,
         touched: Option<&Touched>,
         trigger_times: &[SystemTime],
     ) {
         let (no_local_endpoints, terminating_fallback_services) = self.planner.counts();
         self.observer.sync_finished(&SyncOutcome {
             result,
+            full,
             desired: self.planner.desired(),
             real_servers: self.planner.real_servers(),
             health_check_changes: touched.map(|touched| &touched.health_check_node_ports),
@@ -531,6 +633,7 @@ impl<D: Dataplane> Engine<D> {
     /// (never flushed).
     pub async fn run(&mut self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
+        self.reads_beside = true;
         let source = self.source.clone();
         tokio::select! {
             _ = &mut shutdown => return,
@@ -629,7 +732,8 @@ impl<D: Dataplane> Engine<D> {
     /// is known). Checks the draining real servers every [`DRAIN_CHECK_INTERVAL`] meanwhile,
     /// and, while the proxier programs on a node it may have taken over from kube-proxy, the
     /// takeover's progress and kube-proxy's return when due ([`Engine::look_due`]; kube-proxy
-    /// back triggers the next turn, which writes nothing). While the proxier writes nothing
+    /// back triggers the next turn, which writes nothing), and the end of a full sync's
+    /// observation running beside the syncs ([`Engine::sync`]). While the proxier writes nothing
     /// ([`Engine::switch`]) only `period` and a new assignment count, and no drain is
     /// checked. False when `shutdown` resolved first.
     async fn wait_for_sync(
@@ -643,19 +747,23 @@ impl<D: Dataplane> Engine<D> {
         let resync = tokio::time::sleep(period);
         tokio::pin!(resync);
         let programs = self.takeover.as_ref().is_none_or(|t| t.programs());
-        loop {
+        // Out of `self` while waiting, so that the branches below may borrow `self`.
+        let mut observing = self.observing.take();
+        let woke = loop {
             let draining = programs && !self.syncer.drains().is_empty();
             tokio::select! {
-                _ = &mut *shutdown => return false,
-                _ = source.changed(), if programs => return true,
-                _ = &mut resync => return true,
+                _ = &mut *shutdown => break false,
+                _ = source.changed(), if programs => break true,
+                _ = &mut resync => break true,
+                // The full sync's observation ended: the next sync finishes it.
+                _ = observation_ended(&mut observing), if programs => break true,
                 next = next_assigned(assigned) => {
                     if std::mem::take(unreadable) && next != Assigned::Unknown {
                         tracing::info!("the node's NodeProxyConfig is readable now");
                         self.observer.resource_unavailable(NODE_PROXY_CONFIGS_RESOURCE, false);
                     }
                     self.apply_assigned(next).await;
-                    return true;
+                    break true;
                 }
                 _ = tokio::time::sleep(DRAIN_CHECK_INTERVAL), if draining => {
                     if let Err(e) = self.check_drains().await {
@@ -664,11 +772,13 @@ impl<D: Dataplane> Engine<D> {
                 }
                 _ = self.look_due() => {
                     if self.look_between_syncs().await {
-                        return true;
+                        break true;
                     }
                 }
             }
-        }
+        };
+        self.observing = observing;
+        woke
     }
 }
 
@@ -905,6 +1015,84 @@ ports: [{name: http, port: 8080, protocol: TCP}]
             assert!(report.ops.is_empty(), "{:?}", report.ops);
             assert_eq!(engine.dataplane().state, programmed);
         }
+    }
+
+    /// Issue 32: a change made while the periodic full sync reads the kernel (slowly, as
+    /// `nft -j list table` and the IPVS dump at 10k Services) reaches the dataplane without
+    /// waiting for that read, and the full sync that ends after the read neither undoes nor
+    /// repeats it: its observation, taken before the change, is reconciled with it.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_does_not_wait_for_the_full_syncs_read() {
+        use crate::dataplane::fake::FakeEvent;
+        const READ: Duration = Duration::from_secs(5);
+        let m = Manifests::new("beside", &WEB.replace("READY", "true"));
+        let (events, mut heard) = tokio::sync::mpsc::unbounded_channel();
+        let fake = FakeDataplane {
+            observe_delay: READ,
+            events: Some(events),
+            ..Default::default()
+        };
+        let mut engine = m.engine(fake);
+        let period = engine.planner().config().ipvs.sync_period;
+        let seen = m.source.load_into(&m.handle, None).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(async move {
+            engine
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+            engine
+        });
+        let mut next = async || heard.recv().await.expect("the engine runs");
+        // The first full sync reads inline (there is nothing to sync beside it yet).
+        assert_eq!(next().await.1, FakeEvent::ObserveStarted);
+        assert_eq!(next().await.1, FakeEvent::ObserveEnded);
+        let (first_done, _) = next().await; // its first op
+        // The periodic one: its read starts a syncPeriod later and takes READ.
+        let read_started = loop {
+            match next().await {
+                (at, FakeEvent::ObserveStarted) => break at,
+                (_, FakeEvent::Applied(_)) => {}
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(read_started - first_done >= period);
+        // Within that read, the endpoint stops being ready.
+        tokio::time::sleep(READ / 5).await;
+        std::fs::write(&m.file, WEB.replace("READY", "false")).unwrap();
+        let written = Instant::now();
+        m.source.load_into(&m.handle, seen.as_ref()).unwrap();
+        let (applied, event) = next().await;
+        let FakeEvent::Applied(op) = event else {
+            panic!("the change waited for the read: {event:?}");
+        };
+        assert_eq!(op.name(), "DeleteRealServer", "{op}");
+        assert!(applied < read_started + READ);
+        assert!(
+            applied - written < Duration::from_millis(10),
+            "{:?}",
+            applied - written
+        );
+        let (read_ended, event) = next().await;
+        assert_eq!(event, FakeEvent::ObserveEnded);
+        assert_eq!(read_ended, read_started + READ);
+        // The full sync ends with that read, and applies nothing: no op is repeated (the read
+        // saw the real server still there) nor undone.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.send(()).unwrap();
+        let engine = running.await.unwrap();
+        assert!(heard.try_recv().is_err(), "the full sync wrote again");
+        assert!(engine.last_full_sync.is_some_and(|t| t >= read_ended));
+        assert_eq!(engine.dataplane().full_observes, 2);
+        assert_eq!(engine.syncer().in_doubt().count(), 0);
+        let vs = engine.dataplane().state.virtual_servers.values().next();
+        assert!(vs.unwrap().real_servers.is_empty());
+        assert_eq!(
+            engine.syncer().cached(),
+            Some(&engine.dataplane().state),
+            "the cache follows the kernel"
+        );
     }
 
     /// Log lines, every level, of this thread's spans and events while the guard lives.

@@ -104,6 +104,10 @@ impl Observer for Vec<Arc<dyn Observer>> {
 pub struct SyncOutcome<'a> {
     /// The sync's result (`Err`: the dataplane could not be observed; nothing was changed).
     pub result: &'a Result<SyncReport, DataplaneError>,
+    /// Whether it was a full sync: it observed the whole kernel and diffed every Service
+    /// (at start, every `ipvs.syncPeriod`, at a switch), its duration from the start of that
+    /// observation ([`super::syncer::SyncKind::Full`]).
+    pub full: bool,
     /// The desired state synced towards.
     pub desired: &'a DesiredState,
     /// Real servers in `desired` (kept by the planner's index, not counted per sync).

@@ -46,9 +46,34 @@ use crate::model::{
 };
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// What a sync looked at (logged with it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    /// It observed the whole kernel and diffed everything ([`Syncer::sync`],
+    /// [`Syncer::finish_full`]).
+    Full,
+    /// It diffed what a change touched against the cache ([`Syncer::sync_touched`]); every
+    /// Service after a re-plan of all of them.
+    Incremental,
+    /// It re-read the virtual servers of draining real servers ([`Syncer::check_drains`]).
+    DrainCheck,
+}
+
+impl SyncKind {
+    /// As logged (`kind=full`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncKind::Full => "full",
+            SyncKind::Incremental => "incremental",
+            SyncKind::DrainCheck => "drain check",
+        }
+    }
+}
 
 /// The outcome of one sync.
 #[derive(Debug)]
@@ -57,7 +82,8 @@ pub struct SyncReport {
     pub ops: Vec<Op>,
     /// Those that failed.
     pub failures: Vec<OpFailure>,
-    /// Wall time of observe + diff + apply + conntrack cleanup.
+    /// Wall time of observe + diff + apply + conntrack cleanup (of a full sync whose
+    /// observation ran beside incremental syncs, from the start of that observation).
     pub duration: Duration,
     /// What the UDP conntrack cleanup did ([`crate::dataplane::conntrack`]); zero when it did not run.
     pub conntrack: CleanupReport,
@@ -220,6 +246,9 @@ pub struct Syncer<D> {
     /// successful conntrack cleanup: the entries the next cleanup lists (the entries of a
     /// deleted one are stale whatever their real server).
     udp_changed: BTreeSet<VirtualServerKey>,
+    /// While a full observation runs ([`Syncer::begin_full`]): the cache entries written (or
+    /// re-read) since it started, where the cache knows better than the observation.
+    written: Option<BTreeSet<Entry>>,
 }
 
 impl<D: Dataplane> Syncer<D> {
@@ -233,6 +262,7 @@ impl<D: Dataplane> Syncer<D> {
             in_doubt: BTreeMap::new(),
             drains: Drains::default(),
             udp_changed: BTreeSet::new(),
+            written: None,
         }
     }
 
@@ -266,20 +296,63 @@ impl<D: Dataplane> Syncer<D> {
         self.in_doubt.values().map(|b| b.due).min()
     }
 
-    /// Full sync: observe everything, diff everything, apply.
+    /// Full sync: observe everything, diff everything, apply ([`begin_full`](Self::begin_full)
+    /// and [`finish_full`](Self::finish_full) with nothing in between).
     ///
     /// Errors: only when the dataplane cannot be observed (nothing is changed then); failed
     /// ops are reported in [`SyncReport::failures`] and retried by the next sync.
-    #[tracing::instrument(name = "sync", skip_all, fields(kind = "full"))]
     pub async fn sync(&mut self, desired: &DesiredState) -> Result<SyncReport, DataplaneError> {
         let start = Instant::now();
-        let observed = self.dataplane.observe().await?;
-        let scope = full_scope(desired, &observed);
+        let observed = self.begin_full().await;
+        self.finish_full(desired, observed, start).await
+    }
+
+    /// Starts the observation of a full sync: the read of the whole kernel, as a future that
+    /// borrows nothing ([`Dataplane::observer`]), to run beside incremental syncs
+    /// ([`sync_touched`](Self::sync_touched), [`check_drains`](Self::check_drains)); from now
+    /// on, until [`finish_full`](Self::finish_full), the syncer notes every cache entry they
+    /// write or re-read.
+    pub fn begin_full(
+        &mut self,
+    ) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send + 'static {
+        self.written = Some(BTreeSet::new());
+        self.dataplane.observer()
+    }
+
+    /// Finishes the full sync [`begin_full`](Self::begin_full) started at `start` with what it
+    /// `observed`: the observation, reconciled with the writes made while it ran, becomes the
+    /// cache, everything is diffed against it and applied.
+    ///
+    /// Reconciled: an entry written or re-read while the observation ran (a virtual server with
+    /// its real servers, an address, a set element, the rules) keeps the cache's state, which
+    /// follows those writes; the observation may have read that entry before them. Every other
+    /// entry takes the observation's state (what others changed in the kernel, connection
+    /// counts). So a full sync never undoes nor repeats a write made while it observed; an
+    /// entry left in doubt by one of them is not in its scope and keeps its own retry.
+    ///
+    /// Errors: only when the dataplane could not be observed (nothing is changed then).
+    #[tracing::instrument(name = "sync", skip_all, fields(kind = "full"))]
+    pub async fn finish_full(
+        &mut self,
+        desired: &DesiredState,
+        observed: Result<ObservedState, DataplaneError>,
+        start: Instant,
+    ) -> Result<SyncReport, DataplaneError> {
+        let written = self.written.take().unwrap_or_default();
+        let mut observed = observed?;
+        if let Some(cache) = &self.cache {
+            reconcile(&mut observed, cache, &written);
+        }
+        let mut scope = full_scope(desired, &observed);
+        for entry in written.iter().filter(|e| self.in_doubt.contains_key(e)) {
+            entry.set_in(&mut scope, false);
+        }
         let expired = self.expired(start);
         let mut ops = diff_scoped(desired, &observed, &self.ownership, &scope, &expired);
         first_the_api_server(desired, &mut ops);
         self.cache = Some(observed);
-        self.apply(desired, ops, &scope, start, "full").await
+        self.apply(desired, ops, &scope, start, SyncKind::Full)
+            .await
     }
 
     /// Incremental sync of what `touched` names, against the cached kernel state; a full
@@ -341,12 +414,14 @@ impl<D: Dataplane> Syncer<D> {
         let expired = self.expired(start);
         let cache = self.cache.as_ref().expect("checked");
         let ops = diff_scoped(desired, cache, &self.ownership, &scope, &expired);
-        self.apply(desired, ops, &scope, start, "incremental").await
+        self.apply(desired, ops, &scope, start, SyncKind::Incremental)
+            .await
     }
 
     /// Re-read the virtual servers `keys` from the kernel into the cache.
     async fn refresh(&mut self, keys: &[VirtualServerKey]) -> Result<(), DataplaneError> {
         let fresh = self.dataplane.observe_virtual_servers(keys).await?;
+        self.note_written(keys.iter().map(|k| Entry::VirtualServer(*k)));
         let cache = self.cache.as_mut().expect("refresh needs a cache");
         for key in keys {
             match fresh.get(key) {
@@ -360,6 +435,7 @@ impl<D: Dataplane> Syncer<D> {
     /// Re-read whether each of `addresses` is bound on `kube-ipvs0` into the cache.
     async fn refresh_addresses(&mut self, addresses: &[IpAddr]) -> Result<(), DataplaneError> {
         let bound = self.dataplane.observe_addresses().await?;
+        self.note_written(addresses.iter().map(|a| Entry::Address(*a)));
         let cache = self.cache.as_mut().expect("refresh needs a cache");
         copy_membership(&mut cache.bound_addresses, &bound, addresses);
         Ok(())
@@ -372,6 +448,7 @@ impl<D: Dataplane> Syncer<D> {
         elements: &[SetElement],
     ) -> Result<(), DataplaneError> {
         let present = self.dataplane.observe_set_elements().await?;
+        self.note_written(elements.iter().map(|e| Entry::SetElement(*e)));
         let cache = self.cache.as_mut().expect("refresh needs a cache");
         copy_membership(&mut cache.set_elements, &present, elements);
         Ok(())
@@ -403,7 +480,8 @@ impl<D: Dataplane> Syncer<D> {
             ..Scope::default()
         };
         let ops = diff_scoped(desired, cache, &self.ownership, &scope, &expired);
-        self.apply(desired, ops, &scope, start, "drain check").await
+        self.apply(desired, ops, &scope, start, SyncKind::DrainCheck)
+            .await
     }
 
     /// Draining real servers past their maximum drain time at `now`.
@@ -420,7 +498,7 @@ impl<D: Dataplane> Syncer<D> {
         ops: Vec<Op>,
         scope: &Scope,
         start: Instant,
-        kind: &str,
+        kind: SyncKind,
     ) -> Result<SyncReport, DataplaneError> {
         for op in &ops {
             tracing::debug!(target: OPS_LOG, "{op}");
@@ -452,12 +530,12 @@ impl<D: Dataplane> Syncer<D> {
         }
         let cleaning = Instant::now();
         let conntrack = self
-            .clean_conntrack(desired, &ops, &failures, kind == "full")
+            .clean_conntrack(desired, &ops, &failures, kind == SyncKind::Full)
             .await;
         let conntrack_us = cleaning.elapsed().as_micros() as u64;
         let duration = start.elapsed();
         tracing::info!(
-            kind,
+            kind = kind.name(),
             ops = ops.len(),
             failed = failures.len(),
             draining = self.drains.len(),
@@ -475,10 +553,19 @@ impl<D: Dataplane> Syncer<D> {
         })
     }
 
+    /// Notes `entries` as written while a full observation runs (see
+    /// [`finish_full`](Self::finish_full)); nothing when none runs.
+    fn note_written(&mut self, entries: impl IntoIterator<Item = Entry>) {
+        if let Some(written) = &mut self.written {
+            written.extend(entries);
+        }
+    }
+
     /// Folds the applied `ops` into the cache, except those on an entry in doubt (`failed`):
     /// it is re-read (or re-diffed) when retried. An op the cache cannot fold puts its entry in
     /// doubt too.
     fn fold_into_cache(&mut self, ops: &[Op], failed: &mut BTreeSet<Entry>) {
+        self.note_written(ops.iter().map(Entry::of));
         let Some(cache) = &mut self.cache else {
             return;
         };
@@ -619,6 +706,34 @@ impl<D: Dataplane> Syncer<D> {
         CleanupReport {
             deleted: stale.len() - failed.len(),
             failed: failed.len(),
+        }
+    }
+}
+
+/// Gives `observed` the `cache`'s state of each `written` entry (see [`Syncer::finish_full`]).
+/// O(written · log n).
+fn reconcile(observed: &mut ObservedState, cache: &ObservedState, written: &BTreeSet<Entry>) {
+    for entry in written {
+        match entry {
+            Entry::VirtualServer(key) => match cache.virtual_servers.get(key) {
+                Some(vs) => {
+                    observed.virtual_servers.insert(*key, vs.clone());
+                }
+                None => {
+                    observed.virtual_servers.remove(key);
+                }
+            },
+            Entry::Address(address) => copy_membership(
+                &mut observed.bound_addresses,
+                &cache.bound_addresses,
+                &[*address],
+            ),
+            Entry::SetElement(element) => {
+                copy_membership(&mut observed.set_elements, &cache.set_elements, &[*element])
+            }
+            Entry::Rules => observed
+                .nft_rule_comments
+                .clone_from(&cache.nft_rule_comments),
         }
     }
 }

@@ -8,7 +8,8 @@
 //! | metric | type | meaning |
 //! |---|---|---|
 //! | **sync** | | |
-//! | `kubeproxy_sync_proxy_rules_duration_seconds` | histogram (1 ms × 2ⁿ, 15 buckets) | wall time of one sync (observe, diff, apply) |
+//! | `kubeproxy_sync_proxy_rules_duration_seconds` | histogram (1 ms × 2ⁿ, 15 buckets) | wall time of one sync (observe, diff, apply), incremental and full alike |
+//! | `kipvs_full_sync_duration_seconds` | histogram (1 ms × 2ⁿ, 18 buckets) | wall time of one full sync only (at start, every `ipvs.syncPeriod`, at a switch): from the start of its observation of the whole kernel (which runs beside the incremental syncs) to the end of its diff and apply |
 //! | `kubeproxy_sync_proxy_rules_last_timestamp_seconds` | gauge | Unix time of the last successful sync |
 //! | `kubeproxy_network_programming_duration_seconds` | histogram (0.25 s … 300 s) | from an EndpointSlice's `endpoints.kubernetes.io/last-change-trigger-time` to the end of the sync that programmed it |
 //! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed), the name of a failed op (`AddRealServer`, ...), or `conntrack` (a UDP conntrack listing or delete failed) |
@@ -129,6 +130,7 @@ pub const PROXY_MODE: &str = "ipvs";
 #[derive(Clone)]
 struct SyncMetrics {
     duration: Histogram,
+    full_duration: Histogram,
     last_success: Gauge,
     network_programming: Histogram,
     errors: IntCounterVec,
@@ -142,6 +144,13 @@ impl SyncMetrics {
                 "kubeproxy_sync_proxy_rules_duration_seconds",
                 "SyncProxyRules latency in seconds",
                 prometheus::exponential_buckets(0.001, 2.0, 15).expect("valid buckets"),
+                r
+            )
+            .expect(VALID),
+            full_duration: register_histogram_with_registry!(
+                "kipvs_full_sync_duration_seconds",
+                "Full sync latency in seconds: observe the whole kernel, diff, apply",
+                prometheus::exponential_buckets(0.001, 2.0, 18).expect("valid buckets"),
                 r
             )
             .expect(VALID),
@@ -174,10 +183,19 @@ impl SyncMetrics {
         }
     }
 
-    /// Records a sync that observed the dataplane and finished at `now`, with the EndpointSlice
-    /// change `trigger_times` it programmed.
-    fn succeeded(&self, report: &SyncReport, trigger_times: &[SystemTime], now: SystemTime) {
+    /// Records a sync (`full`: a full one) that observed the dataplane and finished at `now`,
+    /// with the EndpointSlice change `trigger_times` it programmed.
+    fn succeeded(
+        &self,
+        report: &SyncReport,
+        full: bool,
+        trigger_times: &[SystemTime],
+        now: SystemTime,
+    ) {
         self.duration.observe(report.duration.as_secs_f64());
+        if full {
+            self.full_duration.observe(report.duration.as_secs_f64());
+        }
         self.last_success.set(unix_seconds(now));
         for failure in &report.failures {
             self.errors.with_label_values(&[failure.op.name()]).inc();
@@ -541,8 +559,9 @@ impl Observer for Metrics {
             self.sync.errors.with_label_values(&["observe"]).inc();
             return;
         };
+        let now = SystemTime::now();
         self.sync
-            .succeeded(report, outcome.trigger_times, SystemTime::now());
+            .succeeded(report, outcome.full, outcome.trigger_times, now);
         self.table.synced(outcome);
         for scheduler in outcome.unavailable_schedulers {
             self.inputs
@@ -559,4 +578,50 @@ pub fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .filter(|line| !line.starts_with('#'))
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::conntrack::CleanupReport;
+    use crate::model::DesiredState;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::Duration;
+
+    /// Full syncs have a histogram of their own; kube-proxy's counts every sync (issue 32: the
+    /// periodic full sync compared with kube-proxy's is read from full syncs only).
+    #[test]
+    fn full_syncs_have_their_own_histogram() {
+        let metrics = Metrics::new();
+        let desired = DesiredState::default();
+        let (drains, schedulers) = (BTreeMap::new(), BTreeSet::new());
+        for (full, seconds) in [(true, 2.0), (false, 0.001), (false, 0.002)] {
+            let result = Ok(SyncReport {
+                ops: Vec::new(),
+                failures: Vec::new(),
+                duration: Duration::from_secs_f64(seconds),
+                conntrack: CleanupReport::default(),
+            });
+            metrics.sync_finished(&SyncOutcome {
+                result: &result,
+                full,
+                desired: &desired,
+                real_servers: 0,
+                health_check_changes: None,
+                no_local_endpoints: Default::default(),
+                terminating_fallback_services: 0,
+                drains: &drains,
+                unavailable_schedulers: &schedulers,
+                trigger_times: &[],
+            });
+        }
+        let text = metrics.encode();
+        let value = |name: &str| sample(&text, name).unwrap_or_else(|| panic!("{name}: {text}"));
+        assert_eq!(value("kipvs_full_sync_duration_seconds_count"), 1.0);
+        assert_eq!(value("kipvs_full_sync_duration_seconds_sum"), 2.0);
+        assert_eq!(
+            value("kubeproxy_sync_proxy_rules_duration_seconds_count"),
+            3.0
+        );
+    }
 }
