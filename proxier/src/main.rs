@@ -20,7 +20,8 @@ use kipvs_proxier::serve::grpc;
 use kipvs_proxier::serve::health::{self, ProxyHealth, ServiceHealthServers};
 use kipvs_proxier::serve::metrics::Metrics;
 use kipvs_proxier::source::SourceHandle;
-use kipvs_proxier::source::kube::KubeSource;
+use kipvs_proxier::source::apiserver::{self, ApiPath, Memory};
+use kipvs_proxier::source::kube::{Contact, KubeSource};
 use kipvs_proxier::source::manifests::ManifestsSource;
 use kipvs_proxier::source::node_config::{self, Assigned};
 use kipvs_proxier::{format, inspect};
@@ -93,49 +94,30 @@ enum DataplaneKind {
 
 /// How to reach the Kubernetes API server (ignored with --manifests).
 ///
-/// The default, the in-cluster configuration, reaches it through the `kubernetes` Service's
-/// ClusterIP: on a node where kipvs is the only service proxy nothing programs that address
-/// before kipvs has synced, so such clusters name the API server itself, with `--master` (or
-/// `KIPVS_MASTER`, as the DaemonSet in `config/` sets it from the ConfigMap `kipvs-apiserver`) or
-/// a kubeconfig naming the control-plane endpoint (kubeadm's kube-proxy kubeconfig works as it is).
+/// The server, first given first: `--master` (`KIPVS_MASTER`: the DaemonSet in `config/` sets
+/// it from the optional ConfigMap `kipvs-apiserver`); the server of `--kubeconfig`; an address
+/// remembered on the node (`--remember-apiserver`: the first that accepts a connection, else
+/// the default's if it does, else the first); the default configuration ($KUBECONFIG,
+/// ~/.kube/config, else in-cluster: the `kubernetes` Service's ClusterIP, which on a node where
+/// kipvs is the only service proxy only kipvs programs, so a takeover waits until an address is
+/// remembered).
 #[derive(clap::Args)]
 struct ApiArgs {
-    /// kubeconfig for the Kubernetes API; default: in-cluster config, then $KUBECONFIG or
-    /// ~/.kube/config.
+    /// kubeconfig for the Kubernetes API; default: $KUBECONFIG or ~/.kube/config, then the
+    /// in-cluster config.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// The API server's address, `https://host:port` or `host:port` (kube-proxy's `--master`):
-    /// replaces the server of the kubeconfig or of the in-cluster configuration, whose
-    /// credentials and CA stay in use.
-    #[arg(long, env = "KIPVS_MASTER", value_parser = parse_master)]
+    /// The API server's address, `https://host:port` or `host:port` (kube-proxy's `--master`;
+    /// `http://` is refused): replaces the server of the kubeconfig or of the in-cluster
+    /// configuration, whose credentials and CA stay in use.
+    #[arg(long, env = "KIPVS_MASTER", value_parser = apiserver::parse_master)]
     master: Option<http::Uri>,
-}
-
-/// `--master`: a URL, or `host:port` / `host` taken as `https://`.
-fn parse_master(text: &str) -> Result<http::Uri, String> {
-    let text = text.trim();
-    let url = if text.contains("://") {
-        text.to_owned()
-    } else {
-        format!("https://{text}")
-    };
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("{text:?} is not an API server address: {e}"))?;
-    // `http` leaves a port that is not a number unchecked.
-    let authority = uri.authority().map_or("", |a| a.as_str());
-    let after_host = authority
-        .rsplit_once(']')
-        .map_or(authority, |(_, rest)| rest);
-    let port_ok = after_host
-        .rsplit_once(':')
-        .is_none_or(|(_, port)| port.parse::<u16>().is_ok());
-    match (uri.scheme_str(), uri.host()) {
-        (Some("https" | "http"), Some(_)) if port_ok => Ok(uri),
-        _ => Err(format!(
-            "{text:?} is not an API server address (expected https://host:port or host:port)"
-        )),
-    }
+    /// File of the API server's addresses remembered on the node: read at start when neither
+    /// --master nor --kubeconfig is given; `run` writes the ready endpoints of the `kubernetes`
+    /// EndpointSlices into it whenever they change (the DaemonSet: /var/lib/kipvs/apiserver on a
+    /// hostPath, so that a reboot finds the API server without the ClusterIP).
+    #[arg(long, env = "KIPVS_REMEMBER_APISERVER")]
+    remember_apiserver: Option<PathBuf>,
 }
 
 /// The Kubernetes API and the proxier's own servers (`run` only).
@@ -153,6 +135,12 @@ struct ClusterArgs {
     /// "kipvs.io/healthz" mirrors /healthz); off when not given.
     #[arg(long)]
     grpc_health_bind_address: Option<SocketAddr>,
+    /// `ip:port` of a second HTTP server of /livez, /readyz and /healthz for the kubelet's HTTP
+    /// probes (kubelets before 1.24: `config-http-probes/`), held all along: the healthz port
+    /// is left to kube-proxy while the proxier stands by, where its answers would be
+    /// kube-proxy's; off when not given.
+    #[arg(long)]
+    probe_bind_address: Option<SocketAddr>,
     /// Address health-check node ports listen on; default: every address (`::`, else
     /// `0.0.0.0`).
     #[arg(long)]
@@ -172,6 +160,13 @@ struct ClusterArgs {
     /// without it the proxier stays in standby and reports its revision Failed.
     #[arg(long)]
     allow_connection_changes: bool,
+    /// Written to /proc/self/oom_score_adj at start (kube-proxy's `oomScoreAdj`, whose
+    /// default -999 the DaemonSet in `config/` passes), so that the kernel's OOM killer takes
+    /// the proxier last; not written when not given. Lowering it needs CAP_SYS_RESOURCE (a
+    /// privileged container); a failure is logged and the proxier goes on.
+    #[arg(long, env = "KIPVS_OOM_SCORE_ADJ", allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i32).range(-1000..=1000))]
+    oom_score_adj: Option<i32>,
     /// Test only, with --dataplane=fake: simulate a kernel without this IPVS scheduler module
     /// (a configuration using it is reported Failed). Repeatable.
     #[arg(long, value_name = "NAME", hide = true, requires = "dataplane")]
@@ -259,9 +254,13 @@ fn manifests_source(args: &SourceArgs) -> anyhow::Result<ManifestsSource> {
     })
 }
 
-/// A client from `--kubeconfig`, or the default (in-cluster, then $KUBECONFIG / ~/.kube/config),
-/// with its server replaced by `--master` when given.
-async fn kube_client(api: &ApiArgs) -> anyhow::Result<kube::Client> {
+/// A client from `--kubeconfig`, or the default ($KUBECONFIG / ~/.kube/config, then
+/// in-cluster), with its server chosen by [`apiserver::choose_server`] (`--master`, the
+/// remembered addresses); and whether the API is reached only through a ClusterIP with nothing
+/// remembered ([`ApiPath`]) and its sender.
+async fn kube_client(
+    api: &ApiArgs,
+) -> anyhow::Result<(kube::Client, watch::Sender<Option<String>>, ApiPath)> {
     let mut config = match &api.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -270,11 +269,41 @@ async fn kube_client(api: &ApiArgs) -> anyhow::Result<kube::Client> {
         }
         None => kube::Config::infer().await?,
     };
-    if let Some(master) = &api.master {
-        config.cluster_url = master.clone();
+    let remembered = match &api.remember_apiserver {
+        Some(path) if api.master.is_none() && api.kubeconfig.is_none() => {
+            Memory { path: path.clone() }.read()
+        }
+        _ => Vec::new(),
+    };
+    let (answering, default_answers) = if remembered.is_empty() {
+        (Vec::new(), false)
+    } else {
+        let probes = remembered.iter().map(apiserver::answers);
+        tokio::join!(
+            futures::future::join_all(probes),
+            apiserver::answers(&config.cluster_url)
+        )
+    };
+    let choice = apiserver::choose_server(
+        api.master.as_ref(),
+        api.kubeconfig.is_some(),
+        &remembered,
+        |uri| {
+            let i = remembered.iter().position(|r| r == uri);
+            i.is_some_and(|i| answering[i])
+        },
+        default_answers,
+    );
+    if let Some(server) = &choice.server {
+        config.cluster_url = server.clone();
     }
-    tracing::info!(server = %config.cluster_url, "Kubernetes API server");
-    Ok(kube::Client::try_from(config)?)
+    let origin = choice.origin.describe();
+    tracing::info!(server = %config.cluster_url, origin, "Kubernetes API server");
+    let (tx, path) = ApiPath::of(choice.origin, &remembered);
+    if let Some(why) = path.refusal() {
+        tracing::warn!("a takeover from kube-proxy waits: {why}");
+    }
+    Ok((kube::Client::try_from(config)?, tx, path))
 }
 
 /// What [`start`] started.
@@ -314,7 +343,7 @@ async fn start(
     let observer: Arc<dyn Observer> = Arc::new(observers);
     let handle = SourceHandle::gated().with_observer(observer.clone());
     serve(cluster, config, &metrics, &health, ports)?;
-    let follow = start_source(args, &cluster.api, &handle).await?;
+    let follow = start_source(args, &cluster.api, &handle, &health).await?;
     Ok(Started {
         handle,
         observer,
@@ -391,6 +420,13 @@ fn serve(
         None,
     ));
     tracing::info!(%healthz_addr, %metrics_addr, "serving /healthz, /livez and /metrics");
+    if let Some(addr) = cluster.probe_bind_address {
+        let held = watch::channel(true).1;
+        let routes = health.routes(metrics);
+        let server = serve_while(addr, "probe", routes, metrics.clone(), held, None);
+        tokio::spawn(server);
+        tracing::info!(%addr, "serving /livez, /readyz and /healthz for the kubelet's probes");
+    }
     if let Some(addr) = cluster.grpc_health_bind_address {
         let (health, m) = (health.clone(), metrics.clone());
         tokio::spawn(async move {
@@ -446,7 +482,8 @@ async fn serve_while<F>(
 }
 
 /// Starts the source of `args` writing into `handle`: the manifests (they also hold the node's
-/// NodeProxyConfig), or the Kubernetes API of `api`.
+/// NodeProxyConfig), or the Kubernetes API of `api` (its contact followed by `health`, the API
+/// server's addresses remembered in `--remember-apiserver`).
 ///
 /// # Errors
 /// No API client can be made from `api`.
@@ -454,6 +491,7 @@ async fn start_source(
     args: &SourceArgs,
     api: &ApiArgs,
     handle: &SourceHandle,
+    health: &ProxyHealth,
 ) -> anyhow::Result<Follow> {
     if args.manifests.is_some() {
         let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
@@ -464,19 +502,28 @@ async fn start_source(
         tokio::spawn(source.watch(handle.clone()));
         return Ok(Follow::Manifests(assigned));
     }
-    let client = kube_client(api).await?;
+    let (client, path_tx, path) = kube_client(api).await?;
     let source = KubeSource {
         client: client.clone(),
         node_name: args.node.clone(),
     };
-    tokio::spawn(source.run(handle.clone()));
-    Ok(Follow::Api(client))
+    let contact = Contact::default();
+    health.follow_sources(contact.subscribe());
+    if let Some(file) = &api.remember_apiserver {
+        let memory = Memory { path: file.clone() };
+        let store = handle.clone();
+        let urls = move || store.with_store(|store| apiserver::api_server_urls(store));
+        tokio::spawn(memory.keep(urls, contact.subscribe(), path_tx));
+    }
+    tokio::spawn(source.run_in(handle.clone(), contact));
+    Ok(Follow::Api(client, path))
 }
 
 /// Where the node's NodeProxyConfig comes from.
 enum Follow {
-    /// Watched on the API server; status written back there.
-    Api(kube::Client),
+    /// Watched on the API server; status written back there. With whether the API is reached
+    /// without a ClusterIP in the way.
+    Api(kube::Client, ApiPath),
     /// Read from the manifests (offline runs, the VM tests); status logged.
     Manifests(watch::Receiver<Assigned>),
 }
@@ -560,7 +607,7 @@ async fn planned(
             .with_context(|| format!("reading {}", source.path.display()))?;
     } else {
         let source = KubeSource {
-            client: kube_client(api).await?,
+            client: kube_client(api).await?.0,
             node_name: args.node.clone(),
         };
         let listing = tokio::spawn(source.run(handle.clone()));
@@ -609,11 +656,17 @@ async fn run_engine<D: Dataplane>(
     let planner = Planner::new(identity(args), config.clone());
     let mut engine = Engine::new(handle.clone(), planner, dataplane).observed_by(observer);
     if let Some(takeover) = takeover {
+        let takeover = match &follow {
+            Follow::Api(_, path) => takeover.needing_api(path.clone()),
+            Follow::Manifests(_) => takeover,
+        };
         engine = engine.taking_over(takeover);
     }
     if !once {
         let follower = match follow {
-            Follow::Api(client) => follow_node_config(client, &args.node, health, config, kernel),
+            Follow::Api(client, _) => {
+                follow_node_config(client, &args.node, health, config, kernel)
+            }
             Follow::Manifests(assigned) => follow_manifests(assigned, config, kernel),
         };
         engine = engine.following(follower);
@@ -805,9 +858,24 @@ async fn cleanup(config: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes `value` to `/proc/self/oom_score_adj` (kube-proxy: `oom.ApplyOOMScoreAdj(0,
+/// oomScoreAdj)`), logging what was done; a failure is logged, not fatal (as kube-proxy).
+fn set_oom_score_adj(value: i32) {
+    match std::fs::write("/proc/self/oom_score_adj", value.to_string()) {
+        Ok(()) => tracing::info!(oom_score_adj = value, "OOM score adjustment set"),
+        Err(e) => tracing::warn!(
+            oom_score_adj = value,
+            "cannot set the OOM score adjustment (needs CAP_SYS_RESOURCE to lower it): {e}"
+        ),
+    }
+}
+
 /// `run`: programs the kernel (or the fake dataplane) and keeps it in step.
 async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Result<()> {
     let config = load_config(args.config.as_deref())?;
+    if let Some(value) = cluster.oom_score_adj {
+        set_oom_score_adj(value);
+    }
     if let Some(path) = &args.manifests {
         // Fail early on an unreadable path (the watch would only log it).
         std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
@@ -901,7 +969,7 @@ async fn main() -> std::process::ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{Metrics, parse_master, serve_while, watch};
+    use super::{Metrics, serve_while, watch};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
@@ -951,23 +1019,5 @@ mod tests {
         assert!(!own.load(Ordering::Relaxed));
         may_hold.send_replace(true);
         assert!(bound(true).await, "held again after a takeover again");
-    }
-
-    #[test]
-    fn master_is_a_url_or_a_host_and_port() {
-        let url = |text| parse_master(text).map(|u| u.to_string());
-        assert_eq!(
-            url("https://10.0.0.1:6443").unwrap(),
-            "https://10.0.0.1:6443/"
-        );
-        assert_eq!(url("10.0.0.1:6443").unwrap(), "https://10.0.0.1:6443/");
-        assert_eq!(
-            url(" cp.example:6443 ").unwrap(),
-            "https://cp.example:6443/"
-        );
-        assert_eq!(url("[fd00::1]:6443").unwrap(), "https://[fd00::1]:6443/");
-        for bad in ["", "ftp://x:1", "https://", "10.0.0.1:port"] {
-            assert!(url(bad).is_err(), "{bad:?} is refused: {:?}", url(bad));
-        }
     }
 }

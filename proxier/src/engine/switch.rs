@@ -280,12 +280,18 @@ impl<D: Dataplane> Engine<D> {
     }
 
     /// The gate of a switch from kube-proxy (seen running by this process; a restart on a node
-    /// kipvs programmed adopts its own table as it always does): a switch that would touch
+    /// kipvs programmed adopts its own table as it always does): it waits, in `Standby` with
+    /// the reason, while the API is reached only through a ClusterIP kipvs alone would program
+    /// ([`crate::source::apiserver::ApiPath`]); a switch that would touch
     /// connections ([`Preview::refusal`]) is refused, `Failed` with the reason and previewed
     /// again every [`GATE_CHECK`], unless `--allow-connection-changes`. `None`: the switch goes
     /// ahead; else how soon to decide again.
     async fn gate(&mut self) -> Option<Duration> {
         let takeover = self.takeover.as_ref()?;
+        if let Some(why) = takeover.api.refusal().filter(|_| takeover.found) {
+            self.stand(ServiceProxyPhase::Standby, Some(why), None);
+            return Some(STANDBY_CHECK);
+        }
         if !takeover.found || takeover.allow_connection_changes {
             return None;
         }

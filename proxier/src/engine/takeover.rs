@@ -54,6 +54,7 @@ use crate::dataplane::settings::KernelSettings;
 use crate::engine::planner::Planner;
 use crate::model::{DesiredState, ObservedState, Protocol, VirtualServerKey};
 use crate::plan::kube_proxy::kubelet_creates_shared_chains;
+use crate::source::apiserver::ApiPath;
 use kipvs_crds::nodeproxyconfig::ServiceProxyPhase;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -168,6 +169,9 @@ pub struct Takeover {
     pub(super) ports: watch::Sender<bool>,
     /// The node-wide kernel settings, made at each switch to kipvs.
     pub(super) settings: Box<dyn KernelSettings>,
+    /// Whether the API is reached without a ClusterIP only kipvs would program: a switch from
+    /// kube-proxy waits while it says why not.
+    pub(super) api: ApiPath,
 }
 
 impl Takeover {
@@ -193,7 +197,15 @@ impl Takeover {
             drains_checked: false,
             ports: watch::Sender::new(false),
             settings,
+            api: ApiPath::default(),
         }
+    }
+
+    /// The same, with a switch from kube-proxy waiting while `api` gives a reason
+    /// ([`ApiPath::refusal`]: the API is reached only through the `kubernetes` ClusterIP and no
+    /// other address of it is remembered on the node).
+    pub fn needing_api(self, api: ApiPath) -> Self {
+        Takeover { api, ..self }
     }
 
     /// A receiver of whether the proxier may hold kube-proxy's ports (healthz, metrics) now:

@@ -3,11 +3,13 @@
 //!
 //! Services:
 //! - `""` (what the kubelet asks when the probe names no service) mirrors `/livez`;
-//! - [`HEALTHZ_SERVICE`] (`kipvs.io/healthz`) mirrors `/healthz`.
+//! - [`HEALTHZ_SERVICE`] (`kipvs.io/healthz`) mirrors `/healthz`;
+//! - [`READYZ_SERVICE`] (`kipvs.io/readyz`) mirrors `/readyz` (the DaemonSet's readiness probe:
+//!   [`ProxyHealth::ready`]).
 //!
 //! `SERVING` when the HTTP endpoint would answer 200, `NOT_SERVING` otherwise. A publisher task
-//! recomputes both whenever the [`ProxyHealth`] changes and at the moment a pending change
-//! goes stale, so Check and Watch agree with the HTTP endpoints at all times.
+//! recomputes them whenever the [`ProxyHealth`] changes and at the moment time alone
+//! changes an answer ([`ProxyHealth::next_change_at`]), so Check and Watch agree with the HTTP endpoints at all times.
 
 use crate::serve::health::{Probe, ProxyHealth};
 use std::future::Future;
@@ -19,6 +21,21 @@ use tonic_health::server::HealthReporter;
 /// The gRPC service name that mirrors `/healthz` (the empty name mirrors `/livez`).
 pub const HEALTHZ_SERVICE: &str = "kipvs.io/healthz";
 
+/// The gRPC service name that mirrors `/readyz`.
+pub const READYZ_SERVICE: &str = "kipvs.io/readyz";
+
+/// The three services' statuses now: `""`, [`HEALTHZ_SERVICE`], [`READYZ_SERVICE`].
+fn statuses(health: &ProxyHealth) -> [(&'static str, ServingStatus); 3] {
+    [
+        ("", serving(health.check(Probe::Livez).healthy)),
+        (
+            HEALTHZ_SERVICE,
+            serving(health.check(Probe::Healthz).healthy),
+        ),
+        (READYZ_SERVICE, serving(health.ready().ready)),
+    ]
+}
+
 fn serving(healthy: bool) -> ServingStatus {
     if healthy {
         ServingStatus::Serving
@@ -27,21 +44,19 @@ fn serving(healthy: bool) -> ServingStatus {
     }
 }
 
-/// Keep `reporter`'s two services equal to `health`'s `/livez` and `/healthz`, forever.
+/// Keep `reporter`'s services equal to `health`'s `/livez`, `/healthz` and `/readyz`, forever.
 async fn publish(health: ProxyHealth, reporter: HealthReporter) {
     let mut changes = health.subscribe();
     let mut last = None;
     loop {
-        let now = (
-            serving(health.check(Probe::Livez).healthy),
-            serving(health.check(Probe::Healthz).healthy),
-        );
+        let now = statuses(&health);
         if last != Some(now) {
-            reporter.set_service_status("", now.0).await;
-            reporter.set_service_status(HEALTHZ_SERVICE, now.1).await;
+            for (service, status) in now {
+                reporter.set_service_status(service, status).await;
+            }
             last = Some(now);
         }
-        let stale_at = health.stale_at();
+        let stale_at = health.next_change_at();
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep_until(stale_at.unwrap_or_else(tokio::time::Instant::now)), if stale_at.is_some() => {}
@@ -58,16 +73,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let (reporter, service) = tonic_health::server::health_reporter();
-    // Set both statuses before the first request can arrive.
-    reporter
-        .set_service_status("", serving(health.check(Probe::Livez).healthy))
-        .await;
-    reporter
-        .set_service_status(
-            HEALTHZ_SERVICE,
-            serving(health.check(Probe::Healthz).healthy),
-        )
-        .await;
+    // Set every status before the first request can arrive.
+    for (service, status) in statuses(&health) {
+        reporter.set_service_status(service, status).await;
+    }
     let publisher = tokio::spawn(publish(health, reporter));
     let result = tonic::transport::Server::builder()
         .add_service(service)

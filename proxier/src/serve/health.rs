@@ -15,6 +15,14 @@
 //!   backward compatibility). kipvs syncs both IP families in one engine, so `status` has
 //!   both families, with the same values, once the first sync is done. Answers are counted in
 //!   `kubeproxy_proxy_healthz_total{code}` / `kubeproxy_proxy_livez_total{code}`.
+//! - `/readyz` on the same address (kipvs's own; the DaemonSet's readiness probe): 200 once the
+//!   proxier has programmed, 503 before ([`ProxyHealth::ready`]): `/livez`, and a first
+//!   sync done since the proxier began to program (at start, or at the switch from kube-proxy),
+//!   or standing by for kube-proxy with its sources listed; and the API watches not failing for
+//!   longer than [`SOURCES_LOST_READY`]. A DaemonSet rolling update waits for it, so a release
+//!   that cannot program stops on the first node. Liveness keeps to the process: an API server
+//!   outage makes the pod NotReady, never restarts it. Body `{"ready", "programmed",
+//!   "standby", "sourcesLostSeconds"}`.
 //! - health-check node ports ([`ServiceHealthServers`]): one listener per
 //!   `spec.healthCheckNodePort` of the plan (LoadBalancer Services with
 //!   `externalTrafficPolicy: Local`), answering any path with 200 only when the node has
@@ -75,6 +83,27 @@ pub enum Probe {
     Healthz,
 }
 
+/// How long the API watches may fail before the proxier is not Ready any more: a minute, as
+/// long as kube-proxy's `healthTimeout` (`2 × syncPeriod`) with the default `syncPeriod`; long
+/// enough for an API server restart or a control-plane upgrade step, short enough that a node
+/// cut off from the API shows within the DaemonSet's rollout (and its monitoring).
+pub const SOURCES_LOST_READY: Duration = Duration::from_secs(60);
+
+/// The JSON body of `/readyz`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadyBody {
+    /// The answer: 200 when true, 503 otherwise.
+    pub ready: bool,
+    /// A sync succeeded since the proxier began to program.
+    pub programmed: bool,
+    /// Standing by for kube-proxy (sources listed, nothing written on purpose).
+    pub standby: bool,
+    /// For how long the API watches have been failing (absent: in contact).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sources_lost_seconds: Option<u64>,
+}
+
 #[derive(Debug)]
 struct State {
     /// When the last sync ended (wall clock, for bodies).
@@ -87,6 +116,10 @@ struct State {
     /// In standby while kube-proxy runs ([`crate::engine::takeover`]): changes wait on
     /// purpose, so they do not make the proxier stale.
     standby: bool,
+    /// A sync succeeded since the proxier began to program (at start, or leaving standby).
+    programmed: bool,
+    /// Since when the API watches fail (`None`: in contact, or no API source).
+    lost_since: Option<Instant>,
 }
 
 /// The proxier's health: the sync timestamps and the Node's eligibility. Cheap to clone
@@ -149,6 +182,8 @@ impl ProxyHealth {
                 node_eligible: true,
                 node_gate,
                 standby: false,
+                programmed: false,
+                lost_since: None,
             })),
             changed: Arc::new(watch::Sender::new(())),
         }
@@ -170,7 +205,44 @@ impl ProxyHealth {
         self.modify(|s| {
             s.clock.synced();
             s.last_updated = Some(SystemTime::now());
+            s.programmed = true;
         });
+    }
+
+    /// Record since when the API watches fail (`None`: in contact).
+    pub fn set_sources_lost(&self, since: Option<Instant>) {
+        self.modify(|s| s.lost_since = since);
+    }
+
+    /// Follow `lost_since` (a [`crate::source::kube::Contact`]'s) into
+    /// [`set_sources_lost`](Self::set_sources_lost), in a task of its own (must run inside a
+    /// Tokio runtime).
+    pub fn follow_sources(&self, mut lost_since: watch::Receiver<Option<Instant>>) {
+        let health = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let since = *lost_since.borrow_and_update();
+                health.set_sources_lost(since);
+                if lost_since.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Whether the pod is Ready (`/readyz`, module documentation): live, programmed or
+    /// standing by, and its sources not lost for longer than [`SOURCES_LOST_READY`].
+    pub fn ready(&self) -> ReadyBody {
+        let live = self.live();
+        let state = self.state.lock().expect("health lock");
+        let lost = state.lost_since.map(|since| since.elapsed());
+        let in_contact = lost.is_none_or(|lost| lost < SOURCES_LOST_READY);
+        ReadyBody {
+            ready: live && (state.programmed || state.standby) && in_contact,
+            programmed: state.programmed,
+            standby: state.standby,
+            sources_lost_seconds: lost.map(|lost| lost.as_secs()),
+        }
     }
 
     /// Record the Node's eligibility (see [`node_eligible`]).
@@ -240,8 +312,24 @@ impl ProxyHealth {
         state.clock.stale_at()
     }
 
+    /// When an answer may change with time alone: `/livez` going stale ([`stale_at`](Self::stale_at))
+    /// or the sources lost for [`SOURCES_LOST_READY`] (`None`: neither is pending).
+    pub fn next_change_at(&self) -> Option<Instant> {
+        let lost = {
+            let state = self.state.lock().expect("health lock");
+            state
+                .lost_since
+                .map(|since| since + SOURCES_LOST_READY)
+                .filter(|at| *at > Instant::now())
+        };
+        match (self.stale_at(), lost) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// A receiver that sees a change whenever the health state changes (time passing does
-    /// not count: see [`stale_at`](Self::stale_at)).
+    /// not count: see [`next_change_at`](Self::next_change_at)).
     pub fn subscribe(&self) -> watch::Receiver<()> {
         self.changed.subscribe()
     }
@@ -268,8 +356,20 @@ impl ProxyHealth {
                 json_reply(code, &body)
             })
         };
+        let health = self.clone();
+        let readyz = warp::path("readyz").and(warp::path::end()).map(move || {
+            let body = health.ready();
+            let code = if body.ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            json_reply(code, &body)
+        });
         route(Probe::Healthz, "healthz")
             .or(route(Probe::Livez, "livez"))
+            .unify()
+            .or(readyz)
             .unify()
     }
 }
@@ -300,6 +400,8 @@ impl Observer for ProxyHealth {
         self.modify(|s| {
             if s.standby && !standby {
                 s.clock.restart();
+                // Not Ready again until the first sync of the switch is done.
+                s.programmed = false;
             }
             s.standby = standby;
         });
@@ -578,6 +680,49 @@ impl Observer for ServiceHealthServers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ready once programmed, or standing by for kube-proxy; not before the first sync, not
+    /// after leaving standby until the switch's sync, not with the sources lost for longer
+    /// than the bound, and never while `/livez` fails; `/livez` ignores the sources.
+    #[tokio::test(start_paused = true)]
+    async fn ready_means_programmed_and_in_contact() {
+        let health = ProxyHealth::new(Duration::from_secs(60), false);
+        assert!(health.live(), "live while starting");
+        assert!(!health.ready().ready, "not Ready before the first sync");
+        health.updated();
+        assert!(health.ready().ready, "Ready once synced");
+        // The API away: Ready for the bound, then not; live all along.
+        health.set_sources_lost(Some(Instant::now()));
+        tokio::time::advance(SOURCES_LOST_READY - Duration::from_secs(1)).await;
+        assert!(health.ready().ready);
+        assert!(
+            health.next_change_at().is_some(),
+            "the publisher wakes at the bound"
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let body = health.ready();
+        assert!(!body.ready, "the sources lost beyond the bound: {body:?}");
+        assert_eq!(
+            body.sources_lost_seconds,
+            Some(SOURCES_LOST_READY.as_secs() + 1)
+        );
+        assert!(health.live(), "an API outage restarts nothing");
+        health.set_sources_lost(None);
+        assert!(health.ready().ready, "back in contact");
+        // Standby for kube-proxy: Ready; leaving it: not until the switch's first sync.
+        let fresh = ProxyHealth::new(Duration::from_secs(60), false);
+        fresh.takeover(&TakeoverEvent::Standby("kube-proxy runs".into()));
+        assert!(fresh.ready().ready, "standing by with its sources listed");
+        fresh.takeover(&TakeoverEvent::Programming);
+        assert!(!fresh.ready().ready, "switching: not Ready before its sync");
+        fresh.updated();
+        assert!(fresh.ready().ready);
+        // Not live: not Ready.
+        fresh.queued_update();
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(!fresh.live());
+        assert!(!fresh.ready().ready);
+    }
 
     /// Standby (a handback, kube-proxy back) closes the health-check node ports for kube-proxy.
     #[tokio::test]

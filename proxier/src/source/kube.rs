@@ -15,6 +15,9 @@
 //!   30 s when it answers with errors, a relist at once after `410 Gone`).
 //! - The handle is marked ready (the engine may program) once every kind has been listed
 //!   once.
+//! - Whether the watches are in contact with the API server, and since when not, is told to a
+//!   [`Contact`] ([`KubeSource::run_in`]): the proxier's readiness and the remembering of the
+//!   API server's addresses ([`super::apiserver`]) follow it.
 //! - EndpointSlices are read as `discovery.k8s.io/v1` where the API server serves them, else as
 //!   `discovery.k8s.io/v1beta1` (Kubernetes 1.20), chosen from API discovery before the watch
 //!   starts ([`choose_slice_version`]) and logged. A v1beta1 object becomes a v1 one as it
@@ -40,10 +43,12 @@ use kube::core::Status;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::pin::pin;
 use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// kube-proxy's label selector for Services and EndpointSlices: not handed to another proxy
 /// (`service.kubernetes.io/service-proxy-name`), not headless.
@@ -297,10 +302,11 @@ impl Kind for Node {
     }
 }
 
-/// Marks the handle ready once every kind has been listed once.
+/// Marks the handle ready once every kind has been listed once, and keeps the [`Contact`].
 struct Synced {
     handle: SourceHandle,
     kinds: Mutex<BTreeSet<&'static str>>,
+    contact: Contact,
 }
 
 impl Synced {
@@ -310,6 +316,47 @@ impl Synced {
             tracing::info!("Services, EndpointSlices and the Node listed; programming starts");
             self.handle.mark_ready();
         }
+    }
+}
+
+/// Whether the watches are in contact with the API server: since when the longest-failing of
+/// them fails (`None`: every watch's last request succeeded). A watch fails from its first
+/// failed request (the API server unreachable, or answering an error) until its next event;
+/// a quiet watch that fails nothing counts as in contact. Cheap to clone (shared).
+#[derive(Clone, Debug, Default)]
+pub struct Contact {
+    failing: Arc<Mutex<BTreeMap<&'static str, Instant>>>,
+    lost_since: Arc<watch::Sender<Option<Instant>>>,
+}
+
+impl Contact {
+    /// A receiver of since when the contact is lost (`None`: in contact).
+    pub fn subscribe(&self) -> watch::Receiver<Option<Instant>> {
+        self.lost_since.subscribe()
+    }
+
+    /// The watch `what` failed a request (its first failure starts its clock).
+    pub fn failed(&self, what: &'static str) {
+        let mut failing = self.failing.lock().expect("contact lock");
+        failing.entry(what).or_insert_with(Instant::now);
+        self.publish(&failing);
+    }
+
+    /// The watch `what` got an answer.
+    pub fn succeeded(&self, what: &'static str) {
+        let mut failing = self.failing.lock().expect("contact lock");
+        if failing.remove(what).is_some() {
+            self.publish(&failing);
+        }
+    }
+
+    fn publish(&self, failing: &BTreeMap<&'static str, Instant>) {
+        let since = failing.values().min().copied();
+        self.lost_since.send_if_modified(|now| {
+            let changed = *now != since;
+            *now = since;
+            changed
+        });
     }
 }
 
@@ -325,9 +372,15 @@ pub struct KubeSource {
 impl KubeSource {
     /// Watch everything into `handle` forever (see module docs).
     pub async fn run(self, handle: SourceHandle) {
+        self.run_in(handle, Contact::default()).await;
+    }
+
+    /// [`run`](Self::run), telling `contact` whether the watches are in contact.
+    pub async fn run_in(self, handle: SourceHandle, contact: Contact) {
         let synced = Arc::new(Synced {
             handle: handle.clone(),
             kinds: Mutex::default(),
+            contact,
         });
         let labels = watcher::Config::default().labels(PROXY_LABEL_SELECTOR);
         let node = watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
@@ -365,6 +418,7 @@ impl KubeSource {
             let (resource, error) = match discover_slice_version(&self.client).await {
                 Err(e) => {
                     let e = watcher::Error::InitialListFailed(e);
+                    synced.contact.failed(EndpointSlice::WATCH);
                     retry.failed(&e, "the last known objects").await;
                     continue;
                 }
@@ -389,6 +443,8 @@ impl KubeSource {
                 }
             };
             unserved.report(handle, resource);
+            // An answer (the resource is not served): in contact.
+            synced.contact.succeeded(EndpointSlice::WATCH);
             synced.mark(EndpointSlice::NAME);
             retry.wait(&error).await;
         }
@@ -440,7 +496,9 @@ impl KubeSource {
         while let Some(event) = events.next().await {
             if event.is_ok() {
                 retry.succeeded();
+                synced.contact.succeeded(K::WATCH);
             } else {
+                synced.contact.failed(K::WATCH);
                 // A failed list starts again with `Init`: free what it held during the backoff.
                 listing = Listing::default();
             }
@@ -485,6 +543,29 @@ mod tests {
             "groupVersion": group_version, "resources": resources
         }))
         .unwrap()
+    }
+
+    /// The contact is lost from the first failure of the longest-failing watch until every
+    /// failing watch has answered again.
+    #[tokio::test(start_paused = true)]
+    async fn contact_is_lost_from_the_first_failure_until_every_watch_answers() {
+        let contact = Contact::default();
+        let lost = contact.subscribe();
+        contact.succeeded("Service watch");
+        assert_eq!(*lost.borrow(), None);
+        let first = Instant::now();
+        contact.failed("Service watch");
+        tokio::time::advance(std::time::Duration::from_secs(5)).await;
+        contact.failed("Node watch");
+        contact.failed("Service watch"); // a later failure keeps the first one's time
+        assert_eq!(*lost.borrow(), Some(first));
+        contact.succeeded("Service watch");
+        assert_eq!(
+            *lost.borrow(),
+            Some(first + std::time::Duration::from_secs(5))
+        );
+        contact.succeeded("Node watch");
+        assert_eq!(*lost.borrow(), None);
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Where Services, EndpointSlices and the own Node come from: the [`store::Store`] they are
 //! written into through a [`SourceHandle`], the manifests files ([`manifests`]) and the
 //! Kubernetes API ([`kube`]; [`v1beta1`] the EndpointSlices of API servers without
-//! `discovery.k8s.io/v1`), and the node's NodeProxyConfig ([`node_config`]).
+//! `discovery.k8s.io/v1`; [`apiserver`] how it is reached without a ClusterIP), and the node's
+//! NodeProxyConfig ([`node_config`]).
 
+pub mod apiserver;
 pub mod convert;
 pub mod kube;
 pub mod manifests;
