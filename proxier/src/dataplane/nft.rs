@@ -627,54 +627,135 @@ pub struct ObservedTable {
 /// expression types, rules by chain and comment only (the crate cannot read back every
 /// statement `nft` prints, and kipvs identifies its rules by comment).
 ///
+/// Object by object as the text is read, never the whole listing as a `serde_json::Value`
+/// tree: at 10k Services that tree of a 2.1 MiB listing took 40 MiB (issue 32, peak memory);
+/// what is held at once is one element's expression ([`ListedSet`]).
+///
 /// Errors: output that is not libnftables JSON.
 pub fn parse_table(json: &str) -> Result<ObservedTable, serde_json::Error> {
     #[derive(serde::Deserialize)]
     struct Listing {
-        nftables: Vec<serde_json::Map<String, serde_json::Value>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct ListedSet {
-        table: String,
-        name: String,
-        #[serde(default)]
-        elem: Vec<Expression<'static>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct ListedRule {
-        table: String,
-        chain: String,
-        #[serde(default)]
-        comment: Option<String>,
+        nftables: Objects,
     }
     let listing: Listing = serde_json::from_str(json)?;
-    let mut observed = ObservedTable::default();
-    let mut rules: Vec<(usize, String)> = Vec::new();
-    for mut object in listing.nftables {
-        if let Some(set) = object.remove("set") {
-            let set: ListedSet = serde_json::from_value(set)?;
-            if set.table == TABLE {
-                observed.elements.extend(
-                    set.elem
-                        .iter()
-                        .filter_map(|expr| parse_element(&set.name, expr)),
-                );
-            }
-        } else if let Some(rule) = object.remove("rule") {
-            let rule: ListedRule = serde_json::from_value(rule)?;
-            if rule.table == TABLE {
-                let chain = CHAINS
-                    .iter()
-                    .position(|c| c.0 == rule.chain)
-                    .unwrap_or(usize::MAX);
-                rules.push((chain, rule.comment.unwrap_or_default()));
+    Ok(listing.nftables.0)
+}
+
+/// A set of an `nft -j` listing with the elements kipvs recognises in it ([`parse_element`]),
+/// each parsed as it is read: `nft` prints a set's `name` before its `elem` (elements listed
+/// before the name would be held as expressions until it comes).
+struct ListedSet {
+    table: String,
+    elements: Vec<SetElement>,
+}
+
+impl<'de> serde::Deserialize<'de> for ListedSet {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::{DeserializeSeed, Error, IgnoredAny, MapAccess, SeqAccess, Visitor};
+        /// The elements of set `0`, parsed one expression at a time.
+        struct Elements<'a>(&'a str);
+        impl<'de> DeserializeSeed<'de> for Elements<'_> {
+            type Value = Vec<SetElement>;
+            fn deserialize<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Self::Value, D::Error> {
+                d.deserialize_seq(self)
             }
         }
+        impl<'de> Visitor<'de> for Elements<'_> {
+            type Value = Vec<SetElement>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("set elements")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut elements = Vec::new();
+                while let Some(expr) = seq.next_element::<Expression<'static>>()? {
+                    elements.extend(parse_element(self.0, &expr));
+                }
+                Ok(elements)
+            }
+        }
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = ListedSet;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an nft -j set")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ListedSet, A::Error> {
+                let (mut name, mut table) = (None::<String>, None::<String>);
+                let (mut elements, mut early) = (Vec::new(), Vec::<Expression<'static>>::new());
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    match (&*key, &name) {
+                        ("name", _) => name = Some(map.next_value()?),
+                        ("table", _) => table = Some(map.next_value()?),
+                        ("elem", Some(name)) => elements = map.next_value_seed(Elements(name))?,
+                        ("elem", None) => early = map.next_value()?,
+                        _ => drop(map.next_value::<IgnoredAny>()?),
+                    }
+                }
+                let name = name.ok_or_else(|| A::Error::missing_field("name"))?;
+                let table = table.ok_or_else(|| A::Error::missing_field("table"))?;
+                elements.extend(early.iter().filter_map(|expr| parse_element(&name, expr)));
+                Ok(ListedSet { table, elements })
+            }
+        }
+        deserializer.deserialize_map(Fields)
     }
-    // `nft` lists rules chain by chain in creation order; keep that order within a chain.
-    rules.sort_by_key(|(chain, _)| *chain);
-    observed.rule_comments = rules.into_iter().map(|(_, c)| c).collect();
-    Ok(observed)
+}
+
+/// The objects of an `nft -j` listing, folded into an [`ObservedTable`] one at a time
+/// ([`parse_table`]).
+struct Objects(ObservedTable);
+
+impl<'de> serde::Deserialize<'de> for Objects {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// A set, a rule, or another object (table, chain, metainfo: skipped unread).
+        #[derive(serde::Deserialize)]
+        struct Object {
+            set: Option<ListedSet>,
+            rule: Option<ListedRule>,
+        }
+        #[derive(serde::Deserialize)]
+        struct ListedRule {
+            table: String,
+            chain: String,
+            #[serde(default)]
+            comment: Option<String>,
+        }
+        struct Fold;
+        impl<'de> serde::de::Visitor<'de> for Fold {
+            type Value = Objects;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the objects of an nft -j listing")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut objects: A,
+            ) -> Result<Objects, A::Error> {
+                let mut observed = ObservedTable::default();
+                let mut rules: Vec<(usize, String)> = Vec::new();
+                while let Some(object) = objects.next_element::<Object>()? {
+                    if let Some(set) = object.set.filter(|set| set.table == TABLE) {
+                        observed.elements.extend(set.elements);
+                    }
+                    if let Some(rule) = object.rule.filter(|rule| rule.table == TABLE) {
+                        let chain = CHAINS
+                            .iter()
+                            .position(|c| c.0 == rule.chain)
+                            .unwrap_or(usize::MAX);
+                        rules.push((chain, rule.comment.unwrap_or_default()));
+                    }
+                }
+                // `nft` lists rules chain by chain in creation order; keep that order within a
+                // chain.
+                rules.sort_by_key(|(chain, _)| *chain);
+                observed.rule_comments = rules.into_iter().map(|(_, c)| c).collect();
+                Ok(Objects(observed))
+            }
+        }
+        deserializer.deserialize_seq(Fold)
+    }
 }
 
 /// The sets: name, type, whether it holds intervals.
