@@ -24,6 +24,7 @@ use crate::stored::{StoredProxyConfig, UndecodableSpec};
 use crate::triggers::{Concerned, node_triggers, npc_triggers, proxy_config_triggers};
 use crate::writer::{Expected, WRITE_CONCURRENCY, Writer};
 use futures::{StreamExt, stream};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kipvs_crds::proxyconfig::parse_selector;
@@ -45,6 +46,15 @@ use std::time::Duration;
 const RESYNC: Duration = Duration::from_secs(300);
 /// Requeue after a failed reconcile.
 const RETRY: Duration = Duration::from_secs(10);
+/// How long a reading of kube-proxy's DaemonSet ([`KubeProxyDaemonSet`]) is used before a
+/// reconcile reads it again: one GET per 30 s at most, whatever the fleet's size. A DaemonSet
+/// re-applied without its affinity makes kube-proxy start and the proxiers report standing by,
+/// and those reports reconcile; a decision then sees the new DaemonSet within this time.
+pub const KUBE_PROXY_READ_INTERVAL: Duration = Duration::from_secs(30);
+/// Namespace and name of kube-proxy's DaemonSet (kubeadm's, kubespray's and the addon
+/// manager's).
+const KUBE_PROXY_DAEMONSET: (&str, &str) = ("kube-system", "kube-proxy");
+
 /// The shortest time between two decisions of one ProxyConfig. Triggers that arrive in
 /// between are merged into one decision at its end, so a rollout's stream of proxier reports
 /// costs at most a few decisions a second (a 5,000-node decision is tens of milliseconds of
@@ -93,6 +103,8 @@ pub struct Context {
     metrics: Metrics,
     /// Set once the Node and NodeProxyConfig stores have listed everything ([`Context::stores_ready`]).
     ready: tokio::sync::OnceCell<()>,
+    /// kube-proxy's DaemonSet as last read, and when ([`Context::kube_proxy`]).
+    kube_proxy: tokio::sync::Mutex<Option<(std::time::Instant, KubeProxyDaemonSet)>>,
 }
 
 impl Context {
@@ -116,7 +128,34 @@ impl Context {
             expectations: Mutex::new(Expectations::default()),
             metrics: Metrics::new(),
             ready: tokio::sync::OnceCell::new(),
+            kube_proxy: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// kube-proxy's DaemonSet (`kube-system/kube-proxy`) as [`KubeProxyDaemonSet`], read
+    /// again once [`KUBE_PROXY_READ_INTERVAL`] has passed since the last read. Not found, not
+    /// allowed (an install without the operator's kube-system Role) or unreachable:
+    /// [`KubeProxyDaemonSet::Unknown`] (logged at debug level; the decision then goes by the
+    /// proxiers' reports alone).
+    pub async fn kube_proxy(&self) -> KubeProxyDaemonSet {
+        let mut last = self.kube_proxy.lock().await;
+        if let Some((at, seen)) = *last
+            && at.elapsed() < KUBE_PROXY_READ_INTERVAL
+        {
+            return seen;
+        }
+        let (namespace, name) = KUBE_PROXY_DAEMONSET;
+        let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), namespace);
+        let seen = match api.get_opt(name).await {
+            Ok(Some(ds)) => KubeProxyDaemonSet::of(&ds),
+            Ok(None) => KubeProxyDaemonSet::Unknown,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read kube-proxy's DaemonSet");
+                KubeProxyDaemonSet::Unknown
+            }
+        };
+        *last = Some((std::time::Instant::now(), seen));
+        seen
     }
 
     /// Waits until the Node and NodeProxyConfig stores have listed everything (a decision over
@@ -369,7 +408,8 @@ pub async fn reconcile(pc: Arc<ProxyConfig>, ctx: Arc<Context>) -> Result<Action
     }
     let now = Timestamp::now();
     let name = pc.name_any();
-    let (decision, previous, seen) = decide_from_stores(&pc, &ctx, now);
+    let kube_proxy = ctx.kube_proxy().await;
+    let (decision, previous, seen) = decide_from_stores(&pc, &ctx, kube_proxy, now);
     let skipped = submit_writes(&pc, &ctx, &decision, &seen);
     ctx.metrics
         .reconcile
@@ -448,7 +488,8 @@ fn spec_generation(npcs: &Store<NodeProxyConfig>, node: &str) -> Option<Option<i
         .map(|npc| npc.metadata.generation)
 }
 
-/// The decision for `pc` from the stores, with the writer's unconfirmed writes laid over and
+/// The decision for `pc` from the stores (and `kube_proxy`, kube-proxy's DaemonSet as last
+/// read), with the writer's unconfirmed writes laid over and
 /// its failing writes reported; the status it started from ([`status_to_continue`]); and, per
 /// node written, the spec generation of the NodeProxyConfig it decided from
 /// ([`spec_generation`]).
@@ -456,6 +497,7 @@ fn spec_generation(npcs: &Store<NodeProxyConfig>, node: &str) -> Option<Option<i
 fn decide_from_stores(
     pc: &ProxyConfig,
     ctx: &Context,
+    kube_proxy: KubeProxyDaemonSet,
     now: Timestamp,
 ) -> (
     Decision,
@@ -502,7 +544,7 @@ fn decide_from_stores(
         nodes: &views,
         npcs: &npcs,
         failing_writes: &failing_writes,
-        kube_proxy: KubeProxyDaemonSet::Unknown,
+        kube_proxy,
         now,
     });
     let seen = decision
@@ -666,7 +708,8 @@ mod tests {
         let (writer, _) = Writer::new(client.clone(), Metrics::new(), None);
         let ctx = Context::new(client, "operator-0", pcs, nodes, npcs, writer);
 
-        let (decision, _, seen) = decide_from_stores(&pc, &ctx, Timestamp::now());
+        let (decision, _, seen) =
+            decide_from_stores(&pc, &ctx, KubeProxyDaemonSet::Unknown, Timestamp::now());
         assert_eq!(decision.writes.len(), 1, "n1 is written");
         assert_ne!(next_reconcile(&decision, 0), Duration::ZERO);
         // Meanwhile the node moved: another ProxyConfig wrote its NodeProxyConfig.

@@ -33,18 +33,30 @@ fn mock() -> (Client, ApiServer) {
     (Client::new(service, "default"), handle)
 }
 
+/// kube-proxy's DaemonSet, which a reconcile reads at most every 30 s.
+const KUBE_PROXY_DAEMONSET: &str = "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy";
+
 /// The next request: asserts method and path (and query parts), returns its JSON body and the
-/// responder.
+/// responder. A read of kube-proxy's DaemonSet before it is answered 404 (no kube-proxy
+/// DaemonSet: the decision goes by the proxiers' reports), unless it is the one expected.
 async fn expect(
     server: &mut ApiServer,
     method: &str,
     path: &str,
     query: &[&str],
 ) -> (Value, SendResponse<Response<Body>>) {
-    let (request, send) = tokio::time::timeout(Duration::from_secs(60), server.next_request())
-        .await
-        .unwrap_or_else(|_| panic!("no request; expected {method} {path}"))
-        .expect("client dropped");
+    let (request, send) = loop {
+        let (request, send) = tokio::time::timeout(Duration::from_secs(60), server.next_request())
+            .await
+            .unwrap_or_else(|_| panic!("no request; expected {method} {path}"))
+            .expect("client dropped");
+        if request.uri().path() == KUBE_PROXY_DAEMONSET && path != KUBE_PROXY_DAEMONSET {
+            assert_eq!(request.method().as_str(), "GET");
+            respond(send, 404, &status(404, "NotFound"));
+            continue;
+        }
+        break (request, send);
+    };
     assert_eq!(request.method().as_str(), method, "{}", request.uri());
     assert_eq!(request.uri().path(), path);
     let uri = request.uri().to_string();
@@ -667,6 +679,90 @@ async fn the_writes_of_a_deleted_proxyconfig_are_dropped() {
         &mut server,
         Duration::from_millis(500),
         "a deleted owner's write",
+    )
+    .await;
+}
+
+/// kube-proxy runs again on a node kipvs took over (its proxier stands by, Applied stays,
+/// healthy false): the reconcile reads kube-proxy's DaemonSet, finds it without the affinity,
+/// and the status names the node and the missing patch (Degraded `KubeProxyReturned`),
+/// changing no label.
+#[tokio::test]
+async fn kube_proxy_back_is_reported_with_the_daemonset_patch_it_lacks() {
+    use kipvs_crds::{NodePhase, NodeProxyConfigStatus, ServiceProxyPhase};
+    let (client, mut server) = mock();
+    let pc = proxy_config("fleet", ProxyConfigSpec::default());
+    let revision = kipvs_crds::revision::config_revision(&pc.spec.config);
+    // A completed takeover: revision good, node a Applied and programming.
+    let mut fleet = Fleet::new(pc.clone(), [node("a", &[])]);
+    for _ in 0..5 {
+        fleet.step();
+        let programming = Some(ServiceProxyPhase::Programming);
+        fleet.report_service_proxy("a", NodePhase::Applied, true, "", programming);
+    }
+    let pc = fleet.pc.clone();
+    let done = pc.status.clone().unwrap();
+    assert_eq!(done.last_good_revision.as_ref(), Some(&revision));
+    let mut npc = fleet.npcs["a"].clone();
+    assert_eq!(npc.spec.revision, revision);
+    npc.spec.assigned_at.0 = Timestamp::UNIX_EPOCH;
+    npc.status = Some(NodeProxyConfigStatus {
+        observed_revision: Some(revision),
+        phase: Some(NodePhase::Applied),
+        healthy: Some(false),
+        service_proxy: Some(ServiceProxyPhase::Standby),
+        ..NodeProxyConfigStatus::default()
+    });
+    let ctx = context(
+        client,
+        &pc,
+        vec![node("a", &[("kipvs.io/service-proxy", "kipvs")])],
+        vec![npc],
+    );
+    let task = tokio::spawn(reconcile(Arc::new(pc.clone()), ctx.clone()));
+    let (_, send) = expect(&mut server, "GET", KUBE_PROXY_DAEMONSET, &[]).await;
+    // As kubeadm upgrade writes it: no affinity.
+    let unpatched = json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "kube-proxy", "namespace": "kube-system"},
+        "spec": {
+            "selector": {"matchLabels": {"k8s-app": "kube-proxy"}},
+            "template": {"spec": {"containers": [{"name": "kube-proxy"}]}},
+        },
+    });
+    respond(send, 200, &unpatched);
+    let (body, send) = expect_status(&mut server, "fleet").await;
+    let degraded = body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .unwrap()
+        .clone();
+    assert_eq!(degraded["reason"], "KubeProxyReturned", "{degraded}");
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains("1 node(s)") && message.contains(": a;"),
+        "{message}"
+    );
+    assert!(message.contains("lost the node affinity"), "{message}");
+    respond(send, 200, &serde_json::to_value(&pc).unwrap());
+    let mut reasons = Vec::new();
+    while !task.is_finished() && reasons.len() < 3 {
+        let (event, send) = expect_event(&mut server).await;
+        reasons.push(event["reason"].as_str().unwrap().to_owned());
+        respond(send, 201, &event);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        reasons.iter().any(|r| r == "KubeProxyReturned"),
+        "{reasons:?}"
+    );
+    task.await.unwrap().unwrap();
+    no_request(
+        &mut server,
+        Duration::from_millis(300),
+        "no label, no write",
     )
     .await;
 }
