@@ -54,6 +54,8 @@ fn every_kind() -> BTreeSet<SetElement> {
         SetElement::ClusterIp(c6),
         SetElement::External(key("192.168.0.10", Protocol::Tcp, 30080)),
         SetElement::ExternalLocal(key("192.168.0.10", Protocol::Sctp, 30081)),
+        SetElement::ExternalNoLocal(key("192.168.0.10", Protocol::Sctp, 30081)),
+        SetElement::ExternalNoLocal(key("fd00::10", Protocol::Tcp, 30083)),
         SetElement::External(key("fd00::10", Protocol::Udp, 30082)),
         SetElement::ServiceIp("10.96.0.10".parse().unwrap()),
         SetElement::ServiceIp("fd00:96::a".parse().unwrap()),

@@ -2,7 +2,7 @@
 //! alone cannot do (kube-proxy's IPVS mode does them with iptables and ipsets; reference
 //! `kube-proxy-ipvs.md` section 1, "iptables").
 //!
-//! kipvs owns one table, `inet kipvs`, with a constant set of rules (17, whatever the number of
+//! kipvs owns one table, `inet kipvs`, with a constant set of rules (19, whatever the number of
 //! Services) that look up **named sets**; Services only ever add and delete set elements. The
 //! elements are [`SetElement`]s, planned per Service (`plan_service`) and diffed like virtual
 //! servers, so one endpoint change costs a handful of elements. Every change of one sync goes to
@@ -15,6 +15,7 @@
 //! | `cluster-ips` | ClusterIP `ip . proto . port` | masquerade from outside `clusterCIDR` (or all with `masqueradeAll`), or from a service IP (the node itself) |
 //! | `external` | NodePort / externalIP / load-balancer `ip . proto . port`, `externalTrafficPolicy: Cluster` | masquerade always |
 //! | `external-local` | the same with `externalTrafficPolicy: Local` | never masqueraded: the backend sees the client |
+//! | `external-no-local` | an `external-local` one whose Service has endpoints, none on this node | new connections from outside the cluster rejected (kube-proxy IPVS's answer); pods (local-traffic detection) and the node itself served |
 //! | `service-ips` | each address bound on `kube-ipvs0` | new connections to other ports are rejected (kubernetes#72236) |
 //! | `hairpin` | `endpoint . endpoint` for local endpoints | a pod reaching itself through its Service is masqueraded |
 //! | `firewall` | load-balancer `ip . proto . port` with `loadBalancerSourceRanges` | traffic not from an allowed source is dropped |
@@ -33,6 +34,7 @@ use super::program::{Program, ProgramError};
 use crate::model::{NftRules, Protocol, SetElement, VirtualServerKey};
 use ipnet::IpNet;
 use nftables::expr::{BinaryOperation, CT, Expression, Meta, MetaKey, NamedExpression};
+use nftables::expr::{Fib, FibFlag, FibResult};
 use nftables::expr::{Payload, PayloadField, Prefix, SetItem};
 use nftables::schema::{
     Chain, Element, NfCmd, NfListObject, NfObject, Nftables, Rule, Set, SetFlag, SetType,
@@ -53,6 +55,7 @@ pub fn element_expr(element: &SetElement) -> Expression<'static> {
         SetElement::ClusterIp(k)
         | SetElement::External(k)
         | SetElement::ExternalLocal(k)
+        | SetElement::ExternalNoLocal(k)
         | SetElement::Firewall(k) => concat(key_parts(&k).to_vec()),
         SetElement::FirewallAllow(k, net) => {
             let mut parts = key_parts(&k).to_vec();
@@ -81,6 +84,7 @@ pub fn parse_element(set: &str, expr: &Expression<'_>) -> Option<SetElement> {
         ("cluster-ips", [a, p, n]) => SetElement::ClusterIp(parse_key(a, p, n)?),
         ("external", [a, p, n]) => SetElement::External(parse_key(a, p, n)?),
         ("external-local", [a, p, n]) => SetElement::ExternalLocal(parse_key(a, p, n)?),
+        ("external-no-local", [a, p, n]) => SetElement::ExternalNoLocal(parse_key(a, p, n)?),
         ("firewall", [a, p, n]) => SetElement::Firewall(parse_key(a, p, n)?),
         ("firewall-allow", [a, p, n, s]) => {
             SetElement::FirewallAllow(parse_key(a, p, n)?, parse_net(s)?)
@@ -265,9 +269,10 @@ impl NftRules {
         )]
     }
 
-    /// `filter-input`: the load-balancer firewall, then the health-check node ports, then the
-    /// rejection of new connections to service IPs on ports that are not theirs (kube-proxy's
-    /// `KUBE-IPVS-FILTER`).
+    /// `filter-input`: the load-balancer firewall, the rejection of outside clients of
+    /// `externalTrafficPolicy: Local` without local endpoints, then the health-check node
+    /// ports, then the rejection of new connections to service IPs on ports that are not
+    /// theirs (kube-proxy's `KUBE-IPVS-FILTER`).
     fn filter_input(&self, f: Family) -> Vec<RuleBody> {
         let v = f.name();
         let mut reject = vec![
@@ -292,18 +297,28 @@ impl NftRules {
                 format!("{v}: drop sources outside loadBalancerSourceRanges"),
                 f.firewall(),
             ),
-            // After the source-range drop, before the reject: health-check ports are accepted
-            // on the node's own addresses only (the input hook sees local destinations; service
-            // IPs are excluded), so they never open a firewalled load-balancer IP.
             (
                 "filter-input",
-                format!("{v}: accept healthCheckNodePorts on the node's own addresses"),
+                format!(
+                    "{v}: reject outside clients of externalTrafficPolicy Local without local \
+                     endpoints"
+                ),
+                self.reject_outside_without_local_endpoints(f),
+            ),
+            // After the source-range drop, before the reject: health-check ports are accepted
+            // on every local address, load-balancer IPs included: GCE-style load balancers
+            // probe LB-IP:healthCheckNodePort (kube-proxy's KUBE-IPVS-FILTER returns for
+            // KUBE-HEALTH-CHECK-NODE-PORT whatever the destination, kubernetes#117723). The
+            // source-range drop matches a load-balancer IP with its service port only, so a
+            // health-check port never opens a firewalled service port.
+            (
+                "filter-input",
+                format!("{v}: accept healthCheckNodePorts, load-balancer IPs included"),
                 vec![
-                    Statement::Match(Match {
-                        left: payload(f.proto, "daddr"),
-                        right: f.set("service-ips"),
-                        op: Operator::NEQ,
-                    }),
+                    matches(
+                        meta(MetaKey::Nfproto),
+                        Expression::String(if f.v6 { "ipv6" } else { "ipv4" }.into()),
+                    ),
                     matches(payload("tcp", "dport"), set_ref("health-check-ports")),
                     Statement::Accept(None),
                 ],
@@ -314,6 +329,49 @@ impl NftRules {
                 reject,
             ),
         ]
+    }
+
+    /// The statements rejecting a new connection to an `external-no-local` virtual server
+    /// (`externalTrafficPolicy: Local`, no local endpoint) from outside the cluster: not from
+    /// the node itself (`fib saddr type local`, kube-proxy's `--src-type LOCAL`) nor, when `clusterCIDR` is set, from a pod (kube-proxy's iptables "pods trying to reach external
+    /// load-balancer VIP" short-circuit, by `clusterCIDR`).
+    ///
+    /// `reject` answers ICMP port unreachable (ICMPv6 for IPv6), what kube-proxy's IPVS mode
+    /// answers there: its virtual server has no real server, and IPVS's `ip_vs_leave` sends
+    /// `ICMP_PORT_UNREACH` whatever the protocol. Without this rule outside clients reached
+    /// remote endpoints unmasqueraded and hung on the asymmetric return path.
+    fn reject_outside_without_local_endpoints(&self, f: Family) -> Vec<Statement<'static>> {
+        let mut statements = vec![
+            Statement::Match(Match {
+                left: ct_state(),
+                right: Expression::String("new".into()),
+                op: Operator::IN,
+            }),
+            matches(f.destination(), f.set("external-no-local")),
+            Statement::Match(Match {
+                left: Expression::Named(NamedExpression::Fib(Fib {
+                    result: FibResult::Type,
+                    flags: HashSet::from([FibFlag::Saddr]),
+                })),
+                right: Expression::String("local".into()),
+                op: Operator::NEQ,
+            }),
+        ];
+        let cidrs: Vec<SetItem<'static>> = self
+            .cluster_cidrs()
+            .iter()
+            .filter(|net| net.addr().is_ipv6() == f.v6)
+            .map(|&net| SetItem::Element(prefix(net)))
+            .collect();
+        if !cidrs.is_empty() {
+            statements.push(Statement::Match(Match {
+                left: payload(f.proto, "saddr"),
+                right: Expression::Named(NamedExpression::Set(cidrs)),
+                op: Operator::NEQ,
+            }));
+        }
+        statements.push(Statement::Reject(None));
+        statements
     }
 
     /// `filter-output`: the load-balancer firewall for the node's own connections.
@@ -763,7 +821,14 @@ fn sets() -> Vec<(String, SetTypeValue<'static>, bool)> {
     let key = |addr: SetType| vec![addr, SetType::InetProto, SetType::InetService];
     let mut out = Vec::new();
     for f in FAMILIES {
-        for name in ["cluster-ips", "external", "external-local", "firewall"] {
+        let keyed = [
+            "cluster-ips",
+            "external",
+            "external-local",
+            "external-no-local",
+            "firewall",
+        ];
+        for name in keyed {
             out.push((
                 format!("{name}{}", f.suffix),
                 concat_type(key(f.addr)),
@@ -1129,8 +1194,9 @@ mod tests {
     }
 
     /// The rule order is part of the contract with the kernel (a restart compares comments):
-    /// marks, masquerade, then per family: the source-range drop, the health-check accept
-    /// (node addresses only), the reject.
+    /// marks, masquerade, then per family: the source-range drop, the rejection of outside
+    /// clients of `externalTrafficPolicy: Local` without local endpoints, the health-check
+    /// accept (every address), the reject.
     #[test]
     fn rules_are_constant_and_in_chain_order() {
         let rules = NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false);
@@ -1152,16 +1218,18 @@ mod tests {
                 "IPv4: masquerade hairpin traffic (an endpoint reaching itself)",
                 "IPv6: masquerade hairpin traffic (an endpoint reaching itself)",
                 "IPv4: drop sources outside loadBalancerSourceRanges",
-                "IPv4: accept healthCheckNodePorts on the node's own addresses",
+                "IPv4: reject outside clients of externalTrafficPolicy Local without local endpoints",
+                "IPv4: accept healthCheckNodePorts, load-balancer IPs included",
                 "IPv4: reject new connections to service IPs on other ports",
                 "IPv6: drop sources outside loadBalancerSourceRanges",
-                "IPv6: accept healthCheckNodePorts on the node's own addresses",
+                "IPv6: reject outside clients of externalTrafficPolicy Local without local endpoints",
+                "IPv6: accept healthCheckNodePorts, load-balancer IPs included",
                 "IPv6: reject new connections to service IPs on other ports",
                 "IPv4: drop node traffic outside loadBalancerSourceRanges",
                 "IPv6: drop node traffic outside loadBalancerSourceRanges",
             ]
         );
-        assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 17);
+        assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 19);
     }
 
     /// However many cluster CIDRs a cluster has, every rule comment fits what `nft` accepts

@@ -64,6 +64,7 @@ pub fn key(element: &SetElement) -> Option<Vec<u8>> {
         SetElement::ClusterIp(k)
         | SetElement::External(k)
         | SetElement::ExternalLocal(k)
+        | SetElement::ExternalNoLocal(k)
         | SetElement::Firewall(k) => destination(k),
         SetElement::ServiceIp(ip) => address(*ip),
         SetElement::Hairpin(ip) => [address(*ip), address(*ip)].concat(),

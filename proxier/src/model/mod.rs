@@ -45,7 +45,8 @@ pub struct VirtualServerSpec {
     /// (`sessionAffinityConfig.clientIP.timeoutSeconds`, default 10800), which sets
     /// `IP_VS_SVC_F_PERSISTENT`.
     pub persistence_timeout: Option<u32>,
-    /// Scheduler flags (`IP_VS_SVC_F_SCHED1..3`), e.g. `0x10` for `mh` source-port hashing.
+    /// Scheduler flags (`IP_VS_SVC_F_SCHED1..3`), e.g. `0x10` for `mh` source-port hashing and
+    /// `0x08` for the `mh`/`sh` fallback past weight-0 real servers.
     pub sched_flags: SchedFlags,
 }
 

@@ -19,6 +19,12 @@ pub enum SetElement {
     External(VirtualServerKey),
     /// `external-local`: the same with `externalTrafficPolicy: Local` (client IP preserved).
     ExternalLocal(VirtualServerKey),
+    /// `external-no-local`: an [`SetElement::ExternalLocal`] virtual server while its Service
+    /// has endpoints but none on this node. It keeps the cluster-wide real servers for clients
+    /// in the cluster (pods, by `clusterCIDR`, and the node itself); new connections from
+    /// outside are rejected as kube-proxy's IPVS virtual server without real servers answers
+    /// them (ICMP port unreachable, `ip_vs_leave`).
+    ExternalNoLocal(VirtualServerKey),
     /// `service-ips`: an address bound on `kube-ipvs0`.
     ServiceIp(IpAddr),
     /// `hairpin`: a local endpoint IP (the element is `ip . ip`).
@@ -39,6 +45,7 @@ impl SetElement {
             SetElement::ClusterIp(_) => ("cluster-ips", "cluster-ips-v6"),
             SetElement::External(_) => ("external", "external-v6"),
             SetElement::ExternalLocal(_) => ("external-local", "external-local-v6"),
+            SetElement::ExternalNoLocal(_) => ("external-no-local", "external-no-local-v6"),
             SetElement::ServiceIp(_) => ("service-ips", "service-ips-v6"),
             SetElement::Hairpin(_) => ("hairpin", "hairpin-v6"),
             SetElement::Firewall(_) => ("firewall", "firewall-v6"),
@@ -55,6 +62,7 @@ impl SetElement {
             SetElement::ClusterIp(k)
             | SetElement::External(k)
             | SetElement::ExternalLocal(k)
+            | SetElement::ExternalNoLocal(k)
             | SetElement::Firewall(k)
             | SetElement::FirewallAllow(k, _) => Some(*k),
             SetElement::ServiceIp(_)
@@ -69,6 +77,7 @@ impl SetElement {
             SetElement::ClusterIp(k)
             | SetElement::External(k)
             | SetElement::ExternalLocal(k)
+            | SetElement::ExternalNoLocal(k)
             | SetElement::Firewall(k)
             | SetElement::FirewallAllow(k, _) => k.address.is_ipv6(),
             SetElement::ServiceIp(ip) | SetElement::Hairpin(ip) => ip.is_ipv6(),
@@ -86,6 +95,7 @@ impl SetElement {
             SetElement::ClusterIp(k)
             | SetElement::External(k)
             | SetElement::ExternalLocal(k)
+            | SetElement::ExternalNoLocal(k)
             | SetElement::Firewall(k) => key(k),
             SetElement::FirewallAllow(k, net) => format!("{} . {net}", key(k)),
             SetElement::ServiceIp(ip) => ip.to_string(),

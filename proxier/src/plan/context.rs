@@ -14,6 +14,15 @@ use std::net::IpAddr;
 /// source port too. kube-proxy sets it (`FlagSourceHash`) whenever the scheduler is `mh`.
 pub const SCHED_FLAG_MH_PORT: SchedFlags = 0x10;
 
+/// `IP_VS_SVC_F_SCHED_MH_FALLBACK` / `IP_VS_SVC_F_SCHED_SH_FALLBACK` (= `IP_VS_SVC_F_SCHED1`,
+/// 0x08, `include/uapi/linux/ip_vs.h`): when the real server `mh` or `sh` hashes a connection
+/// to has weight 0 (or is overloaded), pick another one instead of answering "no destination
+/// available". kipvs keeps serving+terminating endpoints at weight 0 for their grace period,
+/// so without it a client hashed to one of them is refused (kubernetes#139497, PR#138688;
+/// kube-router's `flag-1`). kube-proxy 1.20 sets no scheduler flag; kipvs sets this one for
+/// both schedulers (and `sh-port` never, as kube-proxy never does).
+pub const SCHED_FLAG_FALLBACK: SchedFlags = 0x08;
+
 /// What every Service plan shares: derived once per [`plan`](super::plan) from the node and configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanContext {
@@ -212,16 +221,17 @@ fn is_ipv6_link_local(ip: &IpAddr) -> bool {
     matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
-/// The virtual-server settings of a scheduler: its name, no persistence, and the source-port
-/// hashing flag for `mh` (kube-proxy's `FlagSourceHash`).
+/// The virtual-server settings of a scheduler: its name, no persistence, and its flags: for
+/// `mh` the source-port hashing flag (kube-proxy's `FlagSourceHash`) and the fallback
+/// ([`SCHED_FLAG_FALLBACK`]), for `sh` the fallback.
 pub(super) fn scheduler_spec(scheduler: &str) -> VirtualServerSpec {
     VirtualServerSpec {
         scheduler: scheduler.into(),
         persistence_timeout: None,
-        sched_flags: if scheduler == "mh" {
-            SCHED_FLAG_MH_PORT
-        } else {
-            0
+        sched_flags: match scheduler {
+            "mh" => SCHED_FLAG_MH_PORT | SCHED_FLAG_FALLBACK,
+            "sh" => SCHED_FLAG_FALLBACK,
+            _ => 0,
         },
     }
 }

@@ -42,10 +42,11 @@ pub type Touched = Scope;
 
 /// The set elements named by a virtual server alone, kept as bits of [`Own::derived`] (bit
 /// `i` for `DERIVED[i]`) instead of a 38-byte element each.
-const DERIVED: [fn(VirtualServerKey) -> SetElement; 4] = [
+const DERIVED: [fn(VirtualServerKey) -> SetElement; 5] = [
     SetElement::ClusterIp,
     SetElement::External,
     SetElement::ExternalLocal,
+    SetElement::ExternalNoLocal,
     SetElement::Firewall,
 ];
 

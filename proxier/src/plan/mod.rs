@@ -71,7 +71,7 @@ pub mod kube_proxy;
 mod outcome;
 mod service;
 
-pub use context::{PlanContext, SCHED_FLAG_MH_PORT};
+pub use context::{PlanContext, SCHED_FLAG_FALLBACK, SCHED_FLAG_MH_PORT};
 pub use index::{DesiredIndex, IndexBuilder, ServiceKey, Touched};
 pub use outcome::{NoLocalEndpoints, Plan, Problem};
 pub use service::{ServicePlan, plan_service};
@@ -314,7 +314,12 @@ mod tests {
     #[test]
     fn scheduler_and_flags() {
         let node_ips = [];
-        for (scheduler, expected, flags) in [("", "rr", 0), ("wlc", "wlc", 0), ("mh", "mh", 0x10)] {
+        for (scheduler, expected, flags) in [
+            ("", "rr", 0),
+            ("wlc", "wlc", 0),
+            ("mh", "mh", 0x18),
+            ("sh", "sh", 0x08),
+        ] {
             let mut config = ProxierConfiguration::default();
             config.ipvs.scheduler = scheduler.into();
             let (context, _) = PlanContext::new("n", None, &node_ips, &config);

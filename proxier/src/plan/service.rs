@@ -510,6 +510,10 @@ impl PortPlan {
         plan.no_local_endpoints_internal |= policy.internal_local && scopes.no_local();
         plan.no_local_endpoints_external |= policy.external_local && scopes.no_local();
         let (internal, external) = (scopes.internal(policy), scopes.external(policy));
+        // kube-proxy's IPVS mode leaves these virtual servers without real servers (outside
+        // clients get ICMP port unreachable); kipvs keeps the cluster-wide ones for clients in
+        // the cluster and has nftables reject the others (`external-no-local`).
+        let outside_rejected = policy.external_local && scopes.no_local();
         for &ip in addresses.cluster_ips.iter().filter(family) {
             self.add(plan, ip, self.number, internal);
             plan.bind_addresses.insert(ip);
@@ -522,6 +526,10 @@ impl PortPlan {
             .chain(&addresses.load_balancer_ips);
         for &ip in outside.filter(family) {
             self.plan_outside_ip(plan, ip, addresses, external, policy, context);
+            if outside_rejected {
+                plan.set_elements
+                    .insert(SetElement::ExternalNoLocal(self.key(ip, self.number)));
+            }
         }
         self.firewall(plan, addresses, context, ipv4);
         if let Some(node_port) = self.node_port {
@@ -529,6 +537,10 @@ impl PortPlan {
                 self.add(plan, ip, node_port, external);
                 plan.set_elements
                     .insert(policy.external_element(self.key(ip, node_port)));
+                if outside_rejected {
+                    plan.set_elements
+                        .insert(SetElement::ExternalNoLocal(self.key(ip, node_port)));
+                }
             }
         }
         // Hairpin: a local endpoint that reaches itself through the Service.
