@@ -2,14 +2,18 @@
 //! name, and a client that keeps sending requests through a Service while the test rolls its
 //! backends, restarts the proxier, flips gates and stops the apiserver.
 //!
-//! - `serve --name NAME --port P`: TCP and UDP on port P. Over TCP every line received is answered
+//! - `serve --name NAME --port P`: TCP and UDP on port P of both families (`[::]`, IPv4 as mapped
+//!   addresses; `0.0.0.0` where the host has no IPv6). Over TCP every line received is answered
 //!   with `NAME\n` on the same connection (one line for a short request, many for a long-lived
 //!   connection); every UDP datagram is answered with `NAME\n`.
 //! - `probe tcp|udp IP:PORT`: one request; prints the answer, exit status 1 without one.
-//! - `load --tcp IP:PORT [--udp IP:PORT] --rate R --udp-rate U --long N --stats FILE --stop FILE`:
+//! - `load --tcp IP:PORT... [--udp IP:PORT...] --rate R --udp-rate U --long N --stats FILE --stop FILE`:
 //!   opens R new TCP connections per second (one request each), sends U UDP datagrams per second
 //!   (one query each, a fresh source port each time), and holds N long-lived TCP connections that
-//!   send a line every 200 ms, until the stop file exists. FILE is rewritten every 200 ms with the
+//!   send a line every 200 ms, until the stop file exists. With several targets of a protocol
+//!   (`--tcp` and `--udp` repeat: an IPv4 and an IPv6 address of a dual-stack Service), requests
+//!   and long-lived connections take them in turn, so each gets an equal share of the load; the
+//!   IPv6 share is also counted apart (`tcp6_*`, `udp6_*`). FILE is rewritten every 200 ms with the
 //!   counters (one `key=value` line, see [`Counters::line`]); every failure is logged on stderr
 //!   with its time and cause. A long-lived connection that fails is counted as broken and opened
 //!   again (a failed attempt to open one counts as `long_connect_failed`).
@@ -25,7 +29,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -61,10 +65,12 @@ enum Command {
     Probe { protocol: Proto, target: SocketAddr },
     /// Continuous requests until the stop file exists.
     Load {
+        /// TCP targets, taken in turn (repeat the flag).
+        #[arg(long, required = true)]
+        tcp: Vec<SocketAddr>,
+        /// UDP targets, taken in turn (repeat the flag).
         #[arg(long)]
-        tcp: SocketAddr,
-        #[arg(long)]
-        udp: Option<SocketAddr>,
+        udp: Vec<SocketAddr>,
         /// New TCP connections per second.
         #[arg(long, default_value_t = 25)]
         rate: u32,
@@ -111,12 +117,15 @@ fn main() {
             long,
             stats,
             stop,
-        } => load(tcp, udp.map(|u| (u, udp_rate)), rate, long, &stats, &stop),
+        } => load(&tcp, &udp, rate, udp_rate, long, &stats, &stop),
     }
 }
 
 fn serve(name: &str, port: u16) {
-    let udp = UdpSocket::bind(("0.0.0.0", port)).expect("bind UDP");
+    // `[::]` takes both families (Linux's default `bindv6only=0`); a host without IPv6 refuses it.
+    let udp = UdpSocket::bind(("::", port))
+        .or_else(|_| UdpSocket::bind(("0.0.0.0", port)))
+        .expect("bind UDP");
     let reply = format!("{name}\n");
     let udp_reply = reply.clone();
     thread::spawn(move || {
@@ -127,7 +136,9 @@ fn serve(name: &str, port: u16) {
             }
         }
     });
-    let listener = TcpListener::bind(("0.0.0.0", port)).expect("bind TCP");
+    let listener = TcpListener::bind(("::", port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+        .expect("bind TCP");
     for stream in listener.incoming().flatten() {
         let reply = reply.clone();
         thread::spawn(move || {
@@ -199,6 +210,11 @@ struct Counters {
     tcp_failed: AtomicU64,
     udp_sent: AtomicU64,
     udp_failed: AtomicU64,
+    /// The IPv6 share of the four above (included in them).
+    tcp6_sent: AtomicU64,
+    tcp6_failed: AtomicU64,
+    udp6_sent: AtomicU64,
+    udp6_failed: AtomicU64,
     /// Long-lived connections opened (reopened ones included).
     long_opened: AtomicU64,
     /// Lines answered on long-lived connections.
@@ -219,19 +235,24 @@ struct Counters {
 }
 
 impl Counters {
-    /// `tcp_sent=.. tcp_failed=.. udp_sent=.. udp_failed=.. long_opened=.. long_lines=..
-    /// long_broken=.. long_connect_failed=.. slow=.. pauses=.. pause_max_ms=..
-    /// backends=name:count,.. long=name,..`
+    /// `tcp_sent=.. tcp_failed=.. udp_sent=.. udp_failed=.. tcp6_sent=.. tcp6_failed=..
+    /// udp6_sent=.. udp6_failed=.. long_opened=.. long_lines=.. long_broken=..
+    /// long_connect_failed=.. slow=.. pauses=.. pause_max_ms=.. backends=name:count,..
+    /// long=name,..`
     fn line(&self) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let backends = self.backends.lock().expect("not poisoned");
         let long = self.long_backends.lock().expect("not poisoned");
         format!(
-            "tcp_sent={} tcp_failed={} udp_sent={} udp_failed={} long_opened={} long_lines={} long_broken={} long_connect_failed={} slow={} pauses={} pause_max_ms={} backends={} long={}",
+            "tcp_sent={} tcp_failed={} udp_sent={} udp_failed={} tcp6_sent={} tcp6_failed={} udp6_sent={} udp6_failed={} long_opened={} long_lines={} long_broken={} long_connect_failed={} slow={} pauses={} pause_max_ms={} backends={} long={}",
             get(&self.tcp_sent),
             get(&self.tcp_failed),
             get(&self.udp_sent),
             get(&self.udp_failed),
+            get(&self.tcp6_sent),
+            get(&self.tcp6_failed),
+            get(&self.udp6_sent),
+            get(&self.udp6_failed),
             get(&self.long_opened),
             get(&self.long_lines),
             get(&self.long_broken),
@@ -248,15 +269,43 @@ impl Counters {
         )
     }
 
-    /// Send one request (`request`) and count its outcome.
+    /// The counters of `protocol`'s requests sent and failed, and those of their IPv6 share.
+    fn of(&self, protocol: Proto) -> [&AtomicU64; 4] {
+        match protocol {
+            Proto::Tcp => [
+                &self.tcp_sent,
+                &self.tcp_failed,
+                &self.tcp6_sent,
+                &self.tcp6_failed,
+            ],
+            Proto::Udp => [
+                &self.udp_sent,
+                &self.udp_failed,
+                &self.udp6_sent,
+                &self.udp6_failed,
+            ],
+        }
+    }
+
+    /// Send one request (`request`) of `protocol` to `target` and count its outcome.
     fn record(
         &self,
-        sent: &AtomicU64,
-        failed: &AtomicU64,
-        what: &str,
+        protocol: Proto,
+        target: SocketAddr,
         request: impl FnOnce() -> Result<String, String>,
     ) {
-        sent.fetch_add(1, Ordering::Relaxed);
+        let [sent, failed, sent6, failed6] = self.of(protocol);
+        let counted = |c: &AtomicU64, c6: &AtomicU64| {
+            c.fetch_add(1, Ordering::Relaxed);
+            if target.is_ipv6() {
+                c6.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let what = match protocol {
+            Proto::Tcp => format!("tcp {target}"),
+            Proto::Udp => format!("udp {target}"),
+        };
+        counted(sent, sent6);
         let start = Instant::now();
         let result =
             request().map_err(|e| format!("{e} (after {} ms)", start.elapsed().as_millis()));
@@ -275,11 +324,11 @@ impl Counters {
                     .or_default() += 1;
             }
             Ok(_) => {
-                failed.fetch_add(1, Ordering::Relaxed);
+                counted(failed, failed6);
                 log(&format!("{what}: empty answer"));
             }
             Err(e) => {
-                failed.fetch_add(1, Ordering::Relaxed);
+                counted(failed, failed6);
                 log(&format!("{what}: {e}"));
             }
         }
@@ -368,10 +417,12 @@ fn long_lived(id: usize, target: SocketAddr, counters: &Counters, stop: &std::pa
     }
 }
 
+/// The load: `tcp` and `udp` are each protocol's targets, taken in turn (`tcp` is not empty).
 fn load(
-    tcp: SocketAddr,
-    udp: Option<(SocketAddr, u32)>,
+    tcp: &[SocketAddr],
+    udp: &[SocketAddr],
     rate: u32,
+    udp_rate: u32,
     long: usize,
     stats: &std::path::Path,
     stop: &std::path::Path,
@@ -380,28 +431,27 @@ fn load(
     let stop = stop.to_path_buf();
     let mut threads = Vec::new();
     for id in 0..long {
-        let (counters, stop) = (counters.clone(), stop.clone());
-        threads.push(thread::spawn(move || long_lived(id, tcp, &counters, &stop)));
+        let (counters, stop, target) = (counters.clone(), stop.clone(), tcp[id % tcp.len()]);
+        threads.push(thread::spawn(move || {
+            long_lived(id, target, &counters, &stop)
+        }));
     }
-    // New TCP connections and UDP queries, each at its own pace.
+    // New TCP connections and UDP queries, each protocol at its own pace over its targets.
     type Request = fn(SocketAddr) -> Result<String, String>;
-    let mut paces: Vec<(Proto, SocketAddr, u32, Request)> =
-        vec![(Proto::Tcp, tcp, rate, tcp_request)];
-    if let Some((target, udp_rate)) = udp {
-        paces.push((Proto::Udp, target, udp_rate, udp_request));
-    }
-    for (protocol, target, per_second, request) in paces {
-        let (counters, stop) = (counters.clone(), stop.clone());
+    let paces: [(Proto, &[SocketAddr], u32, Request); 2] = [
+        (Proto::Tcp, tcp, rate, tcp_request),
+        (Proto::Udp, udp, udp_rate, udp_request),
+    ];
+    for (protocol, targets, per_second, request) in paces {
+        if targets.is_empty() {
+            continue;
+        }
+        let (counters, stop, targets) = (counters.clone(), stop.clone(), targets.to_vec());
+        let turn = Arc::new(AtomicUsize::new(0));
         threads.push(thread::spawn(move || {
             paced(per_second, &stop.clone(), move || {
-                let c = &counters;
-                let (sent, failed, name) = match protocol {
-                    Proto::Tcp => (&c.tcp_sent, &c.tcp_failed, "tcp"),
-                    Proto::Udp => (&c.udp_sent, &c.udp_failed, "udp"),
-                };
-                c.record(sent, failed, &format!("{name} {target}"), || {
-                    request(target)
-                });
+                let target = targets[turn.fetch_add(1, Ordering::Relaxed) % targets.len()];
+                counters.record(protocol, target, || request(target));
             })
         }));
     }
