@@ -939,6 +939,15 @@ async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Resu
     }
 }
 
+/// Turns transparent huge pages off for this process (and the `nft` it runs): on a kernel with
+/// THP `always`, mimalloc's arenas get 2 MiB pages where the heap touches 4 KiB ones (issue 32,
+/// peak RSS with `--dataplane fake`: 18 -> 10.6 MiB with no Service, 31 -> 21 MiB at 1k). A
+/// failure (a kernel without the flag) changes nothing else.
+fn no_transparent_huge_pages() {
+    // SAFETY: prctl(PR_SET_THP_DISABLE) takes integers and sets one flag of this process.
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+}
+
 /// mimalloc: planning allocates many small maps; with glibc's malloc a full plan of 50k Services
 /// spends a third of its time in malloc/free (`cargo bench -p kipvs-proxier --bench sync`;
 /// figures in docs/performance.md).
@@ -947,6 +956,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    no_transparent_huge_pages();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
