@@ -26,6 +26,18 @@
 //! nodePortAddresses: []
 //! nodePortRange: 30000-32767
 //! clusterCIDR: 10.244.0.0/16
+//! detectLocalMode: ClusterCIDR
+//! detectLocal:
+//!   bridgeInterface: ""
+//!   interfaceNamePrefix: ""
+//! conntrack:
+//!   maxPerCore: 32768
+//!   min: 131072
+//!   tcpEstablishedTimeout: 24h0m0s
+//!   tcpCloseWaitTimeout: 1h0m0s
+//!   tcpBeLiberal: false
+//!   udpTimeout: 0s
+//!   udpStreamTimeout: 0s
 //! nftables:
 //!   masqueradeAll: false
 //! healthzBindAddress: 0.0.0.0:10256
@@ -84,6 +96,19 @@ pub struct ProxierConfiguration {
     /// service IP is masqueraded (kube-proxy's rule without a detector).
     #[serde(rename = "clusterCIDR")]
     pub cluster_cidr: String,
+    /// How ClusterIP traffic from this node's pods is told from other traffic, which is
+    /// masqueraded (kube-proxy's `detectLocalMode`, KEP-2450): `ClusterCIDR` (the default, also
+    /// when empty: a source inside `clusterCIDR`), `NodeCIDR` (inside the Node's
+    /// `spec.podCIDRs`), `BridgeInterface` (arriving on `detectLocal.bridgeInterface`) or
+    /// `InterfaceNamePrefix` (arriving on an interface whose name starts with
+    /// `detectLocal.interfaceNamePrefix`). See [`LocalMode`].
+    pub detect_local_mode: String,
+    /// The interface of the `BridgeInterface` and `InterfaceNamePrefix` modes (kube-proxy's
+    /// `detectLocal`).
+    pub detect_local: DetectLocalConfiguration,
+    /// The node's conntrack table size and timeouts, as kube-proxy sets them (kube-proxy's
+    /// `conntrack`). Each is written only where it raises the kernel's value.
+    pub conntrack: ConntrackConfiguration,
     /// The nftables rules that complete IPVS (masquerade, hairpin, filtering).
     pub nftables: NftablesConfiguration,
     /// `ip:port` of the `/healthz` and `/livez` HTTP server. Default `0.0.0.0:10256`.
@@ -135,6 +160,102 @@ impl ServiceProxy {
             ServiceProxy::Kipvs => "kipvs",
             ServiceProxy::KubeProxy => "kube-proxy",
         }
+    }
+}
+
+/// `detectLocalMode` values (kube-proxy's `LocalMode`, KEP-2450).
+pub const LOCAL_MODES: [&str; 4] = [
+    "ClusterCIDR",
+    "NodeCIDR",
+    "BridgeInterface",
+    "InterfaceNamePrefix",
+];
+
+/// A parsed `detectLocalMode` with the `detectLocal` field it uses (kube-proxy's
+/// `getDetectLocalMode` and `getLocalDetector`, `cmd/kube-proxy/app/server_linux.go`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LocalMode {
+    /// `ClusterCIDR` (or empty): a source inside `clusterCIDR` is local; without a
+    /// `clusterCIDR` of a family nothing is detected for it.
+    ClusterCidr,
+    /// `NodeCIDR`: a source inside the Node's `spec.podCIDRs` is local.
+    NodeCidr,
+    /// `BridgeInterface`: traffic arriving on this interface is local.
+    BridgeInterface(String),
+    /// `InterfaceNamePrefix`: traffic arriving on an interface whose name starts with this is
+    /// local.
+    InterfaceNamePrefix(String),
+}
+
+/// kube-proxy's `detectLocal` block (`DetectLocalConfiguration`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DetectLocalConfiguration {
+    /// The bridge the node's pods are on (`detectLocalMode: BridgeInterface`), e.g. `cbr0`.
+    pub bridge_interface: String,
+    /// The prefix of the node's pod interfaces (`detectLocalMode: InterfaceNamePrefix`), e.g.
+    /// `veth`.
+    pub interface_name_prefix: String,
+}
+
+/// kube-proxy's `conntrack` block (`KubeProxyConntrackConfiguration`) with its defaults
+/// (`pkg/proxy/apis/config/v1alpha1/defaults.go`). The proxier writes each value only where it
+/// raises the kernel's (kube-proxy's `setIntSysCtl`), once per configuration; a value it
+/// cannot write is reported and never stops it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ConntrackConfiguration {
+    /// Conntrack entries per CPU: `net/netfilter/nf_conntrack_max` becomes
+    /// `maxPerCore` × CPUs, at least `min`, and the hash table
+    /// (`/sys/module/nf_conntrack/parameters/hashsize`) a quarter of it. Default 32768; `0`
+    /// leaves both alone (and ignores `min`).
+    pub max_per_core: u32,
+    /// The smallest `nf_conntrack_max` `maxPerCore` may give. Default 131072.
+    pub min: u32,
+    /// `nf_conntrack_tcp_timeout_established`, as a Go duration. Default `24h`; `0s` leaves
+    /// it alone.
+    #[serde(with = "duration::serde_go")]
+    #[schemars(schema_with = "schema::go_duration")]
+    pub tcp_established_timeout: Duration,
+    /// `nf_conntrack_tcp_timeout_close_wait`, as a Go duration. Default `1h`; `0s` leaves it
+    /// alone.
+    #[serde(with = "duration::serde_go")]
+    #[schemars(schema_with = "schema::go_duration")]
+    pub tcp_close_wait_timeout: Duration,
+    /// Set `nf_conntrack_tcp_be_liberal=1` (out-of-window TCP packets are not marked
+    /// INVALID). Default false (left alone).
+    pub tcp_be_liberal: bool,
+    /// `nf_conntrack_udp_timeout`, as a Go duration. Default `0s` (left alone).
+    #[serde(with = "duration::serde_go")]
+    #[schemars(schema_with = "schema::go_duration")]
+    pub udp_timeout: Duration,
+    /// `nf_conntrack_udp_timeout_stream`, as a Go duration. Default `0s` (left alone).
+    #[serde(with = "duration::serde_go")]
+    #[schemars(schema_with = "schema::go_duration")]
+    pub udp_stream_timeout: Duration,
+}
+
+impl Default for ConntrackConfiguration {
+    fn default() -> Self {
+        ConntrackConfiguration {
+            max_per_core: 32 * 1024,
+            min: 128 * 1024,
+            tcp_established_timeout: Duration::from_secs(24 * 3600),
+            tcp_close_wait_timeout: Duration::from_secs(3600),
+            tcp_be_liberal: false,
+            udp_timeout: Duration::ZERO,
+            udp_stream_timeout: Duration::ZERO,
+        }
+    }
+}
+
+impl ConntrackConfiguration {
+    /// The `nf_conntrack_max` to ensure on a node with `cpus` CPUs (kube-proxy's
+    /// `getConntrackMax`): `maxPerCore` × `cpus`, at least `min`; `None` when `maxPerCore` is
+    /// 0 (leave it alone).
+    pub fn max(&self, cpus: u32) -> Option<u64> {
+        (self.max_per_core > 0)
+            .then(|| (u64::from(self.max_per_core) * u64::from(cpus)).max(u64::from(self.min)))
     }
 }
 
@@ -203,6 +324,9 @@ impl Default for ProxierConfiguration {
             node_port_addresses: Vec::new(),
             node_port_range: DEFAULT_NODE_PORT_RANGE.to_owned(),
             cluster_cidr: String::new(),
+            detect_local_mode: String::new(),
+            detect_local: DetectLocalConfiguration::default(),
+            conntrack: ConntrackConfiguration::default(),
             nftables: NftablesConfiguration::default(),
             healthz_bind_address: "0.0.0.0:10256".to_owned(),
             metrics_bind_address: "127.0.0.1:10249".to_owned(),
@@ -461,6 +585,7 @@ impl ProxierConfiguration {
         self.parsed_node_port_addresses()?;
         self.parsed_node_port_range()?;
         self.parsed_cluster_cidrs()?;
+        self.parsed_local_mode()?;
         self.healthz_socket_addr()?;
         self.metrics_socket_addr()?;
         Ok(())
@@ -479,6 +604,52 @@ impl ProxierConfiguration {
             .enumerate()
             .map(|(i, cidr)| parse_cidr(cidr, || format!("clusterCIDR[{i}]")))
             .collect()
+    }
+
+    /// `detectLocalMode` with its `detectLocal` field (kube-proxy's `getDetectLocalMode` and
+    /// the validation of `detectLocal`, `pkg/proxy/apis/config/validation`): empty is
+    /// `ClusterCIDR`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] for a mode not in [`LOCAL_MODES`], or for `BridgeInterface` /
+    /// `InterfaceNamePrefix` without a valid interface name (or prefix) in `detectLocal`.
+    pub fn parsed_local_mode(&self) -> Result<LocalMode, ConfigError> {
+        let interface = |field: &str, name: &str| {
+            // The kernel's dev_valid_name: 1-15 bytes, not "." or "..", no '/', ':' or blank.
+            let valid = !name.is_empty()
+                && name.len() < 16
+                && name != "."
+                && name != ".."
+                && !name.contains(['/', ':'])
+                && !name.contains(char::is_whitespace);
+            if valid {
+                Ok(name.to_owned())
+            } else {
+                Err(invalid(
+                    format!("detectLocal.{field}"),
+                    format!(
+                        "{name:?} is not an interface name (1-15 characters, none of '/', ':' \
+                         or blanks); detectLocalMode {} needs one",
+                        self.detect_local_mode
+                    ),
+                ))
+            }
+        };
+        match self.detect_local_mode.trim() {
+            "" | "ClusterCIDR" => Ok(LocalMode::ClusterCidr),
+            "NodeCIDR" => Ok(LocalMode::NodeCidr),
+            "BridgeInterface" => interface("bridgeInterface", &self.detect_local.bridge_interface)
+                .map(LocalMode::BridgeInterface),
+            "InterfaceNamePrefix" => interface(
+                "interfaceNamePrefix",
+                &self.detect_local.interface_name_prefix,
+            )
+            .map(LocalMode::InterfaceNamePrefix),
+            other => Err(invalid(
+                "detectLocalMode",
+                format!("{other:?} is not one of {}", LOCAL_MODES.join(", ")),
+            )),
+        }
     }
 
     /// Whether `gate` is on: its `featureGates` entry, or the gate's default (on).

@@ -23,6 +23,9 @@
 //! | `ipvs.syncPeriod` | same field | `30s` (kube-proxy's `SetDefaults_KubeProxyConfiguration`) |
 //! | `ipvs.minSyncPeriod`, `ipvs.tcpTimeout`, `ipvs.tcpFinTimeout`, `ipvs.udpTimeout` | same field | `0s` |
 //! | `clusterCIDR` | same field | none |
+//! | `detectLocalMode`, `detectLocal.bridgeInterface`, `detectLocal.interfaceNamePrefix` | same fields (KEP-2450) | `ClusterCIDR` |
+//! | `conntrack.maxPerCore`, `conntrack.min`, `conntrack.tcpEstablishedTimeout`, `conntrack.tcpCloseWaitTimeout` | same fields | `null`: kube-proxy's default (32768, 131072, `24h`, `1h`); `0`: leave the kernel's value |
+//! | `conntrack.tcpBeLiberal`, `conntrack.udpTimeout`, `conntrack.udpStreamTimeout` | same fields | false / `0s`: leave the kernel's value |
 //! | `iptables.masqueradeAll` (what IPVS mode reads), `nftables.masqueradeAll` | `nftables.masqueradeAll` (true if either is) | false |
 //! | `nodePortAddresses` | same field; the keywords `all` and `localhost` become their CIDRs | every node IP |
 //! | `healthzBindAddress`, `metricsBindAddress` | same field; an address without a port gets 10256 / 10249 (`AppendPortIfNeeded`) | `0.0.0.0:10256` / `127.0.0.1:10249`, or `[::]:10256` / `[::1]:10249` when `bindAddress` is IPv6 |
@@ -61,13 +64,10 @@ const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// The top-level fields of `KubeProxyConfiguration` v1alpha1 that kipvs ignores (current ones,
 /// and `udpIdleTimeout` and `resourceContainer` of older releases). Fields not listed here
 /// nor read by kipvs are unknown to kube-proxy as well.
-const IGNORED_FIELDS: [&str; 18] = [
+const IGNORED_FIELDS: [&str; 15] = [
     "bindAddressHardFail",
     "clientConnection",
     "configSyncPeriod",
-    "conntrack",
-    "detectLocal",
-    "detectLocalMode",
     "enableProfiling",
     "hostnameOverride",
     "iptables",
@@ -96,6 +96,35 @@ struct KubeProxyConfiguration {
     ipvs: Option<KubeProxyIpvs>,
     #[serde(rename = "clusterCIDR")]
     cluster_cidr: Option<String>,
+    detect_local_mode: Option<String>,
+    detect_local: Option<KubeProxyDetectLocal>,
+    conntrack: Option<KubeProxyConntrack>,
+    #[serde(flatten)]
+    ignored: Map<String, Value>,
+}
+
+/// `DetectLocalConfiguration`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct KubeProxyDetectLocal {
+    bridge_interface: Option<String>,
+    interface_name_prefix: Option<String>,
+    #[serde(flatten)]
+    ignored: Map<String, Value>,
+}
+
+/// `KubeProxyConntrackConfiguration`: `maxPerCore`, `min` and the TCP timeouts are pointers
+/// (`null` takes kube-proxy's default), the UDP timeouts are not (zero leaves the kernel's).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct KubeProxyConntrack {
+    max_per_core: Option<i64>,
+    min: Option<i64>,
+    tcp_established_timeout: Option<Value>,
+    tcp_close_wait_timeout: Option<Value>,
+    tcp_be_liberal: Option<bool>,
+    udp_timeout: Option<Value>,
+    udp_stream_timeout: Option<Value>,
     #[serde(flatten)]
     ignored: Map<String, Value>,
 }
@@ -221,10 +250,26 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
     let ipvs = ipvs_configuration(file.ipvs.take().unwrap_or_default(), &mut warnings)?;
     let masquerade_all = masquerade_all(&mut file.ignored)?;
     let (healthz_bind_address, metrics_bind_address) = bind_addresses(&mut file);
+    let conntrack =
+        conntrack_configuration(file.conntrack.take().unwrap_or_default(), &mut warnings)?;
+    let detect_local = file.detect_local.take().unwrap_or_default();
+    for (name, value) in &detect_local.ignored {
+        set_leaves(&format!("detectLocal.{name}"), value, &mut |path| {
+            warnings.push(format!(
+                "{path} is not a {KIND} {API_VERSION} field; ignored"
+            ));
+        });
+    }
     let config = ProxierConfiguration {
         feature_gates,
         ipvs,
         cluster_cidr: file.cluster_cidr.unwrap_or_default(),
+        detect_local_mode: file.detect_local_mode.unwrap_or_default(),
+        detect_local: config::DetectLocalConfiguration {
+            bridge_interface: detect_local.bridge_interface.unwrap_or_default(),
+            interface_name_prefix: detect_local.interface_name_prefix.unwrap_or_default(),
+        },
+        conntrack,
         nftables: crate::NftablesConfiguration { masquerade_all },
         node_port_addresses: file
             .node_port_addresses
@@ -337,6 +382,64 @@ fn ipvs_configuration(
         });
     }
     Ok(config)
+}
+
+/// The `conntrack` block: a `null` (or missing) `maxPerCore`, `min`, `tcpEstablishedTimeout`
+/// or `tcpCloseWaitTimeout` takes kube-proxy's default (`SetDefaults_KubeProxyConfiguration`),
+/// as kubeadm's file, which spells them all `null`, expects; zero leaves the kernel's value.
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] for a negative or too large count (kube-proxy's validation), or a
+/// duration that does not parse.
+fn conntrack_configuration(
+    conntrack: KubeProxyConntrack,
+    warnings: &mut Vec<String>,
+) -> Result<config::ConntrackConfiguration, ConfigError> {
+    let defaults = config::ConntrackConfiguration::default();
+    let count = |field: &str, value: Option<i64>, default: u32| match value {
+        None => Ok(default),
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|&n| i32::try_from(n).is_ok())
+            .ok_or_else(|| {
+                invalid(
+                    &format!("conntrack.{field}"),
+                    format!("{n} must be between 0 and {}", i32::MAX),
+                )
+            }),
+    };
+    let timeout = |field: &str, value: &Option<Value>, default: Duration| {
+        duration_field(&format!("conntrack.{field}"), value).map(|d| d.unwrap_or(default))
+    };
+    for (name, value) in &conntrack.ignored {
+        set_leaves(&format!("conntrack.{name}"), value, &mut |path| {
+            warnings.push(format!(
+                "{path} is not a {KIND} {API_VERSION} field; ignored"
+            ));
+        });
+    }
+    Ok(config::ConntrackConfiguration {
+        max_per_core: count("maxPerCore", conntrack.max_per_core, defaults.max_per_core)?,
+        min: count("min", conntrack.min, defaults.min)?,
+        tcp_established_timeout: timeout(
+            "tcpEstablishedTimeout",
+            &conntrack.tcp_established_timeout,
+            defaults.tcp_established_timeout,
+        )?,
+        tcp_close_wait_timeout: timeout(
+            "tcpCloseWaitTimeout",
+            &conntrack.tcp_close_wait_timeout,
+            defaults.tcp_close_wait_timeout,
+        )?,
+        tcp_be_liberal: conntrack.tcp_be_liberal.unwrap_or(defaults.tcp_be_liberal),
+        udp_timeout: timeout("udpTimeout", &conntrack.udp_timeout, Duration::ZERO)?,
+        udp_stream_timeout: timeout(
+            "udpStreamTimeout",
+            &conntrack.udp_stream_timeout,
+            Duration::ZERO,
+        )?,
+    })
 }
 
 /// `masqueradeAll`, read from the `iptables` block (IPVS mode's) and the `nftables` one and
@@ -476,6 +579,7 @@ fn invalid(field: &str, message: String) -> ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::LocalMode;
 
     /// `config.conf` of the `kube-proxy` ConfigMap as `kubeadm init` (v1.31) writes it, with
     /// the pod CIDR of a typical `--pod-network-cidr`.
@@ -627,6 +731,148 @@ winkernel:
                  the in-cluster configuration",
             ]
         );
+    }
+
+    /// Issue 34: the `conntrack` section was dropped with a warning. `null` takes kube-proxy's
+    /// defaults, zero leaves the kernel's value, the rest is taken as written.
+    #[test]
+    fn conntrack_section_is_honoured() {
+        let (config, _) = ProxierConfiguration::from_any_yaml_str(KUBEADM_CONFIG_CONF).unwrap();
+        assert_eq!(config.conntrack.max(4), Some(131_072), "min wins on 4 CPUs");
+        assert_eq!(config.conntrack.max(8), Some(262_144), "32768 x 8");
+        assert_eq!(
+            config.conntrack.tcp_established_timeout,
+            Duration::from_secs(86_400)
+        );
+        assert_eq!(
+            config.conntrack.tcp_close_wait_timeout,
+            Duration::from_secs(3600)
+        );
+
+        let text = KUBEADM_CONFIG_CONF.replace(
+            "conntrack:\n  maxPerCore: null\n  min: null\n  tcpBeLiberal: false\n  \
+             tcpCloseWaitTimeout: null\n  tcpEstablishedTimeout: null\n  udpStreamTimeout: 0s\n  \
+             udpTimeout: 0s\n",
+            "conntrack:\n  maxPerCore: 0\n  min: 1000\n  tcpBeLiberal: true\n  \
+             tcpCloseWaitTimeout: 0s\n  tcpEstablishedTimeout: 2h\n  udpStreamTimeout: 2m\n  \
+             udpTimeout: 45s\n  futureKnob: 3\n",
+        );
+        let (config, warnings) = ProxierConfiguration::from_any_yaml_str(&text).unwrap();
+        let conntrack = &config.conntrack;
+        assert_eq!(conntrack.max(64), None, "maxPerCore 0 leaves the limit");
+        assert_eq!(conntrack.min, 1000);
+        assert!(conntrack.tcp_be_liberal);
+        assert_eq!(conntrack.tcp_close_wait_timeout, Duration::ZERO);
+        assert_eq!(conntrack.tcp_established_timeout, Duration::from_secs(7200));
+        assert_eq!(conntrack.udp_stream_timeout, Duration::from_secs(120));
+        assert_eq!(conntrack.udp_timeout, Duration::from_secs(45));
+        assert!(
+            warnings
+                .iter()
+                .all(|w| !w.starts_with("conntrack.")
+                    || w.starts_with("conntrack.futureKnob is not")),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.starts_with("conntrack.futureKnob"))
+        );
+
+        for (body, expected) in [
+            (
+                "conntrack: {maxPerCore: -1}\n",
+                "conntrack.maxPerCore: -1 must be between 0",
+            ),
+            (
+                "conntrack: {tcpEstablishedTimeout: 5}\n",
+                "conntrack.tcpEstablishedTimeout: 5 is",
+            ),
+        ] {
+            let text = format!("apiVersion: {API_VERSION}\nkind: {KIND}\n{body}");
+            let err = ProxierConfiguration::from_any_yaml_str(&text)
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(expected), "{body}: {err}");
+        }
+    }
+
+    /// Issue 34: `detectLocalMode` and `detectLocal` were ignored; they are read, and checked
+    /// as kube-proxy checks them.
+    #[test]
+    fn detect_local_mode_is_read() {
+        let with = |mode: &str, bridge: &str, prefix: &str| {
+            KUBEADM_CONFIG_CONF
+                .replace(
+                    "detectLocalMode: \"\"",
+                    &format!("detectLocalMode: \"{mode}\""),
+                )
+                .replace(
+                    "bridgeInterface: \"\"",
+                    &format!("bridgeInterface: \"{bridge}\""),
+                )
+                .replace(
+                    "interfaceNamePrefix: \"\"",
+                    &format!("interfaceNamePrefix: \"{prefix}\""),
+                )
+        };
+        for (mode, bridge, prefix, expected) in [
+            ("", "", "", LocalMode::ClusterCidr),
+            ("ClusterCIDR", "", "", LocalMode::ClusterCidr),
+            ("NodeCIDR", "", "", LocalMode::NodeCidr),
+            (
+                "BridgeInterface",
+                "cbr0",
+                "",
+                LocalMode::BridgeInterface("cbr0".into()),
+            ),
+            (
+                "InterfaceNamePrefix",
+                "",
+                "veth",
+                LocalMode::InterfaceNamePrefix("veth".into()),
+            ),
+        ] {
+            let (config, warnings) =
+                ProxierConfiguration::from_any_yaml_str(&with(mode, bridge, prefix)).unwrap();
+            assert_eq!(config.parsed_local_mode().unwrap(), expected, "{mode}");
+            assert!(
+                warnings.iter().all(|w| !w.starts_with("detectLocal")),
+                "{warnings:?}"
+            );
+        }
+        for (mode, bridge, prefix, expected) in [
+            (
+                "BridgeInterface",
+                "",
+                "veth",
+                "detectLocal.bridgeInterface: \"\" is not",
+            ),
+            (
+                "InterfaceNamePrefix",
+                "cbr0",
+                "",
+                "detectLocal.interfaceNamePrefix: \"\" is not",
+            ),
+            (
+                "InterfaceNamePrefix",
+                "",
+                "a/b",
+                "detectLocal.interfaceNamePrefix: \"a/b\" is not",
+            ),
+            (
+                "PodCIDR",
+                "",
+                "",
+                "detectLocalMode: \"PodCIDR\" is not one of ClusterCIDR, NodeCIDR, \
+              BridgeInterface, InterfaceNamePrefix",
+            ),
+        ] {
+            let err = ProxierConfiguration::from_any_yaml_str(&with(mode, bridge, prefix))
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with(expected), "{mode}: {err}");
+        }
     }
 
     #[test]

@@ -27,8 +27,8 @@ pub mod revision;
 pub mod schema;
 
 pub use config::{
-    ConfigError, IpvsConfiguration, NftablesConfiguration, NodePortAddress, ProxierConfiguration,
-    ServiceProxy,
+    ConfigError, ConntrackConfiguration, DetectLocalConfiguration, IpvsConfiguration, LocalMode,
+    NftablesConfiguration, NodePortAddress, ProxierConfiguration, ServiceProxy,
 };
 pub use gates::{Gate, UnknownGate};
 pub use nodeproxyconfig::{

@@ -7,7 +7,7 @@ use crate::model::IPVS_SCHEDULERS;
 use futures::future::BoxFuture;
 use kipvs_crds::config::{ConfigError, ProxierConfiguration};
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Address of the probe virtual server [`Kernel::check`] adds and deletes to test a scheduler:
 /// `198.51.100.0:20000/TCP` (TEST-NET-2, as kube-proxy's `CanUseIPVSProxier`).
@@ -37,7 +37,9 @@ pub trait KernelSettings: Send + Sync {
         config: &'a ProxierConfiguration,
     ) -> BoxFuture<'a, Result<(), SchedulerError>>;
 
-    /// Set `config`'s IPVS timeouts and strictARP sysctls, logging each.
+    /// Set `config`'s IPVS timeouts and strictARP sysctls, logging each, and raise the
+    /// conntrack settings of its `conntrack` section where they are lower (logged; one that
+    /// cannot be written is a warning, never an error).
     ///
     /// # Errors
     /// The setting that could not be made (the ones before it stay set).
@@ -166,6 +168,7 @@ impl KernelSettings for Kernel {
                     a.sysctl.reason
                 );
             }
+            raise_conntrack(&self.proc_sys, Path::new("/sys"), config);
             let secs = config
                 .ipvs
                 .timeout_seconds()
@@ -184,6 +187,56 @@ impl KernelSettings for Kernel {
             Ok(())
         })
     }
+}
+
+/// Raises the conntrack settings of `config` (read and written under `proc_sys` and `sys`)
+/// where the kernel's are lower, logging each outcome: raised (info), already at least as
+/// high (debug), not writable (warning; kube-proxy too goes on without them).
+fn raise_conntrack(proc_sys: &Path, sys: &Path, config: &ProxierConfiguration) {
+    let cpus = cpu_count();
+    for (raise, outcome) in sysctl::raise(proc_sys, sys, sysctl::conntrack(&config.conntrack, cpus))
+    {
+        let path = raise.knob.path(proc_sys, sys);
+        let path = path.display();
+        match outcome {
+            sysctl::Raised::Raised { from } => tracing::info!(
+                path = %path,
+                value = raise.value,
+                previous = from.map_or_else(|| "?".to_owned(), |v| v.to_string()),
+                cpus,
+                "conntrack: raised for {}",
+                raise.field
+            ),
+            sysctl::Raised::AtLeast { current } => tracing::debug!(
+                path = %path,
+                value = raise.value,
+                current,
+                "conntrack: already at least what {} asks",
+                raise.field
+            ),
+            sysctl::Raised::Failed { error } => tracing::warn!(
+                path = %path,
+                value = raise.value,
+                "conntrack: cannot apply {} ({error}); programming goes on with the kernel's value",
+                raise.field
+            ),
+        }
+    }
+}
+
+/// The CPUs this process may run on (`sched_getaffinity`, as Go's `runtime.NumCPU` that
+/// kube-proxy's `getConntrackMax` multiplies by); 1 if it cannot be read.
+fn cpu_count() -> u32 {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a live cpu_set_t of `size` bytes that the kernel fills.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return 1;
+    }
+    // SAFETY: `set` was filled by the kernel.
+    let count = unsafe { libc::CPU_COUNT(&set) };
+    u32::try_from(count).unwrap_or(1).max(1)
 }
 
 /// The virtual-server operations the scheduler probe needs ([`probe_scheduler`]).
