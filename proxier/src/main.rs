@@ -818,7 +818,7 @@ async fn takeover(
     let kubelet_chains = kubelet_creates_shared_chains(kubelet_version.as_deref());
     let leftovers = kube_proxy.leftovers(kubelet_chains).await;
     // As `run` would after its standby: kube-proxy's NodePorts drain on a node that has its state.
-    let found = kube_proxy.running().await.is_some() || !leftovers.is_empty();
+    let found = kube_proxy.signals(false).await.runs().is_some() || !leftovers.is_empty();
     let observed = kernel.observe().await?;
     let preview = Preview::of_switch(&planner, &observed, found, &BTreeMap::new(), leftovers)?;
     print!("{}", preview.text());
@@ -914,6 +914,9 @@ async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Resu
                 (None, Ports::always())
             };
             let started = start(&args, &cluster, &config, ports).await?;
+            if let (Some(takeover), Follow::Api(client, _)) = (&takeover, &started.follow) {
+                takeover.node().follow_api(client.clone(), &args.node);
+            }
             let engine = EngineParts {
                 dataplane,
                 kernel: Box::new(kernel),

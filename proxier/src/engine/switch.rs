@@ -1,9 +1,14 @@
 //! The engine's side of the switch between kube-proxy and kipvs ([`Engine::switch`], before
-//! each sync): the steps and phases the module documentation of [`super::takeover`] describes,
-//! taken on the engine's planner, syncer and status report.
+//! each sync): the facts gathered on the node ([`KubeProxyNode::signals`], its sync), the next
+//! step decided by [`decide`] (the state machine, pure), and the step taken on the engine's
+//! planner, syncer and status report (the phases the module documentation of
+//! [`super::takeover`] describes).
+//!
+//! [`KubeProxyNode::signals`]: crate::dataplane::kube_proxy::KubeProxyNode::signals
 
 use super::observer::TakeoverEvent;
 use super::preview::Preview;
+use super::takeover::state::{DEBOUNCE, Facts, Step, decide};
 use super::takeover::{
     BACK_CHECK, GATE_CHECK, STANDBY_CHECK, STANDBY_WARN, kube_proxy_drain_interrupted,
 };
@@ -15,20 +20,117 @@ use kipvs_crds::nodeproxyconfig::ServiceProxyPhase;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// What the status message of a kipvs standing by for a kube-proxy that came back adds once
+/// `inet kipvs` is deleted ([`Step::StandBy`] with `clear`): the operator's sign that the node
+/// runs on kube-proxy alone, without kipvs's rules.
+pub const KIPVS_RULES_DELETED: &str = "; kube-proxy has synced: kipvs deleted inet kipvs";
+
 impl<D: Dataplane> Engine<D> {
     /// Decides, before a sync, whether the proxier may write now (see the module
     /// documentation), and takes the steps of a switch: `None` when it programs (sync now),
     /// else how soon to decide again (nothing is written meanwhile). Without a takeover
     /// (`--kube-proxy-takeover=false`) it always programs.
     pub async fn switch(&mut self) -> Option<Duration> {
-        let takeover = self.takeover.as_mut()?;
-        let programs = takeover.programs();
-        match (self.planner.config().service_proxy, programs) {
-            (ServiceProxy::KubeProxy, true) => self.hand_back().await,
-            (ServiceProxy::KubeProxy, false) => self.await_kube_proxy().await,
-            (ServiceProxy::Kipvs, true) => self.look_for_kube_proxy().await,
-            (ServiceProxy::Kipvs, false) => self.take_over().await,
+        let takeover = self.takeover.as_ref()?;
+        if takeover.programs() && self.planner.config().service_proxy == ServiceProxy::Kipvs {
+            return self.look_for_kube_proxy().await;
         }
+        match self.next_step().await? {
+            Step::HandBack => self.hand_back().await,
+            Step::RefuseHandBack(why) => {
+                self.refuse_hand_back(why);
+                None
+            }
+            Step::AwaitSync => self.await_kube_proxy(None).await,
+            Step::HandedBack { healthy, clear } => {
+                self.await_kube_proxy(Some((healthy, clear))).await
+            }
+            Step::StandBy { why, clear } => self.stand_by_kube_proxy(&why, clear).await,
+            Step::Hold(state) => {
+                let message = format!(
+                    "no NodeProxyConfig asks for a takeover of this node and kube-proxy's state \
+                     is here ({state}): kipvs writes nothing"
+                );
+                self.stand(ServiceProxyPhase::Standby, Some(message), None);
+                Some(BACK_CHECK)
+            }
+            Step::Refuse(why) => {
+                self.refuse_switch(why);
+                Some(GATE_CHECK)
+            }
+            Step::Debounce {
+                absent_for,
+                remaining,
+            } => {
+                let message = format!(
+                    "kube-proxy is gone from this node since {}s: kipvs takes over once it has \
+                     stayed away {}s",
+                    absent_for.as_secs(),
+                    DEBOUNCE.as_secs()
+                );
+                self.stand(ServiceProxyPhase::Standby, Some(message), None);
+                Some(remaining.min(STANDBY_CHECK))
+            }
+            Step::TakeOver => self.take_over().await,
+            // Only on a node kipvs programs (look_for_kube_proxy).
+            Step::Program | Step::Yield(_) => None,
+        }
+    }
+
+    /// The facts of the node now ([`Facts`]: kube-proxy's signals, its state read only where it
+    /// decides something, its sync only where it is awaited) and the step [`decide`] makes of
+    /// them; the absence of kube-proxy is timed here ([`Takeover::absent_since`]).
+    ///
+    /// [`Takeover::absent_since`]: super::takeover::Takeover
+    async fn next_step(&mut self) -> Option<Step> {
+        let wanted = self.planner.config().service_proxy;
+        let asked = self
+            .following
+            .as_ref()
+            .is_some_and(|f| f.report.revision().is_some());
+        let takeover = self.takeover.as_mut()?;
+        let node = takeover.node.clone();
+        let programs = takeover.programs();
+        let kipvs = wanted == ServiceProxy::Kipvs;
+        let mut signals = node.signals(programs && takeover.done).await;
+        if kipvs && !programs && signals.present().is_none() {
+            signals = node.signals(true).await;
+        }
+        let present = signals.present().is_some();
+        let now = Instant::now();
+        let absent_for = match present {
+            true => {
+                takeover.absent_since = None;
+                Duration::ZERO
+            }
+            false => now.duration_since(*takeover.absent_since.get_or_insert(now)),
+        };
+        if kipvs && !programs && signals.state.is_some() {
+            takeover.found = true;
+        }
+        let awaited = match kipvs {
+            false => !programs,
+            true => !programs && present && takeover.back.is_some() && !takeover.cleared,
+        };
+        let synced = match awaited {
+            true => node.synced().await,
+            false => None,
+        };
+        let facts = Facts {
+            wanted,
+            asked,
+            phase: takeover.phase,
+            signals: &signals,
+            synced,
+            absent_for,
+            found: takeover.found,
+            removal_done: takeover.done,
+            back: takeover.back.is_some(),
+            cleared: takeover.cleared,
+        };
+        let step = decide(&facts);
+        tracing::debug!(?facts, ?step, "switch");
+        Some(step)
     }
 
     /// The node stands at `phase` now: logged when it changes, told to the observers, and
@@ -97,21 +199,22 @@ impl<D: Dataplane> Engine<D> {
     }
 
     /// `serviceProxy: kube-proxy` on a node the proxier does not program: once kube-proxy has
-    /// synced, `inet kipvs` is deleted and the node is `HandedBack` with kube-proxy's health
-    /// (read again every [`BACK_CHECK`]); until then `Standby` (the proxier never programmed
-    /// here) or `HandingBack`.
-    async fn await_kube_proxy(&mut self) -> Option<Duration> {
+    /// synced (`synced`: its health, and whether `inet kipvs` is still to be deleted), `inet
+    /// kipvs` is deleted and the node is `HandedBack` with kube-proxy's health (read again every
+    /// [`BACK_CHECK`]); until then `Standby` (the proxier never programmed here) or
+    /// `HandingBack`.
+    async fn await_kube_proxy(&mut self, synced: Option<(bool, bool)>) -> Option<Duration> {
         let takeover = self.takeover.as_mut()?;
         takeover.ports.send_replace(false);
         let phase = takeover.phase;
-        let node = takeover.node.clone();
-        match node.synced().await {
-            Some(healthy) => {
-                if phase != Some(ServiceProxyPhase::HandedBack) {
+        match synced {
+            Some((healthy, clear)) => {
+                if clear {
                     if let Err(e) = self.syncer.dataplane_mut().remove_rules().await {
                         tracing::warn!("handing back: cannot delete inet kipvs, again: {e}");
                         return Some(STANDBY_CHECK);
                     }
+                    self.takeover.as_mut()?.cleared = true;
                     tracing::info!("kube-proxy has synced the node: deleted inet kipvs");
                 }
                 let message = (!healthy).then(|| "kube-proxy's /healthz is not 200".to_owned());
@@ -133,6 +236,37 @@ impl<D: Dataplane> Engine<D> {
             }
         }
         Some(STANDBY_CHECK)
+    }
+
+    /// The handback is refused (`why`, [`Step::RefuseHandBack`]): the proxier goes on
+    /// programming and the revision asking for kube-proxy is reported `Failed`.
+    fn refuse_hand_back(&mut self, why: String) {
+        let Some(following) = &mut self.following else {
+            return;
+        };
+        let revision = following.report.revision().map(str::to_owned);
+        let changed = following.report.rejected(revision, why.clone());
+        if changed {
+            tracing::warn!("the handback to kube-proxy is refused: {why}");
+        }
+        following.publish(changed);
+    }
+
+    /// The switch to kipvs is refused (`why`): `Standby`, the revision `Failed` with the
+    /// reason until the switch goes ahead.
+    fn refuse_switch(&mut self, why: String) {
+        // Logged when the reason is new, not at each look.
+        let standing = self.takeover.as_ref().and_then(|t| t.phase);
+        if standing != Some(ServiceProxyPhase::Standby)
+            || self.standing_message().as_deref() != Some(&why)
+        {
+            tracing::warn!("the switch to kipvs is refused: {why}");
+        }
+        if let Some(f) = &mut self.following {
+            let changed = f.report.refused(why.clone());
+            f.publish(changed);
+        }
+        self.stand(ServiceProxyPhase::Standby, Some(why), None);
     }
 
     /// The message the status reports for the phase the node stands at.
@@ -175,11 +309,8 @@ impl<D: Dataplane> Engine<D> {
             return None;
         }
         takeover.last_check = Some(now);
-        // Until its leftovers are removed, its chain and set say nothing: its process does.
-        let node = takeover.node.clone();
-        let why = match done {
-            true => node.back().await?,
-            false => node.running().await?,
+        let Step::Yield(why) = self.next_step().await? else {
+            return None;
         };
         let message = format!(
             "kube-proxy is back on this node ({why}): kipvs stopped writing and waits until it \
@@ -228,11 +359,6 @@ impl<D: Dataplane> Engine<D> {
     /// sync of the switch). Nothing is written to the kernel before the gate has let the
     /// switch go ahead.
     async fn take_over(&mut self) -> Option<Duration> {
-        let node = self.takeover.as_ref()?.node.clone();
-        if let Some(why) = node.running().await {
-            self.stand_by_kube_proxy(&why);
-            return Some(STANDBY_CHECK);
-        }
         if let Some(again) = self.gate().await {
             return Some(again);
         }
@@ -245,6 +371,7 @@ impl<D: Dataplane> Engine<D> {
         }
         takeover.ports.send_replace(true);
         takeover.back = None;
+        takeover.cleared = false;
         takeover.done = false;
         takeover.last_check = None;
         // Where kube-proxy was not seen, nothing of it is expected: Programming at once (a
@@ -258,12 +385,29 @@ impl<D: Dataplane> Engine<D> {
         None
     }
 
-    /// kube-proxy runs on the node (`why`: how it was seen): `Standby`, its ports left to it;
-    /// unhealthy with the reason if it came back on a node the proxier programmed.
-    fn stand_by_kube_proxy(&mut self, why: &str) {
-        let Some(takeover) = self.takeover.as_mut() else {
-            return;
-        };
+    /// kube-proxy is on the node (`why`: how it was seen): `Standby`, its ports left to it;
+    /// unhealthy with the reason if it came back on a node the proxier programmed; `clear`:
+    /// it came back and has synced, `inet kipvs` is deleted first (its reject, source-range
+    /// and masquerade rules would break kube-proxy's traffic), which the status message says.
+    async fn stand_by_kube_proxy(&mut self, why: &str, clear: bool) -> Option<Duration> {
+        if clear {
+            match self.syncer.dataplane_mut().remove_rules().await {
+                Ok(()) => {
+                    let takeover = self.takeover.as_mut()?;
+                    takeover.cleared = true;
+                    let back = takeover.back.get_or_insert_default();
+                    back.push_str(KIPVS_RULES_DELETED);
+                    tracing::warn!(
+                        "kube-proxy came back and has synced: deleted inet kipvs, which would \
+                         break its traffic"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!("kube-proxy is back: cannot delete inet kipvs, again: {e}")
+                }
+            }
+        }
+        let takeover = self.takeover.as_mut()?;
         takeover.found = true;
         takeover.ports.send_replace(false);
         let (message, healthy) = match &takeover.back {
@@ -277,6 +421,7 @@ impl<D: Dataplane> Engine<D> {
             ),
         };
         self.stand(ServiceProxyPhase::Standby, Some(message), healthy);
+        Some(STANDBY_CHECK)
     }
 
     /// The gate of a switch from kube-proxy (seen running by this process; a restart on a node
@@ -308,12 +453,7 @@ impl<D: Dataplane> Engine<D> {
                 if let Some(takeover) = self.takeover.as_mut() {
                     takeover.last_check = Some(now);
                 }
-                if let Some(f) = &mut self.following {
-                    let changed = f.report.refused(refusal.clone());
-                    f.publish(changed);
-                }
-                tracing::warn!("the switch to kipvs is refused: {refusal}");
-                self.stand(ServiceProxyPhase::Standby, Some(refusal), None);
+                self.refuse_switch(refusal);
                 Some(STANDBY_CHECK)
             }
             Err(e) => {

@@ -45,6 +45,8 @@
 //! [`Engine::switch`]: super::Engine::switch
 //! [`Preview::of_switch`]: super::preview::Preview::of_switch
 
+pub mod state;
+
 use super::observer::{Observer, TakeoverEvent};
 use super::syncer::SyncReport;
 use crate::dataplane::Op;
@@ -169,6 +171,12 @@ pub struct Takeover {
     pub(super) ports: watch::Sender<bool>,
     /// The node-wide kernel settings, made at each switch to kipvs.
     pub(super) settings: Box<dyn KernelSettings>,
+    /// Since when every signal has said kube-proxy is not present (`None`: it is, or it was
+    /// not looked at yet): the debounce of a switch ([`state::DEBOUNCE`]).
+    pub(super) absent_since: Option<Instant>,
+    /// Whether `inet kipvs` was deleted since the proxier last programmed (kube-proxy came
+    /// back and synced, or took the node back).
+    pub(super) cleared: bool,
     /// Whether the API is reached without a ClusterIP only kipvs would program: a switch from
     /// kube-proxy waits while it says why not.
     pub(super) api: ApiPath,
@@ -197,6 +205,8 @@ impl Takeover {
             drains_checked: false,
             ports: watch::Sender::new(false),
             settings,
+            absent_since: None,
+            cleared: false,
             api: ApiPath::default(),
         }
     }
@@ -206,6 +216,11 @@ impl Takeover {
     /// other address of it is remembered on the node).
     pub fn needing_api(self, api: ApiPath) -> Self {
         Takeover { api, ..self }
+    }
+
+    /// kube-proxy on the node, as the takeover sees it.
+    pub fn node(&self) -> &dyn KubeProxyNode {
+        &*self.node
     }
 
     /// A receiver of whether the proxier may hold kube-proxy's ports (healthz, metrics) now:
@@ -391,11 +406,12 @@ async fn remove_leftovers(
 mod tests {
     use super::*;
     use crate::dataplane::fake::FakeDataplane;
-    use crate::dataplane::kube_proxy::{Leftovers, Ruleset};
+    use crate::dataplane::kube_proxy::{Leftovers, Ruleset, Signals};
     use crate::dataplane::settings::{FakeKernel, SchedulerError, SettingsError};
     use crate::dataplane::{DataplaneError, OpFailure};
     use crate::engine::Engine;
     use crate::engine::planner::{NodeIdentity, Planner};
+    use crate::engine::switch::KIPVS_RULES_DELETED;
     use crate::plan::kube_proxy::{iptables_removal, parse_save};
     use crate::serve::health::ProxyHealth;
     use crate::source::{SourceHandle, StoreObserver};
@@ -423,15 +439,14 @@ mod tests {
     }
 
     impl KubeProxyNode for Arc<FakeNode> {
-        fn running(&self) -> BoxFuture<'_, Option<String>> {
+        fn signals(&self, state: bool) -> BoxFuture<'_, Signals> {
             *self.asked.lock().unwrap() += 1;
-            let running = self.running.lock().unwrap().clone();
-            Box::pin(async move { running })
-        }
-        fn back(&self) -> BoxFuture<'_, Option<String>> {
-            let running = self.running.lock().unwrap().clone();
-            let back = running.or_else(|| self.back.lock().unwrap().clone());
-            Box::pin(async move { back })
+            let signals = Signals {
+                process: self.running.lock().unwrap().clone(),
+                state: self.back.lock().unwrap().clone().filter(|_| state),
+                ..Signals::default()
+            };
+            Box::pin(async move { signals })
         }
         fn synced(&self) -> BoxFuture<'_, Option<bool>> {
             let synced = *self.synced.lock().unwrap();
@@ -846,6 +861,25 @@ mod tests {
 
         /// One turn of [`Engine::run`]'s loop: the switch, then a sync if it programs.
         /// Whether it synced.
+        /// kube-proxy stops on `node`: the switch sees it gone (a debounce begins) and the
+        /// clock goes [`state::DEBOUNCE`] on, so that the next decision takes the node over.
+        async fn stop_kube_proxy(&mut self, node: &FakeNode) {
+            *node.running.lock().unwrap() = None;
+            let debounce = self.engine.switch().await;
+            assert_eq!(
+                debounce,
+                Some(STANDBY_CHECK),
+                "kube-proxy gone: the debounce"
+            );
+            let (_, proxy, _, message) = self.standing();
+            assert_eq!(proxy, Some(ServiceProxyPhase::Standby));
+            assert!(
+                message.contains("gone from this node since 0s"),
+                "{message}"
+            );
+            tokio::time::advance(state::DEBOUNCE).await;
+        }
+
         async fn turn(&mut self) -> bool {
             if self.engine.switch().await.is_some() {
                 return false;
@@ -904,7 +938,7 @@ mod tests {
         );
         assert!(message.contains("pid [7]"), "{message}");
 
-        *node.running.lock().unwrap() = None;
+        s.stop_kube_proxy(&node).await;
         assert!(s.turn().await, "kube-proxy stopped: the switch syncs");
         assert!(s.ports());
         assert_eq!(s.standing().0, NodePhase::Applied);
@@ -943,10 +977,23 @@ mod tests {
         }
         assert_eq!(s.applied(), written);
         assert_eq!(s.standing().2, Some(false));
-        // It stops again: taken over again (its rules removed again).
-        *node.running.lock().unwrap() = None;
+        assert!(
+            !s.engine.takeover.as_ref().unwrap().cleared,
+            "not before it synced"
+        );
+        // It has synced: inet kipvs is deleted (once), which the status says.
+        *node.synced.lock().unwrap() = Some(true);
+        assert!(!s.turn().await);
+        assert!(s.engine.takeover.as_ref().unwrap().cleared);
+        let (_, proxy, healthy, message) = s.standing();
+        assert_eq!((proxy, healthy), (Some(Standby), Some(false)));
+        assert!(message.ends_with(KIPVS_RULES_DELETED), "{message}");
+        assert!(!s.turn().await);
+        assert_eq!(s.standing().3.matches(KIPVS_RULES_DELETED).count(), 1);
+        // It stops again: taken over again after the debounce (its rules removed again).
         *node.back.lock().unwrap() = None;
         *node.leftovers.lock().unwrap() = kube_proxy_leftovers();
+        s.stop_kube_proxy(&node).await;
         assert!(s.turn().await);
         assert_eq!(s.standing().1, Some(TakingOver));
         assert_eq!(s.standing().2, None, "the proxier's own verdict again");
@@ -992,7 +1039,8 @@ mod tests {
         );
         assert!(run_until(&mut run, status, Standby, second).await.is_some());
         *node.running.lock().unwrap() = None;
-        let taking_over = run_until(&mut run, status, TakingOver, STANDBY_CHECK + second).await;
+        let debounce = state::DEBOUNCE + STANDBY_CHECK + second;
+        let taking_over = run_until(&mut run, status, TakingOver, debounce).await;
         assert!(taking_over.is_some(), "kube-proxy stopped: taken over");
         // The removal runs (held): TakingOver meanwhile.
         assert_eq!(
@@ -1089,7 +1137,7 @@ mod tests {
             *node.running.lock().unwrap() = Some("process kube-proxy".into());
             let mut s = Switching::new(&node, kube_proxys_table(), allow).await;
             assert!(!s.turn().await);
-            *node.running.lock().unwrap() = None;
+            s.stop_kube_proxy(&node).await;
             if allow {
                 assert!(s.turn().await);
                 assert_eq!(s.standing().1, Some(TakingOver));
@@ -1194,7 +1242,7 @@ mod tests {
             .await;
         assert!(!s.turn().await);
         assert_eq!(s.standing().1, Some(Standby));
-        *node.running.lock().unwrap() = None;
+        s.stop_kube_proxy(&node).await;
         assert!(
             s.turn().await,
             "kube-proxy left: the same table is adopted again"
@@ -1250,7 +1298,7 @@ mod tests {
 
         // kube-proxy stops: the switch probes r3's scheduler and makes its settings, then the
         // first sync programs with it.
-        *node.running.lock().unwrap() = None;
+        s.stop_kube_proxy(&node).await;
         assert_eq!(s.engine.switch().await, None);
         assert_eq!(s.settings.writes(), ["probe wrr", "settings"]);
         assert_eq!(s.applied(), 0, "the kernel admits r3 before the first sync");
@@ -1294,7 +1342,7 @@ mod tests {
             (NodePhase::Pending, "r2".into())
         );
 
-        *node.running.lock().unwrap() = None;
+        s.stop_kube_proxy(&node).await;
         assert_eq!(
             s.engine.switch().await,
             Some(Duration::ZERO),
@@ -1352,7 +1400,7 @@ mod tests {
         assert!(!s.turn().await);
         assert!(s.settings.writes().is_empty(), "no kernel write in standby");
 
-        *node.running.lock().unwrap() = None;
+        s.stop_kube_proxy(&node).await;
         assert_eq!(s.engine.switch().await, Some(STANDBY_CHECK), "tried again");
         assert_eq!(s.settings.writes(), ["probe wrr", "settings"]);
         assert_eq!(s.applied(), 0, "nothing programmed");
