@@ -41,11 +41,14 @@
 //! patched once with a node affinity `kipvs.io/service-proxy NotIn [kipvs]`). The proxier
 //! reports where the node stands in `status.serviceProxy` ([`ServiceProxyPhase`]):
 //!
-//! - **to kipvs** (`serviceProxy: kipvs`): the operator labels the node `kipvs` when it assigns
-//!   the revision, so kube-proxy's pod leaves; the proxier stays in `Standby` while kube-proxy
-//!   runs, then `TakingOver` (it programs; kube-proxy's leftovers are being removed), then
+//! - **to kipvs** (`serviceProxy: kipvs`): the proxier reports the revision in `Standby` while
+//!   kube-proxy runs; the operator labels the node `kipvs` only once that report is there (a
+//!   proxier that never runs never reports, and kube-proxy stays), so kube-proxy's pod leaves;
+//!   then `TakingOver` (it programs; kube-proxy's leftovers are being removed), then
 //!   `Programming`. The revision is Applied once the proxier programs and a sync succeeded;
-//!   a kube-proxy that never stops keeps it Pending until `applyTimeout` fails the node.
+//!   a kube-proxy that never stops keeps it Pending until `applyTimeout` fails the node. A
+//!   proxier silent on its revision past `applyTimeout` gets its node labelled `kube-proxy`
+//!   again (the operator's `rollout/labels.rs`).
 //! - **to kube-proxy** (`serviceProxy: kube-proxy`): the proxier stops programming, sets the
 //!   weights kube-proxy expects and releases the health port (`HandingBack`), or stays in
 //!   `Standby` where it never programmed. The operator labels the node `kube-proxy` once the
@@ -55,6 +58,9 @@
 //!   kube-proxy's health as the proxier reads it.
 //! - a kube-proxy that comes back while kipvs programs makes the proxier stop writing
 //!   (`Standby`) and report `healthy: false` with a message: two programmers never run at once.
+//!   The operator then leaves the label `kipvs` (kube-proxy's DaemonSet lost its affinity; a
+//!   `kube-proxy` label would keep kube-proxy there once it is patched again) and reports the
+//!   nodes in its ProxyConfig's Degraded `KubeProxyReturned`.
 
 use crate::config::{ProxierConfiguration, ServiceProxy};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

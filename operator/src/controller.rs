@@ -19,7 +19,9 @@
 use crate::conditions::ConditionSet;
 use crate::events::Publisher;
 use crate::metrics::Metrics;
-use crate::rollout::{self, Decision, Input, KubeProxyDaemonSet, NodeView, NpcView, Write};
+use crate::rollout::{
+    self, Decision, Input, KUBE_PROXY_READ_INTERVAL, KubeProxyDaemonSet, NodeView, NpcView, Write,
+};
 use crate::stored::{StoredProxyConfig, UndecodableSpec};
 use crate::triggers::{Concerned, node_triggers, npc_triggers, proxy_config_triggers};
 use crate::writer::{Expected, WRITE_CONCURRENCY, Writer};
@@ -46,11 +48,6 @@ use std::time::Duration;
 const RESYNC: Duration = Duration::from_secs(300);
 /// Requeue after a failed reconcile.
 const RETRY: Duration = Duration::from_secs(10);
-/// How long a reading of kube-proxy's DaemonSet ([`KubeProxyDaemonSet`]) is used before a
-/// reconcile reads it again: one GET per 30 s at most, whatever the fleet's size. A DaemonSet
-/// re-applied without its affinity makes kube-proxy start and the proxiers report standing by,
-/// and those reports reconcile; a decision then sees the new DaemonSet within this time.
-pub const KUBE_PROXY_READ_INTERVAL: Duration = Duration::from_secs(30);
 /// Namespace and name of kube-proxy's DaemonSet (kubeadm's, kubespray's and the addon
 /// manager's).
 const KUBE_PROXY_DAEMONSET: (&str, &str) = ("kube-system", "kube-proxy");

@@ -10,6 +10,7 @@ use kipvs_crds::{
 };
 use kube::core::Selector;
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 /// Taint the cluster autoscaler puts on a node it is about to delete (KEP-3836).
 pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
@@ -71,6 +72,14 @@ impl<'a> NodeView<'a> {
         }
     }
 }
+
+/// How long a reading of kube-proxy's DaemonSet ([`KubeProxyDaemonSet`]) is used before a
+/// reconcile reads it again: one GET per 30 s at most, whatever the fleet's size. A DaemonSet
+/// re-applied without its affinity makes kube-proxy start and the proxiers report standing by,
+/// and those reports reconcile; while nodes are reported `KubeProxyReturned` the decision asks
+/// to look again after this long, so the reading (and the advice in Degraded) follows the
+/// DaemonSet.
+pub const KUBE_PROXY_READ_INTERVAL: Duration = Duration::from_secs(30);
 
 /// What the operator sees of kube-proxy's DaemonSet (`kube-system/kube-proxy`, the name
 /// kubeadm, kubespray and the addon manager give it): whether its pod template still keeps

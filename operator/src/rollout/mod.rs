@@ -73,5 +73,8 @@ mod stages;
 mod writes;
 
 pub use decision::decide;
-pub use input::{Input, KubeProxyDaemonSet, NodeView, NpcView, SkipReason, TO_BE_DELETED_TAINT};
+pub use input::{
+    Input, KUBE_PROXY_READ_INTERVAL, KubeProxyDaemonSet, NodeView, NpcView, SkipReason,
+    TO_BE_DELETED_TAINT,
+};
 pub use outcome::{Decision, Label, Note, Object, Write};

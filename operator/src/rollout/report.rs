@@ -2,7 +2,7 @@
 //! where the rollout stands.
 
 use super::decision::{Decider, count};
-use super::input::KubeProxyDaemonSet;
+use super::input::{KUBE_PROXY_READ_INTERVAL, KubeProxyDaemonSet};
 use super::labels::{kube_proxy_returned, stands_by_for_kube_proxy};
 use super::selection::{Health, Member};
 use super::stages::Cursor;
@@ -42,7 +42,8 @@ impl<'a> Decider<'a> {
     /// kube-proxy running on members labelled `kipvs` whose proxier stands by for their
     /// `kipvs` revision because of it (`labels::kube_proxy_returned`, or any such standby while
     /// kube-proxy's DaemonSet lacks its affinity), as Degraded `KubeProxyReturned` with one
-    /// Event when the names change.
+    /// Event when the names change; while there are such nodes, a look again after
+    /// [`KUBE_PROXY_READ_INTERVAL`] (the DaemonSet read again).
     pub(super) fn report_kube_proxy_returned(&mut self, members: &[Member<'_>]) {
         let unpatched = self.input.kube_proxy == KubeProxyDaemonSet::Unpatched;
         let kipvs = Some(ServiceProxy::Kipvs.as_str());
@@ -65,6 +66,10 @@ impl<'a> Decider<'a> {
             .map(|c| c.message.clone());
         self.conditions
             .kube_proxy_returned(&nodes, self.input.kube_proxy.cause());
+        if !nodes.is_empty() {
+            let again = self.input.now.checked_add(KUBE_PROXY_READ_INTERVAL);
+            self.requeue_at(again.unwrap_or(self.input.now));
+        }
         if !nodes.is_empty() && was.is_none_or(|m| !m.contains(&list(&nodes))) {
             self.note(
                 true,
