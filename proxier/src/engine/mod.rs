@@ -485,7 +485,16 @@ impl<D: Dataplane> Engine<D> {
             (None, Some(observing)) => {
                 let started = observing.started;
                 let observed = observing.finish().await;
-                self.syncer.finish_full(desired, observed, started).await
+                let failed = observed.is_err();
+                let result = self.syncer.finish_full(desired, observed, started).await;
+                if failed && let Replanned::Touched(touched) = &replanned {
+                    // The read failed (the full sync is retried): what this call took from the
+                    // store still goes to the kernel now, and the failure is reported.
+                    if let Err(e) = self.syncer.sync_touched(desired, touched).await {
+                        tracing::warn!("incremental sync after a failed observation: {e}");
+                    }
+                }
+                result
             }
             (None, None) if !full => {
                 let cache = self.syncer.cached().expect("beside: a cache");
