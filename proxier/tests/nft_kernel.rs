@@ -380,3 +380,64 @@ fn firewall_allow_creations_are_refused_on_any_clash_and_a_present_one_counts_as
         assert_eq!(present, [allow("192.168.100.0/24")].into());
     });
 }
+
+/// Issue 34: every `detectLocalMode` detector is accepted by the kernel in the ClusterIP
+/// masquerade rule and reads back as kube-proxy's match: the node's pod CIDRs, `iifname !=`
+/// the bridge, and a wildcard `iifname != "veth*"` (a prefix, not the literal `*`).
+#[test]
+fn local_traffic_detectors_are_written_as_kube_proxys_matches() {
+    use kipvs_proxier::model::LocalTraffic;
+    if !private_netns() {
+        return;
+    }
+    runtime().block_on(async {
+        let nft = Nft::default();
+        for (local, expected) in [
+            (
+                LocalTraffic::NodeCidrs(vec![
+                    "10.244.3.0/24".parse().unwrap(),
+                    "fd00:10:244:3::/64".parse().unwrap(),
+                ]),
+                [
+                    "ip saddr != 10.244.3.0/24",
+                    "ip6 saddr != fd00:10:244:3::/64",
+                ],
+            ),
+            (
+                LocalTraffic::BridgeInterface("cbr0".into()),
+                ["iifname != \"cbr0\"", "iifname != \"cbr0\""],
+            ),
+            (
+                LocalTraffic::InterfaceNamePrefix("veth".into()),
+                ["iifname != \"veth*\"", "iifname != \"veth*\""],
+            ),
+        ] {
+            let rules = NftRules::detecting(local.clone(), false);
+            let tx = Transaction {
+                rules: Some(&rules),
+                ..Default::default()
+            };
+            nft.apply(&transaction(&tx)).await.unwrap();
+            assert_eq!(
+                nft.observe().await.unwrap().rule_comments,
+                rule_comments(&rules)
+            );
+            let listed = std::process::Command::new("nft")
+                .args(["list", "chain", "inet", "kipvs", "mark-masquerade"])
+                .output()
+                .unwrap();
+            let listed = String::from_utf8(listed.stdout).unwrap();
+            for (family, matched) in ["IPv4", "IPv6"].into_iter().zip(expected) {
+                let line = listed
+                    .lines()
+                    .find(|l| {
+                        l.contains(&format!("{family}: ClusterIP connections"))
+                            && !l.contains("service IP")
+                    })
+                    .unwrap_or_else(|| panic!("{local:?} {family}: {listed}"));
+                assert!(line.contains(matched), "{local:?}: {line}");
+            }
+        }
+        nft.delete_table().await.unwrap();
+    });
+}

@@ -31,7 +31,7 @@
 //! `LOCAL_OUT` priority -98), so they still see the virtual address.
 
 use super::program::{Program, ProgramError};
-use crate::model::{NftRules, Protocol, SetElement, VirtualServerKey};
+use crate::model::{LocalTraffic, NftRules, Protocol, SetElement, VirtualServerKey};
 use ipnet::IpNet;
 use nftables::expr::{BinaryOperation, CT, Expression, Meta, MetaKey, NamedExpression};
 use nftables::expr::{Fib, FibFlag, FibResult};
@@ -223,31 +223,59 @@ impl NftRules {
                 set_mark(),
             ],
         ));
-        let cidrs: Vec<IpNet> = self
-            .cluster_cidrs()
-            .iter()
-            .copied()
-            .filter(|net| net.addr().is_ipv6() == f.v6)
-            .collect();
-        if !cidrs.is_empty() {
-            // The CIDRs are in the body (and so in the comment's hash), not in the comment:
-            // `nft` refuses a comment over 128 bytes.
-            let cluster = cidrs.into_iter().map(|net| SetItem::Element(prefix(net)));
+        if let Some(not_local) = self.not_from_local_pods(f) {
+            // The CIDRs and interface are in the body (and so in the comment's hash), not in
+            // the comment: `nft` refuses a comment over 128 bytes.
+            let from = match self.local_traffic() {
+                LocalTraffic::ClusterCidrs(_) => "from outside the cluster CIDRs",
+                LocalTraffic::NodeCidrs(_) => "from outside the node's pod CIDRs",
+                LocalTraffic::BridgeInterface(_) => "not from the pod bridge",
+                LocalTraffic::InterfaceNamePrefix(_) => "not from pod interfaces",
+            };
             rules.push((
                 chain,
-                format!("{v}: ClusterIP connections from outside the cluster CIDRs"),
+                format!("{v}: ClusterIP connections {from}"),
                 vec![
                     matches(f.destination(), f.set("cluster-ips")),
-                    Statement::Match(Match {
-                        left: payload(f.proto, "saddr"),
-                        right: Expression::Named(NamedExpression::Set(cluster.collect())),
-                        op: Operator::NEQ,
-                    }),
+                    not_local,
                     set_mark(),
                 ],
             ));
         }
         rules
+    }
+
+    /// A match of family `f`'s packets that do not come from this node's pods by the
+    /// local-traffic detector (kube-proxy's `JumpIfNotLocal`: `! -s CIDR`, `! -i bridge`,
+    /// `! -i prefix+`), `None` when it detects nothing for `f`. Packets the node sends have no
+    /// input interface, so the interface modes count them as not local, as kube-proxy does.
+    fn not_from_local_pods(&self, f: Family) -> Option<Statement<'static>> {
+        let iifname_not = |name: String| {
+            Some(Statement::Match(Match {
+                left: meta(MetaKey::Iifname),
+                right: Expression::String(name.into()),
+                op: Operator::NEQ,
+            }))
+        };
+        match self.local_traffic() {
+            LocalTraffic::ClusterCidrs(cidrs) | LocalTraffic::NodeCidrs(cidrs) => {
+                let own: Vec<SetItem<'static>> = cidrs
+                    .iter()
+                    .filter(|net| net.addr().is_ipv6() == f.v6)
+                    .map(|&net| SetItem::Element(prefix(net)))
+                    .collect();
+                (!own.is_empty()).then(|| {
+                    Statement::Match(Match {
+                        left: payload(f.proto, "saddr"),
+                        right: Expression::Named(NamedExpression::Set(own)),
+                        op: Operator::NEQ,
+                    })
+                })
+            }
+            LocalTraffic::BridgeInterface(name) => iifname_not(name.clone()),
+            // nft's wildcard: a trailing `*` matches any suffix.
+            LocalTraffic::InterfaceNamePrefix(prefix) => iifname_not(format!("{prefix}*")),
+        }
     }
 
     /// `nat-postrouting`, per family: masquerades hairpin traffic (an endpoint reaching itself
@@ -333,8 +361,9 @@ impl NftRules {
 
     /// The statements rejecting a new connection to an `external-no-local` virtual server
     /// (`externalTrafficPolicy: Local`, no local endpoint) from outside the cluster: not from
-    /// the node itself (`fib saddr type local`, kube-proxy's `--src-type LOCAL`) nor, when `clusterCIDR` is set, from a pod (kube-proxy's iptables "pods trying to reach external
-    /// load-balancer VIP" short-circuit, by `clusterCIDR`).
+    /// the node itself (`fib saddr type local`, kube-proxy's `--src-type LOCAL`) nor, when the
+    /// local-traffic detector detects anything, from this node's pods (kube-proxy's iptables
+    /// "pods trying to reach external load-balancer VIP" short-circuit).
     ///
     /// `reject` answers ICMP port unreachable (ICMPv6 for IPv6), what kube-proxy's IPVS mode
     /// answers there: its virtual server has no real server, and IPVS's `ip_vs_leave` sends
@@ -357,19 +386,7 @@ impl NftRules {
                 op: Operator::NEQ,
             }),
         ];
-        let cidrs: Vec<SetItem<'static>> = self
-            .cluster_cidrs()
-            .iter()
-            .filter(|net| net.addr().is_ipv6() == f.v6)
-            .map(|&net| SetItem::Element(prefix(net)))
-            .collect();
-        if !cidrs.is_empty() {
-            statements.push(Statement::Match(Match {
-                left: payload(f.proto, "saddr"),
-                right: Expression::Named(NamedExpression::Set(cidrs)),
-                op: Operator::NEQ,
-            }));
-        }
+        statements.extend(self.not_from_local_pods(f));
         statements.push(Statement::Reject(None));
         statements
     }
@@ -1230,6 +1247,74 @@ mod tests {
             ]
         );
         assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 19);
+    }
+
+    /// Issue 34: each `detectLocalMode` gives kube-proxy's "not local" match in the ClusterIP
+    /// masquerade rule (`JumpIfNotLocal`): `! -s CIDR` per family, `! -i bridge`,
+    /// `! -i prefix+`. Before, only `clusterCIDR` was matched, whatever the mode.
+    #[test]
+    fn local_traffic_detectors_give_kube_proxys_not_local_match() {
+        let not_local = |local: LocalTraffic, family: &str| -> Option<serde_json::Value> {
+            let rules = NftRules::detecting(local, false);
+            let (_, _, statements) = rules.bodies().into_iter().find(|(chain, purpose, _)| {
+                *chain == "mark-masquerade"
+                    && purpose.starts_with(family)
+                    && (purpose.contains("outside the") || purpose.contains("not from"))
+            })?;
+            assert_eq!(statements.len(), 3, "cluster-ips, not local, mark");
+            Some(serde_json::to_value(&statements[1]).unwrap())
+        };
+        let iifname = |name: &str| serde_json::json!({"match": {"op": "!=", "left": {"meta": {"key": "iifname"}}, "right": name}});
+        let saddr = |proto: &str, cidr: &str| {
+            let (addr, len) = cidr.split_once('/').unwrap();
+            serde_json::json!({"match": {
+                "op": "!=",
+                "left": {"payload": {"protocol": proto, "field": "saddr"}},
+                "right": {"set": [{"prefix": {"addr": addr, "len": len.parse::<u32>().unwrap()}}]},
+            }})
+        };
+        let node = LocalTraffic::NodeCidrs(vec![
+            "10.244.3.0/24".parse().unwrap(),
+            "fd00:10:244:3::/64".parse().unwrap(),
+        ]);
+        assert_eq!(
+            not_local(node.clone(), "IPv4"),
+            Some(saddr("ip", "10.244.3.0/24"))
+        );
+        assert_eq!(
+            not_local(node, "IPv6"),
+            Some(saddr("ip6", "fd00:10:244:3::/64"))
+        );
+        // A family without a CIDR detects nothing (kube-proxy's no-op detector).
+        let v4_only = LocalTraffic::ClusterCidrs(vec!["10.244.0.0/16".parse().unwrap()]);
+        assert_eq!(
+            not_local(v4_only.clone(), "IPv4"),
+            Some(saddr("ip", "10.244.0.0/16"))
+        );
+        assert_eq!(not_local(v4_only, "IPv6"), None);
+        for family in ["IPv4", "IPv6"] {
+            assert_eq!(
+                not_local(LocalTraffic::BridgeInterface("cbr0".into()), family),
+                Some(iifname("cbr0"))
+            );
+            assert_eq!(
+                not_local(LocalTraffic::InterfaceNamePrefix("veth".into()), family),
+                Some(iifname("veth*"))
+            );
+        }
+        // The same detector tells pods from outside clients for externalTrafficPolicy Local
+        // without local endpoints.
+        let rules = NftRules::detecting(LocalTraffic::InterfaceNamePrefix("veth".into()), false);
+        let reject = rules
+            .bodies()
+            .into_iter()
+            .find(|(_, purpose, _)| purpose.starts_with("IPv4: reject outside clients"))
+            .map(|(_, _, statements)| serde_json::to_value(statements).unwrap())
+            .unwrap();
+        assert!(
+            reject.as_array().unwrap().contains(&iifname("veth*")),
+            "{reject}"
+        );
     }
 
     /// However many cluster CIDRs a cluster has, every rule comment fits what `nft` accepts

@@ -10,7 +10,7 @@ pub mod objects;
 mod sets;
 
 pub use keys::{Protocol, UnknownProtocol, VirtualServerKey};
-pub use sets::{NftRules, SetElement};
+pub use sets::{LocalTraffic, NftRules, SetElement};
 
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};

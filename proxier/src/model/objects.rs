@@ -42,6 +42,9 @@ pub struct NodeInfo {
     /// Its InternalIP addresses (`status.addresses[type=InternalIP]`), in order: the node IPs
     /// when none are given.
     pub internal_ips: Vec<IpAddr>,
+    /// Its pod CIDRs (`spec.podCIDRs`, else `spec.podCIDR`): this node's pods with
+    /// `detectLocalMode: NodeCIDR`.
+    pub pod_cidrs: Vec<ipnet::IpNet>,
 }
 
 /// Shares equal strings: one allocation per distinct namespace, node name, port name, zone

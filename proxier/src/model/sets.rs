@@ -112,12 +112,35 @@ impl fmt::Display for SetElement {
     }
 }
 
-/// The parameters of the constant rules (from the configuration): `clusterCIDR` (ClusterIP
-/// traffic from outside these CIDRs is masqueraded) and `nftables.masqueradeAll` (all ClusterIP
-/// traffic is). Equal when the parameters are equal.
+/// How traffic from this node's pods is told apart (kube-proxy's `LocalTrafficDetector` for
+/// `detectLocalMode`, KEP-2450), resolved for this node by the plan. ClusterIP traffic that is
+/// not local is masqueraded; a family without a CIDR detects nothing (kube-proxy's no-op
+/// detector), so that only the node's own traffic from a service IP is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum LocalTraffic {
+    /// `ClusterCIDR`: a source inside `clusterCIDR`.
+    ClusterCidrs(Vec<IpNet>),
+    /// `NodeCIDR`: a source inside the Node's `spec.podCIDRs`.
+    NodeCidrs(Vec<IpNet>),
+    /// `BridgeInterface`: arriving on this interface.
+    BridgeInterface(String),
+    /// `InterfaceNamePrefix`: arriving on an interface whose name starts with this.
+    InterfaceNamePrefix(String),
+}
+
+impl Default for LocalTraffic {
+    /// `ClusterCIDR` without a cluster CIDR: nothing is detected.
+    fn default() -> Self {
+        LocalTraffic::ClusterCidrs(Vec::new())
+    }
+}
+
+/// The parameters of the constant rules (from the configuration): how local traffic is told
+/// apart ([`LocalTraffic`]: ClusterIP traffic from elsewhere is masqueraded) and
+/// `nftables.masqueradeAll` (all ClusterIP traffic is). Equal when the parameters are equal.
 #[derive(Clone, Debug, Serialize)]
 pub struct NftRules {
-    cluster_cidrs: Vec<IpNet>,
+    local_traffic: LocalTraffic,
     masquerade_all: bool,
     /// The rules' comments as the dataplane encodes them, computed once (a sync compares them
     /// with the kernel's).
@@ -126,18 +149,24 @@ pub struct NftRules {
 }
 
 impl NftRules {
-    /// The rules for `clusterCIDR` and `nftables.masqueradeAll`.
+    /// The rules for `clusterCIDR` (`detectLocalMode: ClusterCIDR`) and
+    /// `nftables.masqueradeAll`.
     pub fn new(cluster_cidrs: Vec<IpNet>, masquerade_all: bool) -> Self {
+        Self::detecting(LocalTraffic::ClusterCidrs(cluster_cidrs), masquerade_all)
+    }
+
+    /// The rules for a local-traffic detector and `nftables.masqueradeAll`.
+    pub fn detecting(local_traffic: LocalTraffic, masquerade_all: bool) -> Self {
         NftRules {
-            cluster_cidrs,
+            local_traffic,
             masquerade_all,
             comments: OnceLock::new(),
         }
     }
 
-    /// `clusterCIDR`, as configured.
-    pub fn cluster_cidrs(&self) -> &[IpNet] {
-        &self.cluster_cidrs
+    /// How local traffic is told apart.
+    pub fn local_traffic(&self) -> &LocalTraffic {
+        &self.local_traffic
     }
 
     /// `nftables.masqueradeAll`.
@@ -160,7 +189,7 @@ impl Default for NftRules {
 
 impl PartialEq for NftRules {
     fn eq(&self, other: &Self) -> bool {
-        self.cluster_cidrs == other.cluster_cidrs && self.masquerade_all == other.masquerade_all
+        self.local_traffic == other.local_traffic && self.masquerade_all == other.masquerade_all
     }
 }
 

@@ -2,11 +2,11 @@
 //! configuration ([`PlanContext`]), and the conversions of API values planning shares.
 
 use super::outcome::Problem;
-use crate::model::NftRules;
 use crate::model::objects::NodeInfo;
+use crate::model::{LocalTraffic, NftRules};
 use crate::model::{SchedFlags, VirtualServerSpec};
 use ipnet::IpNet;
-use kipvs_crds::{Gate, NodePortAddress, ProxierConfiguration};
+use kipvs_crds::{Gate, LocalMode, NodePortAddress, ProxierConfiguration};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -74,12 +74,7 @@ impl PlanContext {
     ) -> (Self, Vec<Problem>) {
         let mut problems = Vec::new();
         let node_port_ips = node_port_ips(node_name, node, node_ips, config, &mut problems);
-        let cluster_cidrs = config.parsed_cluster_cidrs().unwrap_or_else(|e| {
-            problems.push(Problem::config(format!(
-                "{e}; no ClusterIP traffic is masqueraded for coming from outside the cluster"
-            )));
-            Vec::new()
-        });
+        let local_traffic = local_traffic(node_name, node, config, &mut problems);
         let zone = node.and_then(|node| node.zone.clone());
         let context = PlanContext {
             node_name: node_name.to_owned(),
@@ -89,7 +84,7 @@ impl PlanContext {
             vs_spec: scheduler_spec(config.ipvs.effective_scheduler()),
             terminating_endpoints: config.gate_enabled(Gate::ProxyTerminatingEndpoints),
             load_balancer_ip_mode: config.gate_enabled(Gate::LoadBalancerIPMode),
-            nft_rules: NftRules::new(cluster_cidrs, config.nftables.masquerade_all),
+            nft_rules: NftRules::detecting(local_traffic, config.nftables.masquerade_all),
             unavailable_schedulers: BTreeSet::new(),
         };
         (context, problems)
@@ -126,7 +121,7 @@ impl PlanContext {
         &self.node_port_ips
     }
 
-    /// The parameters of the nftables rules (`clusterCIDR`, `nftables.masqueradeAll`).
+    /// The parameters of the nftables rules (`detectLocalMode`, `nftables.masqueradeAll`).
     pub fn nft_rules(&self) -> &NftRules {
         &self.nft_rules
     }
@@ -134,6 +129,49 @@ impl PlanContext {
     /// The node's zone (`topology.kubernetes.io/zone`), if it has one.
     pub fn zone(&self) -> Option<&str> {
         self.zone.as_deref()
+    }
+}
+
+/// How this node's pod traffic is told apart (`detectLocalMode`, kube-proxy's
+/// `getLocalDetector` and `getDualStackLocalDetectorTuple`): `ClusterCIDR` by `clusterCIDR`,
+/// `NodeCIDR` by the Node's pod CIDRs, the interface modes by `detectLocal`. What cannot be
+/// resolved (a bad `clusterCIDR` or mode, `NodeCIDR` without the Node or its pod CIDRs) is a
+/// problem and detects nothing, so that only the node's own traffic from a service IP is
+/// masqueraded (kube-proxy's no-op detector).
+fn local_traffic(
+    node_name: &str,
+    node: Option<&NodeInfo>,
+    config: &ProxierConfiguration,
+    problems: &mut Vec<Problem>,
+) -> LocalTraffic {
+    let undetected = "no ClusterIP traffic is masqueraded for coming from outside the cluster";
+    let mode = match config.parsed_local_mode() {
+        Ok(mode) => mode,
+        Err(e) => {
+            problems.push(Problem::config(format!("{e}; {undetected}")));
+            return LocalTraffic::default();
+        }
+    };
+    match mode {
+        LocalMode::ClusterCidr => match config.parsed_cluster_cidrs() {
+            Ok(cidrs) => LocalTraffic::ClusterCidrs(cidrs),
+            Err(e) => {
+                problems.push(Problem::config(format!("{e}; {undetected}")));
+                LocalTraffic::default()
+            }
+        },
+        LocalMode::NodeCidr => match node.map(|node| &node.pod_cidrs) {
+            Some(cidrs) if !cidrs.is_empty() => LocalTraffic::NodeCidrs(cidrs.clone()),
+            _ => {
+                problems.push(Problem::config(format!(
+                    "detectLocalMode NodeCIDR: the Node {node_name:?} is not known or has no \
+                     spec.podCIDRs; {undetected}"
+                )));
+                LocalTraffic::NodeCidrs(Vec::new())
+            }
+        },
+        LocalMode::BridgeInterface(name) => LocalTraffic::BridgeInterface(name),
+        LocalMode::InterfaceNamePrefix(prefix) => LocalTraffic::InterfaceNamePrefix(prefix),
     }
 }
 
@@ -239,4 +277,73 @@ pub(super) fn scheduler_spec(scheduler: &str) -> VirtualServerSpec {
 /// A port number from the API's `int32`, if it is in 1..=65535.
 pub(super) fn port_number(value: i32) -> Option<u16> {
     u16::try_from(value).ok().filter(|&port| port != 0)
+}
+
+#[cfg(test)]
+mod local_traffic_tests {
+    use super::*;
+
+    fn rules(yaml: &str, node: Option<&NodeInfo>) -> (LocalTraffic, Vec<String>) {
+        let config = ProxierConfiguration::from_yaml_str(yaml).unwrap();
+        let (context, problems) = PlanContext::new("test-node", node, &[], &config);
+        let messages = problems.into_iter().map(|p| p.message).collect();
+        (context.nft_rules().local_traffic().clone(), messages)
+    }
+
+    /// Issue 34: `detectLocalMode` was ignored, only `clusterCIDR` decided what is local. Each
+    /// mode resolves as kube-proxy's `getLocalDetector` does; NodeCIDR takes the Node's pod
+    /// CIDRs (both families).
+    #[test]
+    fn each_detect_local_mode_resolves_for_this_node() {
+        let node = NodeInfo {
+            pod_cidrs: vec![
+                "10.244.3.0/24".parse().unwrap(),
+                "fd00:10:244:3::/64".parse().unwrap(),
+            ],
+            ..Default::default()
+        };
+        let cluster = "clusterCIDR: 10.244.0.0/16\n";
+        for (yaml, expected) in [
+            (
+                cluster.to_owned(),
+                LocalTraffic::ClusterCidrs(vec!["10.244.0.0/16".parse().unwrap()]),
+            ),
+            (
+                format!("{cluster}detectLocalMode: NodeCIDR\n"),
+                LocalTraffic::NodeCidrs(node.pod_cidrs.clone()),
+            ),
+            (
+                format!(
+                    "{cluster}detectLocalMode: BridgeInterface\ndetectLocal: {{bridgeInterface: cbr0}}\n"
+                ),
+                LocalTraffic::BridgeInterface("cbr0".into()),
+            ),
+            (
+                format!(
+                    "{cluster}detectLocalMode: InterfaceNamePrefix\n\
+                     detectLocal: {{interfaceNamePrefix: veth}}\n"
+                ),
+                LocalTraffic::InterfaceNamePrefix("veth".into()),
+            ),
+        ] {
+            let (local, problems) = rules(&yaml, Some(&node));
+            assert_eq!(local, expected, "{yaml}");
+            assert!(problems.is_empty(), "{yaml}: {problems:?}");
+        }
+    }
+
+    /// NodeCIDR before the Node (or its pod CIDRs) is known detects nothing and says why, as
+    /// kube-proxy's no-op detector with its warning.
+    #[test]
+    fn node_cidr_without_pod_cidrs_is_a_problem_and_detects_nothing() {
+        for node in [None, Some(NodeInfo::default())] {
+            let (local, problems) = rules("detectLocalMode: NodeCIDR\n", node.as_ref());
+            assert_eq!(local, LocalTraffic::NodeCidrs(Vec::new()));
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(
+                problems[0].starts_with("detectLocalMode NodeCIDR: the Node \"test-node\""),
+                "{problems:?}"
+            );
+        }
+    }
 }

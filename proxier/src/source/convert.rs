@@ -258,7 +258,8 @@ fn conditions(conditions: Option<&EndpointConditions>) -> (bool, bool, bool) {
     (ready, serving, terminating)
 }
 
-/// What planning reads of the own Node: its zone label, primary IPs and InternalIPs.
+/// What planning reads of the own Node: its zone label, primary IPs, InternalIPs and pod
+/// CIDRs.
 pub fn node(node: &Node) -> NodeInfo {
     NodeInfo {
         zone: node
@@ -270,7 +271,25 @@ pub fn node(node: &Node) -> NodeInfo {
             .cloned(),
         primary_ips: node_primary_ips(node),
         internal_ips: node_internal_ips(node),
+        pod_cidrs: node_pod_cidrs(node),
     }
+}
+
+/// A Node's `spec.podCIDRs` (else its `spec.podCIDR`), as kube-proxy's `NodeCIDR` detector
+/// reads them; unparsable entries are skipped.
+fn node_pod_cidrs(node: &Node) -> Vec<ipnet::IpNet> {
+    let spec = node.spec.as_ref();
+    let listed = spec
+        .and_then(|spec| spec.pod_cidrs.clone())
+        .unwrap_or_default();
+    let cidrs = if listed.is_empty() {
+        spec.and_then(|spec| spec.pod_cidr.clone())
+            .into_iter()
+            .collect()
+    } else {
+        listed
+    };
+    cidrs.iter().filter_map(|cidr| cidr.parse().ok()).collect()
 }
 
 /// The InternalIP addresses of a Node (`status.addresses[type=InternalIP]`), in order;
