@@ -141,12 +141,7 @@ impl ConditionSet {
         if nodes.is_empty() {
             return;
         }
-        let message = format!(
-            "kube-proxy runs on {} node(s) labelled kipvs.io/service-proxy=kipvs, where kipvs \
-             stands by: {}; {cause}",
-            nodes.len(),
-            list(nodes)
-        );
+        let message = format!("{}; {cause}", kube_proxy_returned(nodes));
         self.degraded.push((
             3,
             Verdict {
@@ -391,6 +386,17 @@ impl ConditionSet {
             })
             .collect()
     }
+}
+
+/// The part of Degraded `KubeProxyReturned`'s message that names `nodes` (also how a decision
+/// tells that it reported them already).
+pub(crate) fn kube_proxy_returned(nodes: &[&str]) -> String {
+    format!(
+        "kube-proxy runs on {} node(s) labelled kipvs.io/service-proxy=kipvs, where kipvs stands \
+         by: {}",
+        nodes.len(),
+        list(nodes)
+    )
 }
 
 /// The first five names of a list, then how many more, for condition and Event messages.

@@ -6,7 +6,7 @@ use super::input::{KUBE_PROXY_READ_INTERVAL, KubeProxyDaemonSet};
 use super::labels::{kube_proxy_returned, stands_by_for_kube_proxy};
 use super::selection::{Health, Member};
 use super::stages::Cursor;
-use crate::conditions::list;
+use crate::conditions::{self, list};
 use kipvs_crds::{
     NodeFailure, NodePhase, PROMOTE_ANNOTATION, SERVICE_PROXY_LABEL, ServiceProxy, Stage,
     StagePhase, StageStatus,
@@ -62,7 +62,7 @@ impl<'a> Decider<'a> {
             .prev
             .conditions
             .iter()
-            .find(|c| c.type_ == "Degraded" && c.reason == "KubeProxyReturned")
+            .find(|c| c.type_ == "Degraded")
             .map(|c| c.message.clone());
         self.conditions
             .kube_proxy_returned(&nodes, self.input.kube_proxy.cause());
@@ -70,7 +70,9 @@ impl<'a> Decider<'a> {
             let again = self.input.now.checked_add(KUBE_PROXY_READ_INTERVAL);
             self.requeue_at(again.unwrap_or(self.input.now));
         }
-        if !nodes.is_empty() && was.is_none_or(|m| !m.contains(&list(&nodes))) {
+        // Said already while the names stay (also under a Degraded reason of higher rank).
+        let said = was.is_some_and(|m| m.contains(&conditions::kube_proxy_returned(&nodes)));
+        if !nodes.is_empty() && !said {
             self.note(
                 true,
                 "KubeProxyReturned",
