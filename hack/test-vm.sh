@@ -20,7 +20,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VM=$ROOT/hack/vm
 MODE=test
 case "${1:-}" in --demo) MODE=demo ;; --bench) MODE=bench ;; --e2e) MODE=e2e ;; --kube-proxy) MODE=kube-proxy ;; esac
-export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
+export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm${KIPVS_VM_KERNEL_SUITE:+-$KIPVS_VM_KERNEL_SUITE}}
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 T0=$(date +%s%N)
 

@@ -4,7 +4,9 @@
 # ipvsadm (+ libraries), netcat-traditional (busybox's nc has no UDP). Packages are `apt-get download`ed
 # and unpacked with `dpkg -x`.
 #
-# usage: hack/vm/fetch.sh        env: VMCACHE (default ~/.cache/kipvs-vm), KFLAVOR (default cloud-amd64)
+# usage: hack/vm/fetch.sh        env: VMCACHE (default ~/.cache/kipvs-vm), KFLAVOR (default cloud-amd64),
+#        KIPVS_VM_KERNEL_SUITE (a Debian suite to take the kernel from, e.g. bullseye for 5.10, through a private
+#        apt configuration under $VMCACHE; default: the machine's own suite; QEMU and userland always are)
 #
 # Idempotent and fast when cached: $VMCACHE/stamp records the exact package versions that were unpacked.
 # apt is only asked again when its package lists changed since (i.e. after an `apt-get update`); if the
@@ -16,6 +18,7 @@
 set -euo pipefail
 VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 KFLAVOR=${KFLAVOR:-cloud-amd64}
+KSUITE=${KIPVS_VM_KERNEL_SUITE:-}
 FORMAT=3 # bump when the package set or the cache layout below changes
 STAMP=$VMCACHE/stamp
 QEMU_PKGS="qemu-system-x86 qemu-system-common qemu-system-data seabios libcapstone4 libfdt1 libpmem1
@@ -24,24 +27,42 @@ USER_PKGS="busybox-static ipvsadm libnl-3-200 libnl-genl-3-200 libpopt0 netcat-t
 mkdir -p "$VMCACHE"
 
 # Fast path: unpacked cache for this format/flavor, and apt's lists unchanged since the last resolve.
-if [ -f "$STAMP" ] && [ -f "$VMCACHE/env.sh" ] && head -n1 "$STAMP" | grep -qx "format=$FORMAT flavor=$KFLAVOR" &&
+if [ -f "$STAMP" ] && [ -f "$VMCACHE/env.sh" ] && head -n1 "$STAMP" | grep -qx "format=$FORMAT flavor=$KFLAVOR$KSUITE" &&
    [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -newer "$STAMP" -print -quit 2>/dev/null)" ]; then
   exit 0
 fi
 
+# The kernel's apt: the machine's, or a private configuration for $KSUITE on the machine's Debian mirror.
+KAPT=()
+if [ -n "$KSUITE" ]; then
+  A=$VMCACHE/apt-$KSUITE
+  KAPT=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$A/parts"
+    -o "Dir::State::Lists=$A/lists" -o "Dir::Cache=$A/cache")
+  if [ ! -f "$A/updated" ]; then
+    mkdir -p "$A/parts" "$A/lists/partial" "$A/cache/archives/partial"
+    printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+      "$KSUITE" > "$A/parts/kernel.sources"
+    apt-get "${KAPT[@]}" update -qq 2>&1 | grep -v -e unsandboxed -e 'pkgAcquire::Run' >&2 || true
+    touch "$A/updated"
+  fi
+fi
 # Resolve "pkg=version" for everything; the kernel ABI package comes from the flavor's meta package.
+policy() { # PKG...: "pkg=candidate" lines; fails on a package without a candidate
+  apt-cache "$@" |
+    awk '/^[^ ]/{p=$1; sub(":$","",p)} /Candidate:/{ if ($2=="(none)") exit 1; print p "=" $2 }'
+}
 resolve() {
   local kpkg
-  kpkg=$(apt-cache show --no-all-versions "linux-image-$KFLAVOR" 2>/dev/null |
+  kpkg=$(apt-cache "${KAPT[@]}" show --no-all-versions "linux-image-$KFLAVOR" 2>/dev/null |
     sed -n 's/^Depends:.*\(linux-image-[0-9][^ ,]*\).*/\1/p' | head -n1)
   [ -n "$kpkg" ] || return 1
   # shellcheck disable=SC2086
-  apt-cache policy $kpkg $QEMU_PKGS $USER_PKGS |
-    awk '/^[^ ]/{p=$1; sub(":$","",p)} /Candidate:/{ if ($2=="(none)") exit 1; print p "=" $2 }' | sort -u
+  { policy "${KAPT[@]}" policy $kpkg && policy policy $QEMU_PKGS $USER_PKGS; } | sort -u
 }
 [ -n "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -print -quit 2>/dev/null)" ] || apt-get update -qq
-WANT=$(resolve) || { apt-get update -qq; WANT=$(resolve); }
-NEW=$(printf 'format=%s flavor=%s\n%s\n' "$FORMAT" "$KFLAVOR" "$WANT")
+refresh() { apt-get update -qq; [ -z "$KSUITE" ] || apt-get "${KAPT[@]}" update -qq 2>&1 | grep -v -e unsandboxed >&2 || true; }
+WANT=$(resolve) || { refresh; WANT=$(resolve); }
+NEW=$(printf 'format=%s flavor=%s\n%s\n' "$FORMAT" "$KFLAVOR$KSUITE" "$WANT")
 if [ -f "$STAMP" ] && [ -f "$VMCACHE/env.sh" ] && [ "$(cat "$STAMP")" = "$NEW" ]; then
   touch "$STAMP"; exit 0 # lists changed, versions did not
 fi
@@ -56,13 +77,15 @@ download() { # fetch what is missing from $D, reusing unchanged debs of the prev
     f=$(ls "$VMCACHE/debs/${pv%%=*}_$(echo "${pv#*=}" | sed 's/:/%3a/')_"*.deb 2>/dev/null | head -n1) || true
     if [ -n "$f" ]; then ln -f "$f" "$D/"; else missing="$missing $pv"; fi
   done
-  [ -z "$missing" ] || (cd "$D" && apt-get download -q $missing) 2>&1 | grep -v -e unsandboxed -e '^Get:' >&2 || true
+  local kmissing=$(printf '%s\n' $missing | grep '^linux-image-' || true) other=$(printf '%s\n' $missing | grep -v '^linux-image-' || true)
+  [ -z "$kmissing" ] || (cd "$D" && apt-get "${KAPT[@]}" download -q $kmissing) 2>&1 | grep -v -e unsandboxed -e '^Get:' >&2 || true
+  [ -z "$other" ] || (cd "$D" && apt-get download -q $other) 2>&1 | grep -v -e unsandboxed -e '^Get:' >&2 || true
   [ "$(find "$D" -name '*.deb' | wc -l)" -eq "$(echo "$WANT" | wc -l)" ]
 }
 if ! download; then
   # stale lists (an old kernel ABI gone from the mirror): refresh once and resolve again
-  apt-get update -qq; WANT=$(resolve)
-  NEW=$(printf 'format=%s flavor=%s\n%s\n' "$FORMAT" "$KFLAVOR" "$WANT")
+  refresh; WANT=$(resolve)
+  NEW=$(printf 'format=%s flavor=%s\n%s\n' "$FORMAT" "$KFLAVOR$KSUITE" "$WANT")
   rm -f "$D"/*.deb
   download || { echo "fetch: download failed" >&2; exit 1; }
 fi

@@ -9,6 +9,7 @@ use kipvs_proxier::dataplane::Dataplane;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
 use kipvs_proxier::dataplane::kube_proxy::{HostKubeProxy, KubeProxyNode};
+use kipvs_proxier::dataplane::{nft, preflight};
 use kipvs_proxier::dataplane::settings::{Kernel, KernelSettings};
 use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
@@ -700,6 +701,15 @@ async fn connect_kernel() -> anyhow::Result<KernelDataplane> {
         .context("connecting to the kernel (are the ip_vs and dummy modules loaded?)")
 }
 
+/// The kernel's facilities checked before anything is programmed
+/// ([`kipvs_proxier::dataplane::preflight`]): one error naming every missing one.
+async fn check_kernel() -> anyhow::Result<()> {
+    let osrelease = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    preflight::check(&nft::Nft::default(), &osrelease).await?;
+    tracing::info!(kernel = osrelease.trim(), "the kernel has what kipvs needs (IPVS, nftables)");
+    Ok(())
+}
+
 /// Kernel settings made at start (sysctls and IPVS timeouts, each logged; kube-proxy
 /// `NewProxier`); a NodeProxyConfig revision sets them again live.
 async fn setup_kernel(config: &ProxierConfiguration, kernel: &Kernel) -> anyhow::Result<()> {
@@ -886,6 +896,7 @@ async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::Resu
                 cluster.fake_missing_scheduler.is_empty(),
                 "--fake-missing-scheduler needs --dataplane=fake"
             );
+            check_kernel().await?;
             let dataplane = connect_kernel().await?;
             let kernel = Kernel {
                 ipvs: dataplane.ipvs().clone(),

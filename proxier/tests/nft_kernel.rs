@@ -381,6 +381,39 @@ fn firewall_allow_creations_are_refused_on_any_clash_and_a_present_one_counts_as
     });
 }
 
+/// The start-up check's `nft --check` (`kipvs_proxier::dataplane::preflight`) is validated by
+/// the running kernel and writes nothing: the table is still absent afterwards, and a batch the
+/// kernel refuses fails the check.
+#[test]
+fn a_check_validates_the_table_and_writes_nothing() {
+    if !private_netns() {
+        return;
+    }
+    runtime().block_on(async {
+        let nft = Nft::default();
+        let rules = NftRules::new(vec!["10.244.0.0/16".parse().unwrap()], false);
+        let table = transaction(&Transaction {
+            rules: Some(&rules),
+            ..Transaction::default()
+        });
+        nft.check(&table).await.expect("the running kernel has what kipvs needs");
+        assert_eq!(
+            nft.observe().await.unwrap(),
+            Default::default(),
+            "a check must leave no table behind"
+        );
+        // An element for a set the batch does not declare: the kernel refuses it.
+        let mut refused = serde_json::to_value(&table).unwrap();
+        refused["nftables"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"add": {"element": {"family": "inet", "table": "kipvs",
+                "name": "no-such-set", "elem": ["10.0.0.1"]}}}));
+        let refused: nftables::schema::Nftables = serde_json::from_value(refused).unwrap();
+        assert!(nft.check(&refused).await.is_err(), "a refused batch fails the check");
+    });
+}
+
 /// Issue 34: every `detectLocalMode` detector is accepted by the kernel in the ClusterIP
 /// masquerade rule and reads back as kube-proxy's match: the node's pod CIDRs, `iifname !=`
 /// the bridge, and a wildcard `iifname != "veth*"` (a prefix, not the literal `*`).
