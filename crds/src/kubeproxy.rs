@@ -297,6 +297,53 @@ fn from_kube_proxy(document: Value) -> Result<(ProxierConfiguration, Vec<String>
     Ok((config, warnings))
 }
 
+/// Where `kipvs` (the configuration a proxier will run with) differs from `kube_proxy` (kube-proxy's
+/// file read by [`ProxierConfiguration::load_any`]) in a field kipvs carries over (the table in the
+/// [module](self) docs): one line per differing setting, `path: kube-proxy VALUE, kipvs VALUE`,
+/// sorted by path. Settings kube-proxy has no field for (`nodePortRange`, `ipvs.drainTimeout`,
+/// `serviceProxy`) are left out. Empty when the move keeps kube-proxy's behaviour; shown by the
+/// takeover preview so that a difference is seen before the switch.
+pub fn differences(kube_proxy: &ProxierConfiguration, kipvs: &ProxierConfiguration) -> Vec<String> {
+    let normalised = |config: &ProxierConfiguration| {
+        let mut config = config.clone();
+        config.ipvs.scheduler = config.ipvs.effective_scheduler().to_owned();
+        config.node_port_range = String::new();
+        config.ipvs.drain_timeout = Duration::ZERO;
+        config.service_proxy = crate::ServiceProxy::Kipvs;
+        if config.detect_local_mode.trim().is_empty() {
+            config.detect_local_mode = "ClusterCIDR".to_owned();
+        }
+        // Every gate is named, so that a gate at its default compares equal to an unset one.
+        config.feature_gates = Gate::ALL
+            .into_iter()
+            .map(|gate| (gate.name().to_owned(), config.gate_enabled(gate)))
+            .collect();
+        serde_json::to_value(config).expect("ProxierConfiguration serializes to JSON")
+    };
+    let mut out = Vec::new();
+    diff_leaves("", &normalised(kube_proxy), &normalised(kipvs), &mut out);
+    out
+}
+
+/// Pushes `path: kube-proxy A, kipvs B` for every leaf where `a` and `b` differ (lists are
+/// leaves).
+fn diff_leaves(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (name, value) in a {
+                let child = if path.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{path}.{name}")
+                };
+                diff_leaves(&child, value, b.get(name).unwrap_or(&Value::Null), out);
+            }
+        }
+        (a, b) if a != b => out.push(format!("{path}: kube-proxy {a}, kipvs {b}")),
+        _ => {}
+    }
+}
+
 /// `mode`: kipvs replaces kube-proxy's `ipvs` mode; empty (kube-proxy's default) is taken with a
 /// warning.
 ///
@@ -873,6 +920,52 @@ winkernel:
                 .to_string();
             assert!(err.starts_with(expected), "{mode}: {err}");
         }
+    }
+
+    /// Issue 33: what of kube-proxy's configuration a kipvs configuration does not carry over
+    /// is named, field by field; spellings of one meaning (an empty scheduler and `rr`, an empty
+    /// detectLocalMode and `ClusterCIDR`, an unset gate and a gate at its default) are equal.
+    #[test]
+    fn differences_name_what_is_not_carried_over() {
+        let (kube_proxy, _) = ProxierConfiguration::from_any_yaml_str(&ipvs_config_conf()).unwrap();
+        assert!(differences(&kube_proxy, &kube_proxy).is_empty());
+        let mut kipvs = kube_proxy.clone();
+        kipvs.ipvs.drain_timeout = Duration::from_secs(60);
+        kipvs.node_port_range = "20000-22767".into();
+        kipvs.detect_local_mode = "ClusterCIDR".into();
+        assert!(
+            differences(&kube_proxy, &kipvs).is_empty(),
+            "kipvs-only settings"
+        );
+        assert_eq!(
+            differences(
+                &ProxierConfiguration::default(),
+                &ProxierConfiguration::from_yaml_str(
+                    "ipvs: {scheduler: rr}\nfeatureGates: {LoadBalancerIPMode: true}\n"
+                )
+                .unwrap()
+            ),
+            Vec::<String>::new()
+        );
+        let kipvs = ProxierConfiguration::default();
+        assert_eq!(
+            differences(&kube_proxy, &kipvs),
+            [
+                "clusterCIDR: kube-proxy \"10.244.0.0/16\", kipvs \"\"",
+                "featureGates.LoadBalancerIPMode: kube-proxy false, kipvs true",
+                "ipvs.excludeCIDRs: kube-proxy [\"10.200.0.0/16\"], kipvs []",
+                "ipvs.minSyncPeriod: kube-proxy \"1s\", kipvs \"0s\"",
+                "ipvs.scheduler: kube-proxy \"lc\", kipvs \"rr\"",
+                "ipvs.strictARP: kube-proxy true, kipvs false",
+                "ipvs.syncPeriod: kube-proxy \"1m0s\", kipvs \"30s\"",
+                "ipvs.tcpFinTimeout: kube-proxy \"2m0s\", kipvs \"0s\"",
+                "ipvs.tcpTimeout: kube-proxy \"15m0s\", kipvs \"0s\"",
+                "ipvs.udpTimeout: kube-proxy \"5m0s\", kipvs \"0s\"",
+                "metricsBindAddress: kube-proxy \"0.0.0.0:10249\", kipvs \"127.0.0.1:10249\"",
+                "nftables.masqueradeAll: kube-proxy true, kipvs false",
+                "nodePortAddresses: kube-proxy [\"192.168.0.0/16\"], kipvs []",
+            ]
+        );
     }
 
     #[test]

@@ -212,6 +212,11 @@ enum Command {
         /// Exit 0 even when operations touch established connections.
         #[arg(long)]
         allow_connection_changes: bool,
+        /// kube-proxy's configuration file (the `config.conf` key of its `kube-proxy`
+        /// ConfigMap): the preview first lists each setting kipvs carries over whose value
+        /// differs in the configuration kipvs will run with.
+        #[arg(long, value_name = "FILE")]
+        kube_proxy_config: Option<PathBuf>,
     },
     /// Remove what kipvs (or kube-proxy in IPVS mode) programmed: its virtual servers, the
     /// addresses on kube-ipvs0 and the kube-ipvs0 link. Other virtual servers are left alone.
@@ -752,7 +757,16 @@ async fn main_inner(cli: Cli) -> anyhow::Result<()> {
             source,
             api,
             allow_connection_changes,
-        } => takeover(&source, &api, allow_connection_changes).await,
+            kube_proxy_config,
+        } => {
+            takeover(
+                &source,
+                &api,
+                allow_connection_changes,
+                kube_proxy_config.as_deref(),
+            )
+            .await
+        }
         Command::Cleanup { config } => cleanup(config.as_deref()).await,
         Command::Run {
             source,
@@ -811,19 +825,34 @@ async fn inspect(
     Ok(())
 }
 
-/// `takeover`: what taking this node over from kube-proxy would change ([`preview`]).
+/// `takeover`: what taking this node over from kube-proxy would change ([`preview`]), after
+/// the settings of `kube_proxy_config` (kube-proxy's file) the planned configuration does not
+/// carry over ([`kipvs_crds::kubeproxy::differences`]).
 ///
 /// # Errors
-/// The sources or the kernel cannot be read; or (exit status 3) operations touch established
+/// The sources, kube-proxy's file or the kernel cannot be read; or (exit status 3) operations touch established
 /// connections and `allow_connection_changes` is false.
 async fn takeover(
     args: &SourceArgs,
     api: &ApiArgs,
     allow_connection_changes: bool,
+    kube_proxy_config: Option<&Path>,
 ) -> anyhow::Result<()> {
     let mut kernel = connect_kernel().await?;
     let local = kernel.other_interface_addresses().await?;
     let (planner, kubelet_version) = planned(args, api, local).await?;
+    if let Some(path) = kube_proxy_config {
+        let (kube_proxy, _) = ProxierConfiguration::load_any(path)?;
+        let differences = kipvs_crds::kubeproxy::differences(&kube_proxy, planner.config());
+        println!(
+            "configuration: {} setting(s) differ from kube-proxy's {}",
+            differences.len(),
+            path.display()
+        );
+        for difference in differences {
+            println!("  {difference}");
+        }
+    }
     let kube_proxy = HostKubeProxy::default();
     let kubelet_chains = kubelet_creates_shared_chains(kubelet_version.as_deref());
     let leftovers = kube_proxy.leftovers(kubelet_chains).await;

@@ -409,7 +409,7 @@ fn a_check_validates_the_table_and_writes_nothing() {
             .unwrap()
             .push(serde_json::json!({"add": {"element": {"family": "inet", "table": "kipvs",
                 "name": "no-such-set", "elem": ["10.0.0.1"]}}}));
-        let refused: nftables::schema::Nftables = serde_json::from_value(refused).unwrap();
+        let refused: nftables::schema::Nftables<'_> = serde_json::from_value(refused).unwrap();
         assert!(nft.check(&refused).await.is_err(), "a refused batch fails the check");
     });
 }
