@@ -9,8 +9,8 @@ use kipvs_proxier::dataplane::Dataplane;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
 use kipvs_proxier::dataplane::kube_proxy::{HostKubeProxy, KubeProxyNode};
-use kipvs_proxier::dataplane::{nft, preflight};
 use kipvs_proxier::dataplane::settings::{Kernel, KernelSettings};
+use kipvs_proxier::dataplane::{nft, preflight};
 use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
 use kipvs_proxier::engine::preview::Preview;
@@ -711,7 +711,10 @@ async fn connect_kernel() -> anyhow::Result<KernelDataplane> {
 async fn check_kernel() -> anyhow::Result<()> {
     let osrelease = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     preflight::check(&nft::Nft::default(), &osrelease).await?;
-    tracing::info!(kernel = osrelease.trim(), "the kernel has what kipvs needs (IPVS, nftables)");
+    tracing::info!(
+        kernel = osrelease.trim(),
+        "the kernel has what kipvs needs (IPVS, nftables)"
+    );
     Ok(())
 }
 
