@@ -425,6 +425,29 @@ mod tests {
         assert_eq!(zone(&labelled), None);
     }
 
+    /// `detectLocalMode: NodeCIDR` reads `spec.podCIDRs`, else `spec.podCIDR` (a Node of a
+    /// release before dual-stack); unparsable entries are skipped.
+    #[test]
+    fn pod_cidrs_from_the_node_spec() {
+        let mut n = k8s_node(&[]);
+        assert!(node(&n).pod_cidrs.is_empty());
+        n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            pod_cidr: Some("10.244.3.0/24".into()),
+            ..Default::default()
+        });
+        assert_eq!(node(&n).pod_cidrs, ["10.244.3.0/24".parse().unwrap()]);
+        n.spec.as_mut().unwrap().pod_cidrs = Some(vec![
+            "10.244.3.0/24".into(),
+            "fd00:10:244:3::/64".into(),
+            "bogus".into(),
+        ]);
+        let expected: Vec<ipnet::IpNet> = vec![
+            "10.244.3.0/24".parse().unwrap(),
+            "fd00:10:244:3::/64".parse().unwrap(),
+        ];
+        assert_eq!(node(&n).pod_cidrs, expected);
+    }
+
     #[test]
     fn protocols() {
         assert_eq!(parse_protocol(None), Ok(Protocol::Tcp));
