@@ -19,13 +19,26 @@
 #   kpvm_boot                boots the VM (hack/test-vm.sh --kube-proxy, log in STATE/vm.log; env VMMEM,
 #                            VMTIMEOUT) and waits for the guest agent
 #   kpvm_finish RC           ends the guest's run with RC, waits for the VM; fails when the VM run did
+#   kpvm_churn_service NS    the Service bench-churn (KPVM_CHURN_VS, 10.96.250.1:80) in namespace NS and its
+#                            EndpointSlice's first write
+#   kpvm_churn VIEW RATE SECONDS LATE DIR  RATE EndpointSlice writes a second for SECONDS to bench-churn's slice
+#                            (tests/kube-proxy/churn.py write) while the guest polls the kernel (agent watch-start
+#                            with VIEW: ipvs, ipvs+sync (the sync metric too), or nft with the sync metric); after
+#                            the window (the writes and 3 s)
+#                            the polls go on until every write is applied or LATE s have passed. DIR gets
+#                            writes-RATE, watch-RATE, latency-RATE (churn.py latency's JSON: kernel detection
+#                            for ipvs, sync for nft) and summary-RATE (churn.py write's, the clock's round trip).
+#                            Not in a subshell: it counts the writes' sequence numbers on (KPVM_SEQ)
 #   agent CMD ARGS...        one agent command (tests/kube-proxy/agent.sh); prints the answer without its
 #                            AGENT-RC line, fails when the command did; AGENT_TIMEOUT (300) bounds it
 # env: CP_PORT/CP_ETCD_PORT (the caller's defaults), PARITY_AGENT_PORT (27100), KEEP=1, VMCACHE, CPCACHE
 . hack/lib/kube-proxy-payload.sh # kube_proxy_payload
 . hack/lib/kube-status.sh # patch_status
+. hack/lib/guest-clock.sh # guest_clock_offset
 KPVM_AGENT_PORT=${PARITY_AGENT_PORT:-27100}
 KPVM_STATE="" vm_pid=""
+KPVM_CHURN_VS=10.96.250.1:80
+KPVM_SEQ=0 # the churn's next sequence number (tests/kube-proxy/churn.py address)
 
 agent() {
   local out
@@ -60,6 +73,8 @@ kpvm_init() {
   trap kpvm_cleanup EXIT
   hack/control-plane.sh start "$KPVM_STATE/cp"
   KC=$KPVM_STATE/cp/kubeconfig
+  KPVM_TOKEN=$(kubectl --kubeconfig "$KC" config view --minify --raw -o jsonpath='{.users[0].user.token}')
+  KPVM_SERVER=https://127.0.0.1:$CP_PORT
   G=$KPVM_STATE/guest
   kube_proxy_payload "$G" "$KC"
   mkdir -p "$G/clusters"
@@ -95,6 +110,40 @@ kpvm_apply() {
   while read -r path body; do
     KUBECONFIG=$KC patch_status "$path" "$body" > /dev/null
   done < "$1/$2/status.txt"
+}
+
+kpvm_churn_service() {
+  kubectl --kubeconfig "$KC" apply -f - > /dev/null <<EOF
+{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "bench-churn", "namespace": "$1", "labels": {"kipvs-parity": "1"}},
+ "spec": {"clusterIP": "${KPVM_CHURN_VS%:*}", "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}]}}
+EOF
+  KPVM_CHURN_NS=$1
+  kpvm_churn_writes 1 1 "$KPVM_STATE/initial-write" > /dev/null
+}
+
+kpvm_churn_writes() { # RATE SECONDS OUT
+  python3 tests/kube-proxy/churn.py write "$KPVM_MINOR" "$KPVM_SERVER" "$KPVM_TOKEN" "$KPVM_CHURN_NS" bench-churn "$KPVM_SEQ" "$1" "$2" "$3"
+  KPVM_SEQ=$(( KPVM_SEQ + $(wc -l < "$3") ))
+}
+
+kpvm_churn() {
+  local view=$1 rate=$2 secs=$3 late=$4 d=$5 sync=0 detect=kernel summary end t
+  case $view in ipvs) ;; ipvs+sync) view=ipvs sync=1 ;; *) sync=1 detect=sync ;; esac
+  agent watch-start "$KPVM_CHURN_VS" bench-churn "$view" "$sync" > /dev/null || echo "the guest's poll of bench-churn did not start" >&2
+  summary=$(kpvm_churn_writes "$rate" "$secs" "$d/writes-$rate") || summary="the writes failed"
+  sleep 3 # on purpose: the window's end, the last writes' time to reach the kernel
+  end=$(date +%s.%N); t=$(date +%s)
+  guest_clock_offset # (the guest's clock against this machine's: hack/lib/guest-clock.sh)
+  while [ $(( $(date +%s) - t )) -lt "$late" ]; do
+    agent watch-peek > "$d/watch-$rate" || break
+    python3 tests/kube-proxy/churn.py latency "$d/writes-$rate" "$d/watch-$rate" "$OFFSET" "$end" "$detect" |
+      python3 -c 'import json, sys; sys.exit(json.load(sys.stdin)["never"] > 0)' && break
+    sleep 2
+  done
+  agent watch-stop > "$d/watch-$rate" || true
+  python3 tests/kube-proxy/churn.py latency "$d/writes-$rate" "$d/watch-$rate" "$OFFSET" "$end" "$detect" > "$d/latency-$rate" ||
+    echo '{}' > "$d/latency-$rate"
+  echo "$summary; clock round trip $RTT s" > "$d/summary-$rate"
 }
 
 kpvm_boot() {

@@ -7,25 +7,38 @@
 #                           runs the proxier with clusters/CLUSTER/PROXIER.yaml until it has converged, prints
 #                           the kernel's state, stops it and removes all it programmed. Output: one
 #                           `ipvs LINE` per `ipvsadm -Sn` line and one `bind ADDRESS` per address on kube-ipvs0,
-#                           sorted, then `seconds S` (start to the converged state first seen), `cpu S` (user +
-#                           system) and `maxrss KB` (peak RSS) of the proxier's process (busybox time -v). Exit 1
-#                           (with the log's tail) when the proxier fails or does not converge within LIMIT seconds (120).
+#                           sorted, then `seconds S` (start to the converged state first seen) and `cpu S` (user +
+#                           system, busybox time -v; no RSS: its "Maximum resident set size" is pages, not KiB)
+#                           of the proxier's process. Exit 1 (with the log's tail) when the proxier fails or does
+#                           not converge within LIMIT seconds (120).
 #                           kube-proxy: its IPVS mode, converged once a sync has completed (synced) and
 #                           the state has not changed for 3 s since. kipvs: `kipvs-proxier run --once` (it
 #                           syncs once the API's lists are complete, then exits).
 #   clock                   the guest's clock (seconds since boot, /proc/uptime, 10 ms steps)
 #   start PROXIER CLUSTER VS RS [LIMIT]  (hack/bench-vs-kube-proxy.sh) as run, but the proxier keeps running
-#                           (kipvs: `kipvs-proxier run`): converged once the kernel holds at least VS virtual
-#                           and RS real servers (/proc/net/ip_vs) and a sync has completed (synced: the
-#                           counts alone are reached mid-sync); prints `seconds S` (start to converged)
-#                           and the usage lines; exit 1 when it fails or does not converge within LIMIT (600)
+#                           (kipvs: `kipvs-proxier run`; kube-proxy-nft: kube-proxy with
+#                           clusters/CLUSTER/kube-proxy-nft.yaml, its nftables mode). Converged at the end of the
+#                           first completed sync (synced: kubeproxy_sync_proxy_rules_last_timestamp_seconds, which
+#                           every proxier here sets at the end of a sync; both wait for complete lists before the
+#                           first); the IPVS proxiers must then hold at least VS virtual and RS real servers
+#                           (/proc/net/ip_vs; 0 0 checks nothing). Prints `seconds S` (process start to that
+#                           sync's end, both the guest's wall clock), `seen S` (start to the poll that saw it,
+#                           every 0.5 s), `counts V R` and the usage lines; exit 1 (the proxier stopped) when it
+#                           fails or does not converge within LIMIT (600)
 #   usage                   of the running proxier: `cpu S` (user + system, its waited-for children's
-#                           included: kube-proxy's iptables-restore and ipset), `maxrss KB` (VmHWM) and its
-#                           `sync_count N`, `sync_sum S` (kubeproxy_sync_proxy_rules_duration_seconds, which
-#                           both export on 127.0.0.1:10249)
+#                           included: kube-proxy's iptables-restore and ipset), `maxrss KB` (VmHWM),
+#                           `sync_count N`, `sync_sum S` (kubeproxy_sync_proxy_rules_duration_seconds: every
+#                           sync) and `full_sync_count N`, `full_sync_sum S`, `full_sync_metric NAME` (the
+#                           histogram of full syncs only: FULL_SYNC_METRICS's first that the proxier exports, or
+#                           the every-sync one, named so), all from 127.0.0.1:10249
 #   stop                    prints usage, stops the running proxier, removes all it programmed
-#   watch-start VS|watch-stop  polls `ipvsadm -Ln -t VS` every 0.1 s from start to stop; stop prints each
-#                           poll's output followed by `T CLOCK` (the clock when the poll had returned)
+#   watch-start VS SVC VIEW SYNC|watch-peek|watch-stop  polls every ~0.05 s from start to stop the endpoints of
+#                           Service SVC (VS its ClusterIP:port) as the kernel holds them: VIEW ipvs: `ipvsadm -Ln -t
+#                           VS`; VIEW nft: kube-proxy's nftables endpoint chains of SVC, printed as ipvsadm's lines
+#                           ("  -> ADDRESS:PORT Masq 1 0 0"); with SYNC 1 then `S TIMESTAMP` (the proxier's
+#                           kubeproxy_sync_proxy_rules_last_timestamp_seconds, the guest's wall clock); each poll
+#                           ends with `T AFTER BEFORE [WALL]` (the clock after and before the poll, with SYNC 1 the
+#                           wall clock too). peek prints the polls so far, stop stops polling and prints them all
 #   finish RC               ends the run (guest.sh prints PASS/FAIL kube-proxy)
 . /payload/tests/lib.sh
 K=$KP # tests/vm/lib.sh
@@ -64,12 +77,27 @@ kipvs() { # CONFIG LOG ONCE [WRAPPER...]: starts `kipvs-proxier run [--once]` in
 ipvs_mode() { # LOG: kube-proxy falls back to iptables mode when it cannot use IPVS
   grep -q 'Using ipvs Proxier' "$1"
 }
+# The histograms of full syncs only, the first the proxier exports is read (NAME or NAME{LABELS}): kube-proxy's
+# (1.28 and later, its iptables and nftables modes; its IPVS mode makes only full syncs and exports none) and
+# kipvs's
+FULL_SYNC_METRICS='kubeproxy_sync_full_proxy_rules_duration_seconds kipvs_full_sync_duration_seconds'
+metrics() { wget -qO- http://127.0.0.1:10249/metrics 2>/dev/null; }
+wall() { adjtimex | awk '$1 == "time.tv_sec:" { s = $2 } $1 == "time.tv_usec:" { u = $2 } END { printf "%d.%06d\n", s, u }'; }
 usage() { # PID
   sed 's/.*) //' "/proc/$1/stat" | awk '{ printf "cpu %.2f\n", ($12 + $13 + $14 + $15) / 100 }'
   awk '$1 == "VmHWM:" { print "maxrss " $2 }' "/proc/$1/status"
-  wget -qO- http://127.0.0.1:10249/metrics 2>/dev/null | awk '
-    $1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" { print "sync_count " int($2) }
-    $1 == "kubeproxy_sync_proxy_rules_duration_seconds_sum" { print "sync_sum " $2 }'
+  metrics | awk -v full="$FULL_SYNC_METRICS" '
+    BEGIN { n = split(full, names, " ")
+      for (i = 1; i <= n; i++) { # NAME{LABELS} -> NAME_count{LABELS}
+        j = index(names[i] "{", "{"); base = substr(names[i], 1, j - 1); lab = substr(names[i], j)
+        cn[base "_count" lab] = i; sn[base "_sum" lab] = i } }
+    $1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" { print "sync_count " int($2); ac = int($2) }
+    $1 == "kubeproxy_sync_proxy_rules_duration_seconds_sum" { print "sync_sum " $2; as = $2 }
+    $1 in cn { c[cn[$1]] = int($2) }
+    $1 in sn { s[sn[$1]] = $2 }
+    END {
+      for (i = 1; i <= n; i++) if (i in c) { printf "full_sync_count %d\nfull_sync_sum %s\nfull_sync_metric %s\n", c[i], s[i], names[i]; exit }
+      if (ac != "") printf "full_sync_count %d\nfull_sync_sum %s\nfull_sync_metric every-sync\n", ac, as }'
 }
 # synced LOG: 0 once the proxier (LOG its log) has completed a sync of every IP family it runs, 1 before, 2 when
 # an iptables-restore of a sync failed. kubeproxy_sync_proxy_rules_last_timestamp_seconds is set at the end
@@ -86,8 +114,8 @@ synced() {
     $1 == "kubeproxy_sync_proxy_rules_iptables_restore_failures_total" && $2 + 0 > 0 { failed = 1 }
     END { exit failed ? 2 : !(done && n >= fams) }'
 }
-counts() { # virtual and real servers in the kernel
-  awk '/^(TCP|UDP|SCTP) / { v++ } /^  -> [0-9A-F]/ { r++ } END { print v + 0, r + 0 }' /proc/net/ip_vs
+counts() { # virtual and real servers in the kernel (an IPv6 real server's address is in brackets)
+  awk '/^(TCP|UDP|SCTP|FWM) / { v++ } /^  -> [0-9A-F[]/ { r++ } END { print v + 0, r + 0 }' /proc/net/ip_vs
 }
 
 cmd=$1; shift
@@ -135,8 +163,7 @@ case $cmd in
     esac
     grep -E '^[EW][0-9]{4}' "$log" | head -n 20 | sed 's/^/log /' # its errors and warnings, for the record
     echo "seconds $t1"
-    awk -F': ' '/User time/ { u = $2 } /System time/ { s = $2 } /Maximum resident/ { m = $2 }
-      END { printf "cpu %.2f\nmaxrss %d\n", u + s, m }' "$W/rusage"
+    awk -F': ' '/User time/ { u = $2 } /System time/ { s = $2 } END { printf "cpu %.2f\n", u + s }' "$W/rusage"
     flush || { echo "the table is not empty after the flush"; exit 1; }
     ip link del node0 ;;
   clock) now ;;
@@ -145,24 +172,29 @@ case $cmd in
     [ -d "$C" ] || { echo "no cluster $2"; exit 2; }
     flush || { echo "the kernel still holds a table before the run"; exit 1; }
     node_up "$C/addrs" || { echo "cannot add the node addresses"; ip link del node0 2>/dev/null; exit 1; }
-    log=$W/$proxier.$2.log; t0=$(now)
+    log=$W/$proxier.$2.log; t0=$(now); w0=$(wall)
     case $proxier in
-      kube-proxy) kube_proxy "$C/kube-proxy.yaml" "$log" ;;
+      kube-proxy|kube-proxy-nft) kube_proxy "$C/$proxier.yaml" "$log" ;;
       kipvs) kipvs "$C/kipvs.yaml" "$log" "" ;;
       *) echo "unknown proxier $proxier"; exit 2 ;;
     esac
     pid=$!; echo "$pid" > "$W/bench.pid"; echo "$log" > "$W/bench.log"
-    converged() {
-      synced "$log" || { [ $? = 1 ] || fail "$proxier: an iptables-restore failed" "$log"; return 1; }
-      set -- $(counts); [ "$1" -ge "$vs" ] && [ "$2" -ge "$rs" ]
-    }
-    until converged; do
+    give_up() { kill "$pid" 2>/dev/null; fail "$1" "$log"; }
+    until synced "$log" || { [ $? = 1 ] || give_up "$proxier: an iptables-restore failed"; false; }; do
       alive "$pid" || fail "$proxier exited" "$log"
-      [ "$(awk "BEGIN{print ($(now) - $t0 < $limit)}")" = 1 ] || fail "$proxier did not converge in $limit s ($(counts))" "$log"
+      [ "$(awk "BEGIN{print ($(now) - $t0 < $limit)}")" = 1 ] || give_up "$proxier did not converge in $limit s ($(counts))"
       sleep 0.5
     done
-    echo "seconds $(awk "BEGIN{print $(now) - $t0}")"
-    [ "$proxier" != kube-proxy ] || ipvs_mode "$log" || fail "kube-proxy is not in IPVS mode" "$log"
+    seen=$(awk "BEGIN{print $(now) - $t0}")
+    done_at=$(metrics | awk '$1 == "kubeproxy_sync_proxy_rules_last_timestamp_seconds" { printf "%.6f\n", $2 }')
+    echo "seconds $(awk "BEGIN{printf \"%.2f\", $done_at - $w0}")"
+    echo "seen $seen"
+    echo "counts $(counts)"
+    case $proxier in kube-proxy-nft) ;; *)
+      set -- $(counts); [ "$1" -ge "$vs" ] && [ "$2" -ge "$rs" ] ||
+        give_up "$proxier: a sync completed with $1 virtual and $2 real servers in the kernel, not $vs and $rs"
+      [ "$proxier" != kube-proxy ] || ipvs_mode "$log" || give_up "kube-proxy is not in IPVS mode" ;;
+    esac
     usage "$pid" ;;
   usage) usage "$(cat "$W/bench.pid")" ;;
   stop)
@@ -175,11 +207,25 @@ case $cmd in
     flush || { echo "the table is not empty after the flush"; exit 1; }
     ip link del node0 ;;
   watch-start)
+    vs=$1 svc=$2 view=$3 sync=$4
     rm -f "$W/watch" "$W/watch.stop"
     while [ ! -f "$W/watch.stop" ]; do
-      ipvsadm -Ln -t "$1"; read -r up _ < /proc/uptime; echo "T $up"; sleep 0.1
+      read -r before _ < /proc/uptime
+      case $view in
+        ipvs) ipvsadm -Ln -t "$vs" ;;
+        # kube-proxy's chain endpoint-HASH-NS/SVC/PROTO/PORTNAME__ADDRESS/PORT (pkg/proxy/nftables)
+        nft) nft list chains ip kube-proxy 2>/dev/null |
+          sed -n "s#.*chain endpoint-[^ /]*-[^ /]*/$svc/[^ ]*__\([0-9.]*\)/\([0-9]*\) .*#  -> \1:\2 Masq 1 0 0#p" ;;
+      esac
+      read -r after _ < /proc/uptime
+      if [ "$sync" = 1 ]; then
+        metrics | awk '$1 == "kubeproxy_sync_proxy_rules_last_timestamp_seconds" { printf "S %.6f\n", $2 }'
+        echo "T $after $before $(wall)"
+      else echo "T $after $before"; fi
+      sleep 0.05
     done > "$W/watch" 2>&1 < /dev/null &
     echo $! > "$W/watch.pid" ;;
+  watch-peek) cat "$W/watch" ;;
   watch-stop)
     touch "$W/watch.stop"; p=$(cat "$W/watch.pid"); i=0
     while alive "$p" && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done

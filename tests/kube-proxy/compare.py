@@ -97,13 +97,13 @@ def placeholders(cluster_dir):
 
 
 def load_state(path):
-    """The state lines of one agent output and its figures: seconds, cpu (s), maxrss (KiB)."""
+    """The state lines of one agent output and its figures: seconds, cpu (s)."""
     lines, figures = set(), {}
     for line in open(path):
         line = line.rstrip("\n")
         if line.startswith(("ipvs ", "bind ")):
             lines.add(line)
-        elif line.split(" ")[0] in ("seconds", "cpu", "maxrss"):
+        elif line.split(" ")[0] in ("seconds", "cpu"):
             figures[line.split()[0]] = float(line.split()[1])
     return lines, figures
 
@@ -225,9 +225,7 @@ def main():
             kp, kv = fig["kube-proxy"], fig["kipvs"]
             print(f"  {n} Services: converged {kp.get('seconds', 0):.1f} s / {kv.get('seconds', 0):.1f} s = "
                   f"{ratio(kp.get('seconds', 0), kv.get('seconds', 0))}; CPU {kp.get('cpu', 0):.1f} s / "
-                  f"{kv.get('cpu', 0):.1f} s = {ratio(kp.get('cpu', 0), kv.get('cpu', 0))}; peak RSS "
-                  f"{kp.get('maxrss', 0) / 1024:.0f} MiB / {kv.get('maxrss', 0) / 1024:.0f} MiB = "
-                  f"{ratio(kp.get('maxrss', 0), kv.get('maxrss', 0))}")
+                  f"{kv.get('cpu', 0):.1f} s = {ratio(kp.get('cpu', 0), kv.get('cpu', 0))}")
     sys.exit(1 if unexplained or missing else 0)
 
 
