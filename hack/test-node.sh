@@ -24,6 +24,9 @@
 #     operator's Deployment becomes Available (its pods reach the API through the ClusterIP kipvs programs), an
 #     agnhost Deployment behind a ClusterIP and a NodePort Service answers from a pod, from the node and from
 #     outside the node (this namespace).
+#   - A reboot with the default install (issue 33): the ConfigMap deleted, the proxier stopped, the kernel cleared
+#     (`kipvs-proxier cleanup` in a privileged host-network pod, inet kipvs deleted), the proxier started again: it
+#     finds the API server at the address it remembered on the node, programs, and is Ready only once it has.
 #
 # Then (not with --smoke) under e2e-traffic's load from outside the node (25 new TCP connections/s, 5 UDP
 # datagrams/s, 4 long-lived connections) through the NodePort of tests/node/traffic.yaml: 20 s steady, `kubectl
@@ -264,6 +267,7 @@ for name in ("kipvs-proxier", "kipvs-operator"):
 s = s.replace("resources:\n", "resources:\n  - apiserver.yaml\n", 1)
 open(path, "w").write(s)
 PY
+[ "${KIPVS_NODE_NO_MEMORY:-0}" = 0 ] || sed -i '/--remember-apiserver=/d' "$STATE/config/proxier/daemonset.yaml"
 cat > "$STATE/config/apiserver.yaml" <<EOF
 apiVersion: v1
 kind: ConfigMap
@@ -378,6 +382,76 @@ check "the kubelet's $PROBE liveness and readiness probes keep the proxier Ready
 check "the kubelet's HTTP probes keep the operator Ready ($OPERATOR_RESTARTS restarts)" operator_probed
 check "still Ready" proxier_ready
 node_agent ipvs | sed 's/^/    /' || true
+
+# ---- a reboot of a node with the default install (issue 33) ----------------------------------------------------
+# The ConfigMap kipvs-apiserver deleted (the default install has none), the proxier stopped, the kernel's state as a
+# reboot leaves it (`kipvs-proxier cleanup` in a privileged host-network pod, and inet kipvs deleted), the proxier
+# started again: with no ClusterIP programmed it must find the API server at the address it remembered on the node
+# (/var/lib/kipvs/apiserver, hostPath), program, and be Ready only once it has programmed. KIPVS_NODE_NO_MEMORY=1
+# installs without --remember-apiserver: the code path before it (the ClusterIP only), which must fail here.
+MEMORY=$(node_agent sh cat /var/lib/kipvs/apiserver 2>/dev/null | grep -v '^#' || true)
+check "the proxier remembered the API server's address on the node (${MEMORY:-nothing})" \
+  [ "$MEMORY" = "https://$HOST_IP:$CP_PORT/" ]
+t_reboot=$(date +%s.%N)
+k -n kipvs-system delete configmap kipvs-apiserver > /dev/null
+k -n kipvs-system patch ds kipvs-proxier --type=merge \
+  -p '{"spec":{"template":{"spec":{"nodeSelector":{"kipvs.test/stopped":"true"}}}}}' > /dev/null
+proxier_gone() { [ -z "$(proxier_pod)" ]; }
+check "the proxier is stopped" until_ 120 proxier_gone
+k apply -f - > /dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: kipvs-cleanup, namespace: kipvs-system}
+spec:
+  nodeName: $NODE
+  hostNetwork: true
+  restartPolicy: Never
+  tolerations: [{operator: Exists}]
+  containers:
+    - name: cleanup
+      image: kipvs.test/kipvs-proxier:$TAG
+      args: [cleanup]
+      securityContext: {privileged: true}
+EOF
+cleanup_done() { [ "$(k -n kipvs-system get pod kipvs-cleanup -o jsonpath='{.status.phase}')" = Succeeded ]; }
+check "kipvs-proxier cleanup in a privileged host-network pod" until_ 120 cleanup_done
+node_agent sh nft delete table inet kipvs > /dev/null 2>&1 || true
+k -n kipvs-system delete pod kipvs-cleanup --wait=false > /dev/null
+rebooted() { # no virtual server, no kube-ipvs0, no inet kipvs
+  [ -z "$(node_agent ipvs | grep -v '^$')" ] && ! node_agent sh ip link show kube-ipvs0 > /dev/null 2>&1 &&
+    ! node_agent sh nft list table inet kipvs > /dev/null 2>&1
+}
+check "the kernel as after a reboot: no virtual server, no kube-ipvs0, no inet kipvs" rebooted
+k -n kipvs-system patch ds kipvs-proxier --type=json \
+  -p '[{"op":"remove","path":"/spec/template/spec/nodeSelector/kipvs.test~1stopped"}]' > /dev/null
+t_start=$(date +%s.%N)
+# every second: the pod's Ready condition and the kubernetes Service in the kernel; Ready before programmed is a
+# failure (a DaemonSet rolling update would go on past a node that cannot program)
+R_PROG="" R_READY="" EARLY=""
+for _ in $(seq 150); do
+  programmed=0 ready=0
+  ! kubernetes_programmed || programmed=1
+  ! proxier_ready || ready=1
+  [ "$ready" = 0 ] || [ "$programmed" = 1 ] || EARLY=$(elapsed "$t_start")
+  [ -n "$R_PROG" ] || [ "$programmed" = 0 ] || R_PROG=$(elapsed "$t_start")
+  [ -n "$R_READY" ] || [ "$ready" = 0 ] || R_READY=$(elapsed "$t_start")
+  [ -z "$R_PROG" ] || [ -z "$R_READY" ] || break
+  vm_alive || break
+  sleep 1
+done
+PP=$(proxier_pod)
+check "after the reboot the proxier programmed the kubernetes Service ${R_PROG:-never} s after its start" [ -n "$R_PROG" ]
+never_early() { [ -n "$R_READY" ] && [ -z "$EARLY" ]; }
+check "after the reboot the pod is Ready ${R_READY:-never} s after its start, not before it programmed${EARLY:+ (Ready unprogrammed at $EARLY s)}" \
+  never_early
+check "the web Service is programmed again with both pods" until_ 60 web_programmed
+from_node "ClusterIP $CIP:80 from the node after the reboot" "http://$CIP/hostname"
+FROM=$(k -n kipvs-system logs "$PP" 2>&1 | grep -m1 'Kubernetes API server' | sed 's/.*server=//' || true)
+say "after the reboot: the proxier's API server: ${FROM:-?}; the reboot scenario took $(elapsed "$t_reboot") s"
+if [ -z "$R_PROG" ] || ! never_early; then
+  k -n kipvs-system logs "$PP" --tail=30 2>&1 | sed 's/^/    /' || true
+  k -n kipvs-system describe pod "$PP" | tail -n 15 | sed 's/^/    /' || true
+fi
 
 # ---- under load: the backends' Deployment restarted, the proxier's DaemonSet updated to a new image tag ----------
 # e2e-traffic's load from outside the node (this namespace) through the NodePort of the traffic Service
