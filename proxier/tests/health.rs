@@ -533,3 +533,64 @@ async fn grpc_health_mirrors_livez_and_healthz_as_the_kubelet_asks() {
         ServingStatus::Serving
     );
 }
+
+/// Readiness means programmed (issue 33): `/readyz` and gRPC `kipvs.io/readyz` fail before the
+/// first sync and pass after it, while `/livez` and gRPC `""` pass all along; the API watches
+/// failing beyond [`health::SOURCES_LOST_READY`] turn readiness off again, never liveness.
+#[tokio::test]
+async fn readiness_waits_for_the_first_sync_and_the_sources() {
+    let mut p = proxier(STALE_AFTER, true);
+    let listener = health::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(grpc::serve(
+        listener,
+        p.health.clone(),
+        std::future::pending(),
+    ));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let ready = grpc::READYZ_SERVICE;
+
+    assert_eq!(get(p.addr, "/readyz").await.unwrap().status, 503);
+    assert_eq!(
+        get(p.addr, "/readyz").await.unwrap().json()["programmed"],
+        false
+    );
+    assert_eq!(
+        grpc_status(&mut client, ready).await,
+        ServingStatus::NotServing
+    );
+    assert_eq!(get(p.addr, "/livez").await.unwrap().status, 200);
+    assert_eq!(grpc_status(&mut client, "").await, ServingStatus::Serving);
+
+    p.engine.sync().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(get(p.addr, "/readyz").await.unwrap().status, 200);
+    assert_eq!(
+        grpc_status(&mut client, ready).await,
+        ServingStatus::Serving
+    );
+
+    // The API watches failing since longer than the bound.
+    let since = tokio::time::Instant::now() - health::SOURCES_LOST_READY - Duration::from_secs(1);
+    p.health.set_sources_lost(Some(since));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let answer = get(p.addr, "/readyz").await.unwrap();
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert_eq!(
+        grpc_status(&mut client, ready).await,
+        ServingStatus::NotServing
+    );
+    assert_eq!(get(p.addr, "/livez").await.unwrap().status, 200);
+    assert_eq!(grpc_status(&mut client, "").await, ServingStatus::Serving);
+    p.health.set_sources_lost(None);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        grpc_status(&mut client, ready).await,
+        ServingStatus::Serving
+    );
+}
