@@ -2,7 +2,7 @@
 //! alone cannot do (kube-proxy's IPVS mode does them with iptables and ipsets; reference
 //! `kube-proxy-ipvs.md` section 1, "iptables").
 //!
-//! kipvs owns one table, `inet kipvs`, with a constant set of rules (19, whatever the number of
+//! kipvs owns one table, `inet kipvs`, with a constant set of rules (25, whatever the number of
 //! Services) that look up **named sets**; Services only ever add and delete set elements. The
 //! elements are [`SetElement`]s, planned per Service (`plan_service`) and diffed like virtual
 //! servers, so one endpoint change costs a handful of elements. Every change of one sync goes to
@@ -40,7 +40,7 @@ use nftables::schema::{
     Chain, Element, NfCmd, NfListObject, NfObject, Nftables, Rule, Set, SetFlag, SetType,
     SetTypeValue, Table,
 };
-use nftables::stmt::{JumpTarget, Mangle, Match, NAT, NATFlag, Operator, Statement};
+use nftables::stmt::{JumpTarget, Mangle, Match, NAT, NATFamily, NATFlag, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
@@ -106,8 +106,18 @@ pub fn parse_element(set: &str, expr: &Expression<'_>) -> Option<SetElement> {
 /// set at `dstnat` (-100) in `prerouting` and `output`, before IPVS sees the packet (its
 /// `LOCAL_IN` hook is at 98, its `LOCAL_OUT` hook at -98), on the virtual address; the
 /// masquerade happens at `srcnat` (100). The filters run at `filter` (0) in `input`, before
-/// IPVS's `LOCAL_IN` hook, and at -150 in `output`, before its `LOCAL_OUT` hook.
-const CHAINS: [(&str, Option<BaseChain>); 6] = [
+/// IPVS's `LOCAL_IN` hook, and at -150 in `output`, before its `LOCAL_OUT` hook. The `pin-`
+/// chains run first of all NAT chains ([`PIN_PRIORITY`]): they mark too, then bind ClusterIP
+/// connections to their own destination.
+const CHAINS: [(&str, Option<BaseChain>); 8] = [
+    (
+        "pin-prerouting",
+        Some((NfChainType::NAT, NfHook::Prerouting, PIN_PRIORITY)),
+    ),
+    (
+        "pin-output",
+        Some((NfChainType::NAT, NfHook::Output, PIN_PRIORITY)),
+    ),
     (
         "nat-prerouting",
         Some((NfChainType::NAT, NfHook::Prerouting, -100)),
@@ -130,6 +140,15 @@ const CHAINS: [(&str, Option<BaseChain>); 6] = [
 
 /// A base chain's type, hook and priority.
 type BaseChain = (NfChainType, NfHook, i32);
+
+/// The priority of `pin-prerouting` and `pin-output`: before every NAT chain at `dstnat`
+/// (-100), iptables' `nat` table included, where the CNI `portmap` plugin DNATs hostPorts to
+/// local addresses (`CNI-HOSTPORT-DNAT`, `--dst-type LOCAL`), which cluster IPs on `kube-ipvs0`
+/// are. The kernel runs a new connection's NAT chains in priority order only until one binds
+/// its destination (`nf_nat_inet_fn`), so the null DNAT of a ClusterIP connection here keeps
+/// a hostPort on the same port from capturing it, as kube-proxy's `nat` `ACCEPT` for its IPVS
+/// sets at the top of `PREROUTING` and `OUTPUT` does (kubernetes#62718).
+const PIN_PRIORITY: i32 = -110;
 
 /// The packet mark bit that asks `nat-postrouting` to masquerade: bit 14, kube-proxy's default
 /// `masqueradeBit`, so that CNI plugins configured around kube-proxy's mark keep working.
@@ -177,6 +196,16 @@ impl NftRules {
         let mut rules = Vec::new();
         for (chain, _) in CHAINS {
             match chain {
+                "pin-prerouting" | "pin-output" => {
+                    // The mark first: the NAT chains after a binding (nat-prerouting's mark
+                    // included) do not run for a pinned connection.
+                    rules.push((
+                        chain,
+                        "mark service traffic to masquerade".to_owned(),
+                        jump("mark-masquerade"),
+                    ));
+                    rules.extend(FAMILIES.into_iter().map(|f| pin(chain, f)));
+                }
                 "nat-prerouting" | "nat-output" => rules.push((
                     chain,
                     "mark service traffic to masquerade".to_owned(),
@@ -402,6 +431,33 @@ impl NftRules {
             f.firewall(),
         )]
     }
+}
+
+/// `chain`'s rule that gives family `f`'s new ClusterIP connections their own destination (a
+/// null DNAT: `dnat ip to ip daddr`), so that no later NAT chain rewrites it ([`PIN_PRIORITY`]).
+/// The connection's NAT state is the null binding it gets anyway; IPVS sees the cluster IP.
+fn pin(chain: &'static str, f: Family) -> RuleBody {
+    let (family, address) = if f.v6 {
+        (NATFamily::IP6, payload("ip6", "daddr"))
+    } else {
+        (NATFamily::IP, payload("ip", "daddr"))
+    };
+    (
+        chain,
+        format!(
+            "{}: ClusterIP connections keep their destination (no hostPort DNAT)",
+            f.name()
+        ),
+        vec![
+            matches(f.destination(), f.set("cluster-ips")),
+            Statement::DNAT(Some(NAT {
+                addr: Some(address),
+                family: Some(family),
+                port: None,
+                flags: None,
+            })),
+        ],
+    )
 }
 
 /// One rule: `(chain, purpose or comment, statements)`.
@@ -1225,6 +1281,12 @@ mod tests {
             purposes,
             [
                 "mark service traffic to masquerade",
+                "IPv4: ClusterIP connections keep their destination (no hostPort DNAT)",
+                "IPv6: ClusterIP connections keep their destination (no hostPort DNAT)",
+                "mark service traffic to masquerade",
+                "IPv4: ClusterIP connections keep their destination (no hostPort DNAT)",
+                "IPv6: ClusterIP connections keep their destination (no hostPort DNAT)",
+                "mark service traffic to masquerade",
                 "mark service traffic to masquerade",
                 "IPv4: externalTrafficPolicy Cluster",
                 "IPv4: ClusterIP connections the node opens from a service IP",
@@ -1246,7 +1308,7 @@ mod tests {
                 "IPv6: drop node traffic outside loadBalancerSourceRanges",
             ]
         );
-        assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 19);
+        assert_eq!(rule_comments(&NftRules::new(vec![], true)).len(), 25);
     }
 
     /// Issue 34: each `detectLocalMode` gives kube-proxy's "not local" match in the ClusterIP
