@@ -474,3 +474,70 @@ fn local_traffic_detectors_are_written_as_kube_proxys_matches() {
         nft.delete_table().await.unwrap();
     });
 }
+
+/// A hostPort on a ClusterIP's port (issue 34 item 6, kubernetes#62718): a NAT chain at
+/// priority -100 that DNATs every local destination's port 80 elsewhere, as the CNI portmap
+/// plugin's `CNI-HOSTPORT-DNAT` does in iptables' nat table, captures a connection to a local
+/// cluster IP; once kipvs's table holds that ClusterIP, its `pin-output` chain (-110) binds the
+/// connection first and it reaches the cluster IP. A listener on the cluster IP stands in for
+/// IPVS (the connection's destination is what this shows), traffic is the node's own (`output`).
+#[test]
+fn a_host_port_dnat_does_not_capture_a_cluster_ip() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    if !private_netns() {
+        return;
+    }
+    let ip = |args: &str| {
+        let ok = std::process::Command::new("ip")
+            .args(args.split(' '))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip {args}");
+    };
+    ip("link set lo up");
+    ip("addr add 10.96.0.10/32 dev lo");
+    ip("addr add 10.1.1.1/32 dev lo");
+    let serve = |addr: &str, answer: &'static [u8]| {
+        let listener = TcpListener::bind(addr).unwrap();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                let _ = conn.write_all(answer);
+            }
+        });
+    };
+    serve("10.96.0.10:80", b"service");
+    serve("10.1.1.1:8080", b"hostport");
+    let get = || {
+        let mut conn = TcpStream::connect("10.96.0.10:80").unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let portmap = "table ip portmap {\n chain out {\n  type nat hook output priority -100;\n  \
+                   fib daddr type local tcp dport 80 dnat to 10.1.1.1:8080\n }\n}\n";
+    let mut child = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(portmap.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "nft -f - (portmap)");
+    assert_eq!(get(), "hostport", "the emulated portmap DNAT captures");
+    runtime().block_on(async {
+        let rules = NftRules::new(vec![], false);
+        let cluster_ip = SetElement::ClusterIp(key("10.96.0.10", Protocol::Tcp, 80));
+        let tx = Transaction {
+            rules: Some(&rules),
+            delete: vec![],
+            add: vec![&cluster_ip],
+        };
+        Nft::default().apply(&transaction(&tx)).await.unwrap();
+    });
+    assert_eq!(get(), "service", "kipvs's pin keeps the cluster IP");
+}
