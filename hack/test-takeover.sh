@@ -7,19 +7,34 @@
 # ClusterIP, 4 long-lived TCP connections). The switch is driven as the operator drives it: through the node's
 # NodeProxyConfig (spec.config.serviceProxy, status.serviceProxy), with kube-proxy started and stopped where the
 # node label kipvs.io/service-proxy would start and stop its pod. kube-proxy's configuration (feature gates) and
-# the chains and sets it must have made are keyed on its release (hack/control-plane.sh version). Phases:
+# the chains and sets it must have made are keyed on its release (hack/control-plane.sh version).
+# With TAKEOVER_SCENARIOS=1 (not yet passed in the VM: off by default), the scenarios of issue 33 too: phases
+# 0, 1b and 2b below, and:
+# the proxier runs in a PID namespace of its own (agent proxier-start-pidns), as the DaemonSet runs it without
+# hostPID: it sees kube-proxy through the API (its pod kube-system/kube-proxy-test-node, created and deleted here
+# where its DaemonSet would), its ConfigMap kube-system/kube-proxy (kube-proxy's healthz is on the node IP,
+# 192.168.100.1:10256, as that ConfigMap says) and its iptables/ipset state, never its process. Phases:
+#   0. an iptables-mode kube-proxy (no pod): kipvs, asked to take over, refuses (Failed, iptables mode: its
+#      /proxyMode, then its KUBE-NODEPORTS/KUBE-SVC chains once it stopped) and never programs, past the
+#      debounce; then kube-proxy --cleanup and the IPVS mode for the rest;
 #   1. kube-proxy converged: it alone serves the LoadBalancer Service web (ClusterIP, NodePort, VIP with source
 #      ranges) for 10 s;
-#   2. takeover (serviceProxy: kipvs): kipvs starts while kube-proxy runs (standby: the table and the IPVS
+#   1b. a kube-proxy restart on a node without NodeProxyConfig (serviceProxy kipvs by default): kipvs starts
+#      beside it, kube-proxy and its pod go and come back 4 s later, kipvs never programs;
+#   2. takeover (serviceProxy: kipvs): kipvs, started in 1b, stands by while kube-proxy runs (standby: the table and the IPVS
 #      timeouts must not change, the revision's tcpTimeout waits for the switch; the status says Standby,
 #      Pending), kube-proxy stops, and while kipvs takes over (status TakingOver) an
 #      endpoint is removed, a port is added to the Service and its source ranges change; kipvs adopts
 #      kube-proxy's table, drains its NodePorts on other local addresses and removes its iptables rules and
 #      ipsets (status Programming, Applied);
+#   2b. kube-proxy's DaemonSet re-applied (kubeadm upgrade, an addon manager): its pod and process come back on
+#      the taken-over node: kipvs stops writing (Standby, unhealthy) and, once kube-proxy synced, deletes inet
+#      kipvs (its rules would break kube-proxy's traffic); kube-proxy leaves again: kipvs takes over again;
 #   3. handback (serviceProxy: kube-proxy): kipvs stops writing and releases kube-proxy's ports (HandingBack),
 #      kube-proxy starts and adopts the table, kipvs deletes inet kipvs (HandedBack, Applied, healthy);
-#   4. takeover again (serviceProxy: kipvs, another tcpTimeout): standby while kube-proxy runs (the IPVS timeouts
-#      stay), kube-proxy stops, kipvs takes over (and sets them);
+#   4. takeover again (serviceProxy: kipvs, another tcpTimeout): standby while kube-proxy runs (no pod here: seen
+#      only by its /healthz on the node IP, from its ConfigMap; the IPVS timeouts stay), kube-proxy stops, kipvs
+#      takes over (and sets them);
 #   5. negative control: kipvs stopped, `kube-proxy --cleanup` under the same load: the harness must see the
 #      failures (it flushes IPVS).
 # Printed per phase: requests sent / failed and long-lived connections broken (hack/lib/e2e.sh end_phase),
@@ -29,7 +44,7 @@
 #
 # usage: hack/test-takeover.sh
 # env:   CP_PORT/CP_ETCD_PORT (26443/26790), TAKEOVER_AGENT_PORT (26100), KEEP=1 (keep the state dir, with the proxier's log),
-#        TAKEOVER_HANDBACK=0 (leaves phases 3 and 4 out), VMCACHE,
+#        TAKEOVER_HANDBACK=0 (leaves phases 3 and 4 out), TAKEOVER_SCENARIOS=1 (phases 0, 1b, 2b), VMCACHE,
 #        CPCACHE
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,6 +76,8 @@ guest_kubeconfig "$KC" > "$STATE/guest-kubeconfig" # kipvs's; kube-proxy's is ku
 G=$STATE/kube-proxy # the guest's /payload/kube-proxy
 kube_proxy_payload "$G" "$KC"
 KMINOR=${K8S#1.}
+SCENARIOS=${TAKEOVER_SCENARIOS:-0}
+START=proxier-start; [ "$SCENARIOS" = 1 ] && START=proxier-start-pidns
 # kube-proxy refuses a feature gate its release does not know: ProxyTerminatingEndpoints came in 1.22 (alpha)
 # and is on by default from 1.26
 GATES=""
@@ -72,10 +89,12 @@ mode: ipvs
 hostnameOverride: test-node
 clientConnection: {kubeconfig: /payload/kube-proxy/kubeconfig}
 metricsBindAddress: 127.0.0.1:10249
+$([ "$SCENARIOS" != 1 ] || echo 'healthzBindAddress: 192.168.100.1:10256')
 conntrack: {maxPerCore: 0, min: 0}
 ipvs: {strictARP: false}
 $GATES
 EOF
+sed 's/^mode: ipvs$/mode: iptables/' "$G/config.yaml" > "$G/config-iptables.yaml"
 
 # ---- objects: the VM's Node and the Service web ------------------------------------------------------------
 . hack/lib/kube-status.sh
@@ -113,6 +132,32 @@ spec: {revision: $1, assignedAt: "2026-11-26T00:00:00Z", config: {serviceProxy: 
 EOF
 }
 standing() { k get nodeproxyconfig test-node -o jsonpath='{.status.serviceProxy} {.status.phase} {.status.healthy}'; }
+status_message() { k get nodeproxyconfig test-node -o jsonpath='{.status.message}'; }
+kp_configmap() { # kp_configmap FILE: kube-system/kube-proxy's config.conf is $G/FILE (kubeadm's ConfigMap)
+  k -n kube-system create configmap kube-proxy --from-file=config.conf="$G/$1" --dry-run=client -o yaml | k apply -f - > /dev/null
+}
+kp_pod_up() { # kube-proxy's pod on test-node, Running, as its DaemonSet and the kubelet make it
+  k apply --validate=false -f - > /dev/null <<'EOF'
+apiVersion: v1
+kind: Pod
+metadata: {name: kube-proxy-test-node, namespace: kube-system, labels: {k8s-app: kube-proxy}}
+spec: {nodeName: test-node, containers: [{name: kube-proxy, image: registry.k8s.io/kube-proxy}]}
+EOF
+  KUBECONFIG=$KC patch_status /api/v1/namespaces/kube-system/pods/kube-proxy-test-node '{"status":{"phase":"Running"}}' > /dev/null
+}
+kp_pod_down() { k -n kube-system delete pod kube-proxy-test-node --grace-period=0 --force --ignore-not-found > /dev/null 2>&1 || true; }
+programmed() { agent log 1000000 | grep -q 'programming: kipvs writes'; } # kipvs programmed at some point
+never_programmed() { ! programmed; }
+probe_rounds() { # probe_rounds N: N rounds of a request to every address of web; prints how many failed
+  local i target a failed=0
+  for i in $(seq "$1"); do
+    for target in "tcp $CIP" "udp $CIP" "tcp 192.168.100.1:30080" "tcp $VIP:80"; do
+      a=$(agent probe $target 2>&1) || true
+      grep -qx 'be-[123]' <<<"$a" || failed=$((failed + 1))
+    done
+  done
+  echo "$failed"
+}
 stands() { [[ "$(standing)" =~ $1 ]]; } # stands REGEX: the status matches
 reports() { # reports WHAT REGEX: checks that the status comes to match within 90 s; else shows it and the log
   if wait_for 90 "status $2" stands "$2"; then ok "$1 ($(standing))"; return; fi
@@ -143,6 +188,28 @@ probes() { # every address of web answers a client request
   done
 }
 leftovers() { agent leftovers | grep -c . || true; }
+
+# ---- 0. an iptables-mode kube-proxy: refused, never taken over ------------------------------------------------
+if [ "$SCENARIOS" = 1 ]; then
+kp_configmap config-iptables.yaml
+must kube-proxy-start config-iptables.yaml
+npc r0 kipvs
+must $START
+reports "iptables mode: the switch is refused while kube-proxy runs (Standby, Failed)" '^Standby Failed'
+check "iptables mode: the reason names it ($(status_message | cut -c1-100))" grep -q 'iptables mode' <<<"$(status_message)"
+must kube-proxy-stop
+sleep 12 # on purpose: past the debounce (10 s), with only kube-proxy's iptables state left
+reports "iptables mode: still refused once kube-proxy stopped (its chains say iptables mode)" '^Standby Failed'
+IPT_FAILED=$(probe_rounds 5)
+check "iptables mode: kipvs never programmed" never_programmed
+IPT_VS=$(agent table | grep -c '^-A' || true)
+check "iptables mode: IPVS untouched ($IPT_VS virtual servers)" [ "$IPT_VS" = 0 ]
+must proxier-stop
+must kube-proxy-cleanup
+k delete nodeproxyconfig test-node > /dev/null
+kp_configmap config.yaml
+say "  iptables-mode kube-proxy: refused, never programmed; $IPT_FAILED of 20 requests failed (kube-proxy's own iptables rules)"
+fi
 
 # ---- 1. kube-proxy alone -----------------------------------------------------------------------------------
 must kube-proxy-start
@@ -203,12 +270,32 @@ switch_ops() {
 log_lines() { agent log 1000000 | wc -l; }
 standby() { agent log 1000 | grep -q 'standby: kube-proxy runs'; }
 
+# ---- 1b. a kube-proxy restart on a node without NodeProxyConfig ---------------------------------------------
+if [ "$SCENARIOS" = 1 ]; then
+begin "kube-proxy restart, no NodeProxyConfig"
+kp_pod_up
+must $START # no NodeProxyConfig: serviceProxy kipvs by default
+check "kipvs started next to kube-proxy waits in standby" wait_for 60 "kipvs's standby" standby
+must kube-proxy-stop
+kp_pod_down
+sleep 4 # on purpose: its DaemonSet recreates the pod, its image starts
+kp_pod_up
+must kube-proxy-start
+sleep 12 # on purpose: past the debounce (10 s)
+check "restart: kipvs never programmed a node no NodeProxyConfig asks for" never_programmed
+agent table > "$STATE/table.restart"
+check "restart: the table is kube-proxy's as before" cmp -s "$STATE/table.kube-proxy" "$STATE/table.restart"
+end_phase
+fi
+
 # ---- 2. takeover --------------------------------------------------------------------------------------------
 begin "takeover"
 SAVED=$(agent conns-save)
 npc r1 kipvs '{tcpTimeout: 901s}' # the operator: kipvs for test-node, and the label that makes kube-proxy's pod leave
-must proxier-start
-check "kipvs started next to kube-proxy waits in standby" wait_for 60 "kipvs's standby" standby
+if [ "$SCENARIOS" != 1 ]; then
+  must $START
+  check "kipvs started next to kube-proxy waits in standby" wait_for 60 "kipvs's standby" standby
+fi
 reports "standby reported: serviceProxy Standby, phase Pending" '^Standby Pending'
 sleep 3 # on purpose: a window in which a write by kipvs would show
 agent table > "$STATE/table.standby"
@@ -216,6 +303,7 @@ check "standby: kipvs changed nothing in IPVS" cmp -s "$STATE/table.kube-proxy" 
 check "standby: kipvs set no IPVS timeout (r1's tcpTimeout 901s waits for the switch; tcp tcpfin udp: $(agent timeouts))" \
   is "$TIMEOUTS0" agent timeouts
 must kube-proxy-stop
+kp_pod_down
 t=$(now)
 # during the takeover (the gate previews the switch first: a change now could be refused as touching
 # connections): an endpoint removed, a port added to the ClusterIP, the source ranges changed
@@ -246,6 +334,30 @@ check "kube-proxy's KUBE-* chains and ipsets are gone ($LEFT left)" [ "$LEFT" = 
 check "the long-lived connections' IPVS entries survived ($KEPT of $SAVED established entries kept)" [ "$KEPT" -ge 4 ]
 end_phase
 say "  takeover: kube-proxy stopped -> its rules removed by kipvs after $TOOK s, Programming after $TOOKP s; kernel ops: ${OPS1:-none}"
+
+# ---- 2b. kube-proxy's DaemonSet re-applied: kube-proxy back on the taken-over node --------------------------
+if [ "$SCENARIOS" = 1 ]; then
+begin "kube-proxy's DaemonSet re-applied"
+t=$(now)
+kp_pod_up
+must kube-proxy-start
+reports "re-applied: kipvs stands by for kube-proxy (Standby, unhealthy)" '^Standby Applied false'
+cleared() { [ "$(agent kipvs-table)" = absent ]; }
+check "re-applied: kipvs deleted inet kipvs once kube-proxy synced" wait_for 60 "inet kipvs deleted" cleared
+CLEARED=$(awk "BEGIN{printf \"%.1f\", $(now) - $t}")
+check "re-applied: the status says so ($(status_message | cut -c1-160)...)" grep -q 'kipvs deleted inet kipvs' <<<"$(status_message)"
+sleep 5 # on purpose: kube-proxy alone carries the load, without kipvs's rules
+probes "kube-proxy back"
+end_phase
+begin "kube-proxy leaves again"
+must kube-proxy-stop
+kp_pod_down
+reports "kube-proxy gone again: taken over again (Programming, Applied, healthy)" '^Programming Applied true'
+LEFT2=$(leftovers)
+check "kube-proxy gone again: its KUBE-* chains and ipsets are gone ($LEFT2 left)" [ "$LEFT2" = 0 ]
+end_phase
+say "  re-applied: kube-proxy started -> inet kipvs deleted after $CLEARED s"
+fi
 
 # Phases 3 and 4: TAKEOVER_HANDBACK=0 leaves them out.
 if [ "${TAKEOVER_HANDBACK:-1}" = 1 ]; then
@@ -322,6 +434,7 @@ echo "=== takeover from kube-proxy $K8S (IPVS) under load: requests sent / faile
 printf '  %s\n' "${FIG[@]}"
 echo "  established IPVS entries from before the switch still present: takeover $KEPT of $SAVED, handback ${KEPT3:-n/a} of ${SAVED3:-n/a}, takeover again ${KEPT4:-n/a} of ${SAVED4:-n/a}, kube-proxy --cleanup $KEPT2 of $SAVED2"
 echo "  kernel ops: takeover ${OPS1:-none}; handback ${OPS3:-n/a}; takeover again ${OPS4:-n/a}"
+[ "$SCENARIOS" != 1 ] || echo "  iptables-mode kube-proxy: refused, never programmed, ${IPT_FAILED:-n/a} of 20 requests failed; DaemonSet re-applied: inet kipvs deleted ${CLEARED:-n/a} s after kube-proxy started"
 echo "  switch times: kube-proxy stopped -> its rules removed $TOOK s, Programming $TOOKP s; kube-proxy started -> HandedBack ${HANDED:-n/a} s; kube-proxy stopped -> Programming again ${TOOK4:-n/a} s"
 echo "  kube-proxy chains and sets: before $(grep -c . "$STATE/leftovers.kube-proxy") ($(grep -c '^chain' "$STATE/leftovers.kube-proxy") chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets), after the takeover $LEFT, after the takeover again ${LEFT4:-n/a}"
 echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"

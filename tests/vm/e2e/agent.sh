@@ -7,6 +7,8 @@
 #   pod NAME IP                   a backend pod: netns NAME with IP, e2e_traffic serve --name NAME on 8080
 #   proxier-start|proxier-restart `kipvs-proxier run --kubeconfig` (SIGTERM first for restart); the real
 #                                 kernel dataplane (IPVS + nftables)
+#   proxier-start-pidns           proxier-start in a PID namespace of its own (as the DaemonSet runs it, without
+#                                 hostPID: it sees no other process); proxier-stop stops it alike
 #   proxier-stop                  SIGTERM to the proxier, until it has exited
 #   table                         ipvsadm -Sn, sorted
 #   binds                         the addresses on kube-ipvs0, sorted
@@ -19,9 +21,10 @@
 #   load-stats                    its counters so far; load-stop stops it and prints the final ones
 #   load-log                      the load's log: failures, slow requests, pauses (with wall-clock times)
 #   log [N]                       the proxier log's last N lines
-#   kube-proxy-start              kube-proxy (IPVS mode; /payload/kube-proxy from hack/test-takeover.sh: the
+#   kube-proxy-start [CONFIG]     kube-proxy (IPVS mode; /payload/kube-proxy from hack/test-takeover.sh: the
 #                                 binary, config.yaml, kubeconfig, the iptables/ipset userland and modules)
-#                                 against the host's apiserver; answers once it has synced
+#                                 against the host's apiserver; answers once it has synced in the mode of
+#                                 its configuration (CONFIG: another file of /payload/kube-proxy)
 #   kube-proxy-stop               SIGTERM to kube-proxy, until it has exited (it leaves its rules behind)
 #   kube-proxy-cleanup            kube-proxy --cleanup (flushes IPVS, removes its rules and sets)
 #   conns-save                    keeps the established IPVS connection entries (ipvsadm -Lnc); prints their count
@@ -56,6 +59,13 @@ case $cmd in
     wait_for 10 "pod $n to answer" answers 2>/dev/null || { echo "pod $n does not answer"; exit 1; }
     echo "pod $n $addr up" ;;
   proxier-start) proxier_start < /dev/null ;;
+  proxier-start-pidns)
+    printf '#!/bin/sh\nexec unshare -p -f --mount-proc %s "$@"\n' "$KIPVS" > "$W/kipvs-pidns"; chmod +x "$W/kipvs-pidns"
+    KIPVS=$W/kipvs-pidns proxier_start < /dev/null
+    u=$(cat "$W/proxier.pid"); c=""
+    child() { c=$(awk -v u="$u" '$4 == u { print $1 }' /proc/[0-9]*/stat 2>/dev/null | head -n1); [ -n "$c" ]; }
+    wait_for 5 "the proxier in its PID namespace" child || exit 1
+    echo "$c" > "$W/proxier.pid" ;; # the proxier itself (its namespace's init): proxier-stop signals it
   proxier-restart) proxier_stop && proxier_start < /dev/null ;;
   proxier-stop) proxier_stop ;;
   table) kernel_table ;;
@@ -86,14 +96,15 @@ case $cmd in
   log) tail -n "${1:-50}" "$(proxier_log)" ;;
   kube-proxy-start)
     kube_proxy_modules
-    PATH=$KP/bin:$PATH setsid "$KP/kube-proxy" --config "$KP/config.yaml" --v=2 < /dev/null > "$W/kube-proxy.log" 2>&1 &
+    conf=$KP/${1:-config.yaml}; mode=$(sed -n 's/^mode: *//p' "$conf")
+    PATH=$KP/bin:$PATH setsid "$KP/kube-proxy" --config "$conf" --v=2 < /dev/null > "$W/kube-proxy.log" 2>&1 &
     echo $! > "$W/kube-proxy.pid"
     synced() {
       wget -qO- http://127.0.0.1:10249/metrics 2>/dev/null |
         awk '$1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" { n = $2 } END { exit !(n >= 1) }'
     }
-    wait_for 120 "kube-proxy's first sync" synced && grep -q 'Using ipvs Proxier' "$W/kube-proxy.log" ||
-      { echo "kube-proxy did not sync in IPVS mode"; tail -n 30 "$W/kube-proxy.log"; exit 1; }
+    wait_for 120 "kube-proxy's first sync" synced && grep -q "Using ${mode:-ipvs} Proxier" "$W/kube-proxy.log" ||
+      { echo "kube-proxy did not sync in ${mode:-ipvs} mode"; tail -n 30 "$W/kube-proxy.log"; exit 1; }
     echo "kube-proxy $(cat "$W/kube-proxy.pid") synced" ;;
   kube-proxy-stop)
     p=$(cat "$W/kube-proxy.pid"); kill "$p"
