@@ -15,6 +15,7 @@
 #        KIPVS_PROXIER: run this kipvs-proxier instead of the image's (nft still comes from the image)
 #        KIPVS_KERNEL_TEST: use this ipvs-rs kernel test executable instead of building it
 #        VM_TESTS: run only the guest tests matching this glob (e.g. '3[56]-*'; default all)
+#        KIPVS_VM_KERNEL_SUITE: boot the kernel of this Debian suite (bullseye: 5.10; VMCACHE gets its name)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VM=$ROOT/hack/vm

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README "The two commands"; .ci/run calls it).
 # Layers, fastest first: formatting and lints, unit tests + golden vectors + plan vectors, then the real-kernel
-# VM suite (hack/test-vm.sh), then the real control plane: Kubernetes 1.20.2 built once from Debian's
+# VM suite (hack/test-vm.sh) and its kernel tests again on Debian 11's 5.10 (docs/kernel.md), then the real control plane: Kubernetes 1.20.2 built once from Debian's
 # `kubernetes` source package, or the binaries of KIPVS_K8S_BIN (hack/lib/k8s-build.sh; cached): the proxier
 # against kube-apiserver (hack/test-cluster.sh), the same again with the Debian binaries copied into a directory
 # given as KIPVS_K8S_BIN (the mechanism testers use for their release), the CRDs and the rollout controller
@@ -38,6 +38,10 @@ KIPVS_REQUIRE_NFT=${KIPVS_REQUIRE_NFT:-1} cargo test --workspace --quiet
 if [ "${KIPVS_SKIP_VM:-0}" != 1 ]; then
   step "real-kernel VM suite (hack/test-vm.sh)"
   hack/test-vm.sh
+  step "the VM suite's kernel tests on Debian 11's kernel 5.10, the oldest in Debian's archive (docs/kernel.md; KIPVS_VM_OLD_KERNEL=0 skips it)"
+  if [ "${KIPVS_VM_OLD_KERNEL:-1}" != 0 ]; then
+    KIPVS_VM_KERNEL_SUITE=bullseye VM_TESTS='[1-48]*' hack/test-vm.sh
+  fi
 fi
 if [ "${KIPVS_SKIP_CP:-0}" != 1 ]; then
   step "control plane: build or reuse the Kubernetes components and etcd (hack/control-plane.sh build)"
