@@ -14,7 +14,9 @@
 # converged, reads `ipvsadm -Sn` and the addresses on kube-ipvs0, stops it and flushes the kernel, and does
 # the same with `kipvs-proxier run --once`. tests/kube-proxy/compare.py compares the two states line by line:
 # every difference is a deviation listed in tests/kube-proxy/deviations.yaml (with its reason and source) or
-# fails the run.
+# fails the run. With PARITY_DETECTION=1, then the bench's detection path through the proxiers' sync metric
+# (hack/lib/kube-proxy-vm.sh kpvm_detection_check: convergence and churn as kube-proxy's nftables mode needs
+# them, checked in IPVS mode) on the first generated cluster (~30 s more).
 # The VM, the control plane and the agent are hack/lib/kube-proxy-vm.sh's (shared with
 # hack/bench-vs-kube-proxy.sh, the speed and cost comparison).
 #
@@ -22,7 +24,7 @@
 #   --fast: the subset hack/test.sh runs (PARITY_FAST_VECTORS and one generated cluster of 30 Services)
 #   default: every plan vector, PARITY_GENERATED (6) generated clusters of PARITY_PER_CLUSTER (40) Services and
 #           the scale clusters of PARITY_SCALE (1000; comma-separated sizes, "" for none), with their figures
-# env:   KIPVS_K8S_BIN (hack/lib/k8s-build.sh), PARITY_SEED (25), CP_PORT/CP_ETCD_PORT (27443/27790), PARITY_AGENT_PORT (27100), KEEP=1 (keep the
+# env:   KIPVS_K8S_BIN (hack/lib/k8s-build.sh), PARITY_DETECTION (0), PARITY_SEED (25), CP_PORT/CP_ETCD_PORT (27443/27790), PARITY_AGENT_PORT (27100), KEEP=1 (keep the
 #        state dir: corpus, results, logs), VMCACHE, CPCACHE
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -84,6 +86,8 @@ python3 tests/kube-proxy/compare.py "$CORPUS" "$R" tests/kube-proxy/deviations.y
 rc=${PIPESTATUS[0]}
 set -e
 [ "$failed" = 0 ] || rc=1
+c=$(grep -m1 '^gen-' <<<"$CLUSTERS" || true)
+if [ "${PARITY_DETECTION:-0}" = 1 ] && [ -n "$c" ]; then kpvm_detection_check "$CORPUS" "$c" "$R/$c" || rc=1; fi
 kpvm_finish "$rc" || rc=1
 say "done in $(( $(date +%s) - T0 )) s, load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 exit "$rc"

@@ -23,12 +23,20 @@
 #                            EndpointSlice's first write
 #   kpvm_churn VIEW RATE SECONDS LATE DIR  RATE EndpointSlice writes a second for SECONDS to bench-churn's slice
 #                            (tests/kube-proxy/churn.py write) while the guest polls the kernel (agent watch-start
-#                            with VIEW: ipvs, ipvs+sync (the sync metric too), or nft with the sync metric); after
-#                            the window (the writes and 3 s)
-#                            the polls go on until every write is applied or LATE s have passed. DIR gets
+#                            with VIEW: ipvs, ipvs+sync (the sync metric too) or nft with the sync metric); after
+#                            the window (the writes and 3 s) the polls go on until every write is applied (for
+#                            ipvs+sync and nft: by a sync that has ended) or LATE s have passed. DIR gets
 #                            writes-RATE, watch-RATE, latency-RATE (churn.py latency's JSON: kernel detection
-#                            for ipvs, sync for nft) and summary-RATE (churn.py write's, the clock's round trip).
+#                            for ipvs, sync for ipvs+sync and nft) and summary-RATE (churn.py write's, the
+#                            clock's round trip).
 #                            Not in a subshell: it counts the writes' sequence numbers on (KPVM_SEQ)
+#   kpvm_detection_check CORPUS C DIR  (hack/parity-kube-proxy.sh) the bench's detection path through the
+#                            proxiers' sync metric, the one kube-proxy's nftables mode needs, checked in IPVS mode
+#                            where the kernel can be read too: cluster C (its `agent run` outputs in DIR) and
+#                            bench-churn applied, each proxier started (`agent start` with no counts: converged on
+#                            its sync metric alone) must then hold C's table and bench-churn's; 20 churn writes
+#                            at 10/s must each be applied by both paths in agreement (churn.py check-detection).
+#                            Prints what it checked, fails when a check did
 #   agent CMD ARGS...        one agent command (tests/kube-proxy/agent.sh); prints the answer without its
 #                            AGENT-RC line, fails when the command did; AGENT_TIMEOUT (300) bounds it
 # env: CP_PORT/CP_ETCD_PORT (the caller's defaults), PARITY_AGENT_PORT (27100), KEEP=1, VMCACHE, CPCACHE
@@ -128,7 +136,7 @@ kpvm_churn_writes() { # RATE SECONDS OUT
 
 kpvm_churn() {
   local view=$1 rate=$2 secs=$3 late=$4 d=$5 sync=0 detect=kernel summary end t
-  case $view in ipvs) ;; ipvs+sync) view=ipvs sync=1 ;; *) sync=1 detect=sync ;; esac
+  case $view in ipvs) ;; ipvs+sync) view=ipvs sync=1 detect=sync ;; *) sync=1 detect=sync ;; esac
   agent watch-start "$KPVM_CHURN_VS" bench-churn "$view" "$sync" > /dev/null || echo "the guest's poll of bench-churn did not start" >&2
   summary=$(kpvm_churn_writes "$rate" "$secs" "$d/writes-$rate") || summary="the writes failed"
   sleep 3 # on purpose: the window's end, the last writes' time to reach the kernel
@@ -144,6 +152,31 @@ kpvm_churn() {
   python3 tests/kube-proxy/churn.py latency "$d/writes-$rate" "$d/watch-$rate" "$OFFSET" "$end" "$detect" > "$d/latency-$rate" ||
     echo '{}' > "$d/latency-$rate"
   echo "$summary; clock round trip $RTT s" > "$d/summary-$rate"
+}
+
+kpvm_detection_check() {
+  local c=$2 d=$3/detection p want got rc=0
+  mkdir -p "$d"
+  kpvm_apply "$1" "$c" "$d"
+  kpvm_churn_service default
+  for p in kube-proxy kipvs; do
+    [ -f "$3/$p.out" ] || { echo "detection check: no converged state of $p on $c to compare with"; rc=1; continue; }
+    # C's virtual and real servers as `agent run` left them, and bench-churn's one with its two endpoints
+    want="$(( $(grep -c '^ipvs -A' "$3/$p.out") + 1 )) $(( $(grep -c '^ipvs -a' "$3/$p.out") + 2 ))"
+    if ! agent start "$p" "$c" 0 0 60 > "$d/$p.start"; then
+      echo "detection check: $p did not converge on its sync metric:"; sed 's/^/    /' "$d/$p.start" | tail -n 20; rc=1; continue
+    fi
+    got=$(sed -n 's/^counts //p' "$d/$p.start")
+    if [ "$got" = "$want" ]; then
+      echo "detection check: $p's first completed sync (its sync metric) holds the table: $got virtual and real servers"
+    else echo "detection check: $p's first completed sync holds $got virtual and real servers, not $want"; rc=1; fi
+    kpvm_churn ipvs+sync 10 2 10 "$d"
+    mv "$d/writes-10" "$d/$p.writes"; mv "$d/watch-10" "$d/$p.watch"
+    got=$(python3 tests/kube-proxy/churn.py check-detection "$d/$p.writes" "$d/$p.watch" "$OFFSET") || rc=1
+    echo "detection check: $p: $got"
+    agent stop > "$d/$p.stop" || { echo "detection check: $p: stop failed"; rc=1; }
+  done
+  return "$rc"
 }
 
 kpvm_boot() {

@@ -3,6 +3,7 @@
 
 usage: churn.py write MINOR SERVER TOKEN NAMESPACE SERVICE FIRST RATE SECONDS OUT
        churn.py latency WRITES WATCH OFFSET WINDOW_END DETECT
+       churn.py check-detection WRITES WATCH OFFSET
        churn.py table RESULTS LATE
 
 write: (MINOR: the release of the kube-apiserver, 1.MINOR: the EndpointSlice's group/version is the one it
@@ -32,6 +33,10 @@ latency: WRITES is write's OUT; WATCH the guest agent's watch-peek/watch-stop ou
   percentile that falls on one is printed as ">B", B the least such bound), poll (median s between polls)
   and, for DETECT kernel, sync_gap (the largest s from a write's kernel poll to the end of the first sync seen
   after it, when S lines are there).
+check-detection WRITES WATCH OFFSET: the CI check of the sync path (hack/parity-kube-proxy.sh --fast, IPVS
+  mode, which both paths can read): every write is applied by both; the sync path's time is not before the
+  kernel path's less two poll intervals, nor more than MAX_GAP (5 s: one sync of kube-proxy in a loaded VM) after
+  it. Exit 1 when not.
 table: hack/bench-vs-kube-proxy.sh's report from its RESULTS lines ("SIZE SETTING PROXIER RUN KEY VALUE"; a
   value ">X" is a lower bound, "-" none; LATE the seconds the polls went on after a churn window): per size and
   minSyncPeriod setting a markdown table of each figure's median (min-max) over the runs (the lower median for
@@ -177,6 +182,30 @@ def latency(writes_file, watch_file, offset, window_end, detect):
                       "sync_gap": None if gap is None else round(gap, 3)}))
 
 
+MAX_GAP = 5.0
+
+
+def check_detection(writes_file, watch_file, offset):
+    writes = [(int(k), float(t)) for k, t in (line.split() for line in open(writes_file) if line.strip())]
+    polls = polls_of(watch_file, offset)
+    times = applied_times(writes, polls)
+    steps = sorted(b[0] - a[0] for a, b in zip(polls, polls[1:])) or [0.0]
+    slack = 2 * steps[-1]
+    bad = []
+    for k, t in writes:
+        kernel, sync = times.get(k, (None, None))
+        if kernel is None or sync is None:
+            bad.append(f"write {k}: kernel {kernel}, sync {sync}: not applied by both paths")
+        elif not kernel - slack <= sync <= kernel + MAX_GAP:
+            bad.append(f"write {k}: sync path {sync - t:.3f} s, kernel path {kernel - t:.3f} s after the write")
+    gaps = [times[k][1] - times[k][0] for k, _ in writes if k in times and None not in times[k]]
+    print(f"{len(writes)} writes, {len(writes) - len(bad)} applied by both paths in agreement (sync - kernel: "
+          f"{min(gaps, default=0):.3f} to {max(gaps, default=0):.3f} s; polls every {steps[len(steps) // 2]:.3f} s)")
+    for b in bad:
+        print(f"  {b}")
+    sys.exit(1 if bad or not writes else 0)
+
+
 # size: p99 bound (s) of the targets at 100 writes/s (issue 32: every write reaches the kernel, max <= 1 s)
 TARGETS = {10000: 0.100, 50000: 0.250}
 TARGET_MAX = 1.0
@@ -313,6 +342,8 @@ def main():
         latency(sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5]), sys.argv[6])
     elif len(sys.argv) == 4 and sys.argv[1] == "table":
         table(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 5 and sys.argv[1] == "check-detection":
+        check_detection(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     else:
         sys.exit(__doc__)
 
