@@ -29,7 +29,8 @@ guest_kubeconfig() {
 agent() {
   local out limit=${AGENT_TIMEOUT:-60}
   [ "$1" != wait ] || limit=$(( ${6:-30} + 30 ))
-  out=$(curl -s -m "$limit" "http://127.0.0.1:$AGENT_PORT/cgi-bin/agent?$(tr ' ' '+' <<<"$*")") || return 1
+  # -g: an IPv6 address's brackets ([fd00::1]:80) are not curl's URL globbing
+  out=$(curl -gs -m "$limit" "http://127.0.0.1:$AGENT_PORT/cgi-bin/agent?$(tr ' ' '+' <<<"$*")") || return 1
   sed '$d' <<<"$out"
   [ "$(tail -n1 <<<"$out")" = AGENT-RC=0 ]
 }
@@ -47,20 +48,22 @@ api_apply() { # PATH < JSON: prints nothing; fails unless 200/201
   [ "$code" = 200 ] || [ "$code" = 201 ] || { say "apply $1: HTTP $code $(head -c 300 "$STATE/api.out")"; return 1; }
 }
 # slice NAME SERVICE ENDPOINT...: the EndpointSlice NAME of SERVICE with these endpoints (IP:ready or
-# IP:terminating, i.e. serving+terminating), ports http/TCP and udp/UDP 8080, and the ports of
-# SLICE_EXTRA_PORTS (JSON objects, each with a leading comma) when set
+# IP:terminating, i.e. serving+terminating; IP of either family, the slice's addressType follows the first),
+# ports http/TCP and udp/UDP 8080, and the ports of SLICE_EXTRA_PORTS (JSON objects, each with a leading comma)
+# when set
 slice() {
-  local eps="" e c
+  local eps="" e c family=IPv4
+  case ${3%:*} in *:*) family=IPv6 ;; esac
   for e in "${@:3}"; do
-    case ${e#*:} in
+    case ${e##*:} in
       ready) c='"ready":true,"serving":true,"terminating":false' ;;
       terminating) c='"ready":false,"serving":true,"terminating":true' ;;
     esac
-    eps="$eps${eps:+,}{\"addresses\":[\"${e%%:*}\"],\"conditions\":{$c},\"nodeName\":\"test-node\"}"
+    eps="$eps${eps:+,}{\"addresses\":[\"${e%:*}\"],\"conditions\":{$c},\"nodeName\":\"test-node\"}"
   done
   printf '{"apiVersion":"%s","kind":"EndpointSlice","metadata":{"name":"%s","namespace":"default",
-"labels":{"kubernetes.io/service-name":"%s"}},"addressType":"IPv4","ports":[{"name":"http","port":8080,"protocol":"TCP"},
-{"name":"udp","port":8080,"protocol":"UDP"}%s],"endpoints":[%s]}' "$ES_API" "$1" "$2" "${SLICE_EXTRA_PORTS:-}" "$eps" |
+"labels":{"kubernetes.io/service-name":"%s"}},"addressType":"%s","ports":[{"name":"http","port":8080,"protocol":"TCP"},
+{"name":"udp","port":8080,"protocol":"UDP"}%s],"endpoints":[%s]}' "$ES_API" "$1" "$2" "$family" "${SLICE_EXTRA_PORTS:-}" "$eps" |
     api_apply "/apis/$ES_API/namespaces/default/endpointslices/$1"
 }
 
