@@ -144,9 +144,7 @@ mod tests {
             &dir,
             "Error: Could not process rule: No such file or directory",
         );
-        let error = check(&nft, "5.4.0-1\n")
-            .await
-            .unwrap_err();
+        let error = check(&nft, "5.4.0-1\n").await.unwrap_err();
         let nftables: Vec<_> = error
             .missing
             .iter()
@@ -172,9 +170,7 @@ mod tests {
             name: "/nonexistent/nft".into(),
             timeout: nft::NFT_TIMEOUT,
         });
-        let error = check(&nft, "6.1.0")
-            .await
-            .unwrap_err();
+        let error = check(&nft, "6.1.0").await.unwrap_err();
         assert!(
             error
                 .missing
