@@ -396,7 +396,9 @@ fn a_check_validates_the_table_and_writes_nothing() {
             rules: Some(&rules),
             ..Transaction::default()
         });
-        nft.check(&table).await.expect("the running kernel has what kipvs needs");
+        nft.check(&table)
+            .await
+            .expect("the running kernel has what kipvs needs");
         assert_eq!(
             nft.observe().await.unwrap(),
             Default::default(),
@@ -404,13 +406,15 @@ fn a_check_validates_the_table_and_writes_nothing() {
         );
         // An element for a set the batch does not declare: the kernel refuses it.
         let mut refused = serde_json::to_value(&table).unwrap();
-        refused["nftables"]
-            .as_array_mut()
-            .unwrap()
-            .push(serde_json::json!({"add": {"element": {"family": "inet", "table": "kipvs",
-                "name": "no-such-set", "elem": ["10.0.0.1"]}}}));
+        refused["nftables"].as_array_mut().unwrap().push(
+            serde_json::json!({"add": {"element": {"family": "inet", "table": "kipvs",
+                "name": "no-such-set", "elem": ["10.0.0.1"]}}}),
+        );
         let refused: nftables::schema::Nftables<'_> = serde_json::from_value(refused).unwrap();
-        assert!(nft.check(&refused).await.is_err(), "a refused batch fails the check");
+        assert!(
+            nft.check(&refused).await.is_err(),
+            "a refused batch fails the check"
+        );
     });
 }
 
