@@ -9,7 +9,8 @@
 # With --takeover, the rounds are the move from kube-proxy instead (kube-proxy's DaemonSet simulated
 # too): serviceProxy kube-proxy (standby), kipvs while kube-proxy never leaves --stuck-share of the
 # nodes (default 0.01: they fail, the fleet rolls back to kube-proxy), kipvs again (it completes);
-# operator/examples/fleet/takeover.rs.
+# kube-proxy serves a node 2 s after its pod starts, and --check fails if any node was ever without
+# a serving proxy ("never none") or had two; operator/examples/fleet/takeover.rs.
 #
 # usage: hack/fleet.sh [NODES] [--check] [--faults | --takeover [--stuck-share S]]   NODES: default 500 (the CI size;
 #                    hack/test-operator.sh runs it with --check --faults); the bench is hack/bench-fleet.sh

@@ -17,12 +17,18 @@
 //! a `kipvs` revision stands by (`Standby`, Pending) while kube-proxy runs, then takes over
 //! (`TakingOver`, Applied after `--apply-delay`, then `Programming`); a `kube-proxy` revision
 //! stops writing at once and waits for kube-proxy (`HandingBack` where it programmed, else
-//! `Standby`), then reports `HandedBack` (Applied, healthy) once kube-proxy runs. It prints one
-//! line per step; it never lets kipvs and kube-proxy program a node at once (it exits with an
-//! error if they would).
+//! `Standby`), then reports `HandedBack` (Applied, healthy) once kube-proxy has synced
+//! (`--kube-proxy-start-up` after its pod started). kube-proxy runs on every node while the
+//! real `kube-system/kube-proxy` DaemonSet exists without the affinity (re-applied as
+//! `kubeadm upgrade` does): kipvs then stands by (healthy false where it had taken over). The
+//! proxiers of the nodes `--proxier-missing` names never run (a crashlooping pod: no status,
+//! ever). It prints one line per step, "no serving proxy" when a node has none (kipvs does
+//! not program it and kube-proxy has not synced it) and "served again after N s"; it never
+//! lets kipvs and kube-proxy program a node at once (it exits with an error if they would).
 //!
 //! usage: `cargo run -p kipvs-operator --example fake_proxier -- [--apply-delay 1s]
-//!         [--unsupported-schedulers sed,nq] [--kube-proxy] [--kube-proxy-stays node-5,...]`
+//!         [--unsupported-schedulers sed,nq] [--kube-proxy] [--kube-proxy-stays node-5,...]
+//!         [--kube-proxy-start-up 2s] [--proxier-missing node-0,...]`
 //!         (KUBECONFIG selects the cluster)
 
 #[path = "common/kube_proxy.rs"]
@@ -43,6 +49,8 @@ async fn main() -> anyhow::Result<()> {
     let mut unsupported: Vec<String> = Vec::new();
     let mut kube_proxy = false;
     let mut stays: HashSet<String> = HashSet::new();
+    let mut missing: HashSet<String> = HashSet::new();
+    let mut start_up = Duration::from_secs(2);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         if arg == "--kube-proxy" {
@@ -58,12 +66,19 @@ async fn main() -> anyhow::Result<()> {
                 unsupported = value.split(',').map(str::to_owned).collect()
             }
             "--kube-proxy-stays" => stays = value.split(',').map(str::to_owned).collect(),
+            "--proxier-missing" => missing = value.split(',').map(str::to_owned).collect(),
+            "--kube-proxy-start-up" => start_up = kipvs_crds::duration::parse(&value)?,
             _ => anyhow::bail!("unknown flag {arg}"),
         }
     }
     let client = Client::try_default().await?;
     if kube_proxy {
-        return with_kube_proxy(client, delay, stays).await;
+        let timing = |node: &str| kube_proxy::Timing {
+            apply: delay,
+            start_up,
+            proxier: !missing.contains(node),
+        };
+        return with_kube_proxy(client, timing, stays).await;
     }
     let api: Api<NodeProxyConfig> = Api::all(client.clone());
     let mut proxiers: HashMap<String, Arc<SimulatedProxier>> = HashMap::new();
@@ -156,19 +171,20 @@ async fn answer(
 /// ([`kube_proxy::follow`]), each step printed.
 async fn with_kube_proxy(
     client: Client,
-    delay: Duration,
+    timing: impl Fn(&str) -> kube_proxy::Timing,
     stays: HashSet<String>,
 ) -> anyhow::Result<()> {
     let starter = client.clone();
     kube_proxy::follow(client, move |node, inputs| {
         let proxier = start(&starter, node);
         let stays = stays.contains(node);
+        let timing = timing(node);
         let node = node.to_owned();
         Some(kube_proxy::node_task(
             node.clone(),
             proxier,
             inputs,
-            delay,
+            timing,
             move || stays,
             move |step| println!("fake-proxier: {node}: {step}"),
         ))

@@ -13,9 +13,11 @@
 //!    completes (an ordinary round), every eligible node labelled `kipvs`.
 //!
 //! Per round: the operator's label writes (`kipvs_operator_writes_total{kind="label"}`), nodes
-//! taken over and handed back, kube-proxy pods started or stopped.
+//! taken over and handed back, kube-proxy pods started or stopped. kube-proxy serves a node
+//! [`KUBE_PROXY_START_UP`] after its pod starts; over all rounds, the times a node had no
+//! serving proxy ("never none") must be 0, beside "never two" (a node task fails on it).
 
-use crate::kube_proxy::{Step, follow, node_task};
+use crate::kube_proxy::{Step, Timing, follow, node_task};
 use crate::nodes::{name, share, skipped, stuck};
 use crate::operator::operator_metrics;
 use crate::proxiers::{Seen, StatusOf};
@@ -33,6 +35,9 @@ use std::time::{Duration, Instant};
 
 /// The applyTimeout of the failing round: the stuck nodes fail by it.
 const STUCK_APPLY_TIMEOUT: &str = "15s";
+/// kube-proxy's start-up time: from its pod's start to its first sync (it serves the node only
+/// then; a node kipvs hands back keeps kipvs's rules until then).
+const KUBE_PROXY_START_UP: Duration = Duration::from_secs(2);
 /// How long a round may take.
 const ROUND_DEADLINE: Duration = Duration::from_secs(600);
 
@@ -42,6 +47,8 @@ struct Counts {
     took_over: AtomicUsize,
     handed_back: AtomicUsize,
     kube_proxy_moves: AtomicUsize,
+    /// Times a node was left without a serving proxy ("never none": 0).
+    unserved: AtomicUsize,
 }
 
 /// The counts and the operator's label writes at one moment.
@@ -101,7 +108,8 @@ fn record(counts: &Counts, seen: &Mutex<Seen>, step: Step) {
                 .or_default() += 1;
             0
         }
-        Step::Phase(..) => 0,
+        Step::Unserved => counts.unserved.fetch_add(1, Ordering::Relaxed),
+        Step::Phase(..) | Step::Served(_) => 0,
     };
 }
 
@@ -125,11 +133,16 @@ pub(crate) async fn run(fleet: &Fleet, client: &Client, table: &mut Table) -> an
             let stays = stuck(&args, node);
             let on = stuck_on.clone();
             let (counts, seen) = (counts.clone(), seen.clone());
+            let timing = Timing {
+                apply: delay,
+                start_up: KUBE_PROXY_START_UP,
+                proxier: true,
+            };
             Some(node_task(
                 node.to_owned(),
                 StatusOf(proxier),
                 inputs,
-                delay,
+                timing,
                 move || stays && on.load(Ordering::Relaxed),
                 move |step| record(&counts, &seen, step),
             ))
@@ -168,6 +181,17 @@ pub(crate) async fn run(fleet: &Fleet, client: &Client, table: &mut Table) -> an
         .rows
         .push(before.row(&Snapshot::take(&counts, fleet).await, &label));
     check_labelled(table, &label, labelled, &eligible, "kipvs");
+    let unserved = counts.unserved.load(Ordering::Relaxed);
+    table.rows.push(format!(
+        "| every node, every round | times a node had no serving proxy (kube-proxy start-up {} s) \
+         | {unserved} |",
+        KUBE_PROXY_START_UP.as_secs()
+    ));
+    if unserved > 0 {
+        table
+            .failures
+            .push(format!("{unserved} time(s) a node had no serving proxy"));
+    }
     finish(follower, table).await
 }
 
