@@ -14,11 +14,11 @@ VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm}
 . "$HERE/../lib/modules.sh"
 OUT=$(realpath -m "$1"); shift; mkdir -p "$(dirname "$OUT")"
 # IPVS with every scheduler kube-proxy accepts, netns plumbing, conntrack for NAT from the root netns,
-# nf_tables with what kipvs's table uses (ct state, nat chains, masquerade, reject), virtio-net for the
+# nf_tables with what kipvs's table uses (ct state, nat chains, masquerade, dnat, reject, fib), virtio-net for the
 # end to end's QEMU user-mode NIC (hack/test-e2e.sh)
 MODS="ip_vs ip_vs_rr ip_vs_wrr ip_vs_lc ip_vs_wlc ip_vs_lblc ip_vs_lblcr ip_vs_sh ip_vs_dh ip_vs_sed ip_vs_nq
   ip_vs_mh nf_conntrack nf_conntrack_netlink dummy veth
-  nf_tables nft_ct nft_chain_nat nft_masq nft_reject_inet virtio_pci virtio_net $*"
+  nf_tables nft_ct nft_chain_nat nft_masq nft_nat nft_fib_inet nft_reject_inet virtio_pci virtio_net $*"
 R=$(mktemp -d); trap 'rm -rf "$R"' EXIT
 mkdir -p "$R"/{bin,sbin,lib/modules,lib64,proc,sys,dev,run,tmp,etc}
 
