@@ -107,7 +107,7 @@ pub struct ProxierConfiguration {
     /// `detectLocal`).
     pub detect_local: DetectLocalConfiguration,
     /// The node's conntrack table size and timeouts, as kube-proxy sets them (kube-proxy's
-    /// `conntrack`). Each is written only where it raises the kernel's value.
+    /// `conntrack`). Each is written where the kernel's value differs, the hash size where it is lower.
     pub conntrack: ConntrackConfiguration,
     /// The nftables rules that complete IPVS (masquerade, hairpin, filtering).
     pub nftables: NftablesConfiguration,

@@ -189,9 +189,10 @@ impl KernelSettings for Kernel {
     }
 }
 
-/// Raises the conntrack settings of `config` (read and written under `proc_sys` and `sys`)
-/// where the kernel's are lower, logging each outcome: raised (info), already at least as
-/// high (debug), not writable (warning; kube-proxy too goes on without them).
+/// Sets the conntrack settings of `config` (read and written under `proc_sys` and `sys`) where
+/// the kernel's differ (the hash size: where it is lower), as kube-proxy does
+/// ([`sysctl::raise`]), logging each outcome: set (info), already so (debug), not writable
+/// (warning; kube-proxy too goes on without them).
 fn raise_conntrack(proc_sys: &Path, sys: &Path, config: &ProxierConfiguration) {
     let cpus = cpu_count();
     for (raise, outcome) in sysctl::raise(proc_sys, sys, sysctl::conntrack(&config.conntrack, cpus))
@@ -204,14 +205,14 @@ fn raise_conntrack(proc_sys: &Path, sys: &Path, config: &ProxierConfiguration) {
                 value = raise.value,
                 previous = from.map_or_else(|| "?".to_owned(), |v| v.to_string()),
                 cpus,
-                "conntrack: raised for {}",
+                "conntrack: set for {}",
                 raise.field
             ),
             sysctl::Raised::AtLeast { current } => tracing::debug!(
                 path = %path,
                 value = raise.value,
                 current,
-                "conntrack: already at least what {} asks",
+                "conntrack: already what {} asks",
                 raise.field
             ),
             sysctl::Raised::Failed { error } => tracing::warn!(

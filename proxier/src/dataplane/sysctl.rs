@@ -144,7 +144,7 @@ impl Knob {
 /// `nf_conntrack`'s hash table size, below `/sys`.
 const HASHSIZE: &str = "module/nf_conntrack/parameters/hashsize";
 
-/// A conntrack value kipvs raises to (never lowers).
+/// A conntrack value kipvs sets where the kernel's differs (the hash size: where it is lower).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Raise {
     /// The sysctl or sysfs file.
@@ -228,7 +228,7 @@ pub enum Raised {
         /// The value before.
         from: Option<u64>,
     },
-    /// Left alone: the kernel's value is already at least the wanted one.
+    /// Left alone: the kernel's value is the wanted one (the hash size: at least the wanted one).
     AtLeast {
         /// The kernel's value.
         current: u64,
@@ -242,10 +242,10 @@ pub enum Raised {
     },
 }
 
-/// Writes each of `raises` whose current value (read under `proc_sys` or `sys`) is lower,
-/// as kube-proxy's `setIntSysCtl` (`val < value`) and `SetMax` (hash size only when below a
-/// quarter of the maximum) do. Never lowers a value; a failure is returned for that setting
-/// and the next ones are still tried.
+/// Writes each of `raises` whose current value (read under `proc_sys` or `sys`) differs, as
+/// kube-proxy's `setIntSysCtl` (`val != value`, `cmd/kube-proxy/app/conntrack.go`) does; the
+/// hash size only when it is lower (`SetMax`: "Don't set hashsize if the current one is
+/// larger"). A failure is returned for that setting and the next ones are still tried.
 pub fn raise(proc_sys: &Path, sys: &Path, raises: Vec<Raise>) -> Vec<(Raise, Raised)> {
     raises
         .into_iter()
@@ -255,7 +255,12 @@ pub fn raise(proc_sys: &Path, sys: &Path, raises: Vec<Raise>) -> Vec<(Raise, Rai
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok());
             let outcome = match current {
-                Some(current) if current >= raise.value => Raised::AtLeast { current },
+                Some(current)
+                    if current == raise.value
+                        || (raise.knob == Knob::Hashsize && current >= raise.value) =>
+                {
+                    Raised::AtLeast { current }
+                }
                 from => match std::fs::write(&path, raise.value.to_string()) {
                     Ok(()) => Raised::Raised { from },
                     Err(e) => Raised::Failed {
@@ -364,10 +369,12 @@ mod tests {
         );
     }
 
-    /// kube-proxy's rule: a value is written only where it raises the kernel's; one that
-    /// cannot be written (read-only /proc/sys or /sys) is reported and the rest still goes.
+    /// kube-proxy's rule (`setIntSysCtl`, `SetMax`): a sysctl is written where it differs
+    /// (the kernel's 5-day established timeout becomes 24 h), the hash size only where it is
+    /// lower; one that cannot be written (read-only /proc/sys or /sys) is reported and the rest
+    /// still goes.
     #[test]
-    fn raise_never_lowers_and_reports_what_it_cannot_write() {
+    fn settings_are_written_where_they_differ_and_failures_reported() {
         let dir = std::env::temp_dir().join(format!("kipvs-conntrack-{}", std::process::id()));
         let (proc_sys, sys) = (dir.join("proc/sys"), dir.join("sys"));
         std::fs::create_dir_all(proc_sys.join("net/netfilter")).unwrap();
@@ -391,7 +398,12 @@ mod tests {
         let outcomes: Vec<&Raised> = outcomes.iter().map(|(_, o)| o).collect();
         assert_eq!(outcomes[0], &Raised::Raised { from: Some(65_536) });
         assert_eq!(outcomes[1], &Raised::Raised { from: Some(16_384) });
-        assert_eq!(outcomes[2], &Raised::AtLeast { current: 432_000 });
+        assert_eq!(
+            outcomes[2],
+            &Raised::Raised {
+                from: Some(432_000)
+            }
+        );
         assert!(
             matches!(outcomes[3], Raised::Failed { error } if error.contains("close_wait")),
             "{:?}",
@@ -402,17 +414,22 @@ mod tests {
         assert_eq!(read(sys.join(HASHSIZE)), "65536");
         assert_eq!(
             read(netfilter("nf_conntrack_tcp_timeout_established")),
-            "432000\n",
-            "5 days is not lowered to kube-proxy's 24h"
+            "86400",
+            "the kernel's 5 days become kube-proxy's 24 h"
         );
-        // A bigger table is left as it is.
+        // A bigger maximum is set to kube-proxy's; a bigger hash table is left as it is.
         std::fs::write(netfilter("nf_conntrack_max"), "1048576").unwrap();
         let again = raise(
             &proc_sys,
             &sys,
             conntrack(&ConntrackConfiguration::default(), 8),
         );
-        assert_eq!(again[0].1, Raised::AtLeast { current: 1_048_576 });
+        assert_eq!(
+            again[0].1,
+            Raised::Raised {
+                from: Some(1_048_576)
+            }
+        );
         assert_eq!(again[1].1, Raised::AtLeast { current: 65_536 });
         std::fs::remove_dir_all(dir).unwrap();
     }
