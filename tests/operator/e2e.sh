@@ -17,7 +17,9 @@
 #      DaemonSet (it avoids nodes labelled kipvs.io/service-proxy=kipvs) and the proxiers' takeover:
 #      serviceProxy kube-proxy (kipvs stands by, every node labelled kube-proxy), then kipvs in stages
 #      with node-5's kube-proxy never leaving: node-5 fails by applyTimeout, the fleet rolls back and
-#      every label is kube-proxy again; then, kube-proxy leaving everywhere, the takeover completes.
+#      every label is kube-proxy again; then (issue 33) the canary's proxier missing: its label stays
+#      kube-proxy, it fails by applyTimeout and the fleet rolls back, no node ever without a serving
+#      proxy ("never none"); then, kube-proxy leaving everywhere, the takeover completes.
 # Prints `kubectl get proxyconfig` along the way. Exit status 0 only if every check passed.
 #
 # env: KUBECONFIG (required), KIPVS_OPERATOR, KIPVS_FAKE_PROXIER (executables), OUT (logs; a temp dir)
@@ -76,6 +78,9 @@ for verb in update create delete; do
   [ "$(kubectl auth can-i $verb nodes --as=$SA 2>/dev/null)" = no ] || fail "the operator can $verb Nodes"
 done
 ok "RBAC: the operator may patch Nodes (its label), not update, create or delete them"
+[ "$(kubectl -n kube-system auth can-i get daemonsets/kube-proxy --as=$SA)" = yes ] || fail "the operator cannot read kube-proxy's DaemonSet"
+[ "$(kubectl -n kube-system auth can-i list daemonsets --as=$SA 2>/dev/null)" = no ] || fail "the operator can list DaemonSets"
+ok "RBAC: the operator may get kube-system/kube-proxy's DaemonSet (its affinity), nothing else there"
 
 section "invalid ProxyConfigs"
 # CEL rules (x-kubernetes-validations) are enforced from 1.23 (hack/control-plane.sh turns its gate on there);
@@ -265,6 +270,24 @@ wait_until 60 "every node Applied on $STANDBY" bash -c '[ "$(applied)" = "$1" ]'
 handed_back=$(tail -n +$((mark + 1)) "$OUT/fake-kube-proxy.log" | grep -c ': handing back' || true)
 grep -q 'node-5: kube-proxy leaves' "$OUT/fake-kube-proxy.log" && fail "kube-proxy left node-5"
 ok "rolled back: $took_over node(s) had taken over and $handed_back handed back; every label is kube-proxy again, every node Applied on $STANDBY"
+
+section "a crashlooping kipvs pod on the canary (issue 33): kube-proxy stays there, the revision fails and rolls back"
+unserved() { grep ': no serving proxy' "$@" || true; }
+kill "$FAKE_PID"; wait "$FAKE_PID" 2>/dev/null || true
+"$KIPVS_FAKE_PROXIER" --apply-delay 1s --kube-proxy --proxier-missing node-0 > "$OUT/fake-kube-proxy-missing.log" 2>&1 &
+PIDS+=($!)
+FAKE_PID=$!
+kubectl patch proxyconfig fleet --type=merge -p '{"spec":{"config":{"ipvs":{"scheduler":"wlc"}}}}' >/dev/null
+stages=$(follow_stages 120) || fail "takeover with the canary's proxier missing: $stages"
+MISSING=$(pc '{.status.revision}')
+[ "$(reason Degraded)" = RevisionFailed ] || fail "Degraded: $(reason Degraded)"
+failure=$(pc '{.status.failures[0].node}: {.status.failures[0].message}')
+[[ "$failure" == node-0:* ]] || fail "failures: $failure"
+[ "$(pc '{.status.targetRevision}')" = "$STANDBY" ] || fail "target $(pc '{.status.targetRevision}'), want $STANDBY"
+[ "$(label_of node-0)" = kube-proxy ] || fail "node-0 labelled $(label_of node-0)"
+grep -q 'node-0: kube-proxy leaves' "$OUT/fake-kube-proxy-missing.log" && fail "kube-proxy left node-0, whose proxier never ran"
+[ -z "$(unserved "$OUT/fake-kube-proxy-missing.log")" ] || fail "nodes without a proxy: $(unserved "$OUT/fake-kube-proxy-missing.log")"
+ok "revision $MISSING: node-0's proxier never reported, its label stayed kube-proxy (kube-proxy never left), it failed by applyTimeout ($failure) and the fleet rolled back to $STANDBY; no node was ever without a serving proxy"
 
 kill "$FAKE_PID"; wait "$FAKE_PID" 2>/dev/null || true
 "$KIPVS_FAKE_PROXIER" --apply-delay 1s --kube-proxy > "$OUT/fake-kube-proxy-2.log" 2>&1 &

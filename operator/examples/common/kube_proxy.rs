@@ -230,6 +230,7 @@ pub(crate) async fn node_task<P: Deref<Target = SimulatedProxier>>(
             stand_in.kube_proxy_synced();
             kube_proxy_started = None;
         }
+        let seen = now.assigned.is_some();
         if let Some((revision, proxy)) = now.assigned.filter(|_| timing.proxier) {
             if assigned.as_ref() != Some(&revision) {
                 proxier.assigned(&revision, None);
@@ -251,6 +252,7 @@ pub(crate) async fn node_task<P: Deref<Target = SimulatedProxier>>(
             if proxier.service_proxy(standing.phase, message, standing.healthy) {
                 step(Step::Phase(standing.phase, revision.clone()));
             }
+            note_serving(&stand_in, timing.proxier, &mut unserved, &step);
             if stand_in.kipvs_programs() && synced.as_ref() != Some(&revision) {
                 tokio::time::sleep(timing.apply).await;
                 proxier.synced(&SyncResult::Clean, SystemTime::now());
@@ -265,16 +267,9 @@ pub(crate) async fn node_task<P: Deref<Target = SimulatedProxier>>(
                 step(Step::Applied(revision));
             }
         }
-        match (stand_in.serves(timing.proxier), unserved) {
-            (false, None) => {
-                unserved = Some(Instant::now());
-                step(Step::Unserved);
-            }
-            (true, Some(since)) => {
-                unserved = None;
-                step(Step::Served(since.elapsed()));
-            }
-            _ => {}
+        // The stand-in's state is the harness's guess until the node's NodeProxyConfig is seen.
+        if seen {
+            note_serving(&stand_in, timing.proxier, &mut unserved, &step);
         }
         // Woken by a change of the inputs, or when kube-proxy's start-up ends.
         let synced_at = kube_proxy_started.map(|at| at + timing.start_up);
@@ -282,6 +277,27 @@ pub(crate) async fn node_task<P: Deref<Target = SimulatedProxier>>(
             changed = inputs.changed() => if changed.is_err() { return Ok(()) },
             () = sleep_until(synced_at) => {}
         }
+    }
+}
+
+/// Says when `stand_in` (its proxier `alive` or not) stops being served ([`Step::Unserved`],
+/// from then in `unserved`) and when it is served again ([`Step::Served`]).
+fn note_serving(
+    stand_in: &NodeStandIn,
+    alive: bool,
+    unserved: &mut Option<Instant>,
+    step: &impl Fn(Step),
+) {
+    match (stand_in.serves(alive), *unserved) {
+        (false, None) => {
+            *unserved = Some(Instant::now());
+            step(Step::Unserved);
+        }
+        (true, Some(since)) => {
+            *unserved = None;
+            step(Step::Served(since.elapsed()));
+        }
+        _ => {}
     }
 }
 
