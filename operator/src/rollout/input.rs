@@ -102,7 +102,8 @@ pub enum KubeProxyDaemonSet {
 impl KubeProxyDaemonSet {
     /// Reads the required node affinity of `ds`'s pod template: [`Self::Patched`] when every
     /// node selector term (they are ORed) keeps nodes labelled `kipvs` out through a `NotIn`
-    /// (or `DoesNotExist`) expression on [`SERVICE_PROXY_LABEL`], else [`Self::Unpatched`].
+    /// expression on [`SERVICE_PROXY_LABEL`], else [`Self::Unpatched`] (a `DoesNotExist` keeps
+    /// kube-proxy off nodes labelled `kube-proxy` too, so a handback would find no kube-proxy).
     pub fn of(ds: &DaemonSet) -> Self {
         let terms = ds
             .spec
@@ -126,7 +127,6 @@ impl KubeProxyDaemonSet {
                             .iter()
                             .flatten()
                             .any(|v| v == ServiceProxy::Kipvs.as_str()),
-                        "DoesNotExist" => true,
                         _ => false,
                     }
             })

@@ -71,7 +71,9 @@ impl<'a> Decider<'a> {
             self.requeue_at(again.unwrap_or(self.input.now));
         }
         // Said already while the names stay (also under a Degraded reason of higher rank).
-        let said = was.is_some_and(|m| m.contains(&conditions::kube_proxy_returned(&nodes)));
+        // The names end at "; " (the cause follows), so node-1 is not found in "node-10; ".
+        let said = was
+            .is_some_and(|m| m.contains(&format!("{}; ", conditions::kube_proxy_returned(&nodes))));
         if !nodes.is_empty() && !said {
             self.note(
                 true,
