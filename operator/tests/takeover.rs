@@ -274,6 +274,17 @@ fn reasons(decisions: &[Decision]) -> Vec<&'static str> {
         .collect()
 }
 
+/// The ProxyConfig's Degraded condition.
+fn degraded(
+    status: &kipvs_crds::ProxyConfigStatus,
+) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    status
+        .conditions
+        .iter()
+        .find(|cond| cond.type_ == "Degraded")
+        .expect("a Degraded condition")
+}
+
 fn everyone(who: &str, cluster: &Cluster) {
     let programmers = cluster.programmers();
     assert!(
@@ -547,11 +558,7 @@ fn kube_proxy_back_after_a_completed_takeover_is_reported_and_no_node_is_relabel
     );
     assert_eq!(c.labels(), BTreeSet::from([Some("kipvs")]));
     let status = c.fleet.pc.status.clone().unwrap();
-    let degraded = status
-        .conditions
-        .iter()
-        .find(|cond| cond.type_ == "Degraded")
-        .unwrap();
+    let degraded = degraded_of(&status);
     assert_eq!(degraded.reason, "KubeProxyReturned", "{degraded:?}");
     assert!(degraded.message.contains("node-0"), "{}", degraded.message);
     assert!(
@@ -573,12 +580,7 @@ fn kube_proxy_back_after_a_completed_takeover_is_reported_and_no_node_is_relabel
     c.fleet.kube_proxy = KubeProxyDaemonSet::Unknown;
     let d = c.tick();
     assert!(d.labels.is_empty());
-    let degraded = d
-        .status
-        .conditions
-        .iter()
-        .find(|cond| cond.type_ == "Degraded")
-        .unwrap();
+    let degraded = degraded_of(&d.status);
     assert_eq!(degraded.reason, "KubeProxyReturned");
 
     c.unpatched = false;
@@ -590,10 +592,6 @@ fn kube_proxy_back_after_a_completed_takeover_is_reported_and_no_node_is_relabel
     everyone("kipvs", &c);
     assert_eq!(c.none, BTreeMap::new(), "never none");
     let status = c.fleet.pc.status.clone().unwrap();
-    let degraded = status
-        .conditions
-        .iter()
-        .find(|cond| cond.type_ == "Degraded")
-        .unwrap();
+    let degraded = degraded_of(&status);
     assert_eq!(degraded.status, "False", "{degraded:?}");
 }

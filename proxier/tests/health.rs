@@ -453,9 +453,8 @@ async fn grpc_status(
     ServingStatus::try_from(response.status).unwrap()
 }
 
-#[tokio::test]
-async fn grpc_health_mirrors_livez_and_healthz_as_the_kubelet_asks() {
-    let mut p = proxier(STALE_AFTER, true);
+/// A gRPC health client of `p`'s health state, served on a port of its own.
+async fn grpc_client(p: &Proxier) -> HealthClient<tonic::transport::Channel> {
     let listener = health::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(grpc::serve(
@@ -468,7 +467,13 @@ async fn grpc_health_mirrors_livez_and_healthz_as_the_kubelet_asks() {
         .connect()
         .await
         .unwrap();
-    let mut client = HealthClient::new(channel);
+    HealthClient::new(channel)
+}
+
+#[tokio::test]
+async fn grpc_health_mirrors_livez_and_healthz_as_the_kubelet_asks() {
+    let mut p = proxier(STALE_AFTER, true);
+    let mut client = grpc_client(&p).await;
 
     // The kubelet's grpc probe: grpc.health.v1.Health/Check with service "".
     assert_eq!(grpc_status(&mut client, "").await, ServingStatus::Serving);
@@ -540,19 +545,7 @@ async fn grpc_health_mirrors_livez_and_healthz_as_the_kubelet_asks() {
 #[tokio::test]
 async fn readiness_waits_for_the_first_sync_and_the_sources() {
     let mut p = proxier(STALE_AFTER, true);
-    let listener = health::bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(grpc::serve(
-        listener,
-        p.health.clone(),
-        std::future::pending(),
-    ));
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = HealthClient::new(channel);
+    let mut client = grpc_client(&p).await;
     let ready = grpc::READYZ_SERVICE;
 
     assert_eq!(get(p.addr, "/readyz").await.unwrap().status, 503);
