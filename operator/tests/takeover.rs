@@ -275,7 +275,7 @@ fn reasons(decisions: &[Decision]) -> Vec<&'static str> {
 }
 
 /// The ProxyConfig's Degraded condition.
-fn degraded(
+fn degraded_of(
     status: &kipvs_crds::ProxyConfigStatus,
 ) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
     status
