@@ -487,10 +487,21 @@ impl<D: Dataplane> Engine<D> {
                 let observed = observing.finish().await;
                 let failed = observed.is_err();
                 let result = self.syncer.finish_full(desired, observed, started).await;
-                if failed && let Replanned::Touched(touched) = &replanned {
+                if failed {
                     // The read failed (the full sync is retried): what this call took from the
-                    // store still goes to the kernel now, and the failure is reported.
-                    if let Err(e) = self.syncer.sync_touched(desired, touched).await {
+                    // store (a configuration or Node change: everything, against the cache) still
+                    // goes to the kernel now, and the failure is reported.
+                    let everything = match &replanned {
+                        Replanned::Touched(_) => None,
+                        Replanned::All => self.syncer.cached().map(|c| full_scope(desired, c)),
+                    };
+                    let scope = match &replanned {
+                        Replanned::Touched(touched) => Some(touched),
+                        Replanned::All => everything.as_ref(),
+                    };
+                    if let Some(scope) = scope
+                        && let Err(e) = self.syncer.sync_touched(desired, scope).await
+                    {
                         tracing::warn!("incremental sync after a failed observation: {e}");
                     }
                 }
