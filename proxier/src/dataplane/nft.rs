@@ -1,8 +1,8 @@
 //! The nftables half of the dataplane: masquerade, hairpin and service-IP filtering, which IPVS
-//! alone cannot do (kube-proxy's IPVS mode does them with iptables and ipsets; reference
-//! `kube-proxy-ipvs.md` section 1, "iptables").
+//! alone cannot do (kube-proxy's IPVS mode does them with iptables and ipsets:
+//! `pkg/proxy/ipvs/proxier.go` `writeIptablesRules`). `docs/nftables.md` has the hooks diagram.
 //!
-//! kipvs owns one table, `inet kipvs`, with a constant set of rules (25, whatever the number of
+//! kipvs owns one table, `inet kipvs`, with a constant set of rules (about 25, whatever the number of
 //! Services) that look up **named sets**; Services only ever add and delete set elements. The
 //! elements are [`SetElement`]s, planned per Service (`plan_service`) and diffed like virtual
 //! servers, so one endpoint change costs a handful of elements. Every change of one sync goes to
@@ -22,13 +22,16 @@
 //! | `firewall-allow` | `ip . proto . port . source CIDR` (interval) | the allowed sources; the load-balancer IP itself when a node IP is in a range (kubernetes#119656) |
 //! | `health-check-ports` | healthCheckNodePort | accepted |
 //!
-//! Masquerade decisions are taken in `postrouting` on the connection's **original** destination
-//! (`ct original ip daddr . meta l4proto . ct original proto-dst`): IPVS has rewritten the
-//! destination by then, and with `net/ipv4/vs/conntrack=1` (which kipvs sets, as kube-proxy
-//! does) the conntrack entry still records the virtual server. This needs no packet mark, so no
-//! mark bit is taken from the CNI. The filters run in `input` at priority `filter` (0) and in
-//! `output` at priority -150 (`mangle`), both before IPVS's own hooks (`LOCAL_IN` priority 98,
-//! `LOCAL_OUT` priority -98), so they still see the virtual address.
+//! Masquerade decisions are taken on the virtual address, before IPVS rewrites it, as kube-proxy's
+//! `KUBE-MARK-MASQ` / `KUBE-POSTROUTING` do: `nat-prerouting` and `nat-output` (priority `dstnat`,
+//! -100, ahead of IPVS's `LOCAL_IN` hook at 98 and `LOCAL_OUT` hook at -98) jump to
+//! `mark-masquerade`, which sets packet mark bit 14 ([`MASQUERADE_MARK`], `0x4000`, kube-proxy's
+//! default `masqueradeBit`) on the connections to masquerade; `nat-postrouting` (priority `srcnat`,
+//! 100) masquerades marked packets `fully-random` and clears the bit. Hairpin traffic is matched
+//! there on `saddr . daddr` against `hairpin` and masqueraded without a mark. `pin-prerouting` and
+//! `pin-output` (-110) keep ClusterIP connections' destinations ahead of iptables' nat table
+//! (`PIN_PRIORITY`). The filters run in `input` at priority `filter` (0) and in `output` at
+//! priority -150, both before IPVS's own hooks, so they still see the virtual address.
 
 use super::program::{Program, ProgramError};
 use crate::model::{LocalTraffic, NftRules, Protocol, SetElement, VirtualServerKey};

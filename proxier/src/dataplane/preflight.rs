@@ -51,7 +51,7 @@ pub const NFTABLES: &str = "nftables inet NAT with concatenated interval sets \
 pub const IPVS: &str = "IPVS over generic netlink (ip_vs)";
 
 /// Checks the kernel: IPVS's generic-netlink family, and kipvs's nftables table with its rules
-/// ([`checked_rules`]) through `nft --check`.
+/// (`checked_rules`) through `nft --check`.
 ///
 /// `kernel` is `/proc/sys/kernel/osrelease` for the error.
 ///
