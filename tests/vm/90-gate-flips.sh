@@ -57,8 +57,10 @@ if [ -z "$got" ] || [ "$(echo "$got" | grep -vc "$ep")" -eq 0 ]; then ok "the fl
 else bad "ops of the ProxyTerminatingEndpoints flip touch more than $ep: $(echo "$got" | tr '\n' ';')"; fi
 after=$(ipvsadm -Sn | grep -v -- "-r $ep:" | sort)
 check "every other virtual and real server is unchanged" [ "$before" = "$after" ]
-plan > "$W/plan.r3"
-if grep -q -- "-r $ep:" "$W/plan.r3"; then bad "$ep is still in the plan of r3"
+# web's virtual servers only: the dual-stack Service 'dual' (10.96.0.50, NodePort 30050, 203.0.113.50) has
+# the same pod as a ready endpoint of its own
+plan | grep -v -e ' 10.96.0.50:' -e ':30050 ' -e ' 203.0.113.50:' > "$W/plan.r3"
+if grep -q -- "-r $ep:" "$W/plan.r3"; then bad "$ep is still in the plan of r3 for web"
 elif ipvsadm -Sn | grep -qE -- "-r $ep:8080 -m -w 0\$"; then ok "$ep drains at weight 0 (not in the plan of r3, kept for its connection)"
 else bad "$ep is not draining at weight 0: $(ipvsadm -Sn | grep -- "-r $ep:" | tr '\n' ';')"; fi
 a=$(ask term 3); [ "$a" = "$pod" ] && ok "the held connection to terminating $pod still works" || bad "held connection to $pod: got '$a'"
