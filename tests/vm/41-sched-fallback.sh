@@ -58,6 +58,7 @@ else bad "without mh-fallback, no request failed: the test does not show the fla
 
 say "back to the original manifests"
 cp "$W/web.yaml.fallback.orig" "$W/edit.tmp" && mv "$W/edit.tmp" "$M/web.yaml"
+rm -f "$M/nodeproxyconfig.yaml" # the later tests start from the local configuration
 proxier_start
 check "ipvsadm -Sn equals the plan" wait_converged 30
 finish
