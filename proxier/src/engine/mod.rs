@@ -491,13 +491,13 @@ impl<D: Dataplane> Engine<D> {
                     // The read failed (the full sync is retried): what this call took from the
                     // store (a configuration or Node change: everything, against the cache) still
                     // goes to the kernel now, and the failure is reported.
-                    let everything = match &replanned {
-                        Replanned::Touched(_) => None,
-                        Replanned::All => self.syncer.cached().map(|c| full_scope(desired, c)),
-                    };
+                    let everything;
                     let scope = match &replanned {
                         Replanned::Touched(touched) => Some(touched),
-                        Replanned::All => everything.as_ref(),
+                        Replanned::All => {
+                            everything = self.syncer.cached().map(|c| full_scope(desired, c));
+                            everything.as_ref()
+                        }
                     };
                     if let Some(scope) = scope
                         && let Err(e) = self.syncer.sync_touched(desired, scope).await
