@@ -46,6 +46,10 @@ pub struct FakeDataplane {
     /// the IPVS dump of a large table do (1.7 s of `nft` at 10k Services): the observation
     /// returns the state as it was when it started, this much (Tokio) time later.
     pub observe_delay: Duration,
+    /// How many of the next full observations fail (after their
+    /// [`observe_delay`](Self::observe_delay)), as when `nft` cannot list the table: each
+    /// one that fails counts this down.
+    pub observe_failures: usize,
     /// Where the fake tells what happens to it and when, for tests that run the engine's loop
     /// and so cannot look at the fake meanwhile.
     pub events: Option<UnboundedSender<(Instant, FakeEvent)>>,
@@ -256,6 +260,8 @@ impl Dataplane for FakeDataplane {
     ) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send + 'static {
         self.full_observes += 1;
         self.tell(FakeEvent::ObserveStarted);
+        let fails = self.observe_failures > 0;
+        self.observe_failures = self.observe_failures.saturating_sub(1);
         let (state, delay, events) = (self.state.clone(), self.observe_delay, self.events.clone());
         async move {
             if !delay.is_zero() {
@@ -263,6 +269,12 @@ impl Dataplane for FakeDataplane {
             }
             if let Some(events) = events {
                 let _ = events.send((Instant::now(), FakeEvent::ObserveEnded));
+            }
+            if fails {
+                return Err(DataplaneError::Io {
+                    context: "fake: reading the table".into(),
+                    source: std::io::Error::other("the observation fails"),
+                });
             }
             Ok(state)
         }

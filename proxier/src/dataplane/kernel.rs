@@ -472,10 +472,18 @@ impl Reader {
     async fn observe(self) -> Result<ObservedState, DataplaneError> {
         let started = std::time::Instant::now();
         let services = self.ipvs.services().await?;
-        let inet: Vec<(VirtualServerKey, VirtualServerSpec)> =
-            services.iter().filter_map(observed_service).collect();
         let listed = self.read_listing().await;
-        let (mut virtual_servers, unlisted) = take_listed(inet, listed);
+        // On the blocking pool, as the listing's read: matching 10k virtual servers with their
+        // real servers takes the CPU for a while in the emulated test VM, and the engine's
+        // incremental syncs need the runtime's worker meanwhile (one on a one-CPU node).
+        let (mut virtual_servers, unlisted) = tokio::task::spawn_blocking(move || {
+            take_listed(
+                services.iter().filter_map(observed_service).collect(),
+                listed,
+            )
+        })
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         let from_listing = virtual_servers.len();
         // Collected first: a closure inside the stream would not be `Send` for every lifetime.
         let ids: Vec<_> = unlisted.iter().map(|(key, _)| service_id(key)).collect();
@@ -540,8 +548,9 @@ impl Reader {
         Ok(out)
     }
 
-    /// One read of the IPVS listing on the blocking pool (the kernel formats the table during
-    /// the read); `None` without a listing. A listing that cannot be read or parsed is dropped
+    /// One read of the IPVS listing, and its real servers by virtual server, on the blocking
+    /// pool (the kernel formats the table during the read; 20k real servers are parsed and
+    /// sorted); `None` without a listing. A listing that cannot be read or parsed is dropped
     /// with a warning: this and every later observation read the real servers over netlink.
     async fn read_listing(&self) -> Option<Listed> {
         let shared = self.listing.clone();
@@ -551,12 +560,12 @@ impl Reader {
             if services.is_err() {
                 *listing = None;
             }
-            Some(services)
+            Some(services.map(listed))
         })
         .await;
         let error = match read {
             Ok(None) => return None,
-            Ok(Some(Ok(services))) => return Some(listed(services)),
+            Ok(Some(Ok(listed))) => return Some(listed),
             Ok(Some(Err(error))) => error.to_string(),
             Err(error) => {
                 *self.listing.lock().unwrap_or_else(|e| e.into_inner()) = None;

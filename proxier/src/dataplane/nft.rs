@@ -1111,12 +1111,20 @@ impl Nft {
     }
 
     /// Reads kipvs's table; an empty [`ObservedTable`] when it does not exist.
+    ///
+    /// The listing is parsed on Tokio's blocking pool ([`tokio::task::spawn_blocking`]): at
+    /// 10k Services its 2.1 MiB take the CPU for a while (hundreds of ms in the emulated test
+    /// VM), and on a node with one CPU the runtime has one worker, which the engine's
+    /// incremental syncs need meanwhile (issue 32: the writes that waited near a full sync).
     pub async fn observe(&self) -> Result<ObservedTable, NftError> {
         match self
             .run(&["-j", "list", "table", "inet", TABLE], None)
             .await
         {
-            Ok(json) => Ok(parse_table(&json)?),
+            Ok(json) => tokio::task::spawn_blocking(move || parse_table(&json))
+                .await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+                .map_err(NftError::from),
             Err(NftError::Program(ProgramError::Failed { stderr, .. }))
                 if stderr.contains("No such file or directory") =>
             {
@@ -1177,6 +1185,73 @@ mod tests {
         ));
         let garbage = script("garbage", "echo 'not json'");
         assert!(matches!(garbage.observe().await, Err(NftError::Parse(_))));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Issue 32: the listing of a large table is parsed off the runtime's worker, so that the
+    /// engine's other tasks run meanwhile (on a one-CPU node the runtime has one worker; here
+    /// the test's runtime has one thread).
+    #[tokio::test]
+    async fn a_large_listing_is_parsed_beside_the_runtimes_other_tasks() {
+        let dir = std::env::temp_dir().join(format!("kipvs-nft-large-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let elements: Vec<String> = (0..20_000u32)
+            .map(|i| {
+                let [_, a, b, c] = i.to_be_bytes();
+                format!(r#"{{"concat": ["10.{a}.{b}.{c}", "tcp", 80]}}"#)
+            })
+            .collect();
+        let listing = format!(
+            r#"{{"nftables": [{{"metainfo": {{"json_schema_version": 1}}}}, {{"set": {{"family": "inet", "name": "cluster-ips", "table": "kipvs", "type": ["ipv4_addr", "inet_proto", "inet_service"], "handle": 3, "elem": [{}]}}}}]}}"#,
+            elements.join(", ")
+        );
+        let listing_path = dir.join("listing.json");
+        std::fs::write(&listing_path, listing).unwrap();
+        let program = dir.join("nft");
+        let body = format!(
+            "#!/bin/sh
+exec cat {}
+",
+            listing_path.display()
+        );
+        std::fs::write(&program, body).unwrap();
+        std::fs::set_permissions(
+            &program,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let nft = Nft {
+            program: Program {
+                name: program.to_string_lossy().into_owned(),
+                timeout: NFT_TIMEOUT,
+            },
+        };
+        // A task that should run every millisecond: the longest it waited is how long the
+        // runtime's thread was held.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ticker = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut longest = Duration::ZERO;
+                let mut last = std::time::Instant::now();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    longest = longest.max(last.elapsed());
+                    last = std::time::Instant::now();
+                }
+                longest
+            }
+        });
+        let started = std::time::Instant::now();
+        let table = nft.observe().await.unwrap();
+        let took = started.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let longest = ticker.await.unwrap();
+        assert_eq!(table.elements.len(), 20_000);
+        assert!(
+            longest < took / 4,
+            "the runtime was held {longest:?} of the {took:?} the listing took"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

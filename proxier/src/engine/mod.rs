@@ -1115,6 +1115,55 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         );
     }
 
+    /// A periodic full sync whose background read fails changes nothing by itself and is
+    /// retried at the next call; what the call that found the failure took from the store
+    /// still reaches the kernel at once (`Syncer::finish_full`'s error path in
+    /// [`Engine::sync`]), and the failure is the call's result.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_background_read_is_retried_and_the_change_taken_meanwhile_is_applied() {
+        const READ: Duration = Duration::from_secs(5);
+        let m = Manifests::new("read-fails", &WEB.replace("READY", "true"));
+        let fake = FakeDataplane {
+            observe_delay: READ,
+            ..Default::default()
+        };
+        let mut engine = m.engine(fake);
+        engine.reads_beside = true;
+        let seen = m.source.load_into(&m.handle, None).unwrap();
+        // The first full sync reads inline.
+        engine.sync().await.unwrap();
+        let first_full = engine.last_full_sync.unwrap();
+        let period = engine.planner().config().ipvs.sync_period;
+        // The periodic one reads beside, and that read fails.
+        engine.syncer.dataplane_mut().observe_failures = 1;
+        tokio::time::advance(period).await;
+        assert!(engine.sync().await.unwrap().ops.is_empty());
+        assert_eq!(engine.dataplane().full_observes, 2);
+        // Meanwhile the endpoint stops being ready; the call that takes the change finds the
+        // read ended (failed).
+        tokio::time::sleep(READ + Duration::from_millis(1)).await;
+        std::fs::write(&m.file, WEB.replace("READY", "false")).unwrap();
+        m.source.load_into(&m.handle, seen.as_ref()).unwrap();
+        let error = engine.sync().await.unwrap_err();
+        assert!(
+            error.to_string().contains("the observation fails"),
+            "{error}"
+        );
+        let vs = engine.dataplane().state.virtual_servers.values().next();
+        assert!(
+            vs.unwrap().real_servers.is_empty(),
+            "the change waits for the next full sync"
+        );
+        assert_eq!(engine.syncer().cached(), Some(&engine.dataplane().state));
+        assert_eq!(engine.last_full_sync, Some(first_full), "not a full sync");
+        // The next call starts the read again (the period is still over), and it succeeds.
+        assert!(engine.sync().await.unwrap().ops.is_empty());
+        assert_eq!(engine.dataplane().full_observes, 3);
+        tokio::time::sleep(READ + Duration::from_millis(1)).await;
+        assert!(engine.sync().await.unwrap().ops.is_empty());
+        assert!(engine.last_full_sync.unwrap() > first_full + period);
+    }
+
     /// Log lines, every level, of this thread's spans and events while the guard lives.
     fn capture_logs() -> (
         Arc<std::sync::Mutex<Vec<u8>>>,
