@@ -22,7 +22,7 @@ mod cluster;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
-use kipvs_proxier::dataplane::settings::FakeKernel;
+use kipvs_proxier::dataplane::kernel::settings::FakeKernel;
 use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
 use kipvs_proxier::engine::{ConfigFollower, Engine};

@@ -19,8 +19,8 @@
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use kipvs_proxier::dataplane::diff::{Ownership, diff, diff_scoped};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
-use kipvs_proxier::dataplane::nft::{self, Nft, transaction};
 use kipvs_proxier::dataplane::nft_transaction;
+use kipvs_proxier::dataplane::nftables::{self as nft, Nft, transaction};
 use kipvs_proxier::engine::planner::Replanned;
 use kipvs_proxier::engine::syncer::Syncer;
 use kipvs_proxier::model::ObservedState;

@@ -7,10 +7,11 @@ use kipvs_crds::config::ProxierConfiguration;
 use kipvs_node_status::report_status;
 use kipvs_proxier::dataplane::Dataplane;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
+use kipvs_proxier::dataplane::host::kube_proxy::{HostKubeProxy, KubeProxyNode};
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
-use kipvs_proxier::dataplane::kube_proxy::{HostKubeProxy, KubeProxyNode};
-use kipvs_proxier::dataplane::settings::{Kernel, KernelSettings};
-use kipvs_proxier::dataplane::{nft, preflight};
+use kipvs_proxier::dataplane::kernel::preflight;
+use kipvs_proxier::dataplane::kernel::settings::{Kernel, KernelSettings};
+use kipvs_proxier::dataplane::nftables as nft;
 use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
 use kipvs_proxier::engine::preview::Preview;
@@ -707,7 +708,7 @@ async fn connect_kernel() -> anyhow::Result<KernelDataplane> {
 }
 
 /// The kernel's facilities checked before anything is programmed
-/// ([`kipvs_proxier::dataplane::preflight`]): one error naming every missing one.
+/// ([`kipvs_proxier::dataplane::kernel::preflight`]): one error naming every missing one.
 async fn check_kernel() -> anyhow::Result<()> {
     let osrelease = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     preflight::check(&nft::Nft::default(), &osrelease).await?;

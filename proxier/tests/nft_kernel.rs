@@ -4,8 +4,10 @@
 //! package. Without them the tests say so and pass, unless `KIPVS_REQUIRE_NFT=1` (set by
 //! `hack/test.sh`) makes that a failure.
 
-use kipvs_proxier::dataplane::nft::{Nft, Transaction, rule_comments, transaction};
-use kipvs_proxier::dataplane::nft_elements::{self, ElementsError, SetElements};
+use kipvs_proxier::dataplane::nftables::elements::{
+    self as nft_elements, ElementsError, SetElements,
+};
+use kipvs_proxier::dataplane::nftables::{Nft, Transaction, rule_comments, transaction};
 use kipvs_proxier::model::{NftRules, Protocol, SetElement, VirtualServerKey};
 use std::collections::BTreeSet;
 
@@ -381,7 +383,7 @@ fn firewall_allow_creations_are_refused_on_any_clash_and_a_present_one_counts_as
     });
 }
 
-/// The start-up check's `nft --check` (`kipvs_proxier::dataplane::preflight`) is validated by
+/// The start-up check's `nft --check` (`kipvs_proxier::dataplane::kernel::preflight`) is validated by
 /// the running kernel and writes nothing: the table is still absent afterwards, and a batch the
 /// kernel refuses fails the check.
 #[test]

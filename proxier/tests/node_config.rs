@@ -5,7 +5,7 @@
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
-use kipvs_proxier::dataplane::settings::FakeKernel;
+use kipvs_proxier::dataplane::kernel::settings::FakeKernel;
 use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
 use kipvs_proxier::engine::{ConfigFollower, Engine};

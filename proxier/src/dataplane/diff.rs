@@ -2,7 +2,7 @@
 //! safe order the module docs of [`crate::dataplane`] give, and which virtual servers kipvs owns
 //! and so may delete ([`Ownership`]).
 
-use super::{Op, ascending_contains, ascending_get, nft};
+use super::{Op, ascending_contains, ascending_get, nftables};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol, Scope,
     SetElement, VirtualServer, VirtualServerKey, full_scope,
@@ -154,7 +154,7 @@ pub fn diff_scoped(
     expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
 ) -> Vec<Op> {
     let rules_change =
-        nft::rule_comments(&desired.nft_rules) != observed.nft_rule_comments.as_slice();
+        nftables::rule_comments(&desired.nft_rules) != observed.nft_rule_comments.as_slice();
     // New hairpin elements go ahead of the real servers, in a transaction of their own, unless
     // the rules are (re)written: then the whole table is one transaction before the new
     // virtual servers anyway.

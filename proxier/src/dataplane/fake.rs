@@ -1,8 +1,8 @@
 //! An in-memory [`Dataplane`] with the kernel's error behaviour, for unit tests.
 
-use super::settings::{FakeKernel, KernelSettings, SchedulerError, SettingsError};
+use super::kernel::settings::{FakeKernel, KernelSettings, SchedulerError, SettingsError};
 use super::{Dataplane, DataplaneError, NFT_STAGE, Op, OpFailure, isolate};
-use crate::dataplane::conntrack::{Listing, UdpEntry};
+use crate::dataplane::kernel::conntrack::{Listing, UdpEntry};
 use crate::model::{ObservedState, ObservedVirtualServer, SetElement, VirtualServerKey};
 use futures::future::BoxFuture;
 use ipnet::IpNet;
@@ -37,7 +37,7 @@ pub struct FakeDataplane {
     /// How many times the whole state was observed ([`Dataplane::observe`]).
     pub full_observes: usize,
     /// Ops whose next application succeeds but is reported failed with `ENOBUFS`, as when the
-    /// kernel drops a batch's answers ([`super::batch`]): the caller cannot know the outcome.
+    /// kernel drops a batch's answers ([`super::kernel::batch`]): the caller cannot know the outcome.
     pub lost_answers: Vec<Op>,
     /// nftables ops this fake kernel refuses (`File exists`) while they are listed, changing
     /// nothing, as when a set element of kipvs clashes with one it did not write.

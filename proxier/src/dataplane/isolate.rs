@@ -14,7 +14,7 @@
 //! syncer deletes it until the element is in.
 //!
 //! `firewall-allow` intervals are added with `create` (`NLM_F_EXCL`), so that every kernel
-//! refuses an overlap ([`super::nft`]); [`applied_anyway`] keeps an element that is exactly in the
+//! refuses an overlap ([`super::nftables`]); [`applied_anyway`] keeps an element that is exactly in the
 //! kernel already from counting as refused.
 
 use super::{DataplaneError, Op, OpFailure};

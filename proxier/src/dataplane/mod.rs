@@ -25,21 +25,14 @@
 //! in unit tests. Ops inside one stage are independent of each other, so a dataplane may run
 //! them concurrently (the kernel one pipelines them over one netlink socket).
 
-pub mod batch;
-pub mod conntrack;
 pub mod diff;
 pub mod fake;
+pub mod host;
 pub mod isolate;
 pub mod kernel;
-pub mod kube_proxy;
-pub mod nft;
-pub mod nft_elements;
-pub mod preflight;
-pub mod program;
-pub mod settings;
-pub mod sysctl;
+pub mod nftables;
 
-use crate::dataplane::conntrack::{Listing, UdpEntry};
+use crate::dataplane::kernel::conntrack::{Listing, UdpEntry};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, VirtualServerKey,
     VirtualServerSpec,
@@ -161,7 +154,7 @@ impl fmt::Display for Op {
         match self {
             Op::UnbindAddress(a) | Op::BindAddress(a) => write!(f, " address={a}"),
             Op::DeleteVirtualServer(vs) => write!(f, " vs=\"{vs}\""),
-            Op::WriteRules(rules) => write!(f, " rules={}", nft::rule_comments(rules).len()),
+            Op::WriteRules(rules) => write!(f, " rules={}", nftables::rule_comments(rules).len()),
             Op::DeleteSetElement(e) | Op::AddSetElement(e) => write!(f, " element=\"{e}\""),
             Op::AddVirtualServer(vs, s) | Op::UpdateVirtualServer(vs, s) => {
                 write!(f, " vs=\"{vs}\" scheduler={}", s.scheduler)?;
@@ -178,9 +171,9 @@ impl fmt::Display for Op {
     }
 }
 
-/// The nftables ops among `ops` as one [`crate::dataplane::nft::Transaction`] (the others are ignored).
-pub fn nft_transaction(ops: &[Op]) -> nft::Transaction<'_> {
-    let mut tx = nft::Transaction::default();
+/// The nftables ops among `ops` as one [`crate::dataplane::nftables::Transaction`] (the others are ignored).
+pub fn nft_transaction(ops: &[Op]) -> nftables::Transaction<'_> {
+    let mut tx = nftables::Transaction::default();
     for op in ops {
         match op {
             Op::WriteRules(rules) => tx.rules = Some(rules),
@@ -222,7 +215,7 @@ impl From<&DesiredState> for ObservedState {
                 .collect(),
             bound_addresses: desired.bind_addresses.clone(),
             set_elements: desired.set_elements.clone(),
-            nft_rule_comments: nft::rule_comments(&desired.nft_rules).to_vec(),
+            nft_rule_comments: nftables::rule_comments(&desired.nft_rules).to_vec(),
         }
     }
 }
@@ -245,7 +238,9 @@ impl ObservedState {
             Op::BindAddress(a) => {
                 self.bound_addresses.insert(*a);
             }
-            Op::WriteRules(rules) => self.nft_rule_comments = nft::rule_comments(rules).to_vec(),
+            Op::WriteRules(rules) => {
+                self.nft_rule_comments = nftables::rule_comments(rules).to_vec()
+            }
             // `nft add element` of a present element succeeds (the `create` of a present
             // `firewall-allow` interval is refused, and then counted as applied:
             // `isolate::applied_anyway`); deleting a missing one is ENOENT (and fails the whole
@@ -437,13 +432,13 @@ pub enum DataplaneError {
     NoInterface(String),
     /// An nftables transaction or listing failed.
     #[error("nftables: {0}")]
-    Nft(#[from] nft::NftError),
+    Nft(#[from] nftables::NftError),
     /// The nftables transaction this op was part of failed (the reason, once per op).
     #[error("nftables transaction: {0}")]
     NftTransaction(String),
     /// A conntrack request failed.
     #[error("{0}")]
-    Conntrack(#[from] conntrack::ConntrackError),
+    Conntrack(#[from] kernel::conntrack::ConntrackError),
     /// Not applied: kept back with the failed op it depends on ([`isolate::Withholding`]) and
     /// retried with it.
     #[error("withheld: {reason} ({key})")]
@@ -511,7 +506,7 @@ pub trait Dataplane {
     fn check_scheduler(
         &mut self,
         scheduler: &str,
-    ) -> impl Future<Output = Result<(), settings::SchedulerError>> + Send;
+    ) -> impl Future<Output = Result<(), kernel::settings::SchedulerError>> + Send;
 
     /// Apply `ops` in order, each run of consecutive ops of one stage ([`Op::stage`]) together,
     /// continuing past failures, and return the failures. Ops of one run may run concurrently.
@@ -522,7 +517,7 @@ pub trait Dataplane {
     fn remove_rules(&mut self) -> impl Future<Output = Result<(), DataplaneError>> + Send;
 
     /// The UDP conntrack entries of the network namespace in `listing`, both IP families (see
-    /// [`crate::dataplane::conntrack`]).
+    /// [`crate::dataplane::kernel::conntrack`]).
     fn udp_conntrack(
         &mut self,
         listing: Listing<'_>,

@@ -16,7 +16,7 @@ pub mod syncer;
 pub mod takeover;
 
 use crate::dataplane::diff::Ownership;
-use crate::dataplane::settings::{KernelSettings, SchedulerError, SettingsError};
+use crate::dataplane::kernel::settings::{KernelSettings, SchedulerError, SettingsError};
 use crate::dataplane::{Dataplane, DataplaneError, Op};
 use crate::model::Protocol;
 use crate::model::{ObservedState, full_scope};
@@ -1327,7 +1327,7 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         let follower = ConfigFollower {
             assigned,
             local: ProxierConfiguration::default(),
-            kernel: Box::new(crate::dataplane::settings::FakeKernel),
+            kernel: Box::new(crate::dataplane::kernel::settings::FakeKernel),
             report,
         };
         let node = FakeDataplane {

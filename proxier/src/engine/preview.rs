@@ -16,7 +16,7 @@ use super::planner::Planner;
 use super::takeover::kube_proxy_node_ports;
 use crate::dataplane::Op;
 use crate::dataplane::diff::{Ownership, diff};
-use crate::dataplane::kube_proxy::Leftovers;
+use crate::dataplane::host::kube_proxy::Leftovers;
 use crate::model::{ObservedState, VirtualServerKey};
 use kipvs_crds::ConfigError;
 use std::collections::{BTreeMap, BTreeSet};

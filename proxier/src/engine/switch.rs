@@ -4,7 +4,7 @@
 //! planner, syncer and status report (the phases the module documentation of
 //! [`super::takeover`] describes).
 //!
-//! [`KubeProxyNode::signals`]: crate::dataplane::kube_proxy::KubeProxyNode::signals
+//! [`KubeProxyNode::signals`]: crate::dataplane::host::kube_proxy::KubeProxyNode::signals
 
 use super::observer::TakeoverEvent;
 use super::preview::Preview;
@@ -14,7 +14,7 @@ use super::takeover::{
 };
 use super::{Admission, Engine};
 use crate::dataplane::Dataplane;
-use crate::dataplane::kube_proxy::Leftovers;
+use crate::dataplane::host::kube_proxy::Leftovers;
 use kipvs_crds::config::ServiceProxy;
 use kipvs_crds::nodeproxyconfig::ServiceProxyPhase;
 use std::time::Duration;

@@ -15,7 +15,7 @@
 //! doubt are retried with their own backoff ([`RETRY_FIRST`] doubling to [`RETRY_MAX`]):
 //! until due, incremental syncs leave them out; when due, the entry is re-read from the kernel
 //! first: a failed netlink request may have been applied (its answer lost: `ENOBUFS`, a socket
-//! error, a timeout; see [`crate::dataplane::batch`]), and so may an element batch whose
+//! error, a timeout; see [`crate::dataplane::kernel::batch`]), and so may an element batch whose
 //! answers were lost (it is then replayed through `nft -f`, whose deletion of an element
 //! already gone fails the whole transaction). Every other change stays incremental; the
 //! periodic full sync re-observes everything and retries every entry.
@@ -38,8 +38,8 @@
 //! server at its default verbosity either.
 
 use super::drains::Drains;
-use crate::dataplane::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::diff::{Ownership, diff_scoped};
+use crate::dataplane::kernel::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::{Dataplane, DataplaneError, Op, OpFailure, isolate};
 use crate::model::{
     DesiredState, ObservedState, Protocol, Scope, SetElement, VirtualServerKey, full_scope,
@@ -85,7 +85,7 @@ pub struct SyncReport {
     /// Wall time of observe + diff + apply + conntrack cleanup (of a full sync whose
     /// observation ran beside incremental syncs, from the start of that observation).
     pub duration: Duration,
-    /// What the UDP conntrack cleanup did ([`crate::dataplane::conntrack`]); zero when it did not run.
+    /// What the UDP conntrack cleanup did ([`crate::dataplane::kernel::conntrack`]); zero when it did not run.
     pub conntrack: CleanupReport,
 }
 
@@ -968,7 +968,7 @@ mod tests {
 
     #[tokio::test]
     async fn stale_udp_conntrack_entries_are_deleted_and_nothing_else() {
-        use crate::dataplane::conntrack::UdpEntry;
+        use crate::dataplane::kernel::conntrack::UdpEntry;
         let udp = |port| VirtualServerKey {
             protocol: Protocol::Udp,
             port,

@@ -51,8 +51,8 @@ use super::observer::{Observer, TakeoverEvent};
 use super::syncer::SyncReport;
 use crate::dataplane::Op;
 use crate::dataplane::diff::Ownership;
-use crate::dataplane::kube_proxy::KubeProxyNode;
-use crate::dataplane::settings::KernelSettings;
+use crate::dataplane::host::kube_proxy::KubeProxyNode;
+use crate::dataplane::kernel::settings::KernelSettings;
 use crate::engine::planner::Planner;
 use crate::model::{DesiredState, ObservedState, Protocol, VirtualServerKey};
 use crate::plan::kube_proxy::kubelet_creates_shared_chains;
@@ -406,8 +406,8 @@ async fn remove_leftovers(
 mod tests {
     use super::*;
     use crate::dataplane::fake::FakeDataplane;
-    use crate::dataplane::kube_proxy::{Leftovers, Ruleset, Signals};
-    use crate::dataplane::settings::{FakeKernel, SchedulerError, SettingsError};
+    use crate::dataplane::host::kube_proxy::{Leftovers, Ruleset, Signals};
+    use crate::dataplane::kernel::settings::{FakeKernel, SchedulerError, SettingsError};
     use crate::dataplane::{DataplaneError, OpFailure};
     use crate::engine::Engine;
     use crate::engine::planner::{NodeIdentity, Planner};

@@ -227,7 +227,7 @@ pub struct DesiredState {
     pub bind_addresses: BTreeSet<IpAddr>,
     /// healthCheckNodePort → the Service it reports on (LoadBalancer + externalTrafficPolicy Local).
     pub health_check_node_ports: BTreeMap<u16, HealthCheckNodePort>,
-    /// Elements of the nftables sets (masquerade, hairpin, filtering; see [`crate::dataplane::nft`]).
+    /// Elements of the nftables sets (masquerade, hairpin, filtering; see [`crate::dataplane::nftables`]).
     pub set_elements: BTreeSet<SetElement>,
     /// The parameters of the constant nftables rules.
     pub nft_rules: NftRules,
@@ -263,7 +263,7 @@ pub struct ObservedState {
     pub bound_addresses: BTreeSet<IpAddr>,
     /// Elements of kipvs's nftables sets.
     pub set_elements: BTreeSet<SetElement>,
-    /// Comments of the rules in kipvs's nftables table, in order ([`crate::dataplane::nft::rule_comments`]):
+    /// Comments of the rules in kipvs's nftables table, in order ([`crate::dataplane::nftables::rule_comments`]):
     /// empty without the table.
     pub nft_rule_comments: Vec<String>,
 }

@@ -1,6 +1,6 @@
 //! The vocabulary of kipvs's nftables table as plain data: the [`SetElement`]s planned per
 //! Service and the parameters of the constant rules ([`NftRules`]). How they are encoded for
-//! `nft` (and read back) is the dataplane's business ([`crate::dataplane::nft`]).
+//! `nft` (and read back) is the dataplane's business ([`crate::dataplane::nftables`]).
 
 use super::keys::VirtualServerKey;
 use ipnet::IpNet;
@@ -9,7 +9,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::OnceLock;
 
-/// One element of one of kipvs's named sets (see [`crate::dataplane::nft`] for the sets and the rules that use them).
+/// One element of one of kipvs's named sets (see [`crate::dataplane::nftables`] for the sets and the rules that use them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum SetElement {
     /// `cluster-ips`: a ClusterIP virtual server.
@@ -175,7 +175,7 @@ impl NftRules {
     }
 
     /// The rules' comments, computed by `encode` the first time they are asked for
-    /// ([`crate::dataplane::nft::rule_comments`] is the one encoder).
+    /// ([`crate::dataplane::nftables::rule_comments`] is the one encoder).
     pub fn comments_with(&self, encode: impl FnOnce(&NftRules) -> Vec<String>) -> &[String] {
         self.comments.get_or_init(|| encode(self))
     }

@@ -1,7 +1,7 @@
 //! What of kube-proxy's IPVS mode a takeover removes from a node: its iptables jumps, chains and
 //! rules, and its ipsets. Pure: the input is what `iptables-save` (each family, each backend)
 //! and `ipset list -n` print, the output the `iptables-restore --noflush` input and the set
-//! names to destroy; `dataplane::kube_proxy` runs the tools.
+//! names to destroy; `dataplane::host::kube_proxy` runs the tools.
 //!
 //! The names are the union of kube-proxy's IPVS mode from 1.20 to the current release
 //! (`pkg/proxy/ipvs/proxier.go`: `iptablesJumpChain`, `iptablesChains`,

@@ -55,7 +55,7 @@ pub struct ServicePlan {
     /// at weight 1).
     pub terminating_fallback: bool,
     /// Its elements of the nftables sets (masquerade, hairpin, filtering; see
-    /// [`crate::dataplane::nft`]).
+    /// [`crate::dataplane::nftables`]).
     pub set_elements: BTreeSet<SetElement>,
     /// Problems with the Service or its EndpointSlices.
     pub problems: Vec<Problem>,

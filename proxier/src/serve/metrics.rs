@@ -13,7 +13,7 @@
 //! | `kubeproxy_sync_proxy_rules_last_timestamp_seconds` | gauge | Unix time of the last successful sync |
 //! | `kubeproxy_network_programming_duration_seconds` | histogram (0.25 s … 300 s) | from an EndpointSlice's `endpoints.kubernetes.io/last-change-trigger-time` to the end of the sync that programmed it |
 //! | `kipvs_sync_errors_total{cause}` | counter | `observe` (the dataplane could not be read; nothing changed), the name of a failed op (`AddRealServer`, ...), or `conntrack` (a UDP conntrack listing or delete failed) |
-//! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP conntrack entries deleted ([`crate::dataplane::conntrack`]) |
+//! | `kubeproxy_conntrack_reconciler_deleted_entries_total` | counter | stale UDP conntrack entries deleted ([`crate::dataplane::kernel::conntrack`]) |
 //! | **changes** | | |
 //! | `kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds` | gauge | Unix time of the last change a source queued |
 //! | `kubeproxy_sync_proxy_rules_{endpoint,service}_changes_total` | counter | EndpointSlice / Service changes received |
@@ -583,7 +583,7 @@ pub fn sample(text: &str, name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::conntrack::CleanupReport;
+    use crate::dataplane::kernel::conntrack::CleanupReport;
     use crate::model::DesiredState;
     use std::collections::{BTreeMap, BTreeSet};
     use std::time::Duration;

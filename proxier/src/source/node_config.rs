@@ -18,7 +18,7 @@
 //!   ([`Assigned::Unusable`]). The reported revision is derived from the content where the
 //!   operator named it by content ([`reported_revision`]), so hand edits show.
 //! - The engine checks a new revision first ([`ProxierConfiguration::validate`], then
-//!   [`KernelSettings::check`](crate::dataplane::settings::KernelSettings::check): the
+//!   [`KernelSettings::check`](crate::dataplane::kernel::settings::KernelSettings::check): the
 //!   scheduler must be available). A revision that fails is reported `Failed` with the reason
 //!   and the previous configuration stays in force. While the proxier writes nothing (standby
 //!   during a move from kube-proxy) a revision is validated only; the kernel's check and
@@ -26,7 +26,7 @@
 //! - Applied live, without a restart: every Service is re-planned (feature gates, scheduler,
 //!   `nodePortAddresses`, `excludeCIDRs`) and synced through the usual diff, so only what the
 //!   change concerns is touched; `ipvs.drainTimeout`; IPVS timeouts and strictARP sysctls
-//!   ([`KernelSettings::apply`](crate::dataplane::settings::KernelSettings::apply): zero
+//!   ([`KernelSettings::apply`](crate::dataplane::kernel::settings::KernelSettings::apply): zero
 //!   timeouts leave the kernel's as they are, and turning strictARP off does not restore
 //!   `arp_ignore`/`arp_announce`, as in kube-proxy); the
 //!   `KubeProxyDrainingTerminatingNodes` gate and the `/livez` timeout (`2 × syncPeriod`) of

@@ -35,7 +35,7 @@
 //! carries). On a node kipvs does not program: **await** kube-proxy's first sync, then
 //! **handed back** (`inet kipvs` deleted once).
 
-use crate::dataplane::kube_proxy::{Mode, Signals};
+use crate::dataplane::host::kube_proxy::{Mode, Signals};
 use kipvs_crds::config::ServiceProxy;
 use kipvs_crds::nodeproxyconfig::ServiceProxyPhase;
 use std::time::Duration;
@@ -180,7 +180,7 @@ pub fn decide(facts: &Facts<'_>) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::kube_proxy::PodSignal;
+    use crate::dataplane::host::kube_proxy::PodSignal;
     use ServiceProxyPhase::*;
 
     /// The facts of a node kipvs does not program, asked to take over by a NodeProxyConfig,

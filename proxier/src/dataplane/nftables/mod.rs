@@ -8,7 +8,7 @@
 //! servers, so one endpoint change costs a handful of elements. Every change of one sync goes to
 //! the kernel as one atomic transaction that touches only this table: `nft -j -f -`
 //! ([`transaction`]), or, when it changes elements only, one nfnetlink batch without a process
-//! ([`super::nft_elements`]).
+//! ([`elements`]).
 //!
 //! | set (`-v6` for IPv6) | element | used by |
 //! |---|---|---|
@@ -33,7 +33,9 @@
 //! (`PIN_PRIORITY`). The filters run in `input` at priority `filter` (0) and in `output` at
 //! priority -150, both before IPVS's own hooks, so they still see the virtual address.
 
-use super::program::{Program, ProgramError};
+pub mod elements;
+
+use super::host::program::{Program, ProgramError};
 use crate::model::{LocalTraffic, NftRules, Protocol, SetElement, VirtualServerKey};
 use ipnet::IpNet;
 use nftables::expr::{BinaryOperation, CT, Expression, Meta, MetaKey, NamedExpression};
@@ -1093,7 +1095,7 @@ impl Nft {
 
     /// Sends a batch in check mode (`nft -c -j -f -`): the kernel validates every object and
     /// expression of it and aborts the transaction, so nothing is written
-    /// ([`super::preflight`]).
+    /// ([`crate::dataplane::kernel::preflight`]).
     ///
     /// # Errors
     /// [`NftError`] with `nft`'s answer when the kernel refuses part of it.

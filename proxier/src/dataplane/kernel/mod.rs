@@ -1,17 +1,22 @@
 //! The real [`Dataplane`]: kernel IPVS through `ipvs-rs`, the dummy interface `kube-ipvs0` and
 //! its addresses through rtnetlink, and the sysctls kube-proxy's IPVS mode sets.
 
-use super::batch::Batcher;
-use super::conntrack::{Conntrack, Listing, UdpEntry};
+pub mod batch;
+pub mod conntrack;
+pub mod preflight;
+pub mod settings;
+pub mod sysctl;
+
 use super::diff::{Ownership, diff};
-use super::settings::SchedulerError;
 use super::{Dataplane, DataplaneError, NFT_STAGE, Op, OpFailure, isolate, nft_transaction};
-use crate::dataplane::nft::{self, Nft};
-use crate::dataplane::nft_elements::{self, SetElements};
+use crate::dataplane::nftables::elements::{self as nft_elements, SetElements};
+use crate::dataplane::nftables::{self as nft, Nft};
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol, SetElement,
     VirtualServerKey, VirtualServerSpec,
 };
+use batch::Batcher;
+use conntrack::{Conntrack, Listing, UdpEntry};
 use futures::{StreamExt, TryStreamExt};
 use ipvs::IpvsMessage;
 use ipvs::procfs::{ListedService, ProcListing};
@@ -22,6 +27,7 @@ use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::LinkAttribute;
 use netlink_proto::sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 use rtnetlink::{AddressMessageBuilder, LinkDummy};
+use settings::SchedulerError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -50,7 +56,7 @@ pub struct KernelDataplane {
     reader: Reader,
     rtnl: rtnetlink::Handle,
     /// Binds and unbinds addresses in batches (a stage of them is one `sendmsg` per
-    /// [`super::batch::BATCH`] ops).
+    /// [`batch::BATCH`] ops).
     addresses: Batcher,
     /// Applies the IPVS ops in batches the same way (`ipvs` reads the table).
     ipvs_batches: Batcher,
@@ -334,7 +340,7 @@ impl Dataplane for KernelDataplane {
     }
 
     async fn check_scheduler(&mut self, scheduler: &str) -> Result<(), SchedulerError> {
-        super::settings::probe_scheduler(&self.ipvs, scheduler).await
+        settings::probe_scheduler(&self.ipvs, scheduler).await
     }
 
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {

@@ -18,7 +18,7 @@
 //! chain and expression (loading modules as it would for real) and then aborts it
 //! (`NFNL_ABORT_VALIDATE`): nothing is written.
 
-use super::nft::{self, Nft, Transaction};
+use crate::dataplane::nftables::{self as nft, Nft, Transaction};
 use crate::model::NftRules;
 
 /// One facility the kernel lacks.
@@ -111,7 +111,7 @@ fn checked_rules() -> NftRules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::program::Program;
+    use crate::dataplane::host::program::Program;
 
     /// An `nft` that prints `stderr` and fails, or succeeds when `stderr` is empty; the
     /// arguments it got are written to `args`.

@@ -77,7 +77,7 @@ pub enum SchedulerError {
         scheduler: String,
     },
     /// A scheduler the in-memory dataplane's kernel is set to lack
-    /// ([`super::fake::FakeModules`]).
+    /// ([`crate::dataplane::fake::FakeModules`]).
     #[error("IPVS scheduler {scheduler:?} is not available: the kernel lacks ip_vs_{scheduler}")]
     Missing {
         /// The scheduler's name.

@@ -144,7 +144,7 @@ impl Batcher {
 /// Number `messages` on from `*sequence + 1` (advancing `sequence`), add `NLM_F_REQUEST` and
 /// `flags(i)` to the flags of the `i`-th, and serialize them into one buffer for one
 /// `sendmsg`. Returns the buffer and the first message's sequence number. Shared with the
-/// nfnetlink element batches ([`super::nft_elements`]).
+/// nfnetlink element batches ([`crate::dataplane::nftables::elements`]).
 pub fn serialize<T>(
     sequence: &mut u32,
     messages: Vec<NetlinkMessage<T>>,
