@@ -20,7 +20,9 @@ use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_ma
 use kipvs_proxier::dataplane::diff::{Ownership, diff, diff_scoped};
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::nft_transaction;
-use kipvs_proxier::dataplane::nftables::{self as nft, Nft, transaction};
+use kipvs_proxier::dataplane::nftables::codec::transaction;
+use kipvs_proxier::dataplane::nftables::rules::rule_comments;
+use kipvs_proxier::dataplane::nftables::runner::Nft;
 use kipvs_proxier::engine::planner::Replanned;
 use kipvs_proxier::engine::syncer::Syncer;
 use kipvs_proxier::model::ObservedState;
@@ -142,7 +144,7 @@ fn nftables(c: &mut Criterion) {
         let empty = ObservedState::default();
         let ownership = Ownership::default();
         let all = diff(p.desired(), &empty, &ownership);
-        let rules = nft::rule_comments(&p.desired().nft_rules).len();
+        let rules = rule_comments(&p.desired().nft_rules).len();
         let elements = p.desired().set_elements.len();
         println!("nftables: {n} Services: {rules} rules, {elements} set elements");
         group.bench_with_input(BenchmarkId::new("whole table", n), &n, |b, _| {

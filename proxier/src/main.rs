@@ -11,7 +11,7 @@ use kipvs_proxier::dataplane::host::kube_proxy::{HostKubeProxy, KubeProxyNode};
 use kipvs_proxier::dataplane::kernel::KernelDataplane;
 use kipvs_proxier::dataplane::kernel::preflight;
 use kipvs_proxier::dataplane::kernel::settings::{Kernel, KernelSettings};
-use kipvs_proxier::dataplane::nftables as nft;
+use kipvs_proxier::dataplane::nftables::runner::Nft;
 use kipvs_proxier::engine::observer::Observer;
 use kipvs_proxier::engine::planner::{NodeIdentity, Planner};
 use kipvs_proxier::engine::preview::Preview;
@@ -711,7 +711,7 @@ async fn connect_kernel() -> anyhow::Result<KernelDataplane> {
 /// ([`kipvs_proxier::dataplane::kernel::preflight`]): one error naming every missing one.
 async fn check_kernel() -> anyhow::Result<()> {
     let osrelease = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    preflight::check(&nft::Nft::default(), &osrelease).await?;
+    preflight::check(&Nft::default(), &osrelease).await?;
     tracing::info!(
         kernel = osrelease.trim(),
         "the kernel has what kipvs needs (IPVS, nftables)"

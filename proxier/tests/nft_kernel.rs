@@ -4,10 +4,12 @@
 //! package. Without them the tests say so and pass, unless `KIPVS_REQUIRE_NFT=1` (set by
 //! `hack/test.sh`) makes that a failure.
 
+use kipvs_proxier::dataplane::nftables::codec::{Transaction, transaction};
 use kipvs_proxier::dataplane::nftables::elements::{
     self as nft_elements, ElementsError, SetElements,
 };
-use kipvs_proxier::dataplane::nftables::{Nft, Transaction, rule_comments, transaction};
+use kipvs_proxier::dataplane::nftables::rules::rule_comments;
+use kipvs_proxier::dataplane::nftables::runner::Nft;
 use kipvs_proxier::model::{NftRules, Protocol, SetElement, VirtualServerKey};
 use std::collections::BTreeSet;
 

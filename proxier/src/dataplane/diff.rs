@@ -154,7 +154,7 @@ pub fn diff_scoped(
     expired_drains: &BTreeSet<(VirtualServerKey, SocketAddr)>,
 ) -> Vec<Op> {
     let rules_change =
-        nftables::rule_comments(&desired.nft_rules) != observed.nft_rule_comments.as_slice();
+        nftables::rules::rule_comments(&desired.nft_rules) != observed.nft_rule_comments.as_slice();
     // New hairpin elements go ahead of the real servers, in a transaction of their own, unless
     // the rules are (re)written: then the whole table is one transaction before the new
     // virtual servers anyway.

@@ -154,7 +154,9 @@ impl fmt::Display for Op {
         match self {
             Op::UnbindAddress(a) | Op::BindAddress(a) => write!(f, " address={a}"),
             Op::DeleteVirtualServer(vs) => write!(f, " vs=\"{vs}\""),
-            Op::WriteRules(rules) => write!(f, " rules={}", nftables::rule_comments(rules).len()),
+            Op::WriteRules(rules) => {
+                write!(f, " rules={}", nftables::rules::rule_comments(rules).len())
+            }
             Op::DeleteSetElement(e) | Op::AddSetElement(e) => write!(f, " element=\"{e}\""),
             Op::AddVirtualServer(vs, s) | Op::UpdateVirtualServer(vs, s) => {
                 write!(f, " vs=\"{vs}\" scheduler={}", s.scheduler)?;
@@ -171,9 +173,9 @@ impl fmt::Display for Op {
     }
 }
 
-/// The nftables ops among `ops` as one [`crate::dataplane::nftables::Transaction`] (the others are ignored).
-pub fn nft_transaction(ops: &[Op]) -> nftables::Transaction<'_> {
-    let mut tx = nftables::Transaction::default();
+/// The nftables ops among `ops` as one [`crate::dataplane::nftables::codec::Transaction`] (the others are ignored).
+pub fn nft_transaction(ops: &[Op]) -> nftables::codec::Transaction<'_> {
+    let mut tx = nftables::codec::Transaction::default();
     for op in ops {
         match op {
             Op::WriteRules(rules) => tx.rules = Some(rules),
@@ -215,7 +217,7 @@ impl From<&DesiredState> for ObservedState {
                 .collect(),
             bound_addresses: desired.bind_addresses.clone(),
             set_elements: desired.set_elements.clone(),
-            nft_rule_comments: nftables::rule_comments(&desired.nft_rules).to_vec(),
+            nft_rule_comments: nftables::rules::rule_comments(&desired.nft_rules).to_vec(),
         }
     }
 }
@@ -239,7 +241,7 @@ impl ObservedState {
                 self.bound_addresses.insert(*a);
             }
             Op::WriteRules(rules) => {
-                self.nft_rule_comments = nftables::rule_comments(rules).to_vec()
+                self.nft_rule_comments = nftables::rules::rule_comments(rules).to_vec()
             }
             // `nft add element` of a present element succeeds (the `create` of a present
             // `firewall-allow` interval is refused, and then counted as applied:
@@ -432,7 +434,7 @@ pub enum DataplaneError {
     NoInterface(String),
     /// An nftables transaction or listing failed.
     #[error("nftables: {0}")]
-    Nft(#[from] nftables::NftError),
+    Nft(#[from] nftables::runner::NftError),
     /// The nftables transaction this op was part of failed (the reason, once per op).
     #[error("nftables transaction: {0}")]
     NftTransaction(String),

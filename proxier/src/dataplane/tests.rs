@@ -376,7 +376,7 @@ fn arb_observed() -> impl Strategy<Value = ObservedState> {
             bound_addresses: bound,
             set_elements,
             nft_rule_comments: rules
-                .map(|r| nftables::rule_comments(&r).to_vec())
+                .map(|r| nftables::rules::rule_comments(&r).to_vec())
                 .unwrap_or_default(),
         })
 }
@@ -443,7 +443,7 @@ proptest! {
         let got = &fake.state;
         prop_assert_eq!(&got.bound_addresses, &d.bind_addresses);
         prop_assert_eq!(&got.set_elements, &d.set_elements);
-        prop_assert_eq!(got.nft_rule_comments.as_slice(), nftables::rule_comments(&d.nft_rules));
+        prop_assert_eq!(got.nft_rule_comments.as_slice(), nftables::rules::rule_comments(&d.nft_rules));
         for (k, dvs) in &d.virtual_servers {
             let gvs = &got.virtual_servers[k];
             prop_assert_eq!(&gvs.spec, &dvs.spec);

@@ -263,7 +263,7 @@ pub struct ObservedState {
     pub bound_addresses: BTreeSet<IpAddr>,
     /// Elements of kipvs's nftables sets.
     pub set_elements: BTreeSet<SetElement>,
-    /// Comments of the rules in kipvs's nftables table, in order ([`crate::dataplane::nftables::rule_comments`]):
+    /// Comments of the rules in kipvs's nftables table, in order ([`crate::dataplane::nftables::rules::rule_comments`]):
     /// empty without the table.
     pub nft_rule_comments: Vec<String>,
 }

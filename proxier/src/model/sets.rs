@@ -175,7 +175,7 @@ impl NftRules {
     }
 
     /// The rules' comments, computed by `encode` the first time they are asked for
-    /// ([`crate::dataplane::nftables::rule_comments`] is the one encoder).
+    /// ([`crate::dataplane::nftables::rules::rule_comments`] is the one encoder).
     pub fn comments_with(&self, encode: impl FnOnce(&NftRules) -> Vec<String>) -> &[String] {
         self.comments.get_or_init(|| encode(self))
     }

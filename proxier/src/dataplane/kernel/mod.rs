@@ -9,8 +9,9 @@ pub mod sysctl;
 
 use super::diff::{Ownership, diff};
 use super::{Dataplane, DataplaneError, NFT_STAGE, Op, OpFailure, isolate, nft_transaction};
+use crate::dataplane::nftables::codec as nft;
 use crate::dataplane::nftables::elements::{self as nft_elements, SetElements};
-use crate::dataplane::nftables::{self as nft, Nft};
+use crate::dataplane::nftables::runner::Nft;
 use crate::model::{
     DesiredState, ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol, SetElement,
     VirtualServerKey, VirtualServerSpec,

@@ -18,7 +18,8 @@
 //! chain and expression (loading modules as it would for real) and then aborts it
 //! (`NFNL_ABORT_VALIDATE`): nothing is written.
 
-use crate::dataplane::nftables::{self as nft, Nft, Transaction};
+use crate::dataplane::nftables::codec::{self as nft, Transaction};
+use crate::dataplane::nftables::runner::Nft;
 use crate::model::NftRules;
 
 /// One facility the kernel lacks.
@@ -112,6 +113,7 @@ fn checked_rules() -> NftRules {
 mod tests {
     use super::*;
     use crate::dataplane::host::program::Program;
+    use crate::dataplane::nftables::runner::NFT_TIMEOUT;
 
     /// An `nft` that prints `stderr` and fails, or succeeds when `stderr` is empty; the
     /// arguments it got are written to `args`.
@@ -131,7 +133,7 @@ mod tests {
             .unwrap();
         Nft::with_program(Program {
             name: path.to_string_lossy().into_owned(),
-            timeout: nft::NFT_TIMEOUT,
+            timeout: NFT_TIMEOUT,
         })
     }
 
@@ -168,7 +170,7 @@ mod tests {
     async fn a_missing_nft_is_named() {
         let nft = Nft::with_program(Program {
             name: "/nonexistent/nft".into(),
-            timeout: nft::NFT_TIMEOUT,
+            timeout: NFT_TIMEOUT,
         });
         let error = check(&nft, "6.1.0").await.unwrap_err();
         assert!(

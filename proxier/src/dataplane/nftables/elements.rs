@@ -5,19 +5,20 @@
 //! what `nft` itself sends). An `nft` run takes seconds on a loaded or emulated CPU (figures in
 //! docs/performance.md); a batch is one system call.
 //!
-//! The rules, the table and its sets stay with `nft -f` ([`super::transaction`]), and so do
+//! The rules, the table and its sets stay with `nft -f` ([`super::codec::transaction`]), and so do
 //! the interval elements of `firewall-allow` (a key range per element): [`batch`] answers `None`
 //! for a transaction it does not cover. The messages are built with `netlink-packet-netfilter`'s
 //! nftables types; the keys are encoded as `nft` encodes them (below), so `nft list` reads them
-//! back as the same elements ([`super::parse_element`]; proxier/tests/nft_kernel.rs).
+//! back as the same elements ([`super::codec::parse_element`]; proxier/tests/nft_kernel.rs).
 //!
 //! Key encoding (`nft`'s `netlink_gen_concat_data`): an address is 4 or 16 bytes in network
 //! order, a protocol 1 byte, a port 2 bytes in network order; inside a concatenation (`ip .
 //! proto . port`, `ip . ip`) every field is padded with zeros to a multiple of 4 bytes (one
 //! 32-bit register each); a lone port (`health-check-ports`) is 2 bytes.
 
+use super::codec::Transaction;
+use super::rules::TABLE;
 use crate::dataplane::kernel::batch;
-use crate::dataplane::nftables::{TABLE, Transaction};
 use crate::model::{Protocol, SetElement, VirtualServerKey};
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NetlinkMessage};
 use netlink_packet_netfilter::nftables::{
@@ -85,7 +86,7 @@ pub const ELEMENTS_PER_MESSAGE: usize = 1_000;
 pub const ELEMENTS_PER_BATCH: usize = 4_000;
 
 /// The nfnetlink batch of an element-only transaction: batch begin, the deletions then the
-/// additions (per set and verb, like [`super::transaction`], in messages of at most
+/// additions (per set and verb, like [`super::codec::transaction`], in messages of at most
 /// [`ELEMENTS_PER_MESSAGE`]), batch end; flags and sequence numbers are set when sent
 /// ([`SetElements::apply`]). `None` when `tx` rewrites the rules, holds more than
 /// [`ELEMENTS_PER_BATCH`] elements, or holds an element [`key`] does not encode: `nft -f`
