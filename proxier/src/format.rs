@@ -49,7 +49,7 @@ pub fn ipvsadm(desired: &DesiredState) -> String {
     });
     for key in services {
         let virtual_server = &desired.virtual_servers[key];
-        let service = format!("{} {}", key.protocol.ipvsadm_switch(), key.socket_addr());
+        let service = format!("{} {}", ipvsadm_switch(key.protocol), key.socket_addr());
         write_service_line(&mut out, &service, virtual_server);
         let real_servers = ipvsadm_sorted(virtual_server.real_servers.iter(), |(address, _)| {
             (0, address.ip(), address.port())
@@ -188,6 +188,15 @@ fn circular_start(values: &[u32]) -> u32 {
         start
     } else {
         0
+    }
+}
+
+/// The `ipvsadm` switch selecting this protocol: `-t`, `-u` or `--sctp-service`.
+fn ipvsadm_switch(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "-t",
+        Protocol::Udp => "-u",
+        Protocol::Sctp => "--sctp-service",
     }
 }
 

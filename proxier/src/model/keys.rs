@@ -20,26 +20,6 @@ pub enum Protocol {
     Sctp,
 }
 
-impl Protocol {
-    /// The `ipvsadm` switch selecting this protocol: `-t`, `-u` or `--sctp-service`.
-    pub fn ipvsadm_switch(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "-t",
-            Protocol::Udp => "-u",
-            Protocol::Sctp => "--sctp-service",
-        }
-    }
-
-    /// The protocol's lower-case name, as `nft` writes it: `tcp`, `udp` or `sctp`.
-    pub fn keyword(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Sctp => "sctp",
-        }
-    }
-}
-
 impl fmt::Display for Protocol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

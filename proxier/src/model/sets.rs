@@ -5,7 +5,6 @@
 use super::keys::VirtualServerKey;
 use ipnet::IpNet;
 use serde::Serialize;
-use std::fmt;
 use std::net::IpAddr;
 use std::sync::OnceLock;
 
@@ -39,22 +38,6 @@ pub enum SetElement {
 }
 
 impl SetElement {
-    /// The name of the set this element belongs to.
-    pub fn set_name(&self) -> &'static str {
-        let (v4, v6) = match self {
-            SetElement::ClusterIp(_) => ("cluster-ips", "cluster-ips-v6"),
-            SetElement::External(_) => ("external", "external-v6"),
-            SetElement::ExternalLocal(_) => ("external-local", "external-local-v6"),
-            SetElement::ExternalNoLocal(_) => ("external-no-local", "external-no-local-v6"),
-            SetElement::ServiceIp(_) => ("service-ips", "service-ips-v6"),
-            SetElement::Hairpin(_) => ("hairpin", "hairpin-v6"),
-            SetElement::Firewall(_) => ("firewall", "firewall-v6"),
-            SetElement::FirewallAllow(..) => ("firewall-allow", "firewall-allow-v6"),
-            SetElement::HealthCheckNodePort(_) => return "health-check-ports",
-        };
-        if self.is_ipv6() { v6 } else { v4 }
-    }
-
     /// The virtual server the element is derived from, if any: such an element belongs to
     /// whichever Service owns that virtual server, never to one that lost it in a conflict.
     pub fn virtual_server(&self) -> Option<VirtualServerKey> {
@@ -83,32 +66,6 @@ impl SetElement {
             SetElement::ServiceIp(ip) | SetElement::Hairpin(ip) => ip.is_ipv6(),
             SetElement::HealthCheckNodePort(_) => false,
         }
-    }
-}
-
-impl SetElement {
-    /// The element alone in `nft` syntax (`203.0.113.77 . tcp . 443`).
-    pub fn element_text(&self) -> String {
-        let key =
-            |k: &VirtualServerKey| format!("{} . {} . {}", k.address, k.protocol.keyword(), k.port);
-        match self {
-            SetElement::ClusterIp(k)
-            | SetElement::External(k)
-            | SetElement::ExternalLocal(k)
-            | SetElement::ExternalNoLocal(k)
-            | SetElement::Firewall(k) => key(k),
-            SetElement::FirewallAllow(k, net) => format!("{} . {net}", key(k)),
-            SetElement::ServiceIp(ip) => ip.to_string(),
-            SetElement::Hairpin(ip) => format!("{ip} . {ip}"),
-            SetElement::HealthCheckNodePort(port) => port.to_string(),
-        }
-    }
-}
-
-impl fmt::Display for SetElement {
-    /// `set { element }` (`external { 203.0.113.77 . tcp . 443 }`).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {{ {} }}", self.set_name(), self.element_text())
     }
 }
 

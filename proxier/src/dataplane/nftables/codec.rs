@@ -12,6 +12,7 @@ use nftables::schema::{
 use nftables::types::{NfChainPolicy, NfFamily};
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashSet};
+use std::fmt;
 use std::net::IpAddr;
 
 /// `element` as libnftables JSON (`"10.96.0.1"`, `{"concat": ["10.96.0.1", "tcp", 80]}`).
@@ -30,6 +31,32 @@ pub fn element_expr(element: &SetElement) -> Expression<'static> {
         SetElement::ServiceIp(ip) => address(ip),
         SetElement::Hairpin(ip) => concat(vec![address(ip), address(ip)]),
         SetElement::HealthCheckNodePort(port) => Expression::Number(port.into()),
+    }
+}
+
+impl SetElement {
+    /// The element alone in `nft` syntax (`203.0.113.77 . tcp . 443`).
+    pub fn element_text(&self) -> String {
+        let key =
+            |k: &VirtualServerKey| format!("{} . {} . {}", k.address, k.protocol.keyword(), k.port);
+        match self {
+            SetElement::ClusterIp(k)
+            | SetElement::External(k)
+            | SetElement::ExternalLocal(k)
+            | SetElement::ExternalNoLocal(k)
+            | SetElement::Firewall(k) => key(k),
+            SetElement::FirewallAllow(k, net) => format!("{} . {net}", key(k)),
+            SetElement::ServiceIp(ip) => ip.to_string(),
+            SetElement::Hairpin(ip) => format!("{ip} . {ip}"),
+            SetElement::HealthCheckNodePort(port) => port.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for SetElement {
+    /// `set { element }` (`external { 203.0.113.77 . tcp . 443 }`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {{ {} }}", self.set_name(), self.element_text())
     }
 }
 
@@ -275,7 +302,7 @@ impl<'de> serde::Deserialize<'de> for ListedSet {
         }
         impl<'de> Visitor<'de> for Elements<'_> {
             type Value = Vec<SetElement>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("set elements")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
@@ -289,7 +316,7 @@ impl<'de> serde::Deserialize<'de> for ListedSet {
         struct Fields;
         impl<'de> Visitor<'de> for Fields {
             type Value = ListedSet;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("an nft -j set")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ListedSet, A::Error> {
@@ -336,7 +363,7 @@ impl<'de> serde::Deserialize<'de> for Objects {
         struct Fold;
         impl<'de> serde::de::Visitor<'de> for Fold {
             type Value = Objects;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("the objects of an nft -j listing")
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(

@@ -2,7 +2,7 @@
 //! of an [`NftRules`], each identified by its comment ([`rule_comments`]), as values of the
 //! `nftables` crate; with the expression builders the codec shares.
 
-use crate::model::{LocalTraffic, NftRules, VirtualServerKey};
+use crate::model::{LocalTraffic, NftRules, Protocol, SetElement, VirtualServerKey};
 use ipnet::IpNet;
 use nftables::expr::{BinaryOperation, CT, Expression, Meta, MetaKey, NamedExpression};
 use nftables::expr::{Fib, FibFlag, FibResult};
@@ -501,6 +501,36 @@ pub const MAX_COMMENT: usize = 128;
 /// sync compares with it. Computed once per [`NftRules`] value.
 pub fn rule_comments(params: &NftRules) -> &[String] {
     params.comments_with(|p| p.rules().into_iter().map(|(_, c, _)| c).collect())
+}
+
+/// The nft names of the model's values: a set element's set, a protocol's keyword.
+impl SetElement {
+    /// The name of the set this element belongs to.
+    pub fn set_name(&self) -> &'static str {
+        let (v4, v6) = match self {
+            SetElement::ClusterIp(_) => ("cluster-ips", "cluster-ips-v6"),
+            SetElement::External(_) => ("external", "external-v6"),
+            SetElement::ExternalLocal(_) => ("external-local", "external-local-v6"),
+            SetElement::ExternalNoLocal(_) => ("external-no-local", "external-no-local-v6"),
+            SetElement::ServiceIp(_) => ("service-ips", "service-ips-v6"),
+            SetElement::Hairpin(_) => ("hairpin", "hairpin-v6"),
+            SetElement::Firewall(_) => ("firewall", "firewall-v6"),
+            SetElement::FirewallAllow(..) => ("firewall-allow", "firewall-allow-v6"),
+            SetElement::HealthCheckNodePort(_) => return "health-check-ports",
+        };
+        if self.is_ipv6() { v6 } else { v4 }
+    }
+}
+
+impl Protocol {
+    /// The protocol's lower-case name, as `nft` writes it: `tcp`, `udp` or `sctp`.
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
 }
 
 /// The sets: name, type, whether it holds intervals.
