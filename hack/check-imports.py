@@ -15,7 +15,11 @@ are left out: a test module is a leaf nothing imports. The crate roots (`lib.rs`
 The proxier adds its layers (ARCHITECTURE.md, "Proxier: folders"): `plan/` does not import
 `dataplane/`, `model/` imports nothing outside itself, and neither `plan/` nor `model/` names a
 Kubernetes crate (`k8s_openapi`, `kube`: the planning core reads only the domain values of
-`model/objects.rs`, converted at the store's boundary by `source/convert.rs`).
+`model/objects.rs`, converted at the store's boundary by `source/convert.rs`). `model/` holds no
+encoding: it names no crate of a kernel interface (`nftables`, `ipvs`, `rtnetlink`, `netlink_*`).
+In `dataplane/`, the pure side on top (`mod.rs`, `diff.rs`, `isolate.rs`, `fake.rs`) imports
+neither the real dataplane (`kernel/mod.rs`) nor `host/`, and `host/` (the node's tools and
+kube-proxy) imports nothing else of `dataplane/`.
 Usage: hack/check-imports.py [CRATE/src ...] [-v: print the edges between top-level modules]
 """
 import os
@@ -98,14 +102,20 @@ def under(base, paths):
     return [base + "::" + p if p else base for p in paths]
 
 
+KUBE_CRATES = ("k8s_openapi", "kube")
+# The crates a layer may be kept from naming: Kubernetes', and those of a kernel interface. A path
+# inside the crate (`crate::dataplane::nftables::...`, `super::nftables`) is not the crate.
+CRATES = r"(?<![\w:])(k8s_openapi|kube|nftables|ipvs|rtnetlink|netlink_\w+)::"
+
+
 def imports(root, mods):
-    """The edges (module, module it imports) and the (module, Kubernetes crate) pairs it names."""
-    edges, kube_crates = set(), set()
+    """The edges (module, module it imports) and the (module, crate of `CRATES`) pairs it names."""
+    edges, crates = set(), set()
     for name, path in mods.items():
         with open(os.path.join(root, path)) as f:
             lines = f.read().split("\n#[cfg(test)]")[0].splitlines()
             code = "\n".join(l for l in lines if not l.lstrip().startswith("//"))
-        kube_crates.update((name, m.group(1)) for m in re.finditer(r"\b(k8s_openapi|kube)::", code))
+        crates.update((name, m.group(1)) for m in re.finditer(CRATES, code))
         parent = name.rsplit("::", 1)[0] if "::" in name else None
         targets = [p for p in uses(code, r"\bcrate") if p]
         if parent:
@@ -117,7 +127,7 @@ def imports(root, mods):
         for t in filter(None, (resolve(mods, t) for t in targets)):
             if t != name:
                 edges.add((name, t))
-    return edges, kube_crates
+    return edges, crates
 
 
 def cycles(graph_edges):
@@ -142,12 +152,24 @@ def cycles(graph_edges):
 
 
 
-def proxier_layers(edges, kube_crates):
-    """The proxier's layers: plan/ below dataplane/, model/ closed, no Kubernetes crate in either."""
+DATAPLANE_PURE = ("dataplane", "dataplane::diff", "dataplane::isolate", "dataplane::fake")
+
+
+def proxier_layers(edges, crates):
+    """The proxier's layers: plan/ below dataplane/, model/ closed and without encoding, no
+    Kubernetes crate in either; in dataplane/, the pure side above the real dataplane and host/,
+    host/ at the bottom."""
     problems = [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "plan" and top(b) == "dataplane"]
     problems += [f"{a} imports {b}" for a, b in sorted(edges) if top(a) == "model" and top(b) != "model"]
-    problems += [f"{a} names the Kubernetes crate {c}" for a, c in sorted(kube_crates)
-                 if top(a) in ("plan", "model")]
+    problems += [f"{a} names the Kubernetes crate {c}" for a, c in sorted(crates)
+                 if top(a) in ("plan", "model") and c in KUBE_CRATES]
+    problems += [f"{a} names the kernel interface crate {c} (model/ holds no encoding)"
+                 for a, c in sorted(crates) if top(a) == "model" and c not in KUBE_CRATES]
+    host = lambda m: m == "dataplane::host" or m.startswith("dataplane::host::")
+    problems += [f"{a} (the pure side of dataplane/) imports {b}" for a, b in sorted(edges)
+                 if a in DATAPLANE_PURE and (b == "dataplane::kernel" or host(b))]
+    problems += [f"{a} (dataplane/host/) imports {b}" for a, b in sorted(edges)
+                 if host(a) and top(b) == "dataplane" and not host(b)]
     return problems
 
 
@@ -158,7 +180,7 @@ def check(src, verbose):
     """The problems of the crate whose sources are in `src`, printed with a summary line."""
     crate = os.path.basename(os.path.dirname(os.path.abspath(src)))
     mods = modules(src)
-    edges, kube_crates = imports(src, mods)
+    edges, crates = imports(src, mods)
     folders = {(top(a), top(b)) for a, b in edges if top(a) != top(b)}
     if verbose:
         for a, b in sorted(folders):
@@ -167,7 +189,7 @@ def check(src, verbose):
     problems = [f"file cycle: {' -> '.join(c)}" for c in file_cycles]
     problems += [f"top-level cycle: {' -> '.join(c)}" for c in cycles(folders)
                  if set(c) not in [set(f) for f in file_cycles]]
-    problems += LAYERS.get(crate, lambda *_: [])(edges, kube_crates)
+    problems += LAYERS.get(crate, lambda *_: [])(edges, crates)
     for p in problems:
         print(f"{crate}: {p}")
     print(f"{crate}: {len(mods)} modules, {len(edges)} imports between them: "

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The start-up check of the kernel (issue 34 item 8, proxier/src/dataplane/preflight.rs): a kernel that lacks a
+# The start-up check of the kernel (issue 34 item 8, proxier/src/dataplane/kernel/preflight.rs): a kernel that lacks a
 # facility kipvs needs (here: nft_masq unloaded, as on a kernel built without it) gets one error naming it before
 # anything is programmed; with the module back the check passes and the proxier programs.
 . /payload/tests/lib.sh

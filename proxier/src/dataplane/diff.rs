@@ -357,7 +357,7 @@ const PLACES: usize = 12;
 /// - its endpoint's `hairpin` element (a connection from that endpoint to its own Service that
 ///   IPVS balances onto itself is masqueraded only with it): new hairpin elements go first, in
 ///   a transaction of their own that holds elements only, so one nfnetlink batch
-///   ([`nft_elements`]: about a millisecond, no process);
+///   ([`crate::dataplane::nftables::elements`]: about a millisecond, no process);
 /// - the elements of its own virtual server (`cluster-ips`, `external`, `external-local`,
 ///   `firewall`, `firewall-allow`): while they change, e.g. `externalTrafficPolicy` Local →
 ///   Cluster adding remote endpoints that need the masquerade, its real servers wait for the
