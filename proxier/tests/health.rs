@@ -41,9 +41,12 @@ struct Proxier {
     addr: SocketAddr,
 }
 
+/// A proxier whose configuration has `timeout` as its health timeout (`ipvs.syncPeriod` is half
+/// of it) and `KubeProxyDrainingTerminatingNodes` set to `gate`; the health learns both from the
+/// engine, as in `kipvs-proxier run`.
 fn proxier(timeout: Duration, gate: bool) -> Proxier {
     let metrics = Metrics::new();
-    let health = ProxyHealth::new(timeout, gate);
+    let health = ProxyHealth::default();
     let ports = ServiceHealthServers::new(health.clone(), vec!["127.0.0.1".parse().unwrap()]);
     let observers: Vec<Arc<dyn Observer>> = vec![
         Arc::new(health.clone()),
@@ -61,7 +64,15 @@ fn proxier(timeout: Duration, gate: bool) -> Proxier {
         name: NODE.into(),
         node_ips: vec![],
     };
-    let planner = Planner::new(identity, ProxierConfiguration::default());
+    let mut config = ProxierConfiguration::default();
+    config.ipvs.sync_period = timeout / 2;
+    config.feature_gates.insert(
+        kipvs_crds::Gate::KubeProxyDrainingTerminatingNodes
+            .name()
+            .into(),
+        gate,
+    );
+    let planner = Planner::new(identity, config);
     let engine =
         Engine::new(handle.clone(), planner, FakeDataplane::default()).observed_by(observer);
     Proxier {

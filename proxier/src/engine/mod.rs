@@ -217,8 +217,11 @@ impl<D: Dataplane> Engine<D> {
     }
 
     /// The same engine, telling `observer` about every sync and configuration change (and the
-    /// store changes it takes). The source handle's observer should be the same one.
+    /// store changes it takes), starting with the configuration it plans with now
+    /// ([`Observer::config_changed`]): the engine alone tells observers the configuration. The
+    /// source handle's observer should be the same one.
     pub fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
+        observer.config_changed(self.planner.config());
         self.observer = observer;
         self
     }
@@ -978,6 +981,32 @@ ports: [{name: http, port: 8080, protocol: TCP}]
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+
+    /// The engine alone tells observers the configuration: the one it starts with as soon as
+    /// it is observed (the health servers take their staleness timeout and node gate from it).
+    #[test]
+    fn an_observer_hears_the_configuration_the_engine_starts_with() {
+        #[derive(Default)]
+        struct Heard(std::sync::Mutex<Vec<ProxierConfiguration>>);
+        impl crate::source::StoreObserver for Heard {}
+        impl Observer for Heard {
+            fn config_changed(&self, config: &ProxierConfiguration) {
+                self.0.lock().unwrap().push(config.clone());
+            }
+        }
+        let m = Manifests::new("observed", WEB);
+        let mut config = ProxierConfiguration::default();
+        config.ipvs.sync_period = Duration::from_secs(7);
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let planner = Planner::new(identity, config.clone());
+        let heard = Arc::new(Heard::default());
+        let _engine = Engine::new(m.handle.clone(), planner, FakeDataplane::default())
+            .observed_by(heard.clone());
+        assert_eq!(*heard.0.lock().unwrap(), [config]);
     }
 
     #[tokio::test]

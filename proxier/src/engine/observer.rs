@@ -19,8 +19,10 @@ use tokio::time::Instant;
 pub trait Observer: StoreObserver {
     /// The engine finished a sync (successful or not).
     fn sync_finished(&self, _outcome: &SyncOutcome<'_>) {}
-    /// The engine put a new configuration in force (a NodeProxyConfig revision applied live,
-    /// see [`crate::source::node_config`]); the next sync is the first with it.
+    /// The configuration in force: the one the engine starts with, told when the observer is
+    /// attached ([`super::Engine::observed_by`]), then each new one it puts in force (a
+    /// NodeProxyConfig revision applied live, see [`crate::source::node_config`]); the next
+    /// sync is the first with it.
     fn config_changed(&self, _config: &ProxierConfiguration) {}
     /// The configuration put in force left out these settings (paths such as
     /// `ipvs.newSetting`): a newer kipvs wrote them and this version does not know them.

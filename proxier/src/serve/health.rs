@@ -415,6 +415,16 @@ impl Observer for ProxyHealth {
     }
 }
 
+impl Default for ProxyHealth {
+    /// Health for the default configuration, until the engine tells it the one in force
+    /// ([`Observer::config_changed`], first when the engine is built).
+    fn default() -> Self {
+        let health = ProxyHealth::new(Duration::ZERO, false);
+        health.config_changed(&ProxierConfiguration::default());
+        health
+    }
+}
+
 /// A JSON answer with kube-proxy's headers.
 fn json_reply(code: StatusCode, body: &impl Serialize) -> Response {
     let json = serde_json::to_string(body).expect("health bodies serialize");
