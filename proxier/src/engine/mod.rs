@@ -35,6 +35,7 @@ use std::time::{Duration, SystemTime};
 use syncer::{SyncReport, Syncer};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// How soon a sync that could not observe the dataplane is first retried; the delay doubles
 /// while it keeps failing, up to `ipvs.syncPeriod`. (Failed ops are retried per entry:
@@ -123,7 +124,11 @@ impl Observing {
     fn start<D: Dataplane>(syncer: &mut Syncer<D>) -> Self {
         Observing {
             started: Instant::now(),
-            read: tokio::spawn(syncer.begin_full()),
+            read: tokio::spawn(
+                syncer
+                    .begin_full()
+                    .instrument(tracing::info_span!("full_sync_read")),
+            ),
             done: None,
         }
     }

@@ -65,6 +65,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// How often a proxier that writes nothing looks again whether it may (kube-proxy stopped,
 /// kube-proxy synced, the configuration changed).
@@ -312,21 +313,24 @@ impl Takeover {
         }
         let (node, observer) = (self.node.clone(), observer.clone());
         let kubelet_chains = self.kubelet_chains();
-        self.removal = Some(tokio::spawn(async move {
-            let removal = remove_leftovers(&*node, kubelet_chains, &*observer);
-            match tokio::time::timeout(REMOVAL_DEADLINE, removal).await {
-                Ok(outcome) => outcome,
-                Err(_) => {
-                    let e = format!(
-                        "not done within {}s (retried after the next full sync)",
-                        REMOVAL_DEADLINE.as_secs()
-                    );
-                    tracing::warn!("removing kube-proxy's leftovers: {e}");
-                    observer.takeover(&TakeoverEvent::RemovalFailed(e));
-                    (false, false)
+        self.removal = Some(tokio::spawn(
+            async move {
+                let removal = remove_leftovers(&*node, kubelet_chains, &*observer);
+                match tokio::time::timeout(REMOVAL_DEADLINE, removal).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        let e = format!(
+                            "not done within {}s (retried after the next full sync)",
+                            REMOVAL_DEADLINE.as_secs()
+                        );
+                        tracing::warn!("removing kube-proxy's leftovers: {e}");
+                        observer.takeover(&TakeoverEvent::RemovalFailed(e));
+                        (false, false)
+                    }
                 }
             }
-        }));
+            .instrument(tracing::info_span!("kube_proxy_removal")),
+        ));
     }
 
     /// Waits for the removal in progress, and takes its outcome.

@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
+use tracing::Instrument;
 
 /// The gRPC service name that mirrors `/healthz` (the empty name mirrors `/livez`).
 pub const HEALTHZ_SERVICE: &str = "kipvs.io/healthz";
@@ -77,7 +78,7 @@ pub async fn serve(
     for (service, status) in statuses(&health) {
         reporter.set_service_status(service, status).await;
     }
-    let publisher = tokio::spawn(publish(health, reporter));
+    let publisher = tokio::spawn(publish(health, reporter).in_current_span());
     let result = tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)

@@ -50,6 +50,7 @@ use std::time::{Duration, SystemTime};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
+use tracing::Instrument;
 use warp::Filter;
 use warp::http::StatusCode;
 use warp::reply::{Reply, Response};
@@ -219,15 +220,18 @@ impl ProxyHealth {
     /// Tokio runtime).
     pub fn follow_sources(&self, mut lost_since: watch::Receiver<Option<Instant>>) {
         let health = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let since = *lost_since.borrow_and_update();
-                health.set_sources_lost(since);
-                if lost_since.changed().await.is_err() {
-                    return;
+        tokio::spawn(
+            async move {
+                loop {
+                    let since = *lost_since.borrow_and_update();
+                    health.set_sources_lost(since);
+                    if lost_since.changed().await.is_err() {
+                        return;
+                    }
                 }
             }
-        });
+            .instrument(tracing::info_span!("sources_contact")),
+        );
     }
 
     /// Whether the pod is Ready (`/readyz`, module documentation): live, programmed or
@@ -623,9 +627,11 @@ impl ServiceHealthServers {
                 Ok(listener) => {
                     let (close, closed) = oneshot::channel::<()>();
                     let routes = self.routes(port);
-                    tokio::spawn(serve(listener, routes, async {
+                    let server = serve(listener, routes, async {
                         let _ = closed.await;
-                    }));
+                    });
+                    let span = tracing::info_span!("server", what = "health-check node port", port);
+                    tokio::spawn(server.instrument(span));
                     return Ok(close);
                 }
                 Err(e) => last = e,

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// kube-proxy's healthz address (`healthzBindAddress` default `0.0.0.0:10256`), probed on the
 /// loopback.
@@ -247,20 +248,23 @@ impl KubeProxyApi {
         let (pods, writer) = reflector::store();
         let api = Api::<Pod>::namespaced(client.clone(), namespace);
         let stream = reflector(writer, watcher(api, config)).default_backoff();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            let mut failing = false;
-            while let Some(event) = stream.next().await {
-                match event {
-                    Err(e) if !failing => {
-                        failing = true;
-                        tracing::warn!("kube-proxy's pods on this node cannot be watched: {e}");
+        tokio::spawn(
+            async move {
+                let mut stream = std::pin::pin!(stream);
+                let mut failing = false;
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::warn!("kube-proxy's pods on this node cannot be watched: {e}");
+                        }
+                        Err(_) => {}
+                        Ok(_) => failing = false,
                     }
-                    Err(_) => {}
-                    Ok(_) => failing = false,
                 }
             }
-        });
+            .instrument(tracing::info_span!("kube_proxy_pods", node)),
+        );
         KubeProxyApi {
             pods,
             configmaps: Api::namespaced(client, namespace),

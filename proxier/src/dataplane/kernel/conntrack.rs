@@ -45,6 +45,7 @@ use netlink_proto::sys::SocketAddr as NetlinkAddr;
 use netlink_proto::sys::protocols::NETLINK_NETFILTER;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
+use tracing::Instrument;
 
 /// A UDP conntrack entry: what [`stale`] needs to judge it and what deleting it takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -368,7 +369,7 @@ impl Conntrack {
     fn with_socket(opened: std::io::Result<Opened>) -> Conntrack {
         let handle = opened
             .map(|(connection, handle, _)| {
-                tokio::spawn(connection);
+                tokio::spawn(connection.instrument(tracing::info_span!("ctnetlink")));
                 handle
             })
             .map_err(|e| e.to_string());

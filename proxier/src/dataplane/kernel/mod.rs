@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use tracing::Instrument;
 
 /// The dummy interface holding every ClusterIP, externalIP and VIP-mode load-balancer IP, as
 /// in kube-proxy (`netlink_linux.go`). It is created if missing and, like upstream, left DOWN
@@ -92,7 +93,7 @@ impl KernelDataplane {
             context: "rtnetlink socket".into(),
             source,
         })?;
-        tokio::spawn(conn);
+        tokio::spawn(conn.instrument(tracing::info_span!("rtnetlink")));
         let link_index = ensure_dummy(&rtnl).await?;
         let batcher = |protocol, context: &str| {
             Batcher::open(protocol).map_err(|source| DataplaneError::Io {
