@@ -4,7 +4,9 @@
 # mode in the VM with Debian's iptables (legacy) and ipset (hack/vm/kube-proxy-userland.sh), then the proxier
 # image's kipvs-proxier, both against that apiserver; driven through the end to end's guest agent
 # (tests/vm/e2e/agent.sh, hack/lib/e2e.sh) under its load (25 new TCP connections/s and 5 UDP queries/s to the
-# ClusterIP, 4 long-lived TCP connections). The switch is driven as the operator drives it: through the node's
+# ClusterIP, 4 long-lived TCP connections; the TCP share alternates between the ClusterIP and the NodePort on a second
+# local address of the node, 192.168.100.10, a keepalived-style VIP that kube-proxy serves NodePorts on as on every
+# local address, and that kipvs keeps answering through every switch). The switch is driven as the operator drives it: through the node's
 # NodeProxyConfig (spec.config.serviceProxy, status.serviceProxy), with kube-proxy started and stopped where the
 # node label kipvs.io/service-proxy would start and stop its pod. kube-proxy's configuration (feature gates) and
 # the chains and sets it must have made are keyed on its release (hack/control-plane.sh version).
@@ -151,7 +153,7 @@ never_programmed() { ! programmed; }
 probe_rounds() { # probe_rounds N: N rounds of a request to every address of web; prints how many failed
   local i target a failed=0
   for i in $(seq "$1"); do
-    for target in "tcp $CIP" "udp $CIP" "tcp 192.168.100.1:30080" "tcp $VIP:80"; do
+    for target in "tcp $CIP" "udp $CIP" "tcp 192.168.100.1:30080" "tcp $SECOND:30080" "tcp $VIP:80"; do
       a=$(agent probe $target 2>&1) || true
       grep -qx 'be-[123]' <<<"$a" || failed=$((failed + 1))
     done
@@ -180,9 +182,11 @@ WAIT_STEP=1 wait_for 900 "the guest agent" agent_up || { tail -n 40 "$STATE/vm.l
 say "guest agent up after $(( $(date +%s) - t )) s"
 for i in 1 2 3; do must pod "be-$i" "$(pod_ip "$i")"; done
 CIP=10.96.0.80:80
+SECOND=192.168.100.10 # a second local address (a keepalived VIP): NodePorts on it, by kube-proxy's and kipvs's default
+must vip-add $SECOND
 probes() { # every address of web answers a client request
   local target a
-  for target in "tcp $CIP" "udp $CIP" "tcp 192.168.100.1:30080" "tcp $VIP:80"; do
+  for target in "tcp $CIP" "udp $CIP" "tcp 192.168.100.1:30080" "tcp $SECOND:30080" "tcp $VIP:80"; do
     a=$(agent probe $target 2>&1) || true
     check "$1: ${target/ /: } answered by a backend ($a)" grep -qx 'be-[123]' <<<"$a"
   done
@@ -208,7 +212,7 @@ must proxier-stop
 must kube-proxy-cleanup
 k delete nodeproxyconfig test-node > /dev/null
 kp_configmap config.yaml
-say "  iptables-mode kube-proxy: refused, never programmed; $IPT_FAILED of 20 requests failed (kube-proxy's own iptables rules)"
+say "  iptables-mode kube-proxy: refused, never programmed; $IPT_FAILED of 25 requests failed (kube-proxy's own iptables rules)"
 fi
 
 # ---- 1. kube-proxy alone -----------------------------------------------------------------------------------
@@ -241,7 +245,7 @@ else
 fi
 probes "kube-proxy"
 FIG=()
-must load-start $CIP $CIP
+must load-start $CIP $CIP $SECOND:30080
 long_opened() { [ "$(field "$(stats)" long_opened)" = 4 ]; }
 wait_for 30 "the load's 4 long-lived connections" long_opened || bad "the load's long-lived connections did not open"
 begin "kube-proxy (10 s)"
@@ -434,7 +438,7 @@ echo "=== takeover from kube-proxy $K8S (IPVS) under load: requests sent / faile
 printf '  %s\n' "${FIG[@]}"
 echo "  established IPVS entries from before the switch still present: takeover $KEPT of $SAVED, handback ${KEPT3:-n/a} of ${SAVED3:-n/a}, takeover again ${KEPT4:-n/a} of ${SAVED4:-n/a}, kube-proxy --cleanup $KEPT2 of $SAVED2"
 echo "  kernel ops: takeover ${OPS1:-none}; handback ${OPS3:-n/a}; takeover again ${OPS4:-n/a}"
-[ "$SCENARIOS" != 1 ] || echo "  iptables-mode kube-proxy: refused, never programmed, ${IPT_FAILED:-n/a} of 20 requests failed; DaemonSet re-applied: inet kipvs deleted ${CLEARED:-n/a} s after kube-proxy started"
+[ "$SCENARIOS" != 1 ] || echo "  iptables-mode kube-proxy: refused, never programmed, ${IPT_FAILED:-n/a} of 25 requests failed; DaemonSet re-applied: inet kipvs deleted ${CLEARED:-n/a} s after kube-proxy started"
 echo "  switch times: kube-proxy stopped -> its rules removed $TOOK s, Programming $TOOKP s; kube-proxy started -> HandedBack ${HANDED:-n/a} s; kube-proxy stopped -> Programming again ${TOOK4:-n/a} s"
 echo "  kube-proxy chains and sets: before $(grep -c . "$STATE/leftovers.kube-proxy") ($(grep -c '^chain' "$STATE/leftovers.kube-proxy") chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets), after the takeover $LEFT, after the takeover again ${LEFT4:-n/a}"
 echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"

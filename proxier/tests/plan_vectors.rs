@@ -5,10 +5,11 @@
 //! A case holds:
 //! - `input.yaml`: Services, EndpointSlices and Nodes (read with [`manifests::load`]). It starts
 //!   with comments naming the upstream kube-proxy test it mirrors and where kipvs's semantics
-//!   differ. The node is `test-node`; its IPs come from a `# node-ips: a, b` comment, else from
-//!   the InternalIP addresses of a Node named `test-node` in the input, else there are none.
-//!   Addresses on the node's other interfaces (not bound on `kube-ipvs0`) come from a
-//!   `# other-interface-addresses: a, b` comment; none without it.
+//!   differ. The node is `test-node`. Addresses on its interfaces but `kube-ipvs0` come from a
+//!   `# other-interface-addresses: a, b` comment; none without it. Its IPs (the NodePort
+//!   candidates) come from a `# node-ips: a, b` comment, as `--node-ip` gives them; else they
+//!   are the InternalIP addresses of a Node named `test-node` in the input and those other
+//!   addresses ([`plan::node_addresses`]).
 //! - `config.yaml` (optional): the [`ProxierConfiguration`]; defaults otherwise.
 //! - `expected.ipvsadm`: the `ipvsadm -Sn` rules ([`format::ipvsadm`]).
 //! - `expected.bind`: addresses bound on `kube-ipvs0`, one per line.
@@ -125,11 +126,13 @@ fn run_case(dir: &Path) -> Outcome {
         .map(|slice| convert::slice(slice, &mut strings))
         .collect();
     let node = snapshot.node(NODE_NAME).map(convert::node);
-    let node_ips = addresses_comment(&input, "node-ips")
-        .or_else(|| node.as_ref().map(|node| node.internal_ips.clone()))
-        .unwrap_or_default();
     let other_interface_addresses =
         addresses_comment(&input, "other-interface-addresses").unwrap_or_default();
+    let node_ips = plan::node_addresses(
+        &addresses_comment(&input, "node-ips").unwrap_or_default(),
+        node.as_ref(),
+        &other_interface_addresses.iter().copied().collect(),
+    );
 
     let Plan {
         desired,

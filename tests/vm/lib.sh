@@ -32,7 +32,10 @@ finish() { # the one result line per test that hack/test-vm.sh looks for
 indent() { sed 's/^/    /'; }
 
 # ---- the proxier -------------------------------------------------------------------------------
-plan() { "$KIPVS" plan --node "$NODE" --manifests "$M" "$@"; }
+# the node's addresses on every interface but kube-ipvs0, as `kipvs-proxier run` reads them (NodePorts listen on
+# them: 192.168.100.1 and the pods' gateway 10.244.0.1, as kube-proxy IPVS; the proxier skips loopback, fe80::)
+local_addresses() { ip -o addr show | awk '$2 != "kube-ipvs0" { sub(/\/.*/, "", $4); print $4 }' | sort -u; }
+plan() { "$KIPVS" plan --node "$NODE" --manifests "$M" $(local_addresses | sed 's/^/--local-address /') "$@"; }
 # bind addresses from `plan --format json` ("bind_addresses": [...], camelCase accepted too), one per
 # line, prefix length dropped
 plan_bind() {

@@ -35,7 +35,8 @@ pub struct SourceArgs {
     /// KubeProxyConfiguration (its ConfigMap's config.conf). Defaults apply without it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Node IP for NodePort virtual servers (repeatable); default: the Node's InternalIPs.
+    /// Node IP for NodePort virtual servers (repeatable); default: the Node's InternalIPs and
+    /// every address on the node's interfaces but kube-ipvs0.
     #[arg(long = "node-ip")]
     pub node_ips: Vec<IpAddr>,
 }
@@ -158,6 +159,11 @@ pub enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "ipvsadm")]
         format: Format,
+        /// An address on one of the node's interfaces but kube-ipvs0 (repeatable), as `run`
+        /// reads them from the kernel: NodePorts listen on it too (unless --node-ip), and an
+        /// externalIP or load-balancer IP on it is not bound on kube-ipvs0.
+        #[arg(long = "local-address")]
+        local_addresses: Vec<IpAddr>,
     },
     /// Compare the desired IPVS state with the kernel's, by Service (desired and kernel
     /// weights, connection counts, and what the kernel has that no Service wants).

@@ -13,7 +13,11 @@ use args::{Cli, Command};
 /// The command's own, as each documents.
 pub async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Plan { source, format } => oneshot::plan(&source, format),
+        Command::Plan {
+            source,
+            format,
+            local_addresses,
+        } => oneshot::plan(&source, format, local_addresses.into_iter().collect()),
         Command::Inspect {
             source,
             api,

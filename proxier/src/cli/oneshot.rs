@@ -27,12 +27,14 @@ use tracing::Instrument;
 /// How long `inspect` waits for the API server's lists.
 const INSPECT_LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The desired state for `args`: from the manifests, or listed from the Kubernetes API.
+/// The desired state for `args` (from the manifests, or listed from the Kubernetes API) on a
+/// node with these addresses on other interfaces than `kube-ipvs0`.
 async fn desired_state(
     args: &SourceArgs,
     api: &ApiArgs,
+    other_interface_addresses: BTreeSet<IpAddr>,
 ) -> anyhow::Result<kipvs_proxier::model::DesiredState> {
-    Ok(planned(args, api, BTreeSet::new())
+    Ok(planned(args, api, other_interface_addresses)
         .await?
         .0
         .desired()
@@ -75,8 +77,13 @@ async fn planned(
     Ok((planner, kubelet_version))
 }
 
-/// `plan`: the desired state of the manifests, printed in `format`.
-pub fn plan(args: &SourceArgs, format: Format) -> anyhow::Result<()> {
+/// `plan`: the desired state of the manifests on a node with `local_addresses` on its
+/// interfaces but `kube-ipvs0`, printed in `format`.
+pub fn plan(
+    args: &SourceArgs,
+    format: Format,
+    local_addresses: BTreeSet<IpAddr>,
+) -> anyhow::Result<()> {
     let local = load_config(args.config.as_deref())?;
     let handle = SourceHandle::default();
     let (assigned_tx, assigned) = watch::channel(Assigned::Unknown);
@@ -93,6 +100,7 @@ pub fn plan(args: &SourceArgs, format: Format) -> anyhow::Result<()> {
         _ => local,
     };
     let mut planner = Planner::new(identity(args), config);
+    planner.set_other_interface_addresses(local_addresses);
     handle.with_store(|store| planner.replan(store));
     let plan = planner.plan();
     let text = match format {
@@ -111,10 +119,16 @@ pub async fn inspect(
     format: InspectFormat,
     dataplane: DataplaneKind,
 ) -> anyhow::Result<()> {
-    let desired = desired_state(args, api).await?;
-    let observed = match dataplane {
-        DataplaneKind::Kernel => connect_kernel().await?.observe().await?,
-        DataplaneKind::Fake => Default::default(),
+    let (desired, observed) = match dataplane {
+        DataplaneKind::Kernel => {
+            let mut kernel = connect_kernel().await?;
+            let local = kernel.other_interface_addresses().await?;
+            (desired_state(args, api, local).await?, kernel.observe().await?)
+        }
+        DataplaneKind::Fake => (
+            desired_state(args, api, BTreeSet::new()).await?,
+            Default::default(),
+        ),
     };
     let inspection = inspect::inspect(&desired, &observed);
     match format {

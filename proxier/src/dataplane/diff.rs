@@ -18,7 +18,8 @@ use std::ops::RangeInclusive;
 /// A virtual server is owned when its address is bound on `kube-ipvs0`, or is about to be
 /// (ClusterIPs, externalIPs, VIP-mode load-balancer IPs: only kipvs binds there; counting the
 /// addresses about to be bound keeps ownership stable across the sync that binds them), when it
-/// is a NodePort virtual server (a node IP and a port in the node-port range), or when kipvs's
+/// is a NodePort virtual server (one of the node's addresses, `node_ips`: every local address
+/// unless `--node-ip` is given, and a port in the node-port range), or when kipvs's
 /// own nftables table names it (a `cluster-ips`, `external` or `external-local` element: kipvs
 /// adds one for every virtual server it creates, before creating it, and deletes it after the
 /// virtual server, so the record outlives a restart; it is what covers an externalIP or
@@ -27,21 +28,30 @@ use std::ops::RangeInclusive;
 /// rule). Owned virtual servers that are not desired are deleted; others are left alone even
 /// if they collide with nothing.
 ///
-/// A NodePort virtual server on a local address that is not a node IP (`local_addresses`) may
-/// be kube-proxy's: its default `nodePortAddresses` is every local address, kipvs's the node
-/// IPs. kipvs owns it, and drains it rather than deleting it outright ([`Ownership::drains`]):
+/// A NodePort virtual server on a local address that kipvs serves no NodePort on
+/// (`local_addresses` outside `node_port_ips`: loopback, IPv6 link-local, or what a
+/// `nodePortAddresses` narrower than kube-proxy's leaves out) may be kube-proxy's, whose
+/// default is every local address. kipvs owns it, and drains it rather than deleting it
+/// outright ([`Ownership::drains`]):
 /// its TCP real servers with connections go to weight 0 and stay until those end (or
 /// `ipvs.drainTimeout`), the virtual server goes with its last real server. It does so only
 /// when its port and protocol are in `kube_proxy_node_ports`, which the engine fills only
 /// during a takeover on a node where kube-proxy's state was found (kube-proxy ran, or its
-/// iptables rules or ipsets are there), with the NodePorts kipvs programs on the node IPs (and
-/// those already draining). Any other virtual server on a local address (keepalived's,
-/// `ipvsadm`'s, another load balancer's), whatever its port, is never touched: on a node that
-/// never ran kube-proxy, or with `--kube-proxy-takeover=false`, the set is empty.
+/// iptables rules or ipsets are there), with the NodePorts kipvs programs (and those already
+/// draining); on a node that never ran kube-proxy, or with `--kube-proxy-takeover=false`, the
+/// set is empty. A virtual server on a local address outside the node-port range
+/// (keepalived's, `ipvsadm`'s, another load balancer's) is never touched; so is one inside it
+/// on an address outside `node_ips` (with `--node-ip`).
 #[derive(Clone, Debug, Default)]
 pub struct Ownership {
-    /// The node IPs NodePort virtual servers are programmed on.
+    /// The node's addresses NodePort virtual servers may be programmed on, before
+    /// `nodePortAddresses` selects among them (`plan::node_addresses`): one of them with a
+    /// port in the NodePort range is kipvs's, so that a NodePort is deleted from an address
+    /// `nodePortAddresses` no longer selects.
     pub node_ips: BTreeSet<IpAddr>,
+    /// The addresses NodePort virtual servers are programmed on (`nodePortAddresses` applied
+    /// to `node_ips`).
+    pub node_port_ips: BTreeSet<IpAddr>,
     /// The NodePort range (kube-apiserver `--service-node-port-range`), from the configuration's
     /// `nodePortRange` only.
     pub node_port_range: Option<RangeInclusive<u16>>,
@@ -57,19 +67,22 @@ pub struct Ownership {
 }
 
 impl Ownership {
-    /// The ownership on a node with `node_ips` and `local_addresses` under `config` (its
-    /// `nodePortRange` and `ipvs.excludeCIDRs`), draining kube-proxy's `kube_proxy_node_ports`.
+    /// The ownership on a node with `node_ips`, `node_port_ips` and `local_addresses` under
+    /// `config` (its `nodePortRange` and `ipvs.excludeCIDRs`), draining kube-proxy's
+    /// `kube_proxy_node_ports`.
     ///
     /// # Errors
     /// `nodePortRange` or `ipvs.excludeCIDRs` do not parse.
     pub fn new(
         config: &ProxierConfiguration,
         node_ips: BTreeSet<IpAddr>,
+        node_port_ips: BTreeSet<IpAddr>,
         local_addresses: BTreeSet<IpAddr>,
         kube_proxy_node_ports: BTreeSet<(u16, Protocol)>,
     ) -> Result<Self, ConfigError> {
         Ok(Ownership {
             node_ips,
+            node_port_ips,
             node_port_range: Some(config.parsed_node_port_range()?),
             exclude_cidrs: config.ipvs.parsed_exclude_cidrs()?,
             local_addresses,
@@ -105,13 +118,13 @@ impl Ownership {
             .any(|element| observed.set_elements.contains(&element(*key)))
     }
 
-    /// Whether `key` is kube-proxy's NodePort virtual server on a local address that is not a
-    /// node IP (its port and protocol in `kube_proxy_node_ports`; see the type's docs), outside
-    /// `ipvs.excludeCIDRs`: when not desired it is drained, not deleted outright.
+    /// Whether `key` is kube-proxy's NodePort virtual server on a local address kipvs serves
+    /// no NodePort on (its port and protocol in `kube_proxy_node_ports`; see the type's docs),
+    /// outside `ipvs.excludeCIDRs`: when not desired it is drained, not deleted outright.
     pub fn drains(&self, key: &VirtualServerKey) -> bool {
         self.kube_proxy_node_ports
             .contains(&(key.port, key.protocol))
-            && !self.node_ips.contains(&key.address)
+            && !self.node_port_ips.contains(&key.address)
             && self.local_addresses.contains(&key.address)
             && self
                 .node_port_range

@@ -495,8 +495,10 @@ pub trait Dataplane {
         &mut self,
     ) -> impl Future<Output = Result<BTreeSet<SetElement>, DataplaneError>> + Send;
 
-    /// The node's addresses on every interface but `kube-ipvs0`: externalIPs and load-balancer
-    /// IPs among them are not bound on `kube-ipvs0` (kube-proxy's rule; kubernetes#88212).
+    /// The node's addresses on every interface but `kube-ipvs0` (the local one of a
+    /// point-to-point link): NodePorts are served on them (`plan::node_addresses`), and
+    /// externalIPs and load-balancer IPs among them are not bound on `kube-ipvs0` (kube-proxy's
+    /// rule; kubernetes#88212).
     fn other_interface_addresses(
         &mut self,
     ) -> impl Future<Output = Result<BTreeSet<IpAddr>, DataplaneError>> + Send;

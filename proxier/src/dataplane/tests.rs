@@ -201,6 +201,7 @@ fn foreign_virtual_servers_are_left_alone() {
     o.bound_addresses.insert("10.96.5.5".parse().unwrap());
     let ownership = Ownership {
         node_ips: ["192.168.1.5".parse().unwrap()].into(),
+        node_port_ips: ["192.168.1.5".parse().unwrap()].into(),
         node_port_range: Some(30000..=32767),
         exclude_cidrs: vec!["10.96.5.0/24".parse().unwrap()],
         ..Ownership::default()
@@ -433,6 +434,7 @@ proptest! {
     fn applying_the_diff_converges(d in arb_desired(), o in arb_observed()) {
         let ownership = Ownership {
             node_ips: ["192.168.1.5".parse().unwrap()].into(),
+            node_port_ips: ["192.168.1.5".parse().unwrap()].into(),
             node_port_range: Some(30000..=32767),
             exclude_cidrs: vec![],
             ..Ownership::default()
@@ -534,6 +536,7 @@ fn node_port_ownership_follows_the_configured_range() {
             .unwrap();
     let ownership = Ownership {
         node_ips: ["192.168.1.5".parse().unwrap()].into(),
+        node_port_ips: ["192.168.1.5".parse().unwrap()].into(),
         node_port_range: Some(config.parsed_node_port_range().unwrap()),
         exclude_cidrs: vec![],
         ..Ownership::default()

@@ -481,7 +481,7 @@ impl<D: Dataplane> Engine<D> {
             if takeover.found_kube_proxy() {
                 self.kube_proxy_node_ports = takeover::kube_proxy_node_ports(
                     self.planner.desired(),
-                    self.planner.node_ips(),
+                    self.planner.node_port_ips(),
                     self.syncer.drains(),
                 );
             }
@@ -577,16 +577,12 @@ impl<D: Dataplane> Engine<D> {
     /// before it is put in force; should it not parse, the last ownership stays) and the node's
     /// addresses.
     fn ownership(&self) -> Ownership {
-        Ownership::new(
-            self.planner.config(),
-            self.planner.node_ips().iter().copied().collect(),
-            self.planner.other_interface_addresses().clone(),
-            self.kube_proxy_node_ports.clone(),
-        )
-        .unwrap_or_else(|e| {
-            tracing::error!("ownership: {e}; the last one stays");
-            self.syncer.ownership.clone()
-        })
+        self.planner
+            .ownership(self.kube_proxy_node_ports.clone())
+            .unwrap_or_else(|e| {
+                tracing::error!("ownership: {e}; the last one stays");
+                self.syncer.ownership.clone()
+            })
     }
 
     /// Tells the observers how the sync of `touched` (`None`: the whole table; `full`: it

@@ -1,10 +1,11 @@
 //! Incremental planning: the plan of every Service kept in a [`DesiredIndex`], re-planned
 //! only where the store changed.
 
-use crate::model::DesiredState;
+use crate::dataplane::diff::Ownership;
+use crate::model::{DesiredState, Protocol};
 use crate::plan::{self, DesiredIndex, IndexBuilder, NoLocalEndpoints, Plan, PlanContext, Touched};
 use crate::source::store::Store;
-use kipvs_crds::config::ProxierConfiguration;
+use kipvs_crds::config::{ConfigError, ProxierConfiguration};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -13,7 +14,8 @@ use std::net::IpAddr;
 pub struct NodeIdentity {
     /// This node's name (endpoints with this `nodeName` are local).
     pub name: String,
-    /// Node IPs for NodePort virtual servers; empty means the Node's InternalIP addresses.
+    /// Node IPs for NodePort virtual servers (`--node-ip`); empty means the Node's InternalIP
+    /// addresses and every address on the node's interfaces ([`plan::node_addresses`]).
     pub node_ips: Vec<IpAddr>,
 }
 
@@ -24,7 +26,10 @@ pub struct Planner {
     identity: NodeIdentity,
     config: ProxierConfiguration,
     index: DesiredIndex,
+    /// The node's addresses of the last full plan ([`plan::node_addresses`]).
     node_ips: Vec<IpAddr>,
+    /// Those `nodePortAddresses` selects: NodePorts are served on them.
+    node_port_ips: BTreeSet<IpAddr>,
     other_addresses: BTreeSet<IpAddr>,
     /// IPVS schedulers of `kipvs.io/scheduler` annotations probed on this kernel.
     probed_schedulers: BTreeSet<String>,
@@ -50,6 +55,7 @@ impl Planner {
             config,
             index: DesiredIndex::default(),
             node_ips: Vec::new(),
+            node_port_ips: BTreeSet::new(),
             other_addresses: BTreeSet::new(),
             probed_schedulers: BTreeSet::new(),
             unavailable_schedulers: BTreeSet::new(),
@@ -90,9 +96,35 @@ impl Planner {
         self.replan_all = true;
     }
 
-    /// The node IPs of the last plan (NodePort virtual servers live on them).
+    /// The node's addresses of the last full plan, before `nodePortAddresses` selects among them
+    /// ([`plan::node_addresses`]): a virtual server on one of them with a port in the NodePort
+    /// range is kipvs's ([`Ownership`]).
     pub fn node_ips(&self) -> &[IpAddr] {
         &self.node_ips
+    }
+
+    /// The addresses NodePort virtual servers are served on ([`PlanContext::node_port_ips`]).
+    pub fn node_port_ips(&self) -> &BTreeSet<IpAddr> {
+        &self.node_port_ips
+    }
+
+    /// Which virtual servers the syncer may delete or drain under the configuration planned
+    /// with, on this node's addresses, draining kube-proxy's `kube_proxy_node_ports`
+    /// ([`Ownership`]).
+    ///
+    /// # Errors
+    /// The configuration's `nodePortRange` or `ipvs.excludeCIDRs` do not parse.
+    pub fn ownership(
+        &self,
+        kube_proxy_node_ports: BTreeSet<(u16, Protocol)>,
+    ) -> Result<Ownership, ConfigError> {
+        Ownership::new(
+            &self.config,
+            self.node_ips.iter().copied().collect(),
+            self.node_port_ips.clone(),
+            self.other_addresses.clone(),
+            kube_proxy_node_ports,
+        )
     }
 
     /// The node's addresses on interfaces other than `kube-ipvs0`, as last set.
@@ -100,8 +132,9 @@ impl Planner {
         &self.other_addresses
     }
 
-    /// Set the node's addresses on interfaces other than `kube-ipvs0` (externalIPs and
-    /// load-balancer IPs among them are not bound); a change re-plans every Service.
+    /// Set the node's addresses on interfaces other than `kube-ipvs0` (NodePorts are served on
+    /// them unless `--node-ip` is given, externalIPs and load-balancer IPs among them are not
+    /// bound); a change re-plans every Service.
     pub fn set_other_interface_addresses(&mut self, addresses: BTreeSet<IpAddr>) {
         if addresses != self.other_addresses {
             self.other_addresses = addresses;
@@ -150,15 +183,12 @@ impl Planner {
         // first change after start-up re-planned and synced everything again.
         let replan_all = std::mem::take(&mut self.replan_all);
         if dirty.all || replan_all {
-            self.node_ips = if self.identity.node_ips.is_empty() {
-                node.map(|node| node.internal_ips.clone())
-                    .unwrap_or_default()
-            } else {
-                self.identity.node_ips.clone()
-            };
+            self.node_ips =
+                plan::node_addresses(&self.identity.node_ips, node, &self.other_addresses);
         }
         let (context, problems) =
             PlanContext::new(&self.identity.name, node, &self.node_ips, &self.config);
+        self.node_port_ips = context.node_port_ips().iter().copied().collect();
         let context = context
             .with_other_interface_addresses(self.other_addresses.iter().copied())
             .with_unavailable_schedulers(&self.unavailable_schedulers);

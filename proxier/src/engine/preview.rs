@@ -15,7 +15,7 @@
 use super::planner::Planner;
 use super::takeover::kube_proxy_node_ports;
 use crate::dataplane::Op;
-use crate::dataplane::diff::{Ownership, diff};
+use crate::dataplane::diff::diff;
 use crate::dataplane::host::kube_proxy::Leftovers;
 use crate::model::{ObservedState, VirtualServerKey};
 use kipvs_crds::ConfigError;
@@ -54,7 +54,7 @@ impl Preview {
     /// being those under way), and `leftovers`.
     ///
     /// # Errors
-    /// The planner's configuration does not parse ([`Ownership::new`]).
+    /// The planner's configuration does not parse ([`Planner::ownership`]).
     pub fn of_switch(
         planner: &Planner,
         observed: &ObservedState,
@@ -63,16 +63,11 @@ impl Preview {
         leftovers: Leftovers,
     ) -> Result<Self, ConfigError> {
         let node_ports = if found_kube_proxy {
-            kube_proxy_node_ports(planner.desired(), planner.node_ips(), drains)
+            kube_proxy_node_ports(planner.desired(), planner.node_port_ips(), drains)
         } else {
             BTreeSet::new()
         };
-        let ownership = Ownership::new(
-            planner.config(),
-            planner.node_ips().iter().copied().collect(),
-            planner.other_interface_addresses().clone(),
-            node_ports,
-        )?;
+        let ownership = planner.ownership(node_ports)?;
         let ops = diff(planner.desired(), observed, &ownership);
         Ok(Preview::new(&ops, observed, leftovers))
     }

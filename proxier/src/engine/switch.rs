@@ -286,15 +286,15 @@ impl<D: Dataplane> Engine<D> {
         }
         let takeover = self.takeover.as_mut()?;
         takeover.take_outcome().await;
-        let (node_ips, local) = (
-            self.planner.node_ips(),
+        let (node_port_ips, local) = (
+            self.planner.node_port_ips(),
             self.planner.other_interface_addresses(),
         );
         let draining = self
             .syncer
             .drains()
             .keys()
-            .any(|(vs, _)| local.contains(&vs.address) && !node_ips.contains(&vs.address));
+            .any(|(vs, _)| local.contains(&vs.address) && !node_port_ips.contains(&vs.address));
         let done = takeover.done;
         if done && takeover.phase == Some(ServiceProxyPhase::TakingOver) && !draining {
             tracing::info!("takeover done: nothing of kube-proxy's is left");

@@ -903,6 +903,7 @@ mod tests {
         kernel.virtual_servers.insert(docker0, node_port);
         let ownership = Ownership {
             node_ips: ["192.168.1.5".parse().unwrap()].into(),
+            node_port_ips: ["192.168.1.5".parse().unwrap()].into(),
             node_port_range: Some(30000..=32767),
             local_addresses: [
                 "172.17.0.1".parse().unwrap(),

@@ -20,7 +20,8 @@
 //!    full sync
 //!    adopts kube-proxy's table as a restart adopts kipvs's own: what is wanted is kept or
 //!    edited in place (`dataplane::diff`), kube-proxy's NodePort virtual servers on addresses
-//!    that are not node IPs drain ([`Ownership::drains`]). Once a full sync has put
+//!    kipvs serves no NodePort on (loopback; what a narrower `nodePortAddresses` leaves out)
+//!    drain ([`Ownership::drains`]). Once a full sync has put
 //!    `inet kipvs` in place, kube-proxy's iptables jumps, chains and ipsets are removed
 //!    ([`Takeover::after_full_sync`], [`crate::plan::kube_proxy`] says which) in a task of
 //!    its own.
@@ -50,7 +51,6 @@ pub mod state;
 use super::observer::{Observer, TakeoverEvent};
 use super::syncer::SyncReport;
 use crate::dataplane::Op;
-use crate::dataplane::diff::Ownership;
 use crate::dataplane::host::kube_proxy::KubeProxyNode;
 use crate::dataplane::kernel::settings::KernelSettings;
 use crate::engine::planner::Planner;
@@ -84,26 +84,26 @@ pub const GATE_CHECK: Duration = Duration::from_secs(10);
 /// [`Engine::look_due`]: super::Engine::look_due
 pub const BACK_CHECK: Duration = Duration::from_secs(10);
 
-/// The NodePorts (port, protocol) whose virtual servers on other local addresses than the node
-/// IPs are kube-proxy's and drain ([`Ownership::kube_proxy_node_ports`]): those of the desired
-/// virtual servers on `node_ips` (kube-proxy programmed each NodePort on every local address),
-/// and those of the virtual servers that already drain on other addresses (so that a drain
-/// begun goes on after its Service is deleted). Cost: O(desired virtual servers).
+/// The NodePorts (port, protocol) whose virtual servers on local addresses kipvs serves no
+/// NodePort on are kube-proxy's and drain ([`Ownership::kube_proxy_node_ports`]): those of the
+/// desired virtual servers on `node_port_ips` (kube-proxy programmed each NodePort on every
+/// local address), and those of the virtual servers that already drain on other addresses (so
+/// that a drain begun goes on after its Service is deleted). Cost: O(desired virtual servers).
 ///
 /// [`Ownership::kube_proxy_node_ports`]: crate::dataplane::diff::Ownership::kube_proxy_node_ports
 pub fn kube_proxy_node_ports(
     desired: &DesiredState,
-    node_ips: &[IpAddr],
+    node_port_ips: &BTreeSet<IpAddr>,
     drains: &BTreeMap<(VirtualServerKey, SocketAddr), Instant>,
 ) -> BTreeSet<(u16, Protocol)> {
     let wanted = desired
         .virtual_servers
         .keys()
-        .filter(|key| node_ips.contains(&key.address));
+        .filter(|key| node_port_ips.contains(&key.address));
     let draining = drains
         .keys()
         .map(|(key, _)| key)
-        .filter(|key| !node_ips.contains(&key.address));
+        .filter(|key| !node_port_ips.contains(&key.address));
     wanted
         .chain(draining)
         .map(|key| (key.port, key.protocol))
@@ -112,20 +112,15 @@ pub fn kube_proxy_node_ports(
 
 /// Whether `observed` holds a drain of kube-proxy's NodePorts that a takeover began and a
 /// restart interrupted: a virtual server kube-proxy's NodePorts would drain on (a local address
-/// that is not a node IP, a NodePort kipvs programs on the node IPs, in the NodePort range,
+/// kipvs serves no NodePort on, a NodePort kipvs programs, in the NodePort range,
 /// outside `ipvs.excludeCIDRs`: [`Ownership::drains`]) whose real servers are all at weight 0,
 /// as the drain left them (kube-proxy programs weight 1). Cost: O(virtual servers).
 ///
 /// [`Ownership::drains`]: crate::dataplane::diff::Ownership::drains
 pub fn kube_proxy_drain_interrupted(planner: &Planner, observed: &ObservedState) -> bool {
-    let node_ports = kube_proxy_node_ports(planner.desired(), planner.node_ips(), &BTreeMap::new());
-    let ownership = Ownership::new(
-        planner.config(),
-        planner.node_ips().iter().copied().collect(),
-        planner.other_interface_addresses().clone(),
-        node_ports,
-    );
-    let Ok(ownership) = ownership else {
+    let node_ports =
+        kube_proxy_node_ports(planner.desired(), planner.node_port_ips(), &BTreeMap::new());
+    let Ok(ownership) = planner.ownership(node_ports) else {
         return false;
     };
     observed.virtual_servers.iter().any(|(key, vs)| {
@@ -593,6 +588,109 @@ mod tests {
                 Op::DeleteVirtualServer(vs(other, 30080))
             ],
             "kube-proxy ran: its NodePort drains, keepalived's 30081 stays"
+        );
+    }
+
+    /// Without `--node-ip`, NodePorts are served on every local address, as kube-proxy IPVS
+    /// serves them: a takeover adopts kube-proxy's NodePort virtual servers on a second address
+    /// (no delete, no drain: they keep answering), drains only those on loopback (which kipvs
+    /// does not serve), and an address that appears later (a keepalived VIP) gets the NodePorts
+    /// at the next full sync.
+    #[tokio::test(start_paused = true)]
+    async fn a_takeover_keeps_kube_proxys_node_ports_on_every_local_address() {
+        use crate::engine::tests::{Manifests, WEB};
+        use crate::model::{ObservedRealServer, ObservedState, ObservedVirtualServer, Protocol};
+        let node_port = WEB
+            .replace("READY", "true")
+            .replace(
+                "clusterIP: 10.96.0.20",
+                "type: NodePort\n  clusterIP: 10.96.0.20",
+            )
+            .replace("targetPort: 8080}", "targetPort: 8080, nodePort: 30080}")
+            + "---\napiVersion: v1\nkind: Node\nmetadata: {name: n1}\n\
+               status: {addresses: [{type: InternalIP, address: 192.168.1.5}]}\n";
+        let m = Manifests::new("kp-every-address", &node_port);
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let (node_ip, second, loopback, vip) = (
+            ip("192.168.1.5"),
+            ip("10.10.0.5"),
+            ip("127.0.0.1"),
+            ip("192.168.1.50"),
+        );
+        let vs = |address| VirtualServerKey {
+            address,
+            port: 30080,
+            protocol: Protocol::Tcp,
+        };
+        // kube-proxy's table: the NodePort on every local address, lo's included (1.20).
+        let mut kernel = ObservedState::default();
+        for address in [node_ip, second, loopback] {
+            let rs = ObservedRealServer {
+                weight: 1,
+                active_connections: 0,
+                inactive_connections: 0,
+            };
+            let ovs = ObservedVirtualServer {
+                spec: crate::model::VirtualServerSpec {
+                    scheduler: "rr".into(),
+                    persistence_timeout: None,
+                    sched_flags: Default::default(),
+                },
+                real_servers: [("10.244.1.2:8080".parse().unwrap(), rs)].into(),
+            };
+            kernel.virtual_servers.insert(vs(address), ovs);
+        }
+        let identity = NodeIdentity {
+            name: "n1".into(),
+            node_ips: vec![],
+        };
+        let planner = Planner::new(identity, ProxierConfiguration::default());
+        let mut dataplane = FakeDataplane::new(kernel);
+        dataplane.other_addresses = [node_ip, second, loopback].into();
+        let node = Arc::new(FakeNode::default());
+        let mut engine = Engine::new(m.handle.clone(), planner, dataplane)
+            .taking_over(fake_takeover(&node, true));
+        m.source.load_into(&m.handle, None).unwrap();
+        let report = engine.sync().await.unwrap();
+        // The IPVS ops on `address` (not the nftables elements: kipvs records its own).
+        let on = |ops: &[Op], address: IpAddr| -> Vec<Op> {
+            let address = address.to_string();
+            (ops.iter())
+                .filter(|op| !matches!(op, Op::AddSetElement(_) | Op::DeleteSetElement(_)))
+                .filter(|op| op.to_string().contains(&address))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(on(&report.ops, node_ip), [], "adopted as it is");
+        assert_eq!(on(&report.ops, second), [], "adopted as it is: no drain");
+        assert_eq!(
+            on(&report.ops, loopback),
+            [
+                Op::DeleteRealServer {
+                    vs: vs(loopback),
+                    rs: "10.244.1.2:8080".parse().unwrap()
+                },
+                Op::DeleteVirtualServer(vs(loopback))
+            ],
+            "loopback is not served: kube-proxy's NodePort there drains"
+        );
+        assert_eq!(
+            engine.planner().node_port_ips(),
+            &[node_ip, second].into(),
+            "every local address but loopback"
+        );
+        // A VIP comes up on an interface: served from the next full sync on.
+        engine.syncer.dataplane_mut().other_addresses.insert(vip);
+        tokio::time::advance(engine.planner().config().ipvs.sync_period).await;
+        let mut added = Vec::new();
+        for _ in 0..3 {
+            added.extend(on(&engine.sync().await.unwrap().ops, vip));
+        }
+        assert!(
+            added
+                .iter()
+                .any(|op| matches!(op, Op::AddVirtualServer(k, _) if *k == vs(vip))),
+            "{added:?}"
         );
     }
 

@@ -23,6 +23,33 @@ pub const SCHED_FLAG_MH_PORT: SchedFlags = 0x10;
 /// both schedulers (and `sh-port` never, as kube-proxy never does).
 pub const SCHED_FLAG_FALLBACK: SchedFlags = 0x08;
 
+/// The node's addresses, the candidates for NodePort virtual servers before
+/// `nodePortAddresses` selects among them ([`PlanContext::new`]): `explicit` (`--node-ip`)
+/// alone when given; else the Node's InternalIPs and every address on the node's interfaces but
+/// `kube-ipvs0` (`local`), sorted and without duplicates.
+///
+/// This is kube-proxy IPVS's default: with `nodePortAddresses` unset (a zero CIDR) it serves
+/// NodePorts on every LOCAL route of the local routing table but `kube-ipvs0`'s
+/// (`pkg/proxy/ipvs/proxier.go` `realIPGetter.NodeIPs`, `netlink_linux.go`
+/// `GetLocalAddresses`: second NICs, keepalived or kube-vip VIPs, `docker0`, `cni0`), and with
+/// CIDRs the interface addresses inside them (`pkg/proxy/util/utils.go` `GetNodeAddresses`).
+/// Of those, [`PlanContext::new`] then skips what kube-proxy skips (IPv6 link-local) and
+/// loopback, which kube-proxy 1.20 serves too (`127.0.0.1`: a deviation, see
+/// `tests/kube-proxy/deviations.yaml`). The InternalIPs are kept for a node whose addresses
+/// are not known (the `plan` command without `--local-address`).
+pub fn node_addresses(
+    explicit: &[IpAddr],
+    node: Option<&NodeInfo>,
+    local: &BTreeSet<IpAddr>,
+) -> Vec<IpAddr> {
+    if !explicit.is_empty() {
+        return explicit.to_vec();
+    }
+    let internal = node.map_or(&[][..], |node| &node.internal_ips);
+    let all: BTreeSet<IpAddr> = internal.iter().chain(local).copied().collect();
+    all.into_iter().collect()
+}
+
 /// What every Service plan shares: derived once per [`plan`](super::plan) from the node and configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanContext {
@@ -30,8 +57,9 @@ pub struct PlanContext {
     pub(super) node_name: String,
     /// This node's `topology.kubernetes.io/zone` label, if any.
     zone: Option<String>,
-    /// The addresses NodePorts are served on (`nodePortAddresses` applied to the node IPs),
-    /// also the node IPs whose own traffic a `loadBalancerSourceRanges` range may admit.
+    /// The addresses NodePorts are served on (`nodePortAddresses` applied to the node's
+    /// addresses, [`node_addresses`]), also the node IPs whose own traffic a
+    /// `loadBalancerSourceRanges` range may admit.
     pub(super) node_port_ips: Vec<IpAddr>,
     /// Addresses on the node's other interfaces: an externalIP or load-balancer IP among them
     /// is not bound on `kube-ipvs0`.
@@ -51,9 +79,10 @@ pub struct PlanContext {
 impl PlanContext {
     /// Derives the shared settings, reporting configuration problems.
     ///
-    /// NodePort addresses are the `node_ips` that `nodePortAddresses` selects, per IP family
-    /// as kube-proxy's `NewNodePortAddresses` and IPVS `syncProxyRules` do
-    /// (`pkg/proxy/util/nodeport_addresses.go`, `TestGetNodeAddresses`):
+    /// NodePort addresses are the `node_ips` (the node's addresses, [`node_addresses`]) that
+    /// `nodePortAddresses` selects, per IP family as kube-proxy's `NewNodePortAddresses` and
+    /// IPVS `syncProxyRules` do (`pkg/proxy/util/nodeport_addresses.go`,
+    /// `TestGetNodeAddresses`):
     /// - `"primary"` stands for the Node's primary IPs ([`NodeInfo::primary_ips`]) as `/32` and
     ///   `/128` CIDRs (`cmd/kube-proxy/app/server.go`); with the Node unknown it is a problem
     ///   and no NodePort virtual server is planned;

@@ -71,7 +71,7 @@ pub mod kube_proxy;
 mod outcome;
 mod service;
 
-pub use context::{PlanContext, SCHED_FLAG_FALLBACK, SCHED_FLAG_MH_PORT};
+pub use context::{PlanContext, SCHED_FLAG_FALLBACK, SCHED_FLAG_MH_PORT, node_addresses};
 pub use index::{DesiredIndex, IndexBuilder, ServiceKey, Touched};
 pub use outcome::{NoLocalEndpoints, Plan, Problem};
 pub use service::{ServicePlan, plan_service};
@@ -96,8 +96,7 @@ pub struct PlanInput<'a> {
     /// IPs for `nodePortAddresses: [primary]`).
     pub node: Option<&'a NodeInfo>,
     /// This node's IP addresses, the candidates for NodePort virtual servers (filtered by
-    /// `nodePortAddresses`; see [`PlanContext::new`]). The caller excludes `kube-ipvs0`
-    /// addresses.
+    /// `nodePortAddresses`; see [`PlanContext::new`]), as [`node_addresses`] gives them.
     pub node_ips: &'a [IpAddr],
     /// Addresses on this node's interfaces other than `kube-ipvs0` (kube-proxy's
     /// `nodeAddressSet`, `GetAllLocalAddressesExcept("kube-ipvs0")`): externalIPs and VIP-mode
@@ -276,6 +275,65 @@ mod tests {
                 .starts_with("ProxierConfiguration: nodePortAddresses: \"primary\" needs the Node"),
             "{}",
             problems[0]
+        );
+    }
+
+    /// The node's addresses: `--node-ip` alone when given, else the InternalIPs and every local
+    /// address (kube-proxy IPVS's `realIPGetter.NodeIPs`); with `nodePortAddresses` unset
+    /// NodePorts go on all of them but loopback and IPv6 link-local, with `primary` on the
+    /// Node's primary IPs only, with a CIDR on the local addresses inside it (a keepalived VIP).
+    #[test]
+    fn node_port_addresses_are_every_local_address_by_default() {
+        let node = NodeInfo {
+            internal_ips: ips(&["10.20.30.51"]),
+            primary_ips: ips(&["10.20.30.51"]),
+            ..Default::default()
+        };
+        let local: std::collections::BTreeSet<IpAddr> = ips(&[
+            "10.20.30.51",
+            "10.20.30.100", // a keepalived VIP on eth0
+            "127.0.0.1",
+            "172.17.0.1",  // docker0
+            "192.168.7.4", // a second NIC
+            "2001:db8::1",
+            "::1",
+            "fe80::200:ff:fe01:1",
+        ])
+        .into_iter()
+        .collect();
+        let explicit = ips(&["10.20.30.51"]);
+        assert_eq!(node_addresses(&explicit, Some(&node), &local), explicit);
+        let all = node_addresses(&[], Some(&node), &local);
+        assert_eq!(all, local.iter().copied().collect::<Vec<_>>());
+        assert_eq!(
+            node_addresses(&[], Some(&node), &Default::default()),
+            ips(&["10.20.30.51"]),
+            "addresses unknown: the InternalIPs"
+        );
+        let selected = |yaml: &str| {
+            let config = ProxierConfiguration::from_yaml_str(yaml).unwrap();
+            PlanContext::new("test-node", Some(&node), &all, &config)
+                .0
+                .node_port_ips()
+                .to_vec()
+        };
+        assert_eq!(
+            selected("{}"),
+            ips(&[
+                "10.20.30.51",
+                "10.20.30.100",
+                "172.17.0.1",
+                "192.168.7.4",
+                "2001:db8::1"
+            ])
+        );
+        assert_eq!(
+            selected("nodePortAddresses: [primary]"),
+            ips(&["10.20.30.51", "2001:db8::1"])
+        );
+        assert_eq!(
+            selected("nodePortAddresses: [10.20.30.100/32, \"::/0\"]"),
+            ips(&["10.20.30.100", "2001:db8::1"])
         );
     }
 

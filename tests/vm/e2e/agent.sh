@@ -16,8 +16,9 @@
 #                                 "absent" and it is gone, or "drained" and it is at weight 0 or gone
 #                                 (polling ipvsadm); prints the clock then; exit 1 on timeout
 #   probe tcp|udp IP:PORT         one request from the client netns; prints the answering pod
-#   load-start TCP UDP            e2e_traffic load from the client netns (25 connections/s, 5 datagrams/s,
-#                                 4 long-lived connections)
+#   vip-add IP                    IP/32 on vclient, the client's link: a second local address (a keepalived VIP)
+#   load-start TCP UDP [TCP2]     e2e_traffic load from the client netns (25 connections/s, 5 datagrams/s,
+#                                 4 long-lived connections; with TCP2, TCP and TCP2 take the TCP load in turn)
 #   load-stats                    its counters so far; load-stop stops it and prints the final ones
 #   load-log                      the load's log: failures, slow requests, pauses (with wall-clock times)
 #   log [N]                       the proxier log's last N lines
@@ -80,9 +81,10 @@ case $cmd in
     done
     echo "timed out: $proto $vs $rs is '${w:-absent}', want $want"; exit 1 ;;
   probe) in_client "$TRAFFIC" probe "$1" "$2" ;;
+  vip-add) /sbin/ip addr add "$1/32" dev vclient ;;
   load-start)
     rm -f "$W/load.stop" "$W/load.stats"
-    nsenter --net=/run/netns/client setsid "$TRAFFIC" load --tcp "$1" --udp "$2" --rate 25 --udp-rate 5 --long 4 \
+    nsenter --net=/run/netns/client setsid "$TRAFFIC" load --tcp "$1" ${3:+--tcp "$3"} --udp "$2" --rate 25 --udp-rate 5 --long 4 \
       --stats "$W/load.stats" --stop "$W/load.stop" < /dev/null > /dev/null 2> "$W/load.log" &
     echo $! > "$W/load.pid"
     wait_for 10 "the load's first stats" test -s "$W/load.stats" || exit 1

@@ -139,6 +139,7 @@ impl KernelDataplane {
         let observed = self.observe().await?;
         let ownership = Ownership {
             node_ips: self.other_interface_addresses().await?,
+            node_port_ips: BTreeSet::new(),
             node_port_range: Some(node_port_range),
             exclude_cidrs,
             // Every local address counts as a node IP here: deleted, not drained.
@@ -352,11 +353,17 @@ impl Dataplane for KernelDataplane {
             if msg.header.index == self.link_index {
                 continue;
             }
-            for attr in &msg.attributes {
-                if let AddressAttribute::Address(a) = attr {
-                    out.insert(*a);
-                }
-            }
+            // IFA_LOCAL is the node's own address; IFA_ADDRESS is the peer's on a
+            // point-to-point link (and equal to IFA_LOCAL elsewhere; IPv6 has only it).
+            let local = msg.attributes.iter().find_map(|attr| match attr {
+                AddressAttribute::Local(a) => Some(*a),
+                _ => None,
+            });
+            let address = msg.attributes.iter().find_map(|attr| match attr {
+                AddressAttribute::Address(a) => Some(*a),
+                _ => None,
+            });
+            out.extend(local.or(address));
         }
         Ok(out)
     }
@@ -547,11 +554,17 @@ impl Reader {
             if msg.header.index != self.link_index {
                 continue;
             }
-            for attr in &msg.attributes {
-                if let AddressAttribute::Address(a) = attr {
-                    out.insert(*a);
-                }
-            }
+            // IFA_LOCAL is the node's own address; IFA_ADDRESS is the peer's on a
+            // point-to-point link (and equal to IFA_LOCAL elsewhere; IPv6 has only it).
+            let local = msg.attributes.iter().find_map(|attr| match attr {
+                AddressAttribute::Local(a) => Some(*a),
+                _ => None,
+            });
+            let address = msg.attributes.iter().find_map(|attr| match attr {
+                AddressAttribute::Address(a) => Some(*a),
+                _ => None,
+            });
+            out.extend(local.or(address));
         }
         Ok(out)
     }
