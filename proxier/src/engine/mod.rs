@@ -50,6 +50,11 @@ pub const ASSIGNMENT_WAIT: Duration = Duration::from_secs(5);
 /// How often draining real servers are checked for remaining connections.
 pub const DRAIN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How often a proxier that programs reads the node's addresses again between syncs: an
+/// address that appears (a keepalived VIP failing over to this node) is served NodePorts
+/// within this, and one that goes loses them (kube-proxy reads them at each of its syncs).
+pub const ADDRESS_CHECK: Duration = Duration::from_secs(2);
+
 /// How the engine follows the node's NodeProxyConfig (see [`crate::source::node_config`]).
 pub struct ConfigFollower {
     /// What the NodeProxyConfig assigns ([`crate::source::node_config::watch_assigned`]).
@@ -753,7 +758,8 @@ impl<D: Dataplane> Engine<D> {
 
     /// Waits for what triggers the next sync: a source change, `period` elapsed, or a new
     /// NodeProxyConfig assignment on `assigned` (applied here; `unreadable` is cleared once one
-    /// is known). Checks the draining real servers every [`DRAIN_CHECK_INTERVAL`] meanwhile,
+    /// is known), or a change of the node's addresses (read every [`ADDRESS_CHECK`] while the
+    /// proxier programs). Checks the draining real servers every [`DRAIN_CHECK_INTERVAL`] meanwhile,
     /// and, while the proxier programs on a node it may have taken over from kube-proxy, the
     /// takeover's progress and kube-proxy's return when due ([`Engine::look_due`]; kube-proxy
     /// back triggers the next turn, which writes nothing), and the end of a full sync's
@@ -792,6 +798,16 @@ impl<D: Dataplane> Engine<D> {
                 _ = tokio::time::sleep(DRAIN_CHECK_INTERVAL), if draining => {
                     if let Err(e) = self.check_drains().await {
                         tracing::error!("drain check failed, will retry: {e}");
+                    }
+                }
+                _ = tokio::time::sleep(ADDRESS_CHECK), if programs => {
+                    self.refresh_other_interface_addresses().await;
+                    if self.planner.replan_pending() {
+                        tracing::info!(
+                            addresses = ?self.planner.other_interface_addresses(),
+                            "the node's addresses changed: re-planning NodePorts"
+                        );
+                        break true;
                     }
                 }
                 _ = self.look_due() => {
