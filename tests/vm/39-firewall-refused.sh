@@ -108,4 +108,5 @@ wait_converged 30 >/dev/null || bad "not converged after removing the test Servi
 left=$(nft list table inet kipvs | grep -cE '203\.0\.113\.6[0-3]|10\.96\.0\.4[67]')
 check "their set elements are gone ($left left)" [ "$left" = 0 ]
 proxier_stop && proxier_start
+/sbin/ip netns del client2 # as 35 does: no extra local address for the later tests
 finish
