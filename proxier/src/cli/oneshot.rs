@@ -123,7 +123,10 @@ pub async fn inspect(
         DataplaneKind::Kernel => {
             let mut kernel = connect_kernel().await?;
             let local = kernel.other_interface_addresses().await?;
-            (desired_state(args, api, local).await?, kernel.observe().await?)
+            (
+                desired_state(args, api, local).await?,
+                kernel.observe().await?,
+            )
         }
         DataplaneKind::Fake => (
             desired_state(args, api, BTreeSet::new()).await?,
