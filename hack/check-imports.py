@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Module layering of every crate in the workspace, checked from the source.
 
-For each crate's `src/` (the workspace members of Cargo.toml, or the folders given), reads every
-`crate::a::b` path (outside comments) and `super::x` path and fails when the module graph has a
-cycle, between files or between top-level modules (a folder and what it holds count as one).
-Edges between a folder's `mod.rs` and its own files count like any other: a child naming an item
-of its parent (`super::SourceHandle`), and a `mod.rs` naming its child (`use store::Store`, `pub
-use keys::VirtualServerKey`), so a file that imports its parent while the parent imports it back
-is a cycle (a `mod` line alone is not an import). Groups (`super::{a, b::{c}}`) and globs
-(`a::*`) are read as the paths they name. A file's unit tests (from its `#[cfg(test)]` line on)
-are left out: a test module is a leaf nothing imports. The crate roots (`lib.rs`, `main.rs`,
-`bin/`) declare and re-export modules and are not nodes of the graph.
+For each crate's `src/` (the workspace members of Cargo.toml and their examples that are folders,
+or the folders given), reads every `crate::a::b` path (outside comment lines) and `super::x` path
+and fails when the module graph has a cycle, between files or between top-level modules (a folder
+and what it holds count as one). Edges between a folder's `mod.rs` and its own files count like any
+other: a child naming an item of its parent (`super::SourceHandle`), and a `mod.rs` naming its
+child (`use store::Store`, `pub use keys::VirtualServerKey`), so a file that imports its parent
+while the parent imports it back is a cycle (a `mod` line alone is not an import). Groups
+(`super::{a, b::{c}}`) and globs (`a::*`) are read as the paths they name. A file's unit tests
+(from its `#[cfg(test)]` line on) are left out: a test module is a leaf nothing imports. The crate
+roots (`lib.rs`, `main.rs`, `bin/`) declare and re-export modules and are not nodes of the graph.
 
 The proxier adds its layers (ARCHITECTURE.md, "Proxier: folders"): `plan/` does not import
 `dataplane/`, `model/` imports nothing outside itself, and neither `plan/` nor `model/` names a
@@ -178,7 +178,9 @@ LAYERS = {"proxier": proxier_layers}
 
 def check(src, verbose):
     """The problems of the crate whose sources are in `src`, printed with a summary line."""
-    crate = os.path.basename(os.path.dirname(os.path.abspath(src)))
+    path = os.path.abspath(src)
+    crate = (os.path.basename(os.path.dirname(path)) if os.path.basename(path) == "src"
+             else os.path.relpath(path, ROOT))
     mods = modules(src)
     edges, crates = imports(src, mods)
     folders = {(top(a), top(b)) for a, b in edges if top(a) != top(b)}
@@ -198,11 +200,18 @@ def check(src, verbose):
 
 
 def workspace_sources():
-    """The `src/` of each workspace member (Cargo.toml `members = [...]`)."""
+    """The `src/` of each workspace member (Cargo.toml `members = [...]`), and each of its
+    examples that is a folder (`examples/NAME/main.rs`, a crate of its own)."""
     with open(os.path.join(ROOT, "Cargo.toml")) as f:
         listed = re.search(r"(?m)^members\s*=\s*\[([^\]]*)\]", f.read()).group(1)
     members = re.findall(r'"([^"]+)"', listed)
-    return [os.path.join(ROOT, m, "src") for m in members]
+    sources = [os.path.join(ROOT, m, "src") for m in members]
+    for m in members:
+        examples = os.path.join(ROOT, m, "examples")
+        if os.path.isdir(examples):
+            sources += [os.path.join(examples, e) for e in sorted(os.listdir(examples))
+                        if os.path.isfile(os.path.join(examples, e, "main.rs"))]
+    return sources
 
 
 args = [a for a in sys.argv[1:] if a != "-v"]

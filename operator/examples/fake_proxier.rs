@@ -1,7 +1,7 @@
 //! A stand-in for every node's proxier, for end-to-end tests of the operator against an API
 //! server without kubelets (`tests/operator/e2e.sh`). It watches all NodeProxyConfigs and, for
 //! each new `spec.revision`, reports what a proxier would, through the proxier's own status
-//! reducer and writer ([`kipvs_node_status`]: the contract in `kipvs_crds::nodeproxyconfig`):
+//! reducer and writer ([`kipvs_proxier_contract`]: the contract in `kipvs_crds::nodeproxyconfig`):
 //! Pending, then after `--apply-delay` Applied — or, after that delay, Failed when the
 //! configuration asks for an IPVS scheduler listed in `--unsupported-schedulers` (as a node
 //! without that kernel module would), the revision before it staying in force. Its `/livez`
@@ -36,7 +36,7 @@ mod kube_proxy;
 
 use futures::StreamExt;
 use kipvs_crds::NodeProxyConfig;
-use kipvs_node_status::{AlwaysLive, SimulatedProxier, SyncResult, report_status};
+use kipvs_proxier_contract::{AlwaysLive, SimulatedProxier, SyncResult, report_status};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use std::collections::{HashMap, HashSet};

@@ -373,8 +373,8 @@ async fn an_unreadable_node_proxy_config_falls_back_to_the_local_configuration()
 mod api {
     use super::*;
     use http::{Request, Response};
-    use kipvs_node_status::report_status;
     use kipvs_proxier::source::node_config::watch_assigned;
+    use kipvs_proxier_contract::report_status;
     use kube::client::Body;
     use serde_json::{Value, json};
     use tokio::sync::mpsc;

@@ -1,8 +1,8 @@
 //! The `/livez` blip of the flap round: some nodes turn unhealthy after the revision completed,
 //! and what the operator must (not) make of it.
 
+use crate::operator::PC;
 use crate::proxiers::{Proxier, Seen};
-use crate::rounds::PC;
 use kipvs_crds::{ProxyConfig, ProxyConfigStatus};
 use kube::Api;
 use std::collections::HashMap;

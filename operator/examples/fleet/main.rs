@@ -1,8 +1,8 @@
 //! The operator's fleet harness: N Nodes on a real kube-apiserver and N simulated proxiers,
 //! each deciding what to report with the proxier's own status reducer
-//! ([`kipvs_node_status::StatusReport`]: Pending, Applied or Failed, and what a sync publishes)
-//! and writing it with the proxier's own status writer ([`kipvs_node_status::report_status`],
-//! with the proxier's `/livez` rule, [`kipvs_node_status::StalenessClock`], for `healthy`), and
+//! ([`kipvs_proxier_contract::StatusReport`]: Pending, Applied or Failed, and what a sync publishes)
+//! and writing it with the proxier's own status writer ([`kipvs_proxier_contract::report_status`],
+//! with the proxier's `/livez` rule, [`kipvs_proxier_contract::StalenessClock`], for `healthy`), and
 //! each syncing every `syncPeriod` (30 s, spread evenly) through that reducer, so the fleet
 //! writes exactly what real proxiers would (a healthy, idle proxier writes nothing), while a
 //! real `kipvs-operator` process rolls ProxyConfig revisions out. Prints a table of figures;

@@ -8,6 +8,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
+/// The ProxyConfig the harness has the operator roll out.
+pub(crate) const PC: &str = "scale";
+
 /// How long the supervisor waits before restarting an exited operator.
 pub(crate) const OPERATOR_RESTART: Duration = Duration::from_secs(2);
 

@@ -1,6 +1,6 @@
 //! The simulated proxiers: each decides what to report with the proxier's status reducer
 //! ([`SimulatedProxier`]), writes it with the proxier's status writer
-//! ([`kipvs_node_status::report_status`]) with `healthy` from the proxier's `/livez` rule
+//! ([`kipvs_proxier_contract::report_status`]) with `healthy` from the proxier's `/livez` rule
 //! ([`SimulatedLiveness`]), answers new
 //! revisions after a delay, and syncs every `syncPeriod`; and what the harness sees of the
 //! NodeProxyConfigs meanwhile ([`Seen`]).
@@ -10,7 +10,9 @@ use crate::nodes::{name, share, silent, told_to_fail};
 use futures::StreamExt;
 use kipvs_crds::NodeProxyConfig;
 use kipvs_crds::config::ProxierConfiguration;
-use kipvs_node_status::{Retry, SimulatedLiveness, SimulatedProxier, SyncResult, report_status};
+use kipvs_proxier_contract::{
+    Retry, SimulatedLiveness, SimulatedProxier, SyncResult, report_status,
+};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use std::collections::HashMap;
@@ -193,7 +195,7 @@ pub(crate) fn answer_assignments(
                 continue;
             }
             if args.takeover {
-                continue; // the takeover's node tasks answer (`crate::takeover`)
+                continue; // the takeover's node tasks answer (takeover.rs)
             }
             let Some(proxier) = proxiers.get(&node).cloned() else {
                 continue;

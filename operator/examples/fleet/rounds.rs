@@ -5,7 +5,7 @@ use crate::args::Args;
 use crate::blip::{FLAP_APPLY_TIMEOUT, flap};
 use crate::faults::{Fault, inject, last_stage_started, resumed};
 use crate::nodes::{flapping, name, silent, skipped, told_to_fail};
-use crate::operator::{Operator, reconciles};
+use crate::operator::{Operator, PC, reconciles};
 use crate::proxiers::{Proxiers, Seen};
 use crate::usage::Usage;
 use kipvs_crds::revision::config_revision;
@@ -15,9 +15,6 @@ use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// The ProxyConfig the harness rolls out.
-pub(crate) const PC: &str = "scale";
 
 /// What the harness holds across rounds.
 pub(crate) struct Fleet {

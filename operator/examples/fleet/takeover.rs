@@ -19,9 +19,9 @@
 
 use crate::kube_proxy::{Step, Timing, follow, node_task};
 use crate::nodes::{name, share, skipped, stuck};
-use crate::operator::operator_metrics;
+use crate::operator::{PC, operator_metrics};
 use crate::proxiers::{Seen, StatusOf};
-use crate::rounds::{Fleet, PC, Table, proxy_config, run_round};
+use crate::rounds::{Fleet, Table, proxy_config, run_round};
 use k8s_openapi::api::core::v1::Node;
 use kipvs_crds::revision::config_revision;
 use kipvs_crds::{NodePhase, NodeProxyConfig, SERVICE_PROXY_LABEL};

@@ -7,7 +7,6 @@ use super::args::{
 };
 use anyhow::Context;
 use kipvs_crds::config::ProxierConfiguration;
-use kipvs_node_status::report_status;
 use kipvs_proxier::dataplane::Dataplane;
 use kipvs_proxier::dataplane::fake::FakeDataplane;
 use kipvs_proxier::dataplane::host::kube_proxy::HostKubeProxy;
@@ -27,6 +26,7 @@ use kipvs_proxier::source::apiserver::{self, ApiPath, Memory};
 use kipvs_proxier::source::kube::{Contact, KubeSource};
 use kipvs_proxier::source::manifests::ManifestsSource;
 use kipvs_proxier::source::node_config::{self, Assigned};
+use kipvs_proxier_contract::report_status;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::Arc;

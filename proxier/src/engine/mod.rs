@@ -5,7 +5,7 @@
 //! [`observer::Observer`]s. Following a NodeProxyConfig ([`ConfigFollower`],
 //! [`crate::source::node_config`]), it also takes new configurations as messages on a watch
 //! channel, puts them in force between syncs and reports on them
-//! ([`kipvs_node_status::report`]).
+//! ([`kipvs_proxier_contract::report`]).
 
 pub mod drains;
 pub mod observer;
@@ -25,7 +25,7 @@ use crate::source::SourceHandle;
 use crate::source::node_config::{Assigned, NODE_PROXY_CONFIGS_RESOURCE};
 use kipvs_crds::config::{ConfigError, ProxierConfiguration, ServiceProxy};
 use kipvs_crds::nodeproxyconfig::NodeProxyConfigStatus;
-use kipvs_node_status::{StatusReport, SyncResult};
+use kipvs_proxier_contract::{StatusReport, SyncResult};
 use observer::{Observer, SyncOutcome};
 use planner::{Planner, Replanned};
 use std::collections::BTreeSet;
@@ -65,7 +65,7 @@ pub struct ConfigFollower {
     /// Checks and sets the node-wide kernel settings of a new configuration.
     pub kernel: Box<dyn KernelSettings>,
     /// Where the engine publishes the status to write
-    /// ([`kipvs_node_status::report_status`] adds `healthy`); `None` while no revision is
+    /// ([`kipvs_proxier_contract::report_status`] adds `healthy`); `None` while no revision is
     /// assigned.
     pub report: watch::Sender<Option<NodeProxyConfigStatus>>,
 }
@@ -398,7 +398,7 @@ impl<D: Dataplane> Engine<D> {
         Admission::Refused
     }
 
-    /// Update the published status after a sync (see [`kipvs_node_status::report`]). The last
+    /// Update the published status after a sync (see [`kipvs_proxier_contract::report`]). The last
     /// sync of a handback to kube-proxy does not count: that revision is `Applied` once
     /// kube-proxy has synced ([`takeover`]).
     fn report_sync(&mut self, result: &Result<SyncReport, DataplaneError>) {

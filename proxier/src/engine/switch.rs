@@ -134,7 +134,7 @@ impl<D: Dataplane> Engine<D> {
     }
 
     /// The node stands at `phase` now: logged when it changes, told to the observers, and
-    /// reported (`message`, `healthy`: [`kipvs_node_status::StatusReport::service_proxy`]).
+    /// reported (`message`, `healthy`: [`kipvs_proxier_contract::StatusReport::service_proxy`]).
     fn stand(&mut self, phase: ServiceProxyPhase, message: Option<String>, healthy: Option<bool>) {
         let Some(takeover) = self.takeover.as_mut() else {
             return;

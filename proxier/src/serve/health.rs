@@ -39,7 +39,7 @@ use crate::source::store::Store;
 use k8s_openapi::api::core::v1::Node;
 use kipvs_crds::Gate;
 use kipvs_crds::config::ProxierConfiguration;
-use kipvs_node_status::StalenessClock;
+use kipvs_proxier_contract::StalenessClock;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

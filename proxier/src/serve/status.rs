@@ -1,8 +1,8 @@
 //! The proxier's `/livez` verdict ([`ProxyHealth`]) as the `healthy` of the NodeProxyConfig
-//! status that [`kipvs_node_status::report_status`] writes.
+//! status that [`kipvs_proxier_contract::report_status`] writes.
 
 use super::health::ProxyHealth;
-use kipvs_node_status::Liveness;
+use kipvs_proxier_contract::Liveness;
 use tokio::sync::watch;
 use tokio::time::Instant;
 

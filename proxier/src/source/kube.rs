@@ -38,7 +38,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
-use kipvs_node_status::Retry;
+use kipvs_proxier_contract::Retry;
 use kube::core::Status;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};

@@ -13,7 +13,7 @@ pub mod store;
 pub mod v1beta1;
 
 use ::kube::runtime::watcher;
-use kipvs_node_status::answered_status;
+use kipvs_proxier_contract::answered_status;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use store::Store;

@@ -32,8 +32,8 @@
 //!   `KubeProxyDrainingTerminatingNodes` gate and the `/livez` timeout (`2 × syncPeriod`) of
 //!   the health servers; `syncPeriod` and `minSyncPeriod`. `healthzBindAddress` and
 //!   `metricsBindAddress` need a restart (a change is logged).
-//! - [`report_status`](kipvs_node_status::report_status) writes the status the engine
-//!   reports ([`kipvs_node_status::report`]) by server-side apply on the `status` subresource,
+//! - [`report_status`](kipvs_proxier_contract::report_status) writes the status the engine
+//!   reports ([`kipvs_proxier_contract::report`]) by server-side apply on the `status` subresource,
 //!   whenever the engine's report or the `/livez` verdict changes: `Pending` when a live change
 //!   starts, then `Applied` after the first sync with it (at start, directly `Applied`), or
 //!   `Failed`.
@@ -43,7 +43,7 @@ use futures::StreamExt;
 use kipvs_crds::config::ProxierConfiguration;
 use kipvs_crds::nodeproxyconfig::NodeProxyConfig;
 use kipvs_crds::revision::{config_revision, is_config_revision};
-use kipvs_node_status::Retry;
+use kipvs_proxier_contract::Retry;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};

@@ -1,13 +1,17 @@
 //! A stand-in for a proxier's side of the contract, for harnesses that run the operator without
 //! real proxiers (the operator's `fake_proxier` and `fleet` examples): the steps the proxier's
 //! engine takes on the reducer when a NodeProxyConfig assigns a revision and when a sync ends,
-//! published on the channel [`crate::report_status`] writes from.
+//! published on the channel [`crate::report_status`] writes from; and the stand-ins' `/livez`
+//! verdicts ([`SimulatedLiveness`], [`AlwaysLive`]). Built with the feature `harness` only: the
+//! proxier never links it.
 
+use crate::liveness::{Liveness, StalenessClock};
 use crate::report::{StatusReport, SyncResult};
 use kipvs_crds::nodeproxyconfig::{NodePhase, NodeProxyConfigStatus, ServiceProxyPhase};
-use std::sync::Mutex;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// One simulated proxier's status: the reducer, and the channel its status is published on.
 #[derive(Debug)]
@@ -97,6 +101,78 @@ impl SimulatedProxier {
         if changed {
             self.publish.send_replace(report.status().cloned());
         }
+    }
+}
+
+/// The `/livez` verdict of a stand-in proxier: a [`StalenessClock`] its simulated syncs drive.
+/// Cheap to clone (shared state): one clone goes to [`report_status`](crate::report_status).
+#[derive(Clone, Debug)]
+pub struct SimulatedLiveness {
+    clock: Arc<Mutex<StalenessClock>>,
+    changed: Arc<watch::Sender<()>>,
+}
+
+impl SimulatedLiveness {
+    /// A stand-in with nothing queued whose verdict goes stale after `timeout`.
+    pub fn new(timeout: Duration) -> Self {
+        SimulatedLiveness {
+            clock: Arc::new(Mutex::new(StalenessClock::new(timeout))),
+            changed: Arc::new(watch::Sender::new(())),
+        }
+    }
+
+    fn modify(&self, f: impl FnOnce(&mut StalenessClock)) {
+        f(&mut self.clock.lock().expect("liveness lock"));
+        self.changed.send_replace(());
+    }
+
+    /// A change is waiting to be synced ([`StalenessClock::queued`]).
+    pub fn queued(&self) {
+        self.modify(StalenessClock::queued);
+    }
+
+    /// A sync ended ([`StalenessClock::synced`]).
+    pub fn synced(&self) {
+        self.modify(StalenessClock::synced);
+    }
+
+    /// Changes how long a queued change may wait ([`StalenessClock::set_timeout`]).
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.modify(|clock| clock.set_timeout(timeout));
+    }
+}
+
+impl Liveness for SimulatedLiveness {
+    fn live(&self) -> bool {
+        self.clock.lock().expect("liveness lock").live()
+    }
+
+    fn stale_at(&self) -> Option<Instant> {
+        self.clock.lock().expect("liveness lock").stale_at()
+    }
+
+    fn subscribe(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+}
+
+/// The verdict of a stand-in whose `/livez` always answers 200.
+#[derive(Debug, Default)]
+pub struct AlwaysLive {
+    changed: watch::Sender<()>,
+}
+
+impl Liveness for AlwaysLive {
+    fn live(&self) -> bool {
+        true
+    }
+
+    fn stale_at(&self) -> Option<Instant> {
+        None
+    }
+
+    fn subscribe(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
     }
 }
 

@@ -1,10 +1,8 @@
 //! The proxier's `/livez` verdict, which its NodeProxyConfig status reports as `healthy`:
 //! [`Liveness`], what the status writer reads; [`StalenessClock`], the rule behind the verdict
 //! (kube-proxy's `ProxyHealth`, `pkg/proxy/healthcheck`), which the proxier's health server and
-//! the stand-ins for proxiers share; and the stand-ins' own verdicts ([`SimulatedLiveness`],
-//! [`AlwaysLive`]).
+//! the stand-ins for proxiers share (their own verdicts are in `simulated`, feature `harness`).
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -78,78 +76,6 @@ impl StalenessClock {
     pub fn stale_at(&self) -> Option<Instant> {
         let at = self.oldest_queued? + self.timeout;
         (at > Instant::now()).then_some(at)
-    }
-}
-
-/// The `/livez` verdict of a stand-in proxier: a [`StalenessClock`] its simulated syncs drive.
-/// Cheap to clone (shared state): one clone goes to [`report_status`](crate::report_status).
-#[derive(Clone, Debug)]
-pub struct SimulatedLiveness {
-    clock: Arc<Mutex<StalenessClock>>,
-    changed: Arc<watch::Sender<()>>,
-}
-
-impl SimulatedLiveness {
-    /// A stand-in with nothing queued whose verdict goes stale after `timeout`.
-    pub fn new(timeout: Duration) -> Self {
-        SimulatedLiveness {
-            clock: Arc::new(Mutex::new(StalenessClock::new(timeout))),
-            changed: Arc::new(watch::Sender::new(())),
-        }
-    }
-
-    fn modify(&self, f: impl FnOnce(&mut StalenessClock)) {
-        f(&mut self.clock.lock().expect("liveness lock"));
-        self.changed.send_replace(());
-    }
-
-    /// A change is waiting to be synced ([`StalenessClock::queued`]).
-    pub fn queued(&self) {
-        self.modify(StalenessClock::queued);
-    }
-
-    /// A sync ended ([`StalenessClock::synced`]).
-    pub fn synced(&self) {
-        self.modify(StalenessClock::synced);
-    }
-
-    /// Changes how long a queued change may wait ([`StalenessClock::set_timeout`]).
-    pub fn set_timeout(&self, timeout: Duration) {
-        self.modify(|clock| clock.set_timeout(timeout));
-    }
-}
-
-impl Liveness for SimulatedLiveness {
-    fn live(&self) -> bool {
-        self.clock.lock().expect("liveness lock").live()
-    }
-
-    fn stale_at(&self) -> Option<Instant> {
-        self.clock.lock().expect("liveness lock").stale_at()
-    }
-
-    fn subscribe(&self) -> watch::Receiver<()> {
-        self.changed.subscribe()
-    }
-}
-
-/// The verdict of a stand-in whose `/livez` always answers 200.
-#[derive(Debug, Default)]
-pub struct AlwaysLive {
-    changed: watch::Sender<()>,
-}
-
-impl Liveness for AlwaysLive {
-    fn live(&self) -> bool {
-        true
-    }
-
-    fn stale_at(&self) -> Option<Instant> {
-        None
-    }
-
-    fn subscribe(&self) -> watch::Receiver<()> {
-        self.changed.subscribe()
     }
 }
 
