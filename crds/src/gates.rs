@@ -6,18 +6,15 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// A kipvs feature gate, named as in Kubernetes' `featureGates` map.
+/// A kipvs feature gate, named as in Kubernetes' `featureGates` map. What each one changes is
+/// told once, by [`Gate::description`] (the CRD schema and docs/configuration.md carry that text).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Gate {
-    /// KEP-1669 `ProxyTerminatingEndpoints`: route to serving+terminating endpoints when no
-    /// ready one exists (and, in kipvs, keep them at weight 0 while a ready one exists).
-    /// Off: terminating endpoints are never selected.
+    /// KEP-1669 `ProxyTerminatingEndpoints` ([`Gate::description`]).
     ProxyTerminatingEndpoints,
-    /// KEP-1860 `LoadBalancerIPMode`: a load-balancer ingress IP with `ipMode: Proxy` gets no
-    /// virtual server and is not bound on the node. Off: every ingress IP is a VIP.
+    /// KEP-1860 `LoadBalancerIPMode` ([`Gate::description`]).
     LoadBalancerIPMode,
-    /// KEP-3836 `KubeProxyDrainingTerminatingNodes`: `/healthz` fails while the node is being
-    /// deleted or tainted `ToBeDeletedByClusterAutoscaler`. Off: `/healthz` answers like `/livez`.
+    /// KEP-3836 `KubeProxyDrainingTerminatingNodes` ([`Gate::description`]).
     KubeProxyDrainingTerminatingNodes,
 }
 
@@ -38,20 +35,25 @@ impl Gate {
         }
     }
 
-    /// One sentence on what the gate changes (the CRD schema's description of it).
+    /// What the gate changes, on and off: the one text of it, which the CRD schema's
+    /// description of the gate and docs/configuration.md ("Feature gates") carry.
     pub fn description(self) -> &'static str {
         match self {
             Gate::ProxyTerminatingEndpoints => {
-                "KEP-1669: route to serving+terminating endpoints when no ready one exists \
-                 (kept at weight 0 while a ready one exists). Default true."
+                "KEP-1669: while a ready endpoint exists, serving+terminating endpoints stay as \
+                 real servers at weight 0 (their connections finish, no new ones); with no ready \
+                 endpoint they get weight 1. Upstream removes them instead; this is deliberate. \
+                 Off: terminating endpoints are never selected. Default true."
             }
             Gate::LoadBalancerIPMode => {
-                "KEP-1860: a load-balancer ingress IP with ipMode Proxy gets no virtual server \
-                 and is not bound on the node. Default true."
+                "KEP-1860: load-balancer ingress IPs with ipMode Proxy get no virtual server and \
+                 are not bound, so pod traffic to them goes through the real load balancer. Off: \
+                 every ingress IP is a VIP. Default true."
             }
             Gate::KubeProxyDrainingTerminatingNodes => {
-                "KEP-3836: /healthz fails while the node is being deleted or tainted \
-                 ToBeDeletedByClusterAutoscaler. Default true."
+                "KEP-3836: /healthz fails while the Node is being deleted or is tainted \
+                 ToBeDeletedByClusterAutoscaler; /livez reports liveness only. Off: /healthz \
+                 answers like /livez. Default true."
             }
         }
     }
@@ -98,6 +100,18 @@ impl FromStr for Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/configuration.md tells each gate in the words of [`Gate::description`] (one source;
+    /// edit the description and copy it there).
+    #[test]
+    fn the_configuration_doc_carries_each_gates_description() {
+        let doc = include_str!("../../docs/configuration.md");
+        let doc = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+        for gate in Gate::ALL {
+            let line = format!("- `{}`: {}", gate.name(), gate.description());
+            assert!(doc.contains(&line), "docs/configuration.md lacks: {line}");
+        }
+    }
 
     #[test]
     fn names_round_trip() {
