@@ -160,7 +160,7 @@ mod tests {
     async fn a_large_listing_is_parsed_beside_the_runtimes_other_tasks() {
         let dir = std::env::temp_dir().join(format!("kipvs-nft-large-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let elements: Vec<String> = (0..20_000u32)
+        let elements: Vec<String> = (0..50_000u32)
             .map(|i| {
                 let [_, a, b, c] = i.to_be_bytes();
                 format!(r#"{{"concat": ["10.{a}.{b}.{c}", "tcp", 80]}}"#)
@@ -212,9 +212,11 @@ exec cat {}
         let took = started.elapsed();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let longest = ticker.await.unwrap();
-        assert_eq!(table.elements.len(), 20_000);
+        assert_eq!(table.elements.len(), 50_000);
+        // Inline, the parse holds the thread nearly all of `took`; beside it, the longest wait
+        // is the OS's scheduling (a fraction of it, even on a loaded machine).
         assert!(
-            longest < took / 4,
+            longest < took / 2,
             "the runtime was held {longest:?} of the {took:?} the listing took"
         );
         std::fs::remove_dir_all(dir).unwrap();
