@@ -25,9 +25,13 @@ OUT=$(realpath -m "$1")
 # 1.20's external-IP rule, `-m physdev ! --physdev-is-in`, proxier.go:1744: without it every
 # iptables-restore of a sync with an external IP fails), and the ipv6
 # tables: with both families' iptables present kube-proxy runs its dual-stack proxier (1.20: with the
-# IPv6DualStack gate, which tests/kube-proxy/corpus.py gives it).
+# IPv6DualStack gate, which tests/kube-proxy/corpus.py gives it). The iptables mode's too (hack/test-takeover.sh
+# phase 0): `-m statistic --mode random` between endpoints, `-m recent` for session affinity and `-j REJECT` for
+# Services without endpoints; without them every iptables-restore of its sync fails and only its jump chains
+# are made (no KUBE-SVC-*, KUBE-SEP-*, KUBE-NODEPORTS).
 MODS="x_tables ip_tables ip6_tables iptable_nat iptable_filter ip6table_nat ip6table_filter nf_nat xt_nat
   xt_comment xt_mark xt_addrtype xt_conntrack xt_MASQUERADE xt_set xt_tcpudp xt_multiport xt_sctp xt_physdev
+  xt_statistic xt_recent nf_reject_ipv4 ipt_REJECT nf_reject_ipv6 ip6t_REJECT
   ip_set ip_set_hash_ip ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet ip_set_hash_net
   ip_set_bitmap_port"
 # The run-time closure of the three, without what the VM's base already has (glibc, libgcc) or needs not
