@@ -9,8 +9,9 @@ other: a child naming an item of its parent (`super::SourceHandle`), and a `mod.
 child (`use store::Store`, `pub use keys::VirtualServerKey`), so a file that imports its parent
 while the parent imports it back is a cycle (a `mod` line alone is not an import). Groups
 (`super::{a, b::{c}}`) and globs (`a::*`) are read as the paths they name. A file's unit tests
-(from its `#[cfg(test)]` line on) are left out: a test module is a leaf nothing imports. The crate
-roots (`lib.rs`, `main.rs`, `bin/`) declare and re-export modules and are not nodes of the graph.
+(from its `#[cfg(test)]` line on) and the `tests.rs` files of test modules are left out: a test
+module is a leaf nothing imports. The crate roots (`lib.rs`, `main.rs`, `bin/`) declare and
+re-export modules and are not nodes of the graph.
 
 The proxier adds its layers (ARCHITECTURE.md, "Proxier: folders"): `plan/` does not import
 `dataplane/`, `model/` imports nothing outside itself, and neither `plan/` nor `model/` names a
@@ -37,7 +38,7 @@ def modules(root):
             dirs[:] = [x for x in dirs if x != "bin"]
         for f in files:
             path = os.path.relpath(os.path.join(d, f), root)
-            if f.endswith(".rs") and path not in ("lib.rs", "main.rs"):
+            if f.endswith(".rs") and path not in ("lib.rs", "main.rs") and f != "tests.rs":
                 mods[path[:-3].replace("/mod", "").replace("/", "::")] = path
     return mods
 
