@@ -199,9 +199,10 @@ pub struct DetectLocalConfiguration {
 }
 
 /// kube-proxy's `conntrack` block (`KubeProxyConntrackConfiguration`) with its defaults
-/// (`pkg/proxy/apis/config/v1alpha1/defaults.go`). The proxier writes each value only where it
-/// raises the kernel's (kube-proxy's `setIntSysCtl`), once per configuration; a value it
-/// cannot write is reported and never stops it.
+/// (`pkg/proxy/apis/config/v1alpha1/defaults.go`). The proxier writes each value where the
+/// kernel's differs (kube-proxy's `setIntSysCtl`; the hash size only where it is lower), with
+/// each configuration it puts in force and at each start; a value it cannot write is reported
+/// and never stops it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ConntrackConfiguration {

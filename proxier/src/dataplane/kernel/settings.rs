@@ -37,9 +37,9 @@ pub trait KernelSettings: Send + Sync {
         config: &'a ProxierConfiguration,
     ) -> BoxFuture<'a, Result<(), SchedulerError>>;
 
-    /// Set `config`'s IPVS timeouts and strictARP sysctls, logging each, and raise the
-    /// conntrack settings of its `conntrack` section where they are lower (logged; one that
-    /// cannot be written is a warning, never an error).
+    /// Set `config`'s IPVS timeouts and strictARP sysctls, logging each, and the conntrack
+    /// settings of its `conntrack` section where the kernel's differ (the hash size: where it is
+    /// lower; logged; one that cannot be written is a warning, never an error).
     ///
     /// # Errors
     /// The setting that could not be made (the ones before it stay set).
