@@ -24,6 +24,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+. hack/lib/init.sh && suite fleet # on_exit, state_dir, fatal
 NODES=${1:-500}
 shift || true
 OUT=${OUT:-$(mktemp -d /tmp/kipvs-fleet.XXXXXX)}
@@ -33,18 +34,14 @@ built=$(cargo build -q ${FLEET_RELEASE:+--release} --workspace --bin kipvs-opera
   executables_built kipvs-operator fleet)
 OPERATOR=$(awk '$1 == "kipvs-operator" {print $2}' <<<"$built")
 FLEET=$(awk '$1 == "fleet" {print $2}' <<<"$built")
-[ -x "$OPERATOR" ] && [ -x "$FLEET" ] || { echo "fleet: build produced no executables" >&2; exit 1; }
+[ -x "$OPERATOR" ] && [ -x "$FLEET" ] || fatal "build produced no executables"
 
 STATE=""
-cleanup() {
-  # The harness stops the operator it runs; if it died first, its pid file names the operator.
-  if [ -f "$OUT/operator.pid" ]; then kill "$(cat "$OUT/operator.pid")" 2>/dev/null || true; fi
-  if [ -n "$STATE" ]; then hack/control-plane.sh stop "$STATE"; rm -rf "$STATE"; fi
-}
-trap cleanup EXIT
+# The harness stops the operator it runs; if it died first, its pid file names the operator.
+on_exit '[ ! -f "$OUT/operator.pid" ] || kill "$(cat "$OUT/operator.pid")" 2>/dev/null; [ -z "$STATE" ] || hack/control-plane.sh stop "$STATE"'
 CP_STATE=${KIPVS_CP_STATE:-}
 if [ -z "${KUBECONFIG:-}" ]; then
-  STATE=$(mktemp -d /tmp/kipvs-cp.XXXXXX)
+  state_dir cp
   hack/control-plane.sh start "$STATE"
   export KUBECONFIG=$STATE/kubeconfig
   CP_STATE=$STATE

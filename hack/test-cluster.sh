@@ -1,27 +1,8 @@
 #!/usr/bin/env bash
-# The proxier against a real kube-apiserver (hack/control-plane.sh: Debian's 1.20.2, or KIPVS_K8S_BIN's, on
-# loopback), with the fake (in-memory) dataplane since the host kernel has no IPVS. Checks, in order:
-#   - `run --kubeconfig` starts, serves /livez, and logs the EndpointSlice version it reads (discovery.k8s.io/v1
-#     where served, v1beta1 before 1.21), which is never reported unavailable;
-#   - /healthz is 503 while its Node does not exist, 200 once kubectl creates it;
-#   - the Services kubectl creates reach the plan (kipvs_virtual_servers, change counters), and the LoadBalancer
-#     Service's healthCheckNodePort answers 503 with no local endpoint;
-#   - tainting the Node ToBeDeletedByClusterAutoscaler flips /healthz to 503 while /livez stays 200, and back;
-#   - without the NodeProxyConfig CRD the proxier logs it and runs on its local configuration; once the CRDs
-#     (config/crd/) are installed, a NodeProxyConfig for the node is applied live and reported on its status
-#     (observedRevision, phase Applied, healthy, syncErrors, lastSyncTime), a revision with an unknown scheduler
-#     is reported Failed while the proxier stays healthy, and a rollback is reported Applied again, as is a
-#     failed hand edit of the same revision once reverted; version skew and RBAC (tests/cluster/skew.sh): a
-#     proxier whose NodeProxyConfig carries a setting it does not know applies the rest at once and reports
-#     what it ignored, and one whose RBAC forbids reading NodeProxyConfigs programs from its local
-#     configuration within seconds and says why;
-#   - the Services and EndpointSlices of tests/cluster/endpointslices.yaml (written as the release serves them,
-#     tests/lib/k8s_api.py) flow through the proxier's watches into its plan (tests/cluster/endpointslices.sh);
-#     a ProxyConfig violating a CEL rule is rejected by the apiserver with the rule's message (1.23 and newer;
-#     skipped and named before);
-#   - a deleted Service leaves the plan; a deleted Node fails /healthz;
-#   - with the apiserver gone the proxier keeps running and keeps its objects (nothing is deleted).
-# Ends with "N passed, M failed"; exit status 1 if anything failed.
+# The proxier (fake dataplane) against a real kube-apiserver on loopback (hack/control-plane.sh): watches, the
+# EndpointSlice version, /healthz and /livez, NodeProxyConfig status, version skew and RBAC (tests/cluster/skew.sh),
+# the Services and EndpointSlices of tests/cluster/endpointslices.yaml, an apiserver outage. docs/testing.md,
+# "The layers". Ends with "N passed, M failed"; exit status 1 if anything failed.
 #
 # env: KIPVS_PROXIER (binary; default: cargo build, target/debug/kipvs-proxier), CLUSTER_STATE (state dir,
 #      default a temporary one, removed unless KEEP=1), CP_PORT/CP_ETCD_PORT (apiserver and etcd ports, default
@@ -31,17 +12,14 @@
 #      health of the main proxier, then of the two in tests/cluster/skew.sh; default 20256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. hack/lib/init.sh && suite cluster
 . hack/lib/host-tools.sh && host_tools # kubectl, curl, ... (a fresh machine lacks them)
 export RUST_BACKTRACE=0
-STATE=${CLUSTER_STATE:-$(mktemp -d /tmp/kipvs-cluster.XXXXXX)}
-mkdir -p "$STATE"
+state_dir cluster "${CLUSTER_STATE:-}"
 export CP_PORT=${CP_PORT:-26443} CP_ETCD_PORT=${CP_ETCD_PORT:-24790}
 PORT_BASE=${PORT_BASE:-20256}
 HZ=127.0.0.1:$PORT_BASE MP=127.0.0.1:$((PORT_BASE + 1)) GP=127.0.0.1:$((PORT_BASE + 2))
 NODE=test-node
-say() { printf 'cluster: %s\n' "$*"; }
-. hack/lib/checks.sh # pass/fail tally: ok, bad, check
-now() { date +%s.%N; }
 
 if [ -z "${KIPVS_PROXIER:-}" ]; then
   . hack/lib/executables.sh
@@ -49,13 +27,12 @@ if [ -z "${KIPVS_PROXIER:-}" ]; then
 fi
 
 proxier_pid=""
-cleanup() {
+stop_all() {
   [ -n "$proxier_pid" ] && kill "$proxier_pid" 2>/dev/null && wait "$proxier_pid" 2>/dev/null
   for pid in ${skew_pids:-}; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
   hack/control-plane.sh stop "$STATE" || true
-  if [ "${KEEP:-0}" = 1 ]; then say "state kept in $STATE"; else rm -rf "$STATE"; fi
 }
-trap cleanup EXIT
+on_exit stop_all
 
 for port in "$CP_PORT" "$CP_ETCD_PORT" "$((CP_ETCD_PORT + 10))" $(seq "$PORT_BASE" $((PORT_BASE + 8))); do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
@@ -66,10 +43,8 @@ t0=$(now)
 hack/control-plane.sh start "$STATE"
 KC=$STATE/kubeconfig
 K8S=$(cat "$STATE/version")
-k() { kubectl --kubeconfig "$KC" "$@"; }
-say "control plane (kube-apiserver $K8S) up in $(awk "BEGIN{printf \"%.1f\", $(now) - $t0}") s"
+say "control plane (kube-apiserver $K8S) up in $(elapsed "$t0") s"
 MINOR=${K8S#1.}
-skipped() { say "SKIPPED on kube-apiserver $K8S (needs $1): ${*:2}"; }
 python3 -c 'import yaml' 2> /dev/null || apt-get install -y -qq python3-yaml > /dev/null
 ES_API=$(python3 tests/lib/k8s_api.py "$MINOR" --api)
 
@@ -82,10 +57,6 @@ LOG=$STATE/proxier.log
 code() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://$1"; }
 body() { curl -s -m 2 "http://$1"; }
 metric() { curl -s -m 2 "http://$MP/metrics" | awk -v n="$1" '$1 == n { print $2 }'; }
-. hack/lib/wait.sh
-# until_ TIMEOUT_S COMMAND...: wait_for COMMAND, retried every $POLL s (0.2)
-until_() { WAIT_STEP=${POLL:-0.2} wait_for "$1" "${*:2}" "${@:2}"; }
-is() { [ "$("${@:2}")" = "$1" ]; } # is EXPECTED COMMAND...
 alive() { kill -0 "$proxier_pid" 2>/dev/null; }
 
 check "the proxier serves /livez (200)" until_ 30 is 200 code "$HZ/livez"
@@ -178,5 +149,4 @@ check "the EndpointSlice API was never reported unavailable (log, metric)" \
 check "the proxier never exited" alive
 
 if [ "$fail" -gt 0 ]; then say "proxier log tail:"; tail -n 30 "$LOG" | sed 's/^/    /'; fi
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+suite_end

@@ -16,9 +16,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+. hack/lib/init.sh && suite test-operator # step, fatal, state_dir
 . hack/lib/host-tools.sh && host_tools # kubectl, curl, ... (a fresh machine lacks them)
-T0=$(date +%s)
-step() { printf '\n==> %s\n' "$*"; }
 
 step "build crdgen, kipvs-operator, kipvs-proxier and the fake proxier"
 # --workspace: the same feature set as the rest of CI's builds, so nothing is rebuilt for this.
@@ -30,15 +29,15 @@ KIPVS_OPERATOR=$(awk '$1 == "kipvs-operator" {print $2}' <<<"$built")
 KIPVS_FAKE_PROXIER=$(awk '$1 == "fake_proxier" {print $2}' <<<"$built")
 KIPVS_PROXIER=$(awk '$1 == "kipvs-proxier" {print $2}' <<<"$built")
 [ -x "$CRDGEN" ] && [ -x "$KIPVS_OPERATOR" ] && [ -x "$KIPVS_FAKE_PROXIER" ] && [ -x "$KIPVS_PROXIER" ] ||
-  { echo "test-operator: build produced no executables" >&2; exit 1; }
+  fatal "build produced no executables"
 
 step "generated CRDs are committed (crdgen --check)"
 "$CRDGEN" --check config/crd
 T_BUILD=$(date +%s)
 
 step "control plane (kube-apiserver $(hack/control-plane.sh version), etcd)"
-STATE=$(mktemp -d /tmp/kipvs-cp.XXXXXX)
-trap 'hack/control-plane.sh stop "$STATE"; rm -rf "$STATE"' EXIT
+state_dir cp
+on_exit 'hack/control-plane.sh stop "$STATE"'
 hack/control-plane.sh start "$STATE"
 T_CP=$(date +%s)
 
@@ -53,15 +52,15 @@ step "the deployment: kubectl apply -k $INSTALL ${VALIDATE[*]} --dry-run=server 
 # The namespace for real (a server-side dry run of namespaced objects needs it), everything else dry.
 kubectl --kubeconfig "$STATE/kubeconfig" apply -f config/operator/namespace.yaml >/dev/null
 kubectl --kubeconfig "$STATE/kubeconfig" apply -k "$INSTALL" "${VALIDATE[@]}" --dry-run=server > "$STATE/dry-run.log" 2>&1 ||
-  { cat "$STATE/dry-run.log"; echo "test-operator: kubectl apply -k $INSTALL --dry-run=server failed" >&2; exit 1; }
+  { cat "$STATE/dry-run.log"; fatal "kubectl apply -k $INSTALL --dry-run=server failed"; }
 sed 's/^/  /' "$STATE/dry-run.log"
 if [ "$minor" -lt 24 ]; then # the apiserver drops the unknown grpc handler and then refuses a probe without one
   if kubectl --kubeconfig "$STATE/kubeconfig" apply -k config/ "${VALIDATE[@]}" --dry-run=server \
     > "$STATE/dry-run-grpc.log" 2>&1; then
-    echo "test-operator: config/ (gRPC probes) passed on 1.$minor, which has no gRPC probes" >&2; exit 1
+    fatal "config/ (gRPC probes) passed on 1.$minor, which has no gRPC probes"
   fi
   grep -q 'must specify a handler type' "$STATE/dry-run-grpc.log" ||
-    { cat "$STATE/dry-run-grpc.log"; echo "test-operator: config/ refused on 1.$minor for another reason" >&2; exit 1; }
+    { cat "$STATE/dry-run-grpc.log"; fatal "config/ refused on 1.$minor for another reason"; }
   echo "  config/ (gRPC probes) refused by 1.$minor, as it has no gRPC probes: $(grep -o 'spec.template.spec.containers\[0\].livenessProbe[^,]*' "$STATE/dry-run-grpc.log" | head -n1)"
 fi
 

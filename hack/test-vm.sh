@@ -22,34 +22,34 @@ VM=$ROOT/hack/vm
 MODE=test
 case "${1:-}" in --demo) MODE=demo ;; --bench) MODE=bench ;; --e2e) MODE=e2e ;; --kube-proxy) MODE=kube-proxy ;; esac
 export VMCACHE=${VMCACHE:-$HOME/.cache/kipvs-vm${KIPVS_VM_KERNEL_SUITE:+-$KIPVS_VM_KERNEL_SUITE}}
-ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
-T0=$(date +%s%N)
+. "$ROOT/hack/lib/init.sh" && suite test-vm # now, elapsed, fatal
+T0=$(now)
 
 # --- host tools (nft, umoci, ...; hack/lib/host-tools.sh) and the executables of the workspace's test build ---
 . "$ROOT/hack/lib/host-tools.sh"
 host_tools
 . "$ROOT/hack/lib/executables.sh"
 cd "$ROOT"
-t=$(date +%s%N)
+t=$(now)
 # the proxier image (static release build + Debian's nft), written as an OCI layout
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 "$ROOT/hack/build-images.sh" proxier
 IMAGE=$TARGET/images/kipvs-proxier:$(umoci ls --layout "$TARGET/images/kipvs-proxier" | head -n1)
 PROXIER=${KIPVS_PROXIER:-}
-[ -z "$PROXIER" ] || [ -x "$PROXIER" ] || { echo "test-vm: KIPVS_PROXIER=$PROXIER is not executable" >&2; exit 1; }
+[ -z "$PROXIER" ] || [ -x "$PROXIER" ] || fatal "KIPVS_PROXIER=$PROXIER is not executable"
 KTEST=""
 if [ "$MODE" = test ] && [ -n "${KIPVS_KERNEL_TEST:-}" ]; then
   KTEST=$KIPVS_KERNEL_TEST
 elif [ "$MODE" = test ] && [ -f ipvs-rs/tests/kernel.rs ]; then
   KTEST=$(executable kernel)
-  [ -x "$KTEST" ] || { echo "test-vm: no ipvs-rs kernel test binary" >&2; exit 1; }
+  [ -x "$KTEST" ] || fatal "no ipvs-rs kernel test binary"
 fi
-T_BUILD=$(ms "$t")
+T_BUILD=$(elapsed "$t")
 
 # --- fetch (no-op when cached) and the base initramfs (cached by its inputs) ---
-t=$(date +%s%N)
+t=$(now)
 "$VM/fetch.sh"
-T_FETCH=$(ms "$t"); t=$(date +%s%N)
+T_FETCH=$(elapsed "$t"); t=$(now)
 OUT=$TARGET/vm; mkdir -p "$OUT" "$VMCACHE/initramfs"
 key=$(cat "$VM/build-initramfs.sh" "$ROOT/hack/lib/modules.sh" "$VM/init" "$VM/moddeps.py" "$VMCACHE/stamp" "$(command -v ip)" |
   sha256sum | cut -c1-16)
@@ -77,7 +77,7 @@ if [ -n "${KIPVS_PROXIER:-}" ]; then cp "$PROXIER" "$P/bin/kipvs-proxier"
 else img_exec kipvs-proxier /usr/local/bin/kipvs-proxier; fi
 [ -z "$KTEST" ] || cp "$KTEST" "$P/bin/ipvs-rs-kernel"
 cp -r "$ROOT"/tests/vm/. "$P/tests/"
-cp "$ROOT/hack/lib/wait.sh" "$P/tests/wait.sh" # wait_for, sourced by tests/vm/lib.sh
+cp "$ROOT/hack/lib/init.sh" "$P/tests/init.sh" # the vocabulary, sourced by tests/vm/lib.sh
 for f in "$P"/tests/[0-9][0-9]-*.sh; do case $(basename "$f") in ${VM_TESTS:-*}) ;; *) rm "$f" ;; esac; done
 cp -r "$ROOT/tests/manifests/cluster" "$P/manifests/"
 if [ "$MODE" = e2e ]; then
@@ -90,16 +90,16 @@ if [ "$MODE" = bench ]; then
 fi
 "$VM/build-payload.sh" "$P" "$OUT/payload.cpio.gz"
 cat "$BASE" "$OUT/payload.cpio.gz" > "$OUT/initrd.gz"
-T_IMAGE=$(ms "$t")
+T_IMAGE=$(elapsed "$t")
 echo "test-vm: initrd $(du -h "$OUT/initrd.gz" | cut -f1) (base $(du -h "$BASE" | cut -f1), payload $(du -h "$OUT/payload.cpio.gz" | cut -f1))"
 
 # --- one boot runs everything ---
-t=$(date +%s%N)
+t=$(now)
 set +e
 VMLOG=$OUT/console.log VMTIMEOUT=${VMTIMEOUT:-600} "$VM/run-vm.sh" "$OUT/initrd.gz"
 rc=$?
 set -e
-T_VM=$(ms "$t")
+T_VM=$(elapsed "$t")
 
 # --- results: one PASS/FAIL/SKIP line per guest test; a test that printed none is MISSING ---
 echo
@@ -119,8 +119,6 @@ for n in $expected; do
   grep -qE "^FAIL $n:" "$OUT/console.log" || echo "  MISSING $n (no result line)"
   fail=1
 done
-echo "=== wall: build $((T_BUILD / 1000)).$((T_BUILD % 1000 / 100)) s, fetch $((T_FETCH / 1000)).$((T_FETCH % 1000 / 100)) s," \
-  "initrd $((T_IMAGE / 1000)).$((T_IMAGE % 1000 / 100)) s, VM boot-to-exit $((T_VM / 1000)).$((T_VM % 1000 / 100)) s," \
-  "total $(( $(ms "$T0") / 1000 )) s"
+echo "=== wall: build $T_BUILD s, fetch $T_FETCH s, initrd $T_IMAGE s, VM boot-to-exit $T_VM s, total $(elapsed "$T0" | cut -d. -f1) s"
 [ "$fail" -eq 0 ] && echo "=== OK" || echo "=== FAILED"
 exit "$fail"

@@ -1,19 +1,9 @@
 #!/usr/bin/env bash
-# The project's test command (README "The two commands"; .ci/run calls it).
-# Layers, fastest first: formatting and lints, unit tests + golden vectors + plan vectors, then the real-kernel
-# VM suite (hack/test-vm.sh) and its kernel tests again on Debian 11's 5.10 (docs/kernel.md), then the real control plane: Kubernetes 1.20.2 built once from Debian's
-# `kubernetes` source package, or the binaries of KIPVS_K8S_BIN (hack/lib/k8s-build.sh; cached): the proxier
-# against kube-apiserver (hack/test-cluster.sh), the same again with the Debian binaries copied into a directory
-# given as KIPVS_K8S_BIN (the mechanism testers use for their release), the CRDs and the rollout controller
-# (hack/test-operator.sh), then the end to end with the proxier in the VM against that apiserver under load
-# (hack/test-e2e.sh), the differential parity check against the real kube-proxy's IPVS mode in the VM
-# (hack/parity-kube-proxy.sh --fast), the smoke part of the real node: the VM as a Kubernetes node with a
-# kubelet and containerd, kipvs installed with `kubectl apply -k`, the kubelet's probes, a Service whose pods
-# answer from a pod, the node and outside (hack/test-node.sh --smoke), then the takeover of a node from
-# kube-proxy's IPVS mode under load (hack/test-takeover.sh). docs/testing.md says what each proves on which release.
-# KIPVS_SKIP_VM=1 skips the VM suite and every layer that boots the VM, KIPVS_SKIP_CP=1 the control-plane
-# suites and everything after them, KIPVS_E2E=0 the end to end only, KIPVS_PARITY=0 the parity check only,
-# KIPVS_NODE=0 the node only, KIPVS_TAKEOVER=0 the takeover only.
+# The project's test command (README "The two commands"; .ci/run calls it): every layer, fastest first; the
+# layers and what each proves: docs/testing.md.
+# env: KIPVS_SKIP_VM=1 skips the VM suite and every layer that boots the VM, KIPVS_SKIP_CP=1 the control-plane
+#      suites and everything after them; KIPVS_VM_OLD_KERNEL=0, KIPVS_E2E=0, KIPVS_PARITY=0, KIPVS_NODE=0 and
+#      KIPVS_TAKEOVER=0 one layer each; KIPVS_K8S_BIN (a directory with the Kubernetes binaries to test against).
 set -euo pipefail
 [ -z "${KIPVS_K8S_BIN:-}" ] || export KIPVS_K8S_BIN=$(realpath "$KIPVS_K8S_BIN") # relative to the caller
 cd "$(dirname "$0")/.."
@@ -22,8 +12,8 @@ cd "$(dirname "$0")/.."
 . hack/lib/host-tools.sh
 host_tools
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
+. hack/lib/init.sh # step
 export RUST_BACKTRACE=0
-step() { printf '\n==> %s\n' "$*"; }
 t0=$(date +%s)
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -43,7 +43,7 @@ check "  ... and their virtual servers are gone from the fake table" \
 # CEL (x-kubernetes-validations, 1.23 behind a gate hack/control-plane.sh turns on, on by default from 1.25) is
 # enforced by the apiserver: the rule's own message comes back.
 if [ "$MINOR" -lt 23 ]; then
-  skipped 1.23 "a ProxyConfig violating a CEL rule is rejected by the apiserver (x-kubernetes-validations)"
+  skipped "kube-apiserver $K8S, needs 1.23" "a ProxyConfig violating a CEL rule is rejected by the apiserver (x-kubernetes-validations)"
 else
   out=$(k apply -f - 2>&1 <<'YAML' || true
 apiVersion: kipvs.io/v1alpha1

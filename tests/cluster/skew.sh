@@ -39,7 +39,7 @@ check "the newer NodeProxyConfig keeps ipvs.futureSetting (the patched CRD)" \
 t=$(now)
 skew_start skew-new "$KC" 3; MP_NEW=$skew_mp
 check "skew-new (unknown setting): programs its Services within 10 s" until_ 10 programmed "$MP_NEW"
-say "  programmed $(awk "BEGIN{printf \"%.1f\", $(now) - $t}") s after start"
+say "  programmed $(elapsed "$t") s after start"
 skew_status() { k get nodeproxyconfig skew-new -o 'jsonpath={.status.observedRevision} {.status.phase}'; }
 check "  ... applying the NodeProxyConfig: reported r-new Applied" until_ 20 is "r-new Applied" skew_status
 check "  ... with the ignored setting in status.message" sh -c "kubectl --kubeconfig '$KC' get nodeproxyconfig \
@@ -70,7 +70,7 @@ check "the restricted user gets 403 on NodeProxyConfigs" sh -c "kubectl --kubeco
 t=$(now)
 skew_start skew-rbac "$STATE/kubeconfig-rbac" 6; MP_RBAC=$skew_mp
 check "skew-rbac (403 on NodeProxyConfigs): programs its Services within 15 s" until_ 15 programmed "$MP_RBAC"
-say "  programmed $(awk "BEGIN{printf \"%.1f\", $(now) - $t}") s after start"
+say "  programmed $(elapsed "$t") s after start"
 check "  ... reported in $NPC_RESOURCE (1)" until_ 5 is 1 skew_metric "$MP_RBAC" "$NPC_RESOURCE"
 check "  ... and logged with the reason" sh -c "grep -q 'could not be read' '$STATE/skew-rbac.log' && \
   grep -qi 'forbidden' '$STATE/skew-rbac.log'"

@@ -25,7 +25,7 @@ cd "$ROOT"
 PORT=${PROXIER_PORT:-21256}
 NODES=(pnode-0 pnode-1 pnode-2 pnode-3 pnode-4)
 PC=proxiers
-. "$HERE/lib.sh" # ok, fail, section, wait_until, pc, reason, follow_stages; PIDS stopped on exit
+. "$HERE/lib.sh" # ok, fatal, step, wait_until, pc, reason, follow_stages; PIDS stopped on exit
 npc() { kubectl get nodeproxyconfig "$1" -o jsonpath="$2" 2>/dev/null; }
 ip_of() { echo "127.0.0.$((20 + ${1#pnode-}))"; }
 code() { curl -s -o /dev/null -m 2 -w '%{http_code}' "http://$1"; }
@@ -43,11 +43,11 @@ all_applied() {
     [ "$(in_force "$n")" = "$1" ] || return 1
   done
 }
-section "setup: CRDs, RBAC, a clean slate"
+step "setup: CRDs, RBAC, a clean slate"
 for n in "${NODES[@]}"; do
   ip=$(ip_of "$n")
   for port in "$PORT" "$((PORT + 1))"; do
-    if (exec 3<>"/dev/tcp/$ip/$port") 2>/dev/null; then fail "$ip:$port is in use; set PROXIER_PORT"; fi
+    if (exec 3<>"/dev/tcp/$ip/$port") 2>/dev/null; then fatal "$ip:$port is in use; set PROXIER_PORT"; fi
   done
 done
 kubectl apply --validate=false -k config/crd >/dev/null
@@ -72,7 +72,7 @@ EOF
 done
 ok "${#NODES[@]} Ready nodes: pnode-0 canary"
 
-section "operator and one real proxier per node"
+step "operator and one real proxier per node"
 POD_NAMESPACE=kipvs-system POD_NAME=operator-p RUST_LOG=info,kube=warn "$KIPVS_OPERATOR" --metrics-bind-address "127.0.0.1:$((${PORT_BASE:-18000} + 83))" > "$OUT/operator-p.log" 2>&1 &
 PIDS+=($!)
 for n in "${NODES[@]}"; do
@@ -111,79 +111,79 @@ spec:
         maxUnavailable: "50%"
 EOF
 
-section "first revision (scheduler rr)"
-stages=$(follow_stages 120 "$OUT/operator-p.log") || fail "first rollout: $stages"
-[ "$stages" = "canary rest" ] || fail "first rollout went: $stages"
-[ "$(reason Progressing)" = RolloutComplete ] || fail "first rollout: Progressing $(reason Progressing)"
+step "first revision (scheduler rr)"
+stages=$(follow_stages 120 "$OUT/operator-p.log") || fatal "first rollout: $stages"
+[ "$stages" = "canary rest" ] || fatal "first rollout went: $stages"
+[ "$(reason Progressing)" = RolloutComplete ] || fatal "first rollout: Progressing $(reason Progressing)"
 R1=$(pc '{.status.lastGoodRevision}')
 ok "revision $R1 rolled out: $stages"
 wait_until 30 "every node Applied $R1 and in force" all_applied "$R1"
 ok "every proxier reports $R1 Applied, healthy, and logged it in force"
 
-section "scheduler change rr -> wrr: canary -> rest"
+step "scheduler change rr -> wrr: canary -> rest"
 kubectl patch proxyconfig "$PC" --type=merge -p '{"spec":{"config":{"ipvs":{"scheduler":"wrr"}}}}' >/dev/null
 wait_until 30 "a new revision" bash -c "[ \"\$(kubectl get proxyconfig $PC -o jsonpath='{.status.revision}')\" != $R1 ]"
 R2=$(pc '{.status.revision}')
 wait_until 60 "the canary to apply $R2" \
   bash -c "[ \"\$(kubectl get nodeproxyconfig pnode-0 -o jsonpath='{.status.phase} {.status.observedRevision}')\" = 'Applied $R2' ]"
-[ "$(in_force pnode-0)" = "$R2" ] || fail "pnode-0 reports $R2 Applied, its log says $(in_force pnode-0) is in force"
-stages=$(follow_stages 120 "$OUT/operator-p.log") || fail "scheduler change: $stages"
-[[ "$stages" =~ ^(canary )?rest$ ]] || fail "scheduler change went: $stages (after the canary applied it)"
-[ "$(reason Progressing)" = RolloutComplete ] || fail "scheduler change: Progressing $(reason Progressing)"
-[ "$(pc '{.status.lastGoodRevision}')" = "$R2" ] || fail "lastGoodRevision $(pc '{.status.lastGoodRevision}'), want $R2"
+[ "$(in_force pnode-0)" = "$R2" ] || fatal "pnode-0 reports $R2 Applied, its log says $(in_force pnode-0) is in force"
+stages=$(follow_stages 120 "$OUT/operator-p.log") || fatal "scheduler change: $stages"
+[[ "$stages" =~ ^(canary )?rest$ ]] || fatal "scheduler change went: $stages (after the canary applied it)"
+[ "$(reason Progressing)" = RolloutComplete ] || fatal "scheduler change: Progressing $(reason Progressing)"
+[ "$(pc '{.status.lastGoodRevision}')" = "$R2" ] || fatal "lastGoodRevision $(pc '{.status.lastGoodRevision}'), want $R2"
 wait_until 30 "every node Applied $R2 and in force" all_applied "$R2"
 for n in "${NODES[@]}"; do
   grep -q 'op=UpdateVirtualServer vs="TCP 10.96.0.1:443" scheduler=wrr' "$OUT/proxier-$n.log" ||
-    fail "$n's proxier did not reprogram the kubernetes Service with wrr"
+    fatal "$n's proxier did not reprogram the kubernetes Service with wrr"
 done
 ok "every proxier's dataplane reprogrammed the kubernetes Service: op=UpdateVirtualServer scheduler=wrr"
 # Canary first: by the proxiers' own clocks, the canary put R2 in force before any other node.
 canary_at=$(in_force_at pnode-0 "$R2") first_rest=""
 for n in pnode-1 pnode-2 pnode-3 pnode-4; do
   at=$(in_force_at "$n" "$R2")
-  [[ "$canary_at" < "$at" ]] || fail "$n put $R2 in force at $at, not after the canary ($canary_at)"
+  [[ "$canary_at" < "$at" ]] || fatal "$n put $R2 in force at $at, not after the canary ($canary_at)"
   [ -z "$first_rest" ] || [[ "$at" < "$first_rest" ]] && first_rest=$at
 done
 ok "the canary put $R2 in force at ${canary_at#*T}, the rest after it (from ${first_rest#*T})"
 ok "revision $R2 (wrr) rolled out canary -> rest; every proxier reports it Applied and logged it in force"
 # (1.20's managedFields have no `subresource`: check what the proxier's manager owns.)
 [[ "$(npc pnode-3 '{.metadata.managedFields[?(@.manager=="kipvs-proxier")].fieldsV1}')" == *'"f:status":{'*'"f:observedRevision"'* ]] ||
-  fail "pnode-3's status.observedRevision is not owned by kipvs-proxier: $(npc pnode-3 '{.metadata.managedFields}')"
+  fatal "pnode-3's status.observedRevision is not owned by kipvs-proxier: $(npc pnode-3 '{.metadata.managedFields}')"
 ok "status.observedRevision owned by the proxier's field manager (kipvs-proxier)"
 
-section "a scheduler the canary's kernel lacks (sed): halt and roll back"
+step "a scheduler the canary's kernel lacks (sed): halt and roll back"
 kubectl patch proxyconfig "$PC" --type=merge -p '{"spec":{"config":{"ipvs":{"scheduler":"sed"}}}}' >/dev/null
-stages=$(follow_stages 120 "$OUT/operator-p.log") || fail "bad revision: $stages"
+stages=$(follow_stages 120 "$OUT/operator-p.log") || fatal "bad revision: $stages"
 R3=$(pc '{.status.revision}')
-[ "$R3" != "$R2" ] || fail "no new revision"
-[ "$(reason Degraded)" = RevisionFailed ] || fail "Degraded: $(reason Degraded)"
-[ "$(reason Progressing)" = RolledBack ] || fail "Progressing: $(reason Progressing)"
-[ "$(pc '{.status.badRevisions[0]}')" = "$R3" ] || fail "badRevisions: $(pc '{.status.badRevisions}')"
-[ "$(pc '{.status.targetRevision}')" = "$R2" ] || fail "target $(pc '{.status.targetRevision}'), want $R2"
+[ "$R3" != "$R2" ] || fatal "no new revision"
+[ "$(reason Degraded)" = RevisionFailed ] || fatal "Degraded: $(reason Degraded)"
+[ "$(reason Progressing)" = RolledBack ] || fatal "Progressing: $(reason Progressing)"
+[ "$(pc '{.status.badRevisions[0]}')" = "$R3" ] || fatal "badRevisions: $(pc '{.status.badRevisions}')"
+[ "$(pc '{.status.targetRevision}')" = "$R2" ] || fatal "target $(pc '{.status.targetRevision}'), want $R2"
 failure=$(pc '{.status.failures[0].node}: {.status.failures[0].message}')
-[[ "$failure" == pnode-0:*sed* ]] || fail "failure: $failure"
-[ "$stages" = canary ] || fail "bad revision went: $stages"
+[[ "$failure" == pnode-0:*sed* ]] || fatal "failure: $failure"
+[ "$stages" = canary ] || fatal "bad revision went: $stages"
 ok "revision $R3 failed on the canary ($failure); stages seen: $stages"
 grep -q "revision=\"\{0,1\}$R3\"\{0,1\}.*cannot apply\|cannot apply.*revision=\"\{0,1\}$R3" "$OUT/proxier-pnode-0.log" ||
   grep -q "cannot apply the configuration.*lacks ip_vs_sed" "$OUT/proxier-pnode-0.log" ||
-  fail "the canary's proxier did not log that it cannot apply $R3"
+  fatal "the canary's proxier did not log that it cannot apply $R3"
 ok "the canary's proxier logged: $(grep -m1 'cannot apply the configuration' "$OUT/proxier-pnode-0.log" | sed 's/^.*ERROR //' | cut -c1-160)"
-[ "$(pc '{.status.stages[1].updated}')" = 0 ] || fail "the rest stage got the bad revision"
+[ "$(pc '{.status.stages[1].updated}')" = 0 ] || fatal "the rest stage got the bad revision"
 for n in pnode-1 pnode-2 pnode-3 pnode-4; do
-  ! grep -q "revision=\"\{0,1\}$R3" "$OUT/proxier-$n.log" || fail "$n saw $R3"
+  ! grep -q "revision=\"\{0,1\}$R3" "$OUT/proxier-$n.log" || fatal "$n saw $R3"
 done
 ok "the rest never saw $R3"
 wait_until 30 "every node Applied $R2 again and in force" all_applied "$R2"
-! grep -q "configuration in force.*revision=\"\{0,1\}$R3" "$OUT"/proxier-*.log || fail "a proxier put $R3 in force"
-! grep -q 'scheduler=sed' "$OUT"/proxier-*.log || fail "a proxier programmed the sed scheduler"
+! grep -q "configuration in force.*revision=\"\{0,1\}$R3" "$OUT"/proxier-*.log || fatal "a proxier put $R3 in force"
+! grep -q 'scheduler=sed' "$OUT"/proxier-*.log || fatal "a proxier programmed the sed scheduler"
 ok "rolled back: every proxier reports $R2 Applied and runs it (the canary kept $R2 in force; no sed op anywhere)"
 for n in "${NODES[@]}"; do
-  [ "$(code "$(ip_of "$n"):$PORT/livez")" = 200 ] || fail "$n's proxier /livez is not 200"
+  [ "$(code "$(ip_of "$n"):$PORT/livez")" = 200 ] || fatal "$n's proxier /livez is not 200"
 done
 ok "every proxier still live (/livez 200)"
 
-section "result"
+step "result"
 echo "  \$ kubectl get proxyconfig"; kubectl get proxyconfig | sed 's/^/    /'
 echo "  \$ kubectl get nodeproxyconfigs"; kubectl get nodeproxyconfigs | sed 's/^/    /'
 echo "  in force per the proxiers' logs:$(for n in "${NODES[@]}"; do printf ' %s=%s' "$n" "$(in_force "$n")"; done)"
-echo "operator e2e with proxiers: $checks checks passed"
+suite_end "operator e2e with proxiers"

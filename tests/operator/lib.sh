@@ -1,27 +1,25 @@
 # Helpers both operator suites share (tests/operator/e2e.sh, e2e-proxiers.sh; bash). The suite sets PC (the
 # ProxyConfig it rolls out) and OUT (its log directory) before sourcing this, and adds the pids of what it
-# starts to PIDS: they are stopped on exit.
-. "$(dirname "${BASH_SOURCE[0]}")/../../hack/lib/wait.sh"         # wait_for
+# starts to PIDS: they are stopped on exit; a failed run (fatal) dumps the ProxyConfig, the NodeProxyConfigs
+# and the logs.
+. "$(dirname "${BASH_SOURCE[0]}")/../../hack/lib/init.sh"         # ok, fatal, step, wait_for
 . "$(dirname "${BASH_SOURCE[0]}")/../../hack/lib/kube-status.sh"  # patch_status
 
 PIDS=()
-cleanup() {
+stop_pids() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
-trap cleanup EXIT
-checks=0
-ok() { checks=$((checks + 1)); printf '  ok   %s\n' "$*"; }
+on_exit stop_pids
+on_exit '[ "$EXIT_STATUS" = 0 ] || dump'
 dump() {
   echo "---- kubectl get proxyconfig $PC -o yaml"; kubectl get proxyconfig "$PC" -o yaml 2>&1 | sed -n '/^status:/,$p' || true
   echo "---- nodeproxyconfigs"; kubectl get nodeproxyconfigs 2>&1 || true
   for f in "$OUT"/*.log; do echo "---- $f (last 30 lines)"; tail -n 30 "$f"; done
 }
-fail() { printf '  FAIL %s\n' "$*"; dump; exit 1; }
-section() { printf '\n== %s\n' "$*"; }
 quietly() { "$@" > /dev/null 2>&1; }
 # wait_until SECONDS WHAT COMMAND...: polls COMMAND (output discarded) every 0.5 s; fails the suite on timeout
-wait_until() { WAIT_STEP=0.5 wait_for "$1" "$2" quietly "${@:3}" 2> /dev/null || fail "timed out after $1 s waiting for: $2"; }
+wait_until() { WAIT_STEP=0.5 wait_for "$1" "$2" quietly "${@:3}" 2> /dev/null || fatal "timed out after $1 s waiting for: $2"; }
 pc() { kubectl get proxyconfig "$PC" -o jsonpath="$1"; }
 reason() { pc "{.status.conditions[?(@.type==\"$1\")].reason}"; }
 

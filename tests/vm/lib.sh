@@ -8,26 +8,17 @@ PATH=/payload/bin:$PATH
 ip() { /sbin/ip "$@"; }
 
 T=/payload/tests
-. "$T/wait.sh" # wait_for (hack/lib/wait.sh)
+. "$T/init.sh" # say, ok, bad, check, wait_for, now (hack/lib/init.sh)
 KIPVS=${KIPVS:-/payload/bin/kipvs-proxier}
 NODE=test-node
 NODE_IP=192.168.100.1 # the Node's InternalIP; bound on vclient, the veth towards the client netns
 W=/tmp/kipvs          # scratch: live manifests, proxier logs, snapshots
 M=$W/manifests
 TEST=$(basename "$0" .sh); TEST=${TEST#[0-9][0-9]-}
-FAILED=""
 
-now() { cut -d' ' -f1 /proc/uptime; }
-say() { echo "  $*"; }
-ok() { echo "  ok: $*"; }
-bad() { echo "  not ok: $*"; [ -n "$FAILED" ] || FAILED=$*; }
-check() { # DESCRIPTION COMMAND...: ok/not ok by the command's status
-  d=$1; shift
-  if "$@"; then ok "$d"; else bad "$d"; fi
-}
 skip() { echo "SKIP $TEST: $*"; exit 0; }
 finish() { # the one result line per test that hack/test-vm.sh looks for
-  if [ -z "$FAILED" ]; then echo "PASS $TEST"; else echo "FAIL $TEST: $FAILED"; exit 1; fi
+  if [ "$fail" = 0 ]; then echo "PASS $TEST"; else echo "FAIL $TEST: $FIRST_FAILURE"; exit 1; fi
 }
 indent() { sed 's/^/    /'; }
 
