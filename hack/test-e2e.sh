@@ -7,10 +7,12 @@
 # (and curl for the timed EndpointSlice writes) and asks the guest's agent (tests/vm/e2e/agent.sh, through a
 # forwarded loopback port) to start pods, the proxier and the load, and to report the kernel's table.
 #
-#   1. a LoadBalancer Service (ClusterIP, NodePort, load-balancer VIP; TCP and UDP) whose EndpointSlice
-#      lists three backend pods (network namespaces in the VM): real requests through each address;
+#   1. a dual-stack LoadBalancer Service (ClusterIP, NodePort, load-balancer VIP; TCP and UDP; IPv4 and IPv6)
+#      whose EndpointSlices (one per family) list three backend pods (network namespaces in the VM, each with an
+#      IPv4 and an IPv6 address): real requests through each address of each family;
 #   2. under load from the VM's client netns (25 new TCP connections/s, 5 UDP queries/s, 4 long-lived TCP
-#      connections sending a line every 200 ms; tests/vm/e2e + e2e-traffic/, a release build), phases:
+#      connections sending a line every 200 ms; tests/vm/e2e + e2e-traffic/, a release build), to the
+#      IPv4 and the IPv6 ClusterIP in turn (half of it IPv6, counted apart too), phases:
 #      - readiness flap: each backend in turn not ready (serving+terminating) for a second and ready again while
 #        it still has connections (every long-lived connection goes through one flap of its backend);
 #      - rolling update, twice: every backend replaced the Deployment way (new endpoint ready -> old one
@@ -38,10 +40,13 @@
 # tests/kube-proxy/corpus.py), for hack/bench-vs-kube-proxy.sh --e2e: every phase but the gate flip (the operator's
 # NodeProxyConfig is kipvs's); a terminating endpoint's real server may leave the kernel instead of staying at
 # weight 0 (kube-proxy deletes it once it has no connection), and failed requests are figures, not failed checks.
+# It runs without the IPv6 share (E2E_IPV6=0: single-stack objects, IPv4 load): the parity check's
+# KubeProxyConfiguration is single-stack.
 #
 # usage: hack/test-e2e.sh
 # env:   CP_PORT/CP_ETCD_PORT (28443/29790), E2E_AGENT_PORT (host loopback port forwarded to the agent, 27000),
-#        E2E_SAMPLES (40), E2E_PROXIER (kipvs | kube-proxy), E2E_FIGURES (a file that gets one line per phase,
+#        E2E_SAMPLES (40), E2E_PROXIER (kipvs | kube-proxy), E2E_IPV6 (1 with kipvs, 0 with kube-proxy: the
+#        IPv6 share of objects and load), E2E_FIGURES (a file that gets one line per phase,
 #        hack/lib/e2e.sh end_phase), KEEP=1 (keep the state dir), VMCACHE, CPCACHE
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,6 +60,7 @@ AGENT_PORT=${E2E_AGENT_PORT:-27000}
 SAMPLES=${E2E_SAMPLES:-40}
 PROXIER=${E2E_PROXIER:-kipvs}
 case $PROXIER in kipvs | kube-proxy) ;; *) echo "E2E_PROXIER: kipvs or kube-proxy, not $PROXIER" >&2; exit 2 ;; esac
+IPV6=${E2E_IPV6:-$([ "$PROXIER" = kipvs ] && echo 1 || echo 0)}
 say() { printf 'e2e: %s\n' "$*"; }
 K8S=$(hack/control-plane.sh version)
 # The EndpointSlice group/version this release serves (v1 from 1.21, v1beta1 before): hack/lib/e2e.sh's slice
@@ -100,23 +106,33 @@ fi
 # ---- objects: the VM's Node, the Services ---------------------------------------------------------------
 k apply --validate=false -k config/crd > /dev/null
 k apply -f config/operator/namespace.yaml > /dev/null
-k apply -f - > /dev/null <<'EOF'
+# With E2E_IPV6=1 the Node has an IPv6 InternalIP too (NodePorts of both families) and web is dual-stack
+NODE_IP6="" WEB_FAMILIES="ipFamilyPolicy: SingleStack"
+if [ "$IPV6" = 1 ]; then
+  NODE_IP6="{type: InternalIP, address: fd00:192:168:100::1}, "
+  WEB_FAMILIES="ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIPs: [10.96.0.80, fd00:10:96::80]"
+fi
+k apply -f - > /dev/null <<EOF
 apiVersion: v1
 kind: Node
 metadata:
   name: test-node
   labels: {kubernetes.io/hostname: test-node, kubernetes.io/os: linux, topology.kubernetes.io/zone: zone-a}
 status:
-  addresses: [{type: InternalIP, address: 192.168.100.1}, {type: Hostname, address: test-node}]
+  addresses: [{type: InternalIP, address: 192.168.100.1}, $NODE_IP6{type: Hostname, address: test-node}]
   conditions: [{type: Ready, status: "True", reason: KubeletReady, message: the VM}]
 ---
-# web: what the load goes through (ClusterIP, NodePort, load-balancer VIP; TCP and UDP)
+# web: what the load goes through (ClusterIP, NodePort, load-balancer VIP; TCP and UDP; both families with
+# E2E_IPV6=1: the VM's topology gives the node fd00:192:168:100::1 and the client fd00:192:168:100::2)
 apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: default}
 spec:
   type: LoadBalancer
   clusterIP: 10.96.0.80
+  $WEB_FAMILIES
   ports:
   - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}
   - {name: udp, port: 80, protocol: UDP, targetPort: 8080, nodePort: 30081}
@@ -132,15 +148,33 @@ EOF
 done
 # Status through the API with curl (hack/lib/kube-status.sh): `kubectl patch --subresource` needs kubectl >= 1.24.
 . hack/lib/kube-status.sh
+ADDRS='{"type":"InternalIP","address":"192.168.100.1"}' INGRESS='{"ip":"203.0.113.80"}'
+if [ "$IPV6" = 1 ]; then
+  ADDRS+=',{"type":"InternalIP","address":"fd00:192:168:100::1"}' INGRESS+=',{"ip":"2001:db8:113::80"}'
+fi
 [ "$(k get node test-node -o jsonpath='{.status.addresses[0].address}')" = 192.168.100.1 ] ||
   KUBECONFIG=$KC patch_status /api/v1/nodes/test-node \
-    '{"status":{"addresses":[{"type":"InternalIP","address":"192.168.100.1"}],"conditions":[{"type":"Ready","status":"True"}]}}' > /dev/null
-VIP=203.0.113.80
+    '{"status":{"addresses":['"$ADDRS"'],"conditions":[{"type":"Ready","status":"True"}]}}' > /dev/null
+VIP=203.0.113.80 VIP6=2001:db8:113::80 CIP6="[fd00:10:96::80]:80"
 KUBECONFIG=$KC patch_status /api/v1/namespaces/default/services/web \
-  "{\"status\":{\"loadBalancer\":{\"ingress\":[{\"ip\":\"$VIP\"}]}}}" > /dev/null
+  '{"status":{"loadBalancer":{"ingress":['"$INGRESS"']}}}' > /dev/null
 gen() { echo "10.244.1.$((100 + 10 * $1 + $2))"; } # gen GENERATION INDEX: the pod IP
+v6() { local a=${1#10.244.}; echo "fd00:10:244:${a%.*}::${a#*.}"; } # v6 POD_IP: its IPv6 address (topology.sh's rule)
+pod() { must pod "$1" "$2" $([ "$IPV6" = 0 ] || v6 "$2"); } # pod NAME IP: a backend with its address(es)
+web_slices() { # web_slices ENDPOINT...: web's EndpointSlice, and with IPV6=1 its IPv6 one of the same pods
+  local e six=()
+  slice web-e2e web "$@"
+  [ "$IPV6" = 1 ] || return 0
+  for e in "$@"; do six+=("$(v6 "${e%:*}"):${e##*:}"); done
+  slice web-e2e-v6 web "${six[@]}"
+}
+web_wait() { # web_wait POD_IP WANT [SECONDS]: its real server of web's ClusterIP, in each family, reaches WANT
+  agent wait tcp $CIP "$1:8080" "$2" "${3:-30}" > /dev/null || return 1
+  [ "$IPV6" = 1 ] || return 0
+  agent wait tcp "$CIP6" "[$(v6 "$1")]:8080" "$2" "${3:-30}" > /dev/null
+}
 for i in 1 2 3; do CUR+=("$(gen 1 "$i"):ready"); done
-slice web-e2e web "${CUR[@]}"
+web_slices "${CUR[@]}"
 slice lat-e2e lat "10.244.1.99:ready"
 slice term-e2e term "10.244.1.97:ready" "10.244.1.98:terminating"
 
@@ -173,7 +207,7 @@ WAIT_STEP=1 wait_for 900 "the guest agent" agent_up || { tail -n 40 "$STATE/vm.l
 say "guest agent up after $(( $(date +%s) - t )) s"
 sample_vcpu &
 sampler_pid=$!
-for i in 1 2 3; do must pod "gen1-$i" "$(gen 1 "$i")"; done
+for i in 1 2 3; do pod "gen1-$i" "$(gen 1 "$i")"; done
 must pod lat-0 10.244.1.99; must pod lat-1 10.244.1.96; must pod term-0 10.244.1.97; must pod term-1 10.244.1.98
 # the proxier under test: kipvs (agent proxier-start, -stop) or kube-proxy (kube-proxy-start answers once it has
 # synced, kube-proxy-stop); CHECKED is end_phase's argument: kube-proxy's failures are figures
@@ -181,11 +215,13 @@ if [ "$PROXIER" = kipvs ]; then START=proxier-start STOP=proxier-stop CHECKED=""
 else START=kube-proxy-start STOP=kube-proxy-stop CHECKED=figures; fi
 AGENT_TIMEOUT=150 must $START
 CIP=10.96.0.80:80
-check "the proxier programs the Service from the API: every endpoint in the kernel" \
-  quiet agent wait tcp $CIP "$(gen 1 3):8080" 1 120
+check "the proxier programs the Service from the API: every endpoint in the kernel" web_wait "$(gen 1 3)" 1 120
 agent table > "$STATE/table.0"
 sed 's/^/    /' "$STATE/table.0"
-for target in "tcp $CIP" "udp $CIP" "tcp 192.168.100.1:30080" "udp 192.168.100.1:30081" "tcp $VIP:80" "udp $VIP:80"; do
+TARGETS=("tcp $CIP" "udp $CIP" "tcp 192.168.100.1:30080" "udp 192.168.100.1:30081" "tcp $VIP:80" "udp $VIP:80")
+[ "$IPV6" = 0 ] || TARGETS+=("tcp $CIP6" "udp $CIP6" "tcp [fd00:192:168:100::1]:30080" "udp [fd00:192:168:100::1]:30081"
+  "tcp [$VIP6]:80" "udp [$VIP6]:80")
+for target in "${TARGETS[@]}"; do
   a=$(agent probe $target 2>&1) || true
   check "real traffic through ${target/ /: } answered by a backend (${a})" grep -qx 'gen1-[123]' <<<"$a"
 done
@@ -195,7 +231,8 @@ done
 active() { grep -v -- ' -w 0$' || true; }
 
 FIG=()
-must load-start $CIP $CIP
+# with IPV6=1 the load takes the IPv4 and the IPv6 ClusterIP in turn: half of it is IPv6 (tcp6_*, udp6_*)
+must load-start $CIP $CIP $([ "$IPV6" = 0 ] || echo "$CIP6 $CIP6")
 long_opened() { [ "$(field "$(stats)" long_opened)" = 4 ]; }
 wait_for 30 "the load's 4 long-lived connections" long_opened || true
 s=$(stats)
@@ -215,11 +252,11 @@ TERMINATING_RS=0
 flap() { # flap I: gen1-I of CUR not ready, then ready again
   local e
   e=$(gen 1 "$1")
-  slice web-e2e web "${CUR[@]/$e:ready/$e:terminating}"
-  agent wait tcp $CIP "$e:8080" $TERMINATING_RS 30 > /dev/null || bad "gen1-$1 not at weight 0"
+  web_slices "${CUR[@]/$e:ready/$e:terminating}"
+  web_wait "$e" $TERMINATING_RS || bad "gen1-$1 not at weight 0"
   sleep 1 # on purpose, here and below: a second of load on the draining backend, then on the ready one
-  slice web-e2e web "${CUR[@]}"
-  agent wait tcp $CIP "$e:8080" 1 30 > /dev/null || bad "gen1-$1 not back at weight 1"
+  web_slices "${CUR[@]}"
+  web_wait "$e" 1 || bad "gen1-$1 not back at weight 1"
   sleep 1
 }
 begin "readiness flap"; for i in 1 2 3; do flap "$i"; done; end_phase $CHECKED
@@ -227,19 +264,19 @@ begin "readiness flap"; for i in 1 2 3; do flap "$i"; done; end_phase $CHECKED
 rollout() { # rollout FROM TO: replace every pod of generation FROM by one of TO, the Deployment way
   local i
   for i in 1 2 3; do
-    must pod "gen$2-$i" "$(gen "$2" "$i")"
+    pod "gen$2-$i" "$(gen "$2" "$i")"
     CUR+=("$(gen "$2" "$i"):ready")
-    slice web-e2e web "${CUR[@]}"
-    agent wait tcp $CIP "$(gen "$2" "$i"):8080" 1 30 > /dev/null || bad "gen$2-$i not programmed"
+    web_slices "${CUR[@]}"
+    web_wait "$(gen "$2" "$i")" 1 || bad "gen$2-$i not programmed"
     sleep 1 # on purpose, here and below: each step of the update carries load for a second
     CUR=("${CUR[@]/$(gen "$1" "$i"):ready/$(gen "$1" "$i"):terminating}")
-    slice web-e2e web "${CUR[@]}"
-    agent wait tcp $CIP "$(gen "$1" "$i"):8080" $TERMINATING_RS 30 > /dev/null || bad "gen$1-$i not at weight 0"
+    web_slices "${CUR[@]}"
+    web_wait "$(gen "$1" "$i")" $TERMINATING_RS || bad "gen$1-$i not at weight 0"
     sleep 1
     local keep=()
     for e in "${CUR[@]}"; do [ "$e" = "$(gen "$1" "$i"):terminating" ] || keep+=("$e"); done
     CUR=("${keep[@]}")
-    slice web-e2e web "${CUR[@]}"
+    web_slices "${CUR[@]}"
     sleep 1
   done
 }
@@ -339,6 +376,15 @@ end_phase $CHECKED
 
 final=$(agent load-stop)
 say "load, whole run: $(head -n1 <<<"$final")"
+V6="IPv6 share: none (E2E_IPV6=0)"
+if [ "$IPV6" = 1 ]; then # counted in the totals above too, so in every phase's failed requests
+  s=$(head -n1 <<<"$final")
+  V6="IPv6 share of the load: TCP $(field "$s" tcp6_sent) of $(field "$s" tcp_sent) sent, $(field "$s" tcp6_failed) failed;"
+  V6+=" UDP $(field "$s" udp6_sent) of $(field "$s" udp_sent) sent, $(field "$s" udp6_failed) failed"
+  v6_clean() { [ "$(field "$1" tcp6_sent)" -gt 0 ] && [ "$(field "$1" udp6_sent)" -gt 0 ] &&
+    zeros "$(field "$1" tcp6_failed)" "$(field "$1" udp6_failed)"; }
+  check "$V6" v6_clean "$s"
+fi
 agent load-log > "$STATE/load.log" || true
 agent log 100000 > "$STATE/proxier.log" || true
 # The nftables stage of each sync (the kernel dataplane's debug line): how it was applied (one nfnetlink batch, or
@@ -408,6 +454,7 @@ echo
 echo "=== end to end (kube-apiserver $K8S, $PROXIER in the VM): requests sent / failed, long-lived connections broken"
 printf '  %s\n' "${FIG[@]}"
 echo "  $LAT"
+echo "  $V6"
 echo "  $NFTSTAGES"
 echo "  after the 30 s apiserver outage the first write reached the kernel after ${RESUMED:-?} s"
 echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"

@@ -4,7 +4,8 @@
 #   ping                          answers pong
 #   clock                         the guest's clock (seconds since boot, /proc/uptime, 10 ms steps)
 #   wallclock                     the guest's wall clock (date +%s, busybox has no %N: the load log's times)
-#   pod NAME IP                   a backend pod: netns NAME with IP, e2e_traffic serve --name NAME on 8080
+#   pod NAME IP [IP6]             a backend pod: netns NAME with IP (and IPv6 address IP6, behind fd00:10:244::1
+#                                 as in topology.sh), e2e_traffic serve --name NAME on 8080 (both families)
 #   proxier-start|proxier-restart `kipvs-proxier run --kubeconfig` (SIGTERM first for restart); the real
 #                                 kernel dataplane (IPVS + nftables)
 #   proxier-start-pidns           proxier-start in a PID namespace of its own (as the DaemonSet runs it, without
@@ -17,8 +18,10 @@
 #                                 (polling ipvsadm); prints the clock then; exit 1 on timeout
 #   probe tcp|udp IP:PORT         one request from the client netns; prints the answering pod
 #   vip-add IP                    IP/32 on vclient, the client's link: a second local address (a keepalived VIP)
-#   load-start TCP UDP [TCP2]     e2e_traffic load from the client netns (25 connections/s, 5 datagrams/s,
-#                                 4 long-lived connections; with TCP2, TCP and TCP2 take the TCP load in turn)
+#   load-start TCP UDP [TCP2 [UDP2]]
+#                                 e2e_traffic load from the client netns (25 connections/s, 5 datagrams/s,
+#                                 4 long-lived connections; TCP2 and UDP2 take the load in turn with TCP and UDP,
+#                                 an IPv6 one counted apart too)
 #   load-stats                    its counters so far; load-stop stops it and prints the final ones
 #   load-log                      the load's log: failures, slow requests, pauses (with wall-clock times)
 #   log [N]                       the proxier log's last N lines
@@ -49,16 +52,24 @@ case $cmd in
   clock) now ;;
   wallclock) date +%s ;;
   pod)
-    n=$1; addr=$2; i=$(( $(cat "$W/vpod.n" 2>/dev/null || echo 100) + 1 )); echo "$i" > "$W/vpod.n"
+    n=$1; addr=$2; addr6=${3:-}; i=$(( $(cat "$W/vpod.n" 2>/dev/null || echo 100) + 1 )); echo "$i" > "$W/vpod.n"
     printf 'netns add %s\nlink add vpod%s type veth peer name eth0 netns %s\naddr add 10.244.0.1/32 dev vpod%s\nlink set vpod%s up\nroute add %s/32 dev vpod%s\n' \
       "$n" "$i" "$n" "$i" "$i" "$addr" "$i" | /sbin/ip -batch - &&
     printf 'link set lo up\naddr add %s/32 dev eth0\nlink set eth0 up\nroute add 10.244.0.1 dev eth0\nroute add default via 10.244.0.1 dev eth0\n' \
       "$addr" | /sbin/ip -n "$n" -batch - || exit 1
+    if [ -n "$addr6" ]; then # IPv6 in batches of its own, after IPv4's (ip -batch stops at its first error)
+      printf 'addr add fd00:10:244::1/128 dev vpod%s nodad\nroute add %s/128 dev vpod%s\n' "$i" "$addr6" "$i" | /sbin/ip -batch - &&
+      printf 'addr add %s/128 dev eth0 nodad\nroute add fd00:10:244::1 dev eth0\nroute add default via fd00:10:244::1 dev eth0\n' \
+        "$addr6" | /sbin/ip -n "$n" -batch - || exit 1
+    fi
     nsenter --net="/run/netns/$n" setsid "$TRAFFIC" serve --name "$n" --port 8080 < /dev/null > "$W/$n.log" 2>&1 &
-    # answering directly from the root netns (no IPVS) before it is listed anywhere
-    answers() { [ "$("$TRAFFIC" probe tcp "$addr:8080" 2>/dev/null)" = "$n" ]; }
+    # answering directly from the root netns (no IPVS) before it is listed anywhere, on each family it has
+    answers() {
+      [ "$("$TRAFFIC" probe tcp "$addr:8080" 2>/dev/null)" = "$n" ] &&
+        { [ -z "$addr6" ] || [ "$("$TRAFFIC" probe tcp "[$addr6]:8080" 2>/dev/null)" = "$n" ]; }
+    }
     wait_for 10 "pod $n to answer" answers 2>/dev/null || { echo "pod $n does not answer"; exit 1; }
-    echo "pod $n $addr up" ;;
+    echo "pod $n $addr${addr6:+ $addr6} up" ;;
   proxier-start) proxier_start < /dev/null ;;
   proxier-start-pidns)
     printf '#!/bin/sh\nexec unshare -p -f --mount-proc %s "$@"\n' "$KIPVS" > "$W/kipvs-pidns"; chmod +x "$W/kipvs-pidns"
@@ -84,7 +95,7 @@ case $cmd in
   vip-add) /sbin/ip addr add "$1/32" dev vclient ;;
   load-start)
     rm -f "$W/load.stop" "$W/load.stats"
-    nsenter --net=/run/netns/client setsid "$TRAFFIC" load --tcp "$1" ${3:+--tcp "$3"} --udp "$2" --rate 25 --udp-rate 5 --long 4 \
+    nsenter --net=/run/netns/client setsid "$TRAFFIC" load --tcp "$1" ${3:+--tcp "$3"} --udp "$2" ${4:+--udp "$4"} --rate 25 --udp-rate 5 --long 4 \
       --stats "$W/load.stats" --stop "$W/load.stop" < /dev/null > /dev/null 2> "$W/load.log" &
     echo $! > "$W/load.pid"
     wait_for 10 "the load's first stats" test -s "$W/load.stats" || exit 1
