@@ -24,7 +24,7 @@ use ipvs::procfs::{ListedService, ProcListing};
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NetlinkMessage};
 use netlink_packet_generic::GenlMessage;
 use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::address::AddressAttribute;
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::LinkAttribute;
 use netlink_proto::sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 use rtnetlink::{AddressMessageBuilder, LinkDummy};
@@ -353,17 +353,7 @@ impl Dataplane for KernelDataplane {
             if msg.header.index == self.link_index {
                 continue;
             }
-            // IFA_LOCAL is the node's own address; IFA_ADDRESS is the peer's on a
-            // point-to-point link (and equal to IFA_LOCAL elsewhere; IPv6 has only it).
-            let local = msg.attributes.iter().find_map(|attr| match attr {
-                AddressAttribute::Local(a) => Some(*a),
-                _ => None,
-            });
-            let address = msg.attributes.iter().find_map(|attr| match attr {
-                AddressAttribute::Address(a) => Some(*a),
-                _ => None,
-            });
-            out.extend(local.or(address));
+            out.extend(own_address(&msg));
         }
         Ok(out)
     }
@@ -554,17 +544,7 @@ impl Reader {
             if msg.header.index != self.link_index {
                 continue;
             }
-            // IFA_LOCAL is the node's own address; IFA_ADDRESS is the peer's on a
-            // point-to-point link (and equal to IFA_LOCAL elsewhere; IPv6 has only it).
-            let local = msg.attributes.iter().find_map(|attr| match attr {
-                AddressAttribute::Local(a) => Some(*a),
-                _ => None,
-            });
-            let address = msg.attributes.iter().find_map(|attr| match attr {
-                AddressAttribute::Address(a) => Some(*a),
-                _ => None,
-            });
-            out.extend(local.or(address));
+            out.extend(own_address(&msg));
         }
         Ok(out)
     }
@@ -722,7 +702,7 @@ async fn find_link(rtnl: &rtnetlink::Handle) -> Result<Option<u32>, DataplaneErr
     Ok(None)
 }
 
-fn address_message(index: u32, a: IpAddr) -> netlink_packet_route::address::AddressMessage {
+fn address_message(index: u32, a: IpAddr) -> AddressMessage {
     match a {
         IpAddr::V4(v4) => AddressMessageBuilder::<Ipv4Addr>::new()
             .index(index)
@@ -808,6 +788,22 @@ fn virtual_server_key(id: ipvs::ServiceId) -> Option<VirtualServerKey> {
         address,
         port,
         protocol,
+    })
+}
+
+/// The node's own address in one RTM_NEWADDR message: IFA_LOCAL, else IFA_ADDRESS.
+/// IFA_ADDRESS is the peer's on a point-to-point link (equal to IFA_LOCAL elsewhere;
+/// IPv6 has only it) — `linux/if_addr.h`.
+fn own_address(msg: &AddressMessage) -> Option<IpAddr> {
+    let local = msg.attributes.iter().find_map(|attr| match attr {
+        AddressAttribute::Local(a) => Some(*a),
+        _ => None,
+    });
+    local.or_else(|| {
+        msg.attributes.iter().find_map(|attr| match attr {
+            AddressAttribute::Address(a) => Some(*a),
+            _ => None,
+        })
     })
 }
 
