@@ -57,9 +57,9 @@ pub struct Ownership {
     pub node_port_range: Option<RangeInclusive<u16>>,
     /// `ipvs.excludeCIDRs`: virtual servers inside these are never deleted.
     pub exclude_cidrs: Vec<IpNet>,
-    /// The node's addresses on every interface but `kube-ipvs0`: virtual servers on them that
-    /// are not node IPs, with a port and protocol in `kube_proxy_node_ports`, are kube-proxy's,
-    /// owned and drained.
+    /// The node's addresses on every interface but `kube-ipvs0`: virtual servers on those kipvs
+    /// does not serve NodePorts on (loopback, or outside a narrower `nodePortAddresses`), with a
+    /// port and protocol in `kube_proxy_node_ports`, are kube-proxy's, owned and drained.
     pub local_addresses: BTreeSet<IpAddr>,
     /// The NodePorts (port, protocol) kube-proxy's virtual servers on `local_addresses` are
     /// drained for; empty (nothing drains) unless a takeover found kube-proxy's state.
