@@ -112,7 +112,8 @@ left=$(nft list table inet kipvs | grep -cE '10\.96\.0\.4[0-3]|203\.0\.113\.(2[0
 [ "$left" = 0 ] || nft list table inet kipvs | grep -E '10\.96\.0\.4[0-3]|203\.0\.113\.(2[01]|30)|10\.244\.(9\.9|1\.9)' | indent
 check "their set elements are gone ($left left)" [ "$left" = 0 ]
 pkill -f 'httpd -p 2222' 2>/dev/null
-# client2 goes with its netns (and vclient2 with it): its address 192.168.101.1 would be one more local address,
-# with NodePorts, in the tables the later tests compare with tests/vm/expected (39 makes it again if needed)
-/sbin/ip netns del client2
+# client2's host address 192.168.101.1 goes: it would be one more local address, with NodePorts, in the tables the
+# later tests compare with tests/vm/expected (39 adds it again). The netns stays: deleting a netns that carried
+# IPVS traffic hangs on 5.10 ("unregister_netdevice: waiting for lo to become free"), and vclient2 with it.
+/sbin/ip addr flush dev vclient2
 finish

@@ -42,6 +42,7 @@ foreign() { nft "$1" element inet kipvs firewall-allow "{ $FOREIGN }"; } # add|d
   printf 'link set lo up\naddr add 192.168.101.2/24 dev eth0\nlink set eth0 up\nroute add default via 192.168.101.1\n' |
     /sbin/ip -n client2 -batch -
 }
+/sbin/ip addr replace 192.168.101.1/24 dev vclient2 # 35 leaves client2 without the host's address
 get() { printf 'GET / HTTP/1.0\r\n\r\n' | nsenter --net=/run/netns/$1 nc -w 3 "$2" "$3" 2>/dev/null | tail -n1; } # NETNS IP PORT
 has_vs() { ipvsadm -Sn | grep -q -- "-A -t $1 "; }
 no_vs() { ! has_vs "$1"; }
@@ -108,5 +109,5 @@ wait_converged 30 >/dev/null || bad "not converged after removing the test Servi
 left=$(nft list table inet kipvs | grep -cE '203\.0\.113\.6[0-3]|10\.96\.0\.4[67]')
 check "their set elements are gone ($left left)" [ "$left" = 0 ]
 proxier_stop && proxier_start
-/sbin/ip netns del client2 # as 35 does: no extra local address for the later tests
+/sbin/ip addr flush dev vclient2 # as 35 does: no extra local address for the later tests
 finish
