@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # [text](target) outside code spans; images too. Targets with a scheme are not checked.
 LINK = re.compile(r"(?<!`)\[[^\]]*\]\(([^)\s]+)\)")
 # Paths of one machine or of a checkout's neighbours.
-OUTSIDE = re.compile(r"(/work/|\.\./shared\b|\bheavy\.sh\b|/home/\w+|/root/)")
+OUTSIDE = re.compile(r"(/work/|\.\./shared\b|\bheavy\b|/tmp/kipvs|/home/\w+|/root/)")
 
 
 def anchors(path: Path) -> set[str]:

@@ -13,7 +13,7 @@ while the parent imports it back is a cycle (a `mod` line alone is not an import
 module is a leaf nothing imports. The crate roots (`lib.rs`, `main.rs`, `bin/`) declare and
 re-export modules and are not nodes of the graph.
 
-The proxier adds its layers (ARCHITECTURE.md, "Proxier: folders"): `plan/` does not import
+The proxier adds its layers (ARCHITECTURE.md, "Folders (`proxier/src`)"): `plan/` does not import
 `dataplane/`, `model/` imports nothing outside itself, and neither `plan/` nor `model/` names a
 Kubernetes crate (`k8s_openapi`, `kube`: the planning core reads only the domain values of
 `model/objects.rs`, converted at the store's boundary by `source/convert.rs`). `model/` holds no

@@ -53,8 +53,8 @@
 //!   weights kube-proxy expects and releases the health port (`HandingBack`), or stays in
 //!   `Standby` where it never programmed. The operator labels the node `kube-proxy` once the
 //!   status shows one of those phases for the node's revision, so kube-proxy's pod starts
-//!   only after kipvs has stopped writing. When kube-proxy's `/healthz` reports it synced, the
-//!   proxier removes its nftables table (`HandedBack`) and reports Applied; `healthy` is then
+//!   only after kipvs has stopped writing. When kube-proxy reports a completed sync
+//!   (`kubeproxy_sync_proxy_rules_last_timestamp_seconds`), the proxier removes its nftables table (`HandedBack`) and reports Applied; `healthy` is then
 //!   kube-proxy's health as the proxier reads it.
 //! - a kube-proxy that comes back while kipvs programs makes the proxier stop writing
 //!   (`Standby`) and report `healthy: false` with a message: two programmers never run at once.
