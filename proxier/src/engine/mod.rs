@@ -32,7 +32,7 @@ use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use syncer::{SyncReport, Syncer};
+use syncer::{FINISH_SLICE, SyncReport, Syncer};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -442,8 +442,9 @@ impl<D: Dataplane> Engine<D> {
     /// (not the first one, nor one [`Engine::switch`] asks for) does not stall the changes: its
     /// observation of the kernel starts in a task of its own ([`Syncer::begin_full`]), the
     /// calls meanwhile sync what changed incrementally, and the first call after the
-    /// observation ended finishes the full sync with it ([`Syncer::finish_full`], which
-    /// reconciles it with the writes made meanwhile). A re-plan of every Service meanwhile is
+    /// observation ended syncs what it took, then finishes the full sync with it in slices
+    /// ([`Engine::finish_in_slices`]: each slice reconciled with the writes made meanwhile,
+    /// and what changed synced between slices). A re-plan of every Service meanwhile is
     /// synced against the cache of the kernel's state, all of it in scope.
     ///
     /// # Errors
@@ -466,7 +467,7 @@ impl<D: Dataplane> Engine<D> {
         if period_over && (!beside || starting) {
             self.refresh_other_interface_addresses().await;
         }
-        let (replanned, trigger_times) = self.replan();
+        let (replanned, mut trigger_times) = self.replan();
         if starting {
             self.observing = Some(Observing::start(&mut self.syncer));
         }
@@ -498,9 +499,17 @@ impl<D: Dataplane> Engine<D> {
             (None, Some(observing)) => {
                 let started = observing.started;
                 let observed = observing.finish().await;
-                let failed = observed.is_err();
-                let result = self.syncer.finish_full(desired, observed, started).await;
-                if failed {
+                if let Ok(observed) = observed {
+                    // What this call took from the store goes to the kernel first (a re-plan
+                    // of everything goes with the slices).
+                    if matches!(replanned, Replanned::Touched(_)) {
+                        self.sync_meanwhile(&replanned, &std::mem::take(&mut trigger_times))
+                            .await;
+                    }
+                    self.syncer.start_finishing(observed, started);
+                    self.finish_in_slices().await
+                } else {
+                    let result = self.syncer.finish_full(desired, observed, started).await;
                     // The read failed (the full sync is retried): what this call took from the
                     // store (a configuration or Node change: everything, against the cache) still
                     // goes to the kernel now, and the failure is reported.
@@ -517,8 +526,8 @@ impl<D: Dataplane> Engine<D> {
                     {
                         tracing::warn!("incremental sync after a failed observation: {e}");
                     }
+                    result
                 }
-                result
             }
             (None, None) if !full => {
                 let cache = self.syncer.cached().expect("beside: a cache");
@@ -541,6 +550,53 @@ impl<D: Dataplane> Engine<D> {
             }
         }
         result
+    }
+
+    /// Finishes the full sync the syncer started finishing ([`Syncer::start_finishing`]), one
+    /// slice of [`FINISH_SLICE`] entries at a time ([`Syncer::finish_slice`]); between slices,
+    /// the other tasks run (on a one-CPU node, the sources' watches share the engine's worker)
+    /// and what the store took meanwhile is synced at once ([`Engine::sync_meanwhile`]). So a
+    /// change waits for at most one slice, never for the whole diff of the table (issue 32).
+    async fn finish_in_slices(&mut self) -> Result<SyncReport, DataplaneError> {
+        loop {
+            if let Some(report) = self
+                .syncer
+                .finish_slice(self.planner.desired(), FINISH_SLICE)
+                .await
+            {
+                return Ok(report);
+            }
+            tokio::task::yield_now().await;
+            let (replanned, trigger_times) = self.replan();
+            self.sync_meanwhile(&replanned, &trigger_times).await;
+        }
+    }
+
+    /// Syncs what `replanned` says changed (bringing `trigger_times`; every Service after a
+    /// re-plan of all of them) against the cache while a full sync is being finished, and
+    /// tells the observers; nothing when nothing changed. A failure (the dataplane could not
+    /// be read) is logged and reported as an incremental sync's is.
+    async fn sync_meanwhile(&mut self, replanned: &Replanned, trigger_times: &[SystemTime]) {
+        let desired = self.planner.desired();
+        let everything;
+        let touched = match replanned {
+            Replanned::Touched(touched) if touched.is_empty() => return,
+            Replanned::Touched(touched) => touched,
+            Replanned::All => {
+                let Some(cache) = self.syncer.cached() else {
+                    return;
+                };
+                everything = full_scope(desired, cache);
+                &everything
+            }
+        };
+        let result = self.syncer.sync_touched(desired, touched).await;
+        if let Err(e) = &result {
+            tracing::warn!("incremental sync during a full sync's finish: {e}");
+        }
+        let touched = matches!(replanned, Replanned::Touched(_)).then_some(touched);
+        self.tell_observers(&result, false, touched, trigger_times);
+        self.report_sync(&result);
     }
 
     /// Reads the node's addresses on other interfaces than `kube-ipvs0` for the planner (a

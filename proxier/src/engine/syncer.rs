@@ -1,7 +1,8 @@
 //! Synchronisation: observe the dataplane, [`diff`](crate::dataplane::diff::diff) against the desired state, apply.
 //!
 //! Three kinds of sync, so that cost follows change:
-//! - [`Syncer::sync`] (start, periodic resync): observe the whole kernel table, diff it all.
+//! - [`Syncer::sync`] (start, periodic resync): observe the whole kernel table, diff it all
+//!   (the periodic one in slices, [`Syncer::finish_slice`], with incremental syncs between).
 //! - [`Syncer::sync_touched`] (a Service or its endpoints changed): diff only the virtual
 //!   servers and addresses the change touched, against a cache of the kernel's state that is
 //!   kept up to date with every applied op. One endpoint change costs a handful of netlink
@@ -41,13 +42,12 @@ use super::drains::Drains;
 use crate::dataplane::diff::{Ownership, diff_scoped};
 use crate::dataplane::kernel::conntrack::{self, CleanupReport, Listing};
 use crate::dataplane::{Dataplane, DataplaneError, Op, OpFailure, isolate};
-use crate::model::{
-    DesiredState, ObservedState, Protocol, Scope, SetElement, VirtualServerKey, full_scope,
-};
+use crate::model::{DesiredState, ObservedState, Protocol, Scope, SetElement, VirtualServerKey};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::Bound;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -55,13 +55,15 @@ use tokio::time::Instant;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
     /// It observed the whole kernel and diffed everything ([`Syncer::sync`],
-    /// [`Syncer::finish_full`]).
+    /// [`Syncer::finish_full`]; the last slice of [`Syncer::finish_slice`]).
     Full,
     /// It diffed what a change touched against the cache ([`Syncer::sync_touched`]); every
     /// Service after a re-plan of all of them.
     Incremental,
     /// It re-read the virtual servers of draining real servers ([`Syncer::check_drains`]).
     DrainCheck,
+    /// A slice of a full sync's finish but the last ([`Syncer::finish_slice`]).
+    FullSlice,
 }
 
 impl SyncKind {
@@ -71,6 +73,7 @@ impl SyncKind {
             SyncKind::Full => "full",
             SyncKind::Incremental => "incremental",
             SyncKind::DrainCheck => "drain check",
+            SyncKind::FullSlice => "full slice",
         }
     }
 }
@@ -98,6 +101,10 @@ pub const RETRY_FIRST: Duration = Duration::from_secs(1);
 
 /// The longest delay between retries of one entry (the delay doubles from [`RETRY_FIRST`]).
 pub const RETRY_MAX: Duration = Duration::from_secs(64);
+
+/// How many entries of one kind a slice of a periodic full sync's finish takes at most
+/// ([`Syncer::finish_slice`]): about a millisecond of the engine's loop at native speed.
+pub const FINISH_SLICE: usize = 1024;
 
 /// The Service a full sync programs first: the API server's. A node whose first sync is slow
 /// (a cold start programs the whole table) cannot reach the API server through its ClusterIP
@@ -210,11 +217,7 @@ impl Entry {
 /// Make `cache` hold each of `items` exactly when `kernel` does (the re-read of entries in doubt).
 fn copy_membership<T: Ord + Copy>(cache: &mut BTreeSet<T>, kernel: &BTreeSet<T>, items: &[T]) {
     for item in items {
-        if kernel.contains(item) {
-            cache.insert(*item);
-        } else {
-            cache.remove(item);
-        }
+        set_membership(cache, *item, kernel.contains(item));
     }
 }
 
@@ -223,6 +226,35 @@ fn copy_membership<T: Ord + Copy>(cache: &mut BTreeSet<T>, kernel: &BTreeSet<T>,
 struct Backoff {
     due: Instant,
     delay: Duration,
+}
+
+/// A full sync being finished in slices ([`Syncer::start_finishing`]).
+struct Finishing {
+    /// What the observation read and no slice took yet.
+    observed: ObservedState,
+    /// When the full sync started.
+    start: Instant,
+    /// Where the next slice starts.
+    next: Next,
+    /// The ops of the slices so far.
+    ops: Vec<Op>,
+    /// Those of them that failed.
+    failures: Vec<OpFailure>,
+}
+
+/// Where the next slice of a full sync's finish starts, in the order the slices go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// The nftables rules (with the first set elements).
+    Rules,
+    /// The set elements from this one.
+    SetElements(Bound<SetElement>),
+    /// The virtual servers from this one.
+    VirtualServers(Bound<VirtualServerKey>),
+    /// The addresses on `kube-ipvs0` from this one.
+    Addresses(Bound<IpAddr>),
+    /// Nothing left.
+    Done,
 }
 
 /// Drives a [`Dataplane`] towards desired states.
@@ -246,9 +278,12 @@ pub struct Syncer<D> {
     /// successful conntrack cleanup: the entries the next cleanup lists (the entries of a
     /// deleted one are stale whatever their real server).
     udp_changed: BTreeSet<VirtualServerKey>,
-    /// While a full observation runs ([`Syncer::begin_full`]): the cache entries written (or
-    /// re-read) since it started, where the cache knows better than the observation.
+    /// While a full sync observes or finishes ([`Syncer::begin_full`] to its last slice): the
+    /// cache entries written (or re-read) since it started, where the cache knows better than
+    /// the observation.
     written: Option<BTreeSet<Entry>>,
+    /// The full sync being finished in slices, if any.
+    finishing: Option<Finishing>,
 }
 
 impl<D: Dataplane> Syncer<D> {
@@ -263,6 +298,7 @@ impl<D: Dataplane> Syncer<D> {
             drains: Drains::default(),
             udp_changed: BTreeSet::new(),
             written: None,
+            finishing: None,
         }
     }
 
@@ -310,8 +346,8 @@ impl<D: Dataplane> Syncer<D> {
     /// Starts the observation of a full sync: the read of the whole kernel, as a future that
     /// borrows nothing ([`Dataplane::observer`]), to run beside incremental syncs
     /// ([`sync_touched`](Self::sync_touched), [`check_drains`](Self::check_drains)); from now
-    /// on, until [`finish_full`](Self::finish_full), the syncer notes every cache entry they
-    /// write or re-read.
+    /// on, until the full sync's last slice ([`finish_slice`](Self::finish_slice)), the syncer
+    /// notes every cache entry they write or re-read.
     pub fn begin_full(
         &mut self,
     ) -> impl Future<Output = Result<ObservedState, DataplaneError>> + Send + 'static {
@@ -320,15 +356,9 @@ impl<D: Dataplane> Syncer<D> {
     }
 
     /// Finishes the full sync [`begin_full`](Self::begin_full) started at `start` with what it
-    /// `observed`: the observation, reconciled with the writes made while it ran, becomes the
-    /// cache, everything is diffed against it and applied.
-    ///
-    /// Reconciled: an entry written or re-read while the observation ran (a virtual server with
-    /// its real servers, an address, a set element, the rules) keeps the cache's state, which
-    /// follows those writes; the observation may have read that entry before them. Every other
-    /// entry takes the observation's state (what others changed in the kernel, connection
-    /// counts). So a full sync never undoes nor repeats a write made while it observed; an
-    /// entry left in doubt by one of them is not in its scope and keeps its own retry.
+    /// `observed`, in one go: [`start_finishing`](Self::start_finishing), then one
+    /// [`finish_slice`](Self::finish_slice) of everything (the first sync, and the full syncs a
+    /// switch forces: the API server's Service goes first, [`first_the_api_server`]).
     ///
     /// Errors: only when the dataplane could not be observed (nothing is changed then).
     #[tracing::instrument(name = "sync", skip_all, fields(kind = "full"))]
@@ -338,21 +368,203 @@ impl<D: Dataplane> Syncer<D> {
         observed: Result<ObservedState, DataplaneError>,
         start: Instant,
     ) -> Result<SyncReport, DataplaneError> {
-        let written = self.written.take().unwrap_or_default();
-        let mut observed = observed?;
-        if let Some(cache) = &self.cache {
-            reconcile(&mut observed, cache, &written);
+        let observed = match observed {
+            Ok(observed) => observed,
+            Err(e) => {
+                self.written = None;
+                return Err(e);
+            }
+        };
+        self.start_finishing(observed, start);
+        Ok(self
+            .finish_slice(desired, usize::MAX)
+            .await
+            .expect("one slice of everything finishes"))
+    }
+
+    /// Takes what the full sync [`begin_full`](Self::begin_full) started at `start`
+    /// `observed`, to finish it in slices ([`finish_slice`](Self::finish_slice)); until the
+    /// last one, the syncer goes on noting the entries incremental syncs write.
+    pub fn start_finishing(&mut self, observed: ObservedState, start: Instant) {
+        self.written.get_or_insert_default();
+        self.finishing = Some(Finishing {
+            observed,
+            start,
+            next: Next::Rules,
+            ops: Vec::new(),
+            failures: Vec::new(),
+        });
+    }
+
+    /// Whether a full sync is being finished in slices ([`start_finishing`](Self::start_finishing)).
+    pub fn finishing(&self) -> bool {
+        self.finishing.is_some()
+    }
+
+    /// One slice of the full sync being finished: entries of one kind, at most `limit` of each
+    /// of the desired state, the observation and the cache (the rules and nftables set
+    /// elements first, then virtual servers, then addresses on `kube-ipvs0`: the stage order
+    /// of [`diff_scoped`] across slices), or, with `limit` `usize::MAX`, everything at once
+    /// (the API server's Service first, [`first_the_api_server`]). Each entry of the slice that no sync wrote or re-read
+    /// since the observation started takes the observation's state in the cache (what others
+    /// changed in the kernel, connection counts); the others keep the cache's, which follows
+    /// those writes (the observation may have read them before). Then the slice is diffed
+    /// against `desired` as it is now and applied. So a full sync never undoes nor repeats a
+    /// write made while it ran; an entry left in doubt by one of them keeps its own retry.
+    /// Cost on the caller: O(`limit` · log n) per slice; incremental syncs may run between
+    /// slices.
+    ///
+    /// Returns the full sync's report after the last slice (every slice's ops and failures, the
+    /// UDP conntrack cleanup of every entry, the duration from `start`), `None` before; `None`
+    /// when no full sync is being finished.
+    pub async fn finish_slice(
+        &mut self,
+        desired: &DesiredState,
+        limit: usize,
+    ) -> Option<SyncReport> {
+        let mut finishing = self.finishing.take()?;
+        let cache = self.cache.get_or_insert_default();
+        let written = self.written.get_or_insert_default();
+        let observed = &mut finishing.observed;
+        let mut scope = Scope::default();
+        let mut next = finishing.next;
+        loop {
+            next = match next {
+                Next::Rules => {
+                    if !written.contains(&Entry::Rules) {
+                        cache.nft_rule_comments = std::mem::take(&mut observed.nft_rule_comments);
+                    }
+                    Next::SetElements(Bound::Unbounded)
+                }
+                Next::SetElements(from) => {
+                    let (keys, after) = chunk(
+                        limit,
+                        [
+                            Box::new(
+                                desired
+                                    .set_elements
+                                    .range((from, Bound::Unbounded))
+                                    .copied(),
+                            ),
+                            Box::new(
+                                observed
+                                    .set_elements
+                                    .range((from, Bound::Unbounded))
+                                    .copied(),
+                            ),
+                            Box::new(cache.set_elements.range((from, Bound::Unbounded)).copied()),
+                        ],
+                    );
+                    for element in keys
+                        .iter()
+                        .filter(|e| !written.contains(&Entry::SetElement(**e)))
+                    {
+                        let present = observed.set_elements.remove(element);
+                        set_membership(&mut cache.set_elements, *element, present);
+                    }
+                    scope.set_elements = keys;
+                    after.map_or(Next::VirtualServers(Bound::Unbounded), Next::SetElements)
+                }
+                Next::VirtualServers(from) => {
+                    let range = (from, Bound::Unbounded);
+                    let (keys, after) = chunk(
+                        limit,
+                        [
+                            Box::new(desired.virtual_servers.range(range).map(|(k, _)| *k)),
+                            Box::new(observed.virtual_servers.range(range).map(|(k, _)| *k)),
+                            Box::new(cache.virtual_servers.range(range).map(|(k, _)| *k)),
+                        ],
+                    );
+                    for key in keys
+                        .iter()
+                        .filter(|k| !written.contains(&Entry::VirtualServer(**k)))
+                    {
+                        match observed.virtual_servers.remove(key) {
+                            Some(vs) => cache.virtual_servers.insert(*key, vs),
+                            None => cache.virtual_servers.remove(key),
+                        };
+                    }
+                    scope.virtual_servers = keys;
+                    after.map_or(Next::Addresses(Bound::Unbounded), Next::VirtualServers)
+                }
+                Next::Addresses(from) => {
+                    let (keys, after) = chunk(
+                        limit,
+                        [
+                            Box::new(
+                                desired
+                                    .bind_addresses
+                                    .range((from, Bound::Unbounded))
+                                    .copied(),
+                            ),
+                            Box::new(
+                                observed
+                                    .bound_addresses
+                                    .range((from, Bound::Unbounded))
+                                    .copied(),
+                            ),
+                            Box::new(
+                                cache
+                                    .bound_addresses
+                                    .range((from, Bound::Unbounded))
+                                    .copied(),
+                            ),
+                        ],
+                    );
+                    for address in keys
+                        .iter()
+                        .filter(|a| !written.contains(&Entry::Address(**a)))
+                    {
+                        let present = observed.bound_addresses.remove(address);
+                        set_membership(&mut cache.bound_addresses, *address, present);
+                    }
+                    scope.addresses = keys;
+                    after.map_or(Next::Done, Next::Addresses)
+                }
+                Next::Done => Next::Done,
+            };
+            // A slice holds one kind of entry (the rules go with the first); a slice without a
+            // limit goes on to the end.
+            let slice_ends =
+                limit != usize::MAX && !matches!(next, Next::SetElements(Bound::Unbounded));
+            if next == Next::Done || slice_ends {
+                break;
+            }
         }
-        let mut scope = full_scope(desired, &observed);
-        for entry in written.iter().filter(|e| self.in_doubt.contains_key(e)) {
+        finishing.next = next;
+        let done = next == Next::Done;
+        for entry in self.in_doubt.keys().filter(|e| written.contains(e)) {
             entry.set_in(&mut scope, false);
         }
+        if done {
+            self.written = None;
+        }
+        let start = finishing.start;
         let expired = self.expired(start);
-        let mut ops = diff_scoped(desired, &observed, &self.ownership, &scope, &expired);
-        first_the_api_server(desired, &mut ops);
-        self.cache = Some(observed);
-        self.apply(desired, ops, &scope, start, SyncKind::Full)
-            .await
+        let cache = self.cache.as_ref().expect("made above");
+        let mut ops = diff_scoped(desired, cache, &self.ownership, &scope, &expired);
+        // O(n): only when everything goes at once (slices go in key order).
+        if limit == usize::MAX && !ops.is_empty() {
+            first_the_api_server(desired, &mut ops);
+        }
+        let kind = if done {
+            SyncKind::Full
+        } else {
+            SyncKind::FullSlice
+        };
+        let report = self.apply(desired, ops, &scope, start, kind).await;
+        finishing.ops.extend(report.ops);
+        finishing.failures.extend(report.failures);
+        if !done {
+            self.finishing = Some(finishing);
+            return None;
+        }
+        Some(SyncReport {
+            ops: finishing.ops,
+            failures: finishing.failures,
+            duration: start.elapsed(),
+            conntrack: report.conntrack,
+        })
     }
 
     /// Incremental sync of what `touched` names, against the cached kernel state; a full
@@ -414,8 +626,9 @@ impl<D: Dataplane> Syncer<D> {
         let expired = self.expired(start);
         let cache = self.cache.as_ref().expect("checked");
         let ops = diff_scoped(desired, cache, &self.ownership, &scope, &expired);
-        self.apply(desired, ops, &scope, start, SyncKind::Incremental)
-            .await
+        Ok(self
+            .apply(desired, ops, &scope, start, SyncKind::Incremental)
+            .await)
     }
 
     /// Re-read the virtual servers `keys` from the kernel into the cache.
@@ -480,8 +693,9 @@ impl<D: Dataplane> Syncer<D> {
             ..Scope::default()
         };
         let ops = diff_scoped(desired, cache, &self.ownership, &scope, &expired);
-        self.apply(desired, ops, &scope, start, SyncKind::DrainCheck)
-            .await
+        Ok(self
+            .apply(desired, ops, &scope, start, SyncKind::DrainCheck)
+            .await)
     }
 
     /// Draining real servers past their maximum drain time at `now`.
@@ -499,7 +713,7 @@ impl<D: Dataplane> Syncer<D> {
         scope: &Scope,
         start: Instant,
         kind: SyncKind,
-    ) -> Result<SyncReport, DataplaneError> {
+    ) -> SyncReport {
         for op in &ops {
             tracing::debug!(target: OPS_LOG, "{op}");
         }
@@ -534,27 +748,30 @@ impl<D: Dataplane> Syncer<D> {
             .await;
         let conntrack_us = cleaning.elapsed().as_micros() as u64;
         let duration = start.elapsed();
-        tracing::info!(
-            kind = kind.name(),
-            ops = ops.len(),
-            failed = failures.len(),
-            draining = self.drains.len(),
-            in_doubt = self.in_doubt.len(),
-            duration_us = duration.as_micros() as u64,
-            apply_us,
-            conntrack_us,
-            "sync complete"
-        );
-        Ok(SyncReport {
+        // A slice of a full sync's finish that changed nothing is not logged: the last one is.
+        if kind != SyncKind::FullSlice || !ops.is_empty() {
+            tracing::info!(
+                kind = kind.name(),
+                ops = ops.len(),
+                failed = failures.len(),
+                draining = self.drains.len(),
+                in_doubt = self.in_doubt.len(),
+                duration_us = duration.as_micros() as u64,
+                apply_us,
+                conntrack_us,
+                "sync complete"
+            );
+        }
+        SyncReport {
             ops,
             failures,
             duration,
             conntrack,
-        })
+        }
     }
 
-    /// Notes `entries` as written while a full observation runs (see
-    /// [`finish_full`](Self::finish_full)); nothing when none runs.
+    /// Notes `entries` as written while a full sync observes or finishes (see
+    /// [`finish_slice`](Self::finish_slice)); nothing when none runs.
     fn note_written(&mut self, entries: impl IntoIterator<Item = Entry>) {
         if let Some(written) = &mut self.written {
             written.extend(entries);
@@ -710,32 +927,34 @@ impl<D: Dataplane> Syncer<D> {
     }
 }
 
-/// Gives `observed` the `cache`'s state of each `written` entry (see [`Syncer::finish_full`]).
-/// O(written · log n).
-fn reconcile(observed: &mut ObservedState, cache: &ObservedState, written: &BTreeSet<Entry>) {
-    for entry in written {
-        match entry {
-            Entry::VirtualServer(key) => match cache.virtual_servers.get(key) {
-                Some(vs) => {
-                    observed.virtual_servers.insert(*key, vs.clone());
-                }
-                None => {
-                    observed.virtual_servers.remove(key);
-                }
-            },
-            Entry::Address(address) => copy_membership(
-                &mut observed.bound_addresses,
-                &cache.bound_addresses,
-                &[*address],
-            ),
-            Entry::SetElement(element) => {
-                copy_membership(&mut observed.set_elements, &cache.set_elements, &[*element])
-            }
-            Entry::Rules => observed
-                .nft_rule_comments
-                .clone_from(&cache.nft_rule_comments),
-        }
+/// Puts `item` in `set` when `present`, takes it out otherwise.
+fn set_membership<T: Ord>(set: &mut BTreeSet<T>, item: T, present: bool) {
+    if present {
+        set.insert(item);
+    } else {
+        set.remove(&item);
     }
+}
+
+/// The keys of one slice of a full sync's finish: those of the three ascending `keys` (the
+/// desired state's, the observation's and the cache's, from the slice's start) below the
+/// first key any of them has past its `limit` first keys (so at most `limit` of each), and the
+/// start of the next slice (`None`: these were the last). O(`limit`).
+fn chunk<'a, T: Ord + Copy + 'a>(
+    limit: usize,
+    keys: [Box<dyn Iterator<Item = T> + 'a>; 3],
+) -> (BTreeSet<T>, Option<Bound<T>>) {
+    let firsts: Vec<Vec<T>> = keys
+        .into_iter()
+        .map(|k| k.take(limit.saturating_add(1)).collect())
+        .collect();
+    let end = firsts.iter().filter_map(|f| f.get(limit).copied()).min();
+    let keys = firsts
+        .into_iter()
+        .flatten()
+        .filter(|k| end.is_none_or(|end| *k < end))
+        .collect();
+    (keys, end.map(Bound::Included))
 }
 
 /// Logs each failed op with the Service of its virtual server (`-` for none).

@@ -238,6 +238,107 @@ async fn a_change_does_not_wait_for_the_full_syncs_read() {
     );
 }
 
+/// Issue 32: a change made while a periodic full sync finishes (reconciles its observation
+/// with the cache, diffs and applies the whole table) reaches the dataplane before that
+/// finish ends: the finish goes in slices of `FINISH_SLICE` entries, and what the store took
+/// meanwhile is synced between two of them. Here someone flushed the kernel's virtual servers
+/// (the cache still has them), so the full sync re-adds them all, slice after slice; the
+/// change comes once the first of them is in, and is applied before the last.
+#[tokio::test(start_paused = true)]
+async fn a_change_does_not_wait_for_the_full_syncs_finish() {
+    use crate::dataplane::fake::FakeEvent;
+    const SERVICES: usize = FINISH_SLICE + 100;
+    // Service i: ClusterIP 10.96.x.y, one endpoint 10.244.x.y; service 0 has the lowest
+    // virtual server, in the first slice.
+    let web = |i: usize, ready: bool| {
+        let (x, y) = (i / 200, i % 200 + 10);
+        WEB.replace("web", &format!("web{i}"))
+            .replace("10.96.0.20", &format!("10.96.{x}.{y}"))
+            .replace("10.244.1.2", &format!("10.244.{x}.{y}"))
+            .replace("READY", if ready { "true" } else { "false" })
+            + "---\n"
+    };
+    let cluster = |first_ready: bool| -> String {
+        (0..SERVICES)
+            .map(|i| web(i, i > 0 || first_ready))
+            .collect()
+    };
+    let m = Manifests::new("finish", &cluster(true));
+    let mut engine = m.engine(FakeDataplane::default());
+    let seen = m.source.load_into(&m.handle, None).unwrap();
+    engine.sync().await.unwrap();
+    assert_eq!(engine.dataplane().state.virtual_servers.len(), SERVICES);
+    // Someone flushes the virtual servers; the next full sync finds out.
+    let (events, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let fake = engine.syncer.dataplane_mut();
+    fake.state.virtual_servers.clear();
+    fake.events = Some(events);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        engine
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+        engine
+    });
+    let mut next = async || heard.recv().await.expect("the engine runs").1;
+    assert_eq!(next().await, FakeEvent::ObserveStarted);
+    assert_eq!(next().await, FakeEvent::ObserveEnded);
+    let first = next().await;
+    assert!(
+        matches!(&first, FakeEvent::Applied(Op::AddVirtualServer(..))),
+        "{first:?}"
+    );
+    // The finish is under way: service 0's endpoint stops being ready.
+    std::fs::write(&m.file, cluster(false)).unwrap();
+    m.source.load_into(&m.handle, seen.as_ref()).unwrap();
+    let mut added = 1;
+    loop {
+        match next().await {
+            FakeEvent::Applied(Op::AddVirtualServer(..)) => added += 1,
+            FakeEvent::Applied(Op::AddRealServer { .. }) => {}
+            FakeEvent::Applied(op @ Op::DeleteRealServer { .. }) => {
+                assert_eq!(
+                    op.virtual_server().unwrap().address.to_string(),
+                    "10.96.0.10"
+                );
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        added < SERVICES,
+        "the change waited for the whole finish: {added} virtual servers added before it"
+    );
+    // The rest of the finish follows, and leaves the kernel as desired.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.send(()).unwrap();
+    let engine = running.await.unwrap();
+    while let Ok((_, event)) = heard.try_recv() {
+        if let FakeEvent::Applied(Op::AddVirtualServer(..)) = event {
+            added += 1;
+        }
+    }
+    assert_eq!(added, SERVICES);
+    let kernel = &engine.dataplane().state;
+    assert_eq!(kernel.virtual_servers.len(), SERVICES);
+    let real_servers = |vs: &crate::model::ObservedVirtualServer| vs.real_servers.len();
+    let empty = kernel
+        .virtual_servers
+        .values()
+        .filter(|vs| real_servers(vs) == 0);
+    assert_eq!(empty.count(), 1, "service 0 alone lost its endpoint");
+    assert_eq!(
+        engine.syncer().cached(),
+        Some(kernel),
+        "the cache follows the kernel"
+    );
+    assert_eq!(engine.syncer().in_doubt().count(), 0);
+    assert!(!engine.syncer().finishing());
+}
+
 /// A periodic full sync whose background read fails changes nothing by itself and is
 /// retried at the next call; what the call that found the failure took from the store
 /// still reaches the kernel at once (`Syncer::finish_full`'s error path in

@@ -312,6 +312,14 @@ pub fn full_scope(desired: &DesiredState, observed: &ObservedState) -> Scope {
 }
 
 impl Scope {
+    /// Whether it names nothing.
+    pub fn is_empty(&self) -> bool {
+        self.virtual_servers.is_empty()
+            && self.addresses.is_empty()
+            && self.set_elements.is_empty()
+            && self.health_check_node_ports.is_empty()
+    }
+
     /// Add another update's changes.
     pub fn extend(&mut self, other: Scope) {
         self.virtual_servers.extend(other.virtual_servers);
