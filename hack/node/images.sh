@@ -4,16 +4,18 @@
 #   pause     build/pause/linux/pause.c of Debian's kubernetes source (k8s_source), `gcc -static`; runs as 65535
 #             like upstream's
 #   agnhost   `k8s_bin agnhost` (KIPVS_K8S_BIN's when it has one, else the Debian build) at /agnhost, its
-#             entrypoint, with busybox-static's applets in /bin and Debian's curl, wget, netcat-openbsd (`nc`) and
-#             dash (`sh`) with the libraries they need: upstream's e2e tests run `sh -c` with curl, wget and nc in
-#             it, as upstream's image (alpine + curl, netcat-openbsd; busybox's wget) has them. busybox-static's
-#             own wget dies of a segmentation fault in this image, so /bin/wget is Debian's.
+#             entrypoint, with busybox-static's applets in /bin and Debian's curl, wget, netcat-openbsd (`nc`),
+#             conntrack and dash (`sh`) with the libraries they need: upstream's e2e tests run `sh -c` with curl,
+#             wget and nc in it, as upstream's image (alpine + curl, netcat-openbsd; busybox's wget) has them.
+#             busybox-static's own wget dies of a segmentation fault in this image, so /bin/wget is Debian's.
 # The names are the release's, so that its pods and tests ask for exactly these images:
 #   pause     the kubelet's default sandbox image (its --pod-infra-container-image default: k8s.gcr.io/pause:3.2
 #             on 1.20; registry.k8s.io/pause:3.10 for a kubelet without the flag) and, with E2E_TEST, the pause
 #             of that release's e2e framework (test/utils/image/manifest.go, as `e2e.test --list-images` prints)
 #   agnhost   kipvs.test/agnhost:node (tests/node/*.yaml) and, with E2E_TEST, the e2e framework's agnhost
-#             (k8s.gcr.io/e2e-test-images/agnhost:2.21 on 1.20)
+#             (k8s.gcr.io/e2e-test-images/agnhost:2.21 on 1.20) and its debian-iptables when it names one
+#             (k8s.gcr.io/build-image/debian-iptables:buster-v1.3.0 on 1.20: KubeProxy's CLOSE_WAIT test runs
+#             `sleep` and `conntrack -L` in it, on the host network)
 # Cached in $NODECACHE/images by their inputs (pause.c, the agnhost binary, the Debian packages, this script).
 # Prints one line per image, pause first: "FILE REF [REF...]" (the archive, the names it is tagged with).
 #
@@ -35,15 +37,16 @@ if [ -n "$E2E_TEST" ]; then
   e2e_images=$("$E2E_TEST" --list-images 2>/dev/null) || { echo "node-images: $E2E_TEST --list-images failed" >&2; exit 1; }
   # the framework's agnhost is the e2e-test-images one (its list has a private registry's agnhost too)
   p=$(grep -m1 '/pause:' <<<"$e2e_images" || true) a=$(grep -m1 '/e2e-test-images/agnhost:' <<<"$e2e_images" || true)
+  i=$(grep -m1 '/debian-iptables:' <<<"$e2e_images" || true)
   [ -n "$a" ] || { echo "node-images: no agnhost in $E2E_TEST --list-images" >&2; exit 1; }
   [ -z "$p" ] || [ "$p" = "${PAUSE_REFS[0]}" ] || PAUSE_REFS+=("$p")
-  AGNHOST_REFS+=("$a")
+  AGNHOST_REFS+=("$a" ${i:+"$i"})
 fi
 
 K=$(k8s_source)
 PAUSE_C=$K/build/pause/linux/pause.c
 AGNHOST=$(k8s_bin agnhost)
-TOOLS=(curl wget netcat-openbsd) # in agnhost's image, with their closure (and dash alone: it needs libc6 only)
+TOOLS=(curl wget netcat-openbsd conntrack) # in agnhost's image, with their closure (and dash alone: it needs libc6 only)
 mapfile -t closure < <(deb_closure "${TOOLS[@]}")
 key=$( (sha256sum "$PAUSE_C" "$AGNHOST" "$0" | cut -c1-64; ls "$VMCACHE"/debs/busybox-static_*.deb
   printf '%s\n' "${closure[@]}") | sha256sum | cut -c1-16)
@@ -97,9 +100,9 @@ chmod 1777 "$W/agnhost/tmp"
 printf 'root:x:0:0:root:/:/bin/sh\n' > "$W/agnhost/etc/passwd"; printf 'root:x:0:\n' > "$W/agnhost/etc/group"
 printf 'hosts: files dns\n' > "$W/agnhost/etc/nsswitch.conf" # glibc's (wget, curl) name lookups
 # the tools run (a missing library shows here, not as a test's timeout on the node)
-for t in curl wget; do
+for t in usr/bin/curl usr/bin/wget usr/sbin/conntrack; do
   LD_LIBRARY_PATH=$W/agnhost/lib/x86_64-linux-gnu:$W/agnhost/usr/lib/x86_64-linux-gnu \
-    "$W/agnhost/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$W/agnhost/usr/bin/$t" --version > /dev/null ||
+    "$W/agnhost/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$W/agnhost/$t" --version > /dev/null ||
     { echo "node-images: $t does not run with the image's libraries" >&2; exit 1; }
 done
 oci_archive agnhost "$W/agnhost" 0:0 /agnhost pause

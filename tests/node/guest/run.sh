@@ -4,8 +4,19 @@
 # HOST_IP, SANDBOX_IMAGE, KUBELET_ARGS), containerd with the images of /payload/images loaded offline, Debian's CNI bridge for pods, and a
 # kubelet registered with the host's kube-apiserver. Then it serves the agent (agent.sh, busybox httpd CGI on
 # NODE_IP:7000) and runs until the host stops the VM. Milestones go to the console as `NODE <what> uptime=<s>`.
+# A node of several (hack/test-node.sh with NODES > 1) gets its identity on the kernel command line, since all
+# boot the same initrd: kipvs.node=NAME,IP,POD_CIDR (its Node's name, its address, its pods' /24) and
+# kipvs.routes=CIDR@IP,... (the other nodes' pod CIDRs, each routed to its node on the shared link). Its pods
+# are then not masqueraded (the CNI bridge's ipMasq off): a pod's own address reaches the other nodes' pods.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 . /payload/node.env
+POD_CIDR="" ROUTES=""
+for a in $(cat /proc/cmdline); do
+  case $a in
+    kipvs.node=*) v=${a#kipvs.node=}; NODE_NAME=${v%%,*}; v=${v#*,}; NODE_IP=${v%%,*}; POD_CIDR=${v#*,} ;;
+    kipvs.routes=*) ROUTES=$(echo "${a#kipvs.routes=}" | tr , ' ') ;;
+  esac
+done
 L=/var/log/node
 up() { cut -d' ' -f1 /proc/uptime; }
 mark() { echo "NODE $* uptime=$(up)" | tee -a "$L/milestones.log"; }
@@ -30,9 +41,15 @@ echo 1 > /proc/sys/net/ipv4/ip_forward
 echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
 ip link set eth0 up && ip addr add "$NODE_IP/24" dev eth0 && ip route add default via "$HOST_IP" ||
   fail "no NIC (eth0)"
+for r in $ROUTES; do ip route add "${r%@*}" via "${r#*@}" || fail "no route $r"; done
 mark network
 sed "s#@SANDBOX_IMAGE@#$SANDBOX_IMAGE#" /payload/node/containerd.toml > /etc/containerd/config.toml
-cp /payload/node/cni.conflist /etc/cni/net.d/10-kipvs-node.conflist
+if [ -n "$POD_CIDR" ]; then # this node's pod CIDR (gateway .1), unmasqueraded
+  sed -e "s#10.244.0.0/24#$POD_CIDR#" -e "s#10.244.0.1#${POD_CIDR%.*/*}.1#" -e 's#"ipMasq": true#"ipMasq": false#' \
+    /payload/node/cni.conflist > /etc/cni/net.d/10-kipvs-node.conflist
+else
+  cp /payload/node/cni.conflist /etc/cni/net.d/10-kipvs-node.conflist
+fi
 cp /payload/node/kubelet.yaml /etc/kubernetes/kubelet.yaml
 printf 'clusterDNS: [%s]\nclusterDomain: cluster.local\n' "$HOST_IP" >> /etc/kubernetes/kubelet.yaml # the host's dnsmasq
 cp /payload/node/kubeconfig /etc/kubernetes/kubelet.kubeconfig
