@@ -337,31 +337,37 @@ const BULK_RATIO: usize = 16;
 
 /// Looks up keys given in strictly ascending order (no key twice) in `map`, `keys` of them in
 /// all: one B-tree search each when they are few against the map, or by walking the map
-/// alongside them when they are at least `1 / BULK_RATIO` of its size. A key asked out of
-/// order or twice is a bug: a walk would not find it.
+/// alongside them when they are at least `1 / BULK_RATIO` of its size. The walk starts at the
+/// first key asked, so keys of one part of the map (a slice of a full sync's finish) walk only
+/// that part: O(keys + the entries between the first and the last). A key asked out of order
+/// or twice is a bug: a walk would not find it.
 pub(crate) fn ascending_get<'a, K: Ord, V>(
     map: &'a BTreeMap<K, V>,
     keys: usize,
 ) -> impl FnMut(&K) -> Option<&'a V> {
-    let mut walk = (keys.saturating_mul(BULK_RATIO) >= map.len()).then(|| map.iter().peekable());
-    move |key| match &mut walk {
-        None => map.get(key),
-        Some(walk) => {
-            while walk.next_if(|(k, _)| *k < key).is_some() {}
-            walk.next_if(|(k, _)| *k == key).map(|(_, v)| v)
+    let bulk = keys.saturating_mul(BULK_RATIO) >= map.len();
+    let mut walk = None;
+    move |key| {
+        if !bulk {
+            return map.get(key);
         }
+        let walk = walk.get_or_insert_with(|| map.range(key..).peekable());
+        while walk.next_if(|(k, _)| *k < key).is_some() {}
+        walk.next_if(|(k, _)| *k == key).map(|(_, v)| v)
     }
 }
 
 /// [`ascending_get`] for a set: whether each of the keys, asked in ascending order, is in `set`.
 fn ascending_contains<T: Ord>(set: &BTreeSet<T>, keys: usize) -> impl FnMut(&T) -> bool {
-    let mut walk = (keys.saturating_mul(BULK_RATIO) >= set.len()).then(|| set.iter().peekable());
-    move |key| match &mut walk {
-        None => set.contains(key),
-        Some(walk) => {
-            while walk.next_if(|k| *k < key).is_some() {}
-            walk.next_if(|k| *k == key).is_some()
+    let bulk = keys.saturating_mul(BULK_RATIO) >= set.len();
+    let mut walk = None;
+    move |key| {
+        if !bulk {
+            return set.contains(key);
         }
+        let walk = walk.get_or_insert_with(|| set.range(key..).peekable());
+        while walk.next_if(|k| *k < key).is_some() {}
+        walk.next_if(|k| *k == key).is_some()
     }
 }
 
