@@ -14,7 +14,7 @@ use super::takeover::{
 };
 use super::{Admission, Engine};
 use crate::dataplane::Dataplane;
-use crate::dataplane::host::kube_proxy::Leftovers;
+use crate::dataplane::host::kube_proxy::{Leftovers, Mode, Signals};
 use kipvs_crds::config::ServiceProxy;
 use kipvs_crds::nodeproxyconfig::ServiceProxyPhase;
 use std::time::Duration;
@@ -84,10 +84,12 @@ impl<D: Dataplane> Engine<D> {
     /// [`Takeover::absent_since`]: super::takeover::Takeover
     async fn next_step(&mut self) -> Option<Step> {
         let wanted = self.planner.config().service_proxy;
-        let asked = self
+        let revision = self
             .following
             .as_ref()
-            .is_some_and(|f| f.report.revision().is_some());
+            .and_then(|f| f.report.revision())
+            .map(str::to_owned);
+        let asked = revision.is_some();
         let takeover = self.takeover.as_mut()?;
         let node = takeover.node.clone();
         let programs = takeover.programs();
@@ -108,6 +110,7 @@ impl<D: Dataplane> Engine<D> {
         if kipvs && !programs && signals.state.is_some() {
             takeover.found = true;
         }
+        remember_mode(&mut takeover.mode_seen, revision, &mut signals);
         let awaited = match kipvs {
             false => !programs,
             true => !programs && present && takeover.back.is_some() && !takeover.cleared,
@@ -530,5 +533,29 @@ impl<D: Dataplane> Engine<D> {
         )
         .map_err(|e| e.to_string())?;
         Ok(preview.refusal())
+    }
+}
+
+/// kube-proxy's mode in `signals` is remembered in `seen` with `revision` (the one in force);
+/// where `signals` have none (kube-proxy stopped and its state is gone), the mode seen while
+/// the same revision was in force is theirs, its source saying so: a switch refused for
+/// kube-proxy's mode stays refused, as its `Failed` status says, until kube-proxy is seen in
+/// another mode or another revision asks.
+fn remember_mode(
+    seen: &mut Option<(Option<String>, Mode, String)>,
+    revision: Option<String>,
+    signals: &mut Signals,
+) {
+    match &signals.mode {
+        Some((mode, source)) => *seen = Some((revision, mode.clone(), source.clone())),
+        None => {
+            signals.mode =
+                seen.as_ref()
+                    .filter(|(at, _, _)| *at == revision)
+                    .map(|(_, mode, source)| {
+                        let source = format!("{source}, seen earlier; nothing of it is left now");
+                        (mode.clone(), source)
+                    });
+        }
     }
 }

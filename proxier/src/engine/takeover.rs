@@ -51,7 +51,7 @@ pub mod state;
 use super::observer::{Observer, TakeoverEvent};
 use super::syncer::SyncReport;
 use crate::dataplane::Op;
-use crate::dataplane::host::kube_proxy::KubeProxyNode;
+use crate::dataplane::host::kube_proxy::{KubeProxyNode, Mode};
 use crate::dataplane::kernel::settings::KernelSettings;
 use crate::engine::planner::Planner;
 use crate::model::{DesiredState, ObservedState, Protocol, VirtualServerKey};
@@ -176,6 +176,13 @@ pub struct Takeover {
     /// Whether the API is reached without a ClusterIP only kipvs would program: a switch from
     /// kube-proxy waits while it says why not.
     pub(super) api: ApiPath,
+    /// kube-proxy's mode as this process last saw it on the node (its `/proxyMode` or the form
+    /// of its state, and where) while the revision in force (the first of the three; `None`:
+    /// the local configuration) was: a switch that kube-proxy's mode refused stays refused
+    /// once nothing of kube-proxy is left to read it from (its chains flushed by
+    /// `kube-proxy --cleanup`, an administrator or a reboot of iptables), until kube-proxy is
+    /// seen in another mode or another revision asks ([`state::Facts::signals`]).
+    pub(super) mode_seen: Option<(Option<String>, Mode, String)>,
 }
 
 impl Takeover {
@@ -204,6 +211,7 @@ impl Takeover {
             absent_since: None,
             cleared: false,
             api: ApiPath::default(),
+            mode_seen: None,
         }
     }
 

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::dataplane::fake::FakeDataplane;
-use crate::dataplane::host::kube_proxy::{Leftovers, Ruleset, Signals};
+use crate::dataplane::host::kube_proxy::{Leftovers, Mode, Ruleset, Signals};
 use crate::dataplane::kernel::settings::{FakeKernel, SchedulerError, SettingsError};
 use crate::dataplane::{DataplaneError, OpFailure};
 use crate::engine::Engine;
@@ -32,6 +32,8 @@ struct FakeNode {
     back: Mutex<Option<String>>,
     /// kube-proxy's health once synced.
     synced: Mutex<Option<bool>>,
+    /// kube-proxy's mode and where it is read (its `/proxyMode`, its state's form).
+    mode: Mutex<Option<(Mode, String)>>,
 }
 
 impl KubeProxyNode for Arc<FakeNode> {
@@ -40,6 +42,7 @@ impl KubeProxyNode for Arc<FakeNode> {
         let signals = Signals {
             process: self.running.lock().unwrap().clone(),
             state: self.back.lock().unwrap().clone().filter(|_| state),
+            mode: self.mode.lock().unwrap().clone(),
             ..Signals::default()
         };
         Box::pin(async move { signals })
@@ -874,6 +877,61 @@ async fn a_switch_touching_connections_is_refused_unless_allowed() {
         assert!(s.turn().await);
         assert_eq!(s.standing().0, NodePhase::Applied);
     }
+}
+
+/// An iptables-mode kube-proxy: the switch is refused (`Failed`, standby) while it runs (its
+/// `/proxyMode`), after it stopped (its chains), and still once its chains are gone too
+/// (`kube-proxy --cleanup`, a reboot of iptables): nothing of kube-proxy is left to read its
+/// mode from, and without the mode seen earlier the switch went ahead past the debounce,
+/// although its `Failed` status had told the operator to keep kube-proxy there. Another
+/// revision is judged afresh.
+#[tokio::test(start_paused = true)]
+async fn a_switch_refused_for_kube_proxys_mode_stays_refused_once_its_state_is_gone() {
+    use ServiceProxyPhase::*;
+    let node = Arc::new(FakeNode::default());
+    let set = |running: Option<&str>, state: Option<&str>, mode: Option<&str>| {
+        *node.running.lock().unwrap() = running.map(str::to_owned);
+        *node.back.lock().unwrap() = state.map(str::to_owned);
+        *node.mode.lock().unwrap() = mode.map(|m| (Mode::Iptables, m.to_owned()));
+    };
+    let proxy_mode = "its /proxyMode on 127.0.0.1:10249";
+    set(Some("process kube-proxy"), None, Some(proxy_mode));
+    let mut s = Switching::new(&node, ObservedState::default(), false).await;
+    let refused = |s: &Switching, from: &str| {
+        let (phase, proxy, _, message) = s.standing();
+        assert_eq!((phase, proxy), (NodePhase::Failed, Some(Standby)), "{from}");
+        assert!(
+            message.contains("runs in iptables mode here") && message.contains(from),
+            "{message}"
+        );
+        assert_eq!(s.applied(), 0, "{from}: nothing written");
+    };
+    assert!(!s.turn().await);
+    refused(&s, proxy_mode);
+    let chains = "its KUBE-NODEPORTS chain";
+    set(None, Some(chains), Some(chains));
+    for _ in 0..10 {
+        assert!(!s.turn().await);
+        tokio::time::advance(STANDBY_CHECK).await;
+    }
+    refused(&s, chains);
+    set(None, None, None);
+    for _ in 0..10 {
+        assert!(
+            !s.turn().await,
+            "past the debounce, nothing of kube-proxy left"
+        );
+        tokio::time::advance(STANDBY_CHECK).await;
+    }
+    refused(&s, "seen earlier; nothing of it is left now");
+    s.engine
+        .apply_assigned(Switching::revision("r2", ServiceProxy::Kipvs))
+        .await;
+    assert!(
+        s.turn().await,
+        "another revision: nothing says iptables mode"
+    );
+    assert_eq!(s.standing().1, Some(TakingOver));
 }
 
 /// `serviceProxy: kube-proxy`: one last sync, then nothing written and the ports released
