@@ -17,8 +17,8 @@
 # where its DaemonSet would), its ConfigMap kube-system/kube-proxy (kube-proxy's healthz is on the node IP,
 # 192.168.100.1:10256, as that ConfigMap says) and its iptables/ipset state, never its process. Phases:
 #   0. an iptables-mode kube-proxy (no pod): kipvs, asked to take over, refuses (Failed, iptables mode: its
-#      /proxyMode, then its KUBE-NODEPORTS/KUBE-SVC chains once it stopped) and never programs, past the
-#      debounce; then kube-proxy --cleanup and the IPVS mode for the rest;
+#      /proxyMode, then its KUBE-NODEPORTS/KUBE-SVC chains once it stopped, then the mode it saw once
+#      kube-proxy --cleanup removed them) and never programs, past the debounce; then the IPVS mode for the rest;
 #   1. kube-proxy converged: it alone serves the LoadBalancer Service web (ClusterIP, NodePort, VIP with source
 #      ranges) for 10 s;
 #   1b. a kube-proxy restart on a node without NodeProxyConfig (serviceProxy kipvs by default): kipvs starts
@@ -206,10 +206,14 @@ sleep 12 # on purpose: past the debounce (10 s), with only kube-proxy's iptables
 reports "iptables mode: still refused once kube-proxy stopped (its chains say iptables mode)" '^Standby Failed'
 IPT_FAILED=$(probe_rounds 5)
 check "iptables mode: kipvs never programmed" never_programmed
+must kube-proxy-cleanup # its chains gone too (as after an iptables flush or a reboot): nothing says its mode now
+sleep 12 # on purpose: past the debounce
+reports "iptables mode: still refused once its chains are gone (the mode seen earlier)" '^Standby Failed'
+check "iptables mode: the reason says it was seen earlier ($(status_message | cut -c1-140))" grep -q 'seen earlier' <<<"$(status_message)"
+check "iptables mode: kipvs never programmed" never_programmed
 IPT_VS=$(agent table | grep -c '^-A' || true)
 check "iptables mode: IPVS untouched ($IPT_VS virtual servers)" [ "$IPT_VS" = 0 ]
 must proxier-stop
-must kube-proxy-cleanup
 k delete nodeproxyconfig test-node > /dev/null
 kp_configmap config.yaml
 say "  iptables-mode kube-proxy: refused, never programmed; $IPT_FAILED of 25 requests failed (kube-proxy's own iptables rules)"
@@ -445,6 +449,17 @@ echo "  switch times: kube-proxy stopped -> its rules removed $TOOK s, Programmi
 echo "  kube-proxy chains and sets: before $(grep -c . "$STATE/leftovers.kube-proxy") ($(grep -c '^chain' "$STATE/leftovers.kube-proxy") chains, $(grep -c '^ipset' "$STATE/leftovers.kube-proxy") ipsets), after the takeover $LEFT, after the takeover again ${LEFT4:-n/a}"
 echo "  machine load: at start $LOAD0; at end $(uptime | sed 's/.*load average/load average/')"
 agent log 1000000 > "$STATE/proxier.log" 2>&1 || true # kept with KEEP=1
+# What each failed request hit (the load's log: guest wall-clock time, target, error and after how long), by the
+# phase it failed in (the guest's clock is the host's, kvmclock; a request fails up to 3 s after it was sent),
+# the control left out
+agent load-log > "$STATE/load.log" 2>&1 || true
+failed_by_phase() {
+  awk 'NR == FNR { if ($2 == "begin") { n++; b[n] = $1; $1 = $2 = ""; p[n] = substr($0, 3) }; next }
+    !/slow|talking to/ { for (i = n; i >= 1; i--) if ($1 >= b[i]) { if (p[i] !~ /control/) print p[i] ": " $0; break } }' \
+    "$STATE/phases" "$STATE/load.log"
+}
+FAILED_LINES=$(failed_by_phase)
+echo "  failed requests (time, target, error) by phase: ${FAILED_LINES:-none}" | sed '2,$s/^/    /' | head -n 40
 agent finish "$([ "$fail" = 0 ] && echo 0 || echo 1)" > /dev/null || true
 wait "$vm_pid" || bad "the VM run failed (its log: $STATE/vm.log)"
 vm_pid=""
