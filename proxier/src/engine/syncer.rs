@@ -103,7 +103,7 @@ pub const RETRY_FIRST: Duration = Duration::from_secs(1);
 pub const RETRY_MAX: Duration = Duration::from_secs(64);
 
 /// How many entries of one kind a slice of a periodic full sync's finish takes at most
-/// ([`Syncer::finish_slice`]): about a millisecond of the engine's loop at native speed.
+/// ([`Syncer::finish_slice`]): what a change waits for at most while a full sync finishes.
 pub const FINISH_SLICE: usize = 1024;
 
 /// The Service a full sync programs first: the API server's. A node whose first sync is slow
