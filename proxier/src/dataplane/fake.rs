@@ -36,6 +36,9 @@ pub struct FakeDataplane {
     pub scheduler_checks: Vec<String>,
     /// How many times the whole state was observed ([`Dataplane::observe`]).
     pub full_observes: usize,
+    /// How many times the node's other addresses were read
+    /// ([`Dataplane::other_interface_addresses`]).
+    pub address_reads: usize,
     /// Ops whose next application succeeds but is reported failed with `ENOBUFS`, as when the
     /// kernel drops a batch's answers ([`super::kernel::batch`]): the caller cannot know the outcome.
     pub lost_answers: Vec<Op>,
@@ -306,6 +309,7 @@ impl Dataplane for FakeDataplane {
     }
 
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
+        self.address_reads += 1;
         Ok(self.other_addresses.clone())
     }
 

@@ -112,6 +112,13 @@ pub struct Engine<D> {
     reads_beside: bool,
     /// The observation of the periodic full sync under way beside incremental syncs.
     observing: Option<Observing>,
+    /// When the node's addresses are read next while the proxier programs
+    /// ([`ADDRESS_CHECK`] after the last read): a deadline, not a fresh timer per wait,
+    /// so that changes sooner than it cannot postpone it.
+    next_address_check: Instant,
+    /// When the draining real servers are checked next ([`DRAIN_CHECK_INTERVAL`]), kept
+    /// as [`Engine::next_address_check`] is.
+    next_drain_check: Instant,
 }
 
 /// The observation of a full sync, running as a task of its own ([`Syncer::begin_full`]);
@@ -223,6 +230,8 @@ impl<D: Dataplane> Engine<D> {
             unadmitted: None,
             reads_beside: false,
             observing: None,
+            next_address_check: Instant::now() + ADDRESS_CHECK,
+            next_drain_check: Instant::now() + DRAIN_CHECK_INTERVAL,
         }
     }
 
@@ -851,12 +860,14 @@ impl<D: Dataplane> Engine<D> {
                     self.apply_assigned(next).await;
                     break true;
                 }
-                _ = tokio::time::sleep(DRAIN_CHECK_INTERVAL), if draining => {
+                _ = tokio::time::sleep_until(self.next_drain_check), if draining => {
+                    self.next_drain_check = Instant::now() + DRAIN_CHECK_INTERVAL;
                     if let Err(e) = self.check_drains().await {
                         tracing::error!("drain check failed, will retry: {e}");
                     }
                 }
-                _ = tokio::time::sleep(ADDRESS_CHECK), if programs => {
+                _ = tokio::time::sleep_until(self.next_address_check), if programs => {
+                    self.next_address_check = Instant::now() + ADDRESS_CHECK;
                     self.refresh_other_interface_addresses().await;
                     if self.planner.replan_pending() {
                         tracing::info!(

@@ -632,3 +632,40 @@ ports: [{name: https, port: 6443, protocol: TCP}]
         ]
     );
 }
+
+/// Issue 33 item 6: the node's addresses are read every [`ADDRESS_CHECK`] while the proxier
+/// programs, also while source changes come sooner than that (a VIP that fails over to a busy
+/// node gets its NodePorts within seconds, not at the next full sync).
+#[tokio::test(start_paused = true)]
+async fn the_address_check_keeps_its_pace_under_steady_changes() {
+    use super::ADDRESS_CHECK;
+    const CHURN: Duration = Duration::from_secs(12);
+    let m = Manifests::new("addresses", &WEB.replace("READY", "true"));
+    let mut engine = m.engine(FakeDataplane::default());
+    let period = engine.planner().config().ipvs.sync_period;
+    assert!(period > CHURN * 2, "no periodic full sync in the window");
+    let mut seen = m.source.load_into(&m.handle, None).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        engine
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+        engine
+    });
+    // A change every half ADDRESS_CHECK for the whole window.
+    let changes = (CHURN.as_millis() / (ADDRESS_CHECK / 2).as_millis()) as usize;
+    for i in 0..changes {
+        tokio::time::sleep(ADDRESS_CHECK / 2).await;
+        let ready = if i % 2 == 0 { "false" } else { "true" };
+        std::fs::write(&m.file, WEB.replace("READY", ready)).unwrap();
+        seen = m.source.load_into(&m.handle, seen.as_ref()).unwrap();
+    }
+    stop.send(()).unwrap();
+    let engine = running.await.unwrap();
+    // One read at the first full sync, then one per ADDRESS_CHECK of the window.
+    let reads = engine.dataplane().address_reads;
+    let paced = (CHURN.as_secs() / ADDRESS_CHECK.as_secs()) as usize;
+    assert!(reads > paced, "{reads} address reads in {CHURN:?}");
+}
