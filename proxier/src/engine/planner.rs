@@ -134,12 +134,14 @@ impl Planner {
 
     /// Set the node's addresses on interfaces other than `kube-ipvs0` (NodePorts are served on
     /// them unless `--node-ip` is given, externalIPs and load-balancer IPs among them are not
-    /// bound); a change re-plans every Service.
+    /// bound); a change re-plans every Service, unless only addresses that plan nothing came
+    /// or went ([`plan::address_plans`]: the IPv6 link-local addresses of pods' veths).
     pub fn set_other_interface_addresses(&mut self, addresses: BTreeSet<IpAddr>) {
-        if addresses != self.other_addresses {
-            self.other_addresses = addresses;
-            self.replan_all = true;
-        }
+        let plans = addresses
+            .symmetric_difference(&self.other_addresses)
+            .any(|ip| plan::address_plans(ip, &self.config));
+        self.replan_all |= plans;
+        self.other_addresses = addresses;
     }
 
     /// Whether the IPVS scheduler `scheduler` was probed already (see
@@ -238,5 +240,54 @@ fn log_changed_problems(before: &[plan::Problem], after: &[plan::Problem]) {
         } else {
             tracing::warn!("{problem}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addresses(list: &[&str]) -> BTreeSet<IpAddr> {
+        list.iter().map(|ip| ip.parse().unwrap()).collect()
+    }
+
+    /// A planner that planned everything once with the node's addresses `with`.
+    fn planned(config: &str, with: &[&str]) -> Planner {
+        let identity = NodeIdentity {
+            name: "node-a".into(),
+            node_ips: Vec::new(),
+        };
+        let config = ProxierConfiguration::from_yaml_str(config).unwrap();
+        let mut planner = Planner::new(identity, config);
+        planner.set_other_interface_addresses(addresses(with));
+        planner.replan(&mut Store::default());
+        assert!(!planner.replan_pending());
+        planner
+    }
+
+    /// A pod's veth brings an IPv6 link-local address and takes it away with the pod: that
+    /// re-plans nothing (it takes no NodePort, kube-proxy's rule), so that pod churn does not
+    /// re-plan every Service; any other address does, and so does a link-local one that an
+    /// explicit `nodePortAddresses` CIDR selects.
+    #[test]
+    fn the_link_local_addresses_of_pods_veths_re_plan_nothing() {
+        let node = ["10.20.30.51", "fe80::1"];
+        let mut planner = planned("{}", &node);
+        let veth_up = ["10.20.30.51", "fe80::1", "fe80::a8c1:abff:fe12:3456"];
+        planner.set_other_interface_addresses(addresses(&veth_up));
+        assert!(!planner.replan_pending(), "a veth's fe80:: address came");
+        assert_eq!(planner.other_interface_addresses(), &addresses(&veth_up));
+        planner.set_other_interface_addresses(addresses(&node));
+        assert!(!planner.replan_pending(), "a veth's fe80:: address went");
+        // A keepalived VIP does.
+        planner.set_other_interface_addresses(addresses(&["10.20.30.51", "10.20.30.100"]));
+        assert!(planner.replan_pending(), "a VIP came");
+
+        let mut planner = planned("nodePortAddresses: [\"fe80::/10\"]", &node);
+        planner.set_other_interface_addresses(addresses(&veth_up));
+        assert!(
+            planner.replan_pending(),
+            "a selected link-local address came"
+        );
     }
 }

@@ -283,6 +283,28 @@ fn node_port_address_selected(ip: &IpAddr, cidrs: &[IpNet]) -> bool {
     }
 }
 
+/// Whether a change of the node's address `ip` (one on an interface other than `kube-ipvs0`)
+/// can change a plan under `config`: every address but an IPv6 link-local one, which counts
+/// only when a `nodePortAddresses` CIDR selects it ([`PlanContext::new`]: kube-proxy skips
+/// link-local addresses otherwise, and the API server refuses a link-local externalIP). The
+/// `fe80::` addresses of the veths a CNI plugin makes and deletes with each pod therefore
+/// re-plan nothing.
+pub fn address_plans(ip: &IpAddr, config: &ProxierConfiguration) -> bool {
+    if !is_ipv6_link_local(ip) {
+        return true;
+    }
+    let cidrs: Vec<IpNet> = config
+        .parsed_node_port_addresses()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|selector| match selector {
+            NodePortAddress::Cidr(net) => Some(net),
+            NodePortAddress::Primary => None,
+        })
+        .collect();
+    node_port_address_selected(ip, &cidrs)
+}
+
 /// `fe80::/10`.
 fn is_ipv6_link_local(ip: &IpAddr) -> bool {
     matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)

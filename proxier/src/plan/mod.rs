@@ -71,7 +71,9 @@ pub mod kube_proxy;
 mod outcome;
 mod service;
 
-pub use context::{PlanContext, SCHED_FLAG_FALLBACK, SCHED_FLAG_MH_PORT, node_addresses};
+pub use context::{
+    PlanContext, SCHED_FLAG_FALLBACK, SCHED_FLAG_MH_PORT, address_plans, node_addresses,
+};
 pub use index::{DesiredIndex, IndexBuilder, ServiceKey, Touched};
 pub use outcome::{NoLocalEndpoints, Plan, Problem};
 pub use service::{ServicePlan, plan_service};
