@@ -112,6 +112,14 @@ pub struct Engine<D> {
     reads_beside: bool,
     /// The observation of the periodic full sync under way beside incremental syncs.
     observing: Option<Observing>,
+    /// How long after the last failed observation beside the syncs the next one waits
+    /// ([`RETRY_INTERVAL`], doubling while they fail, up to `ipvs.syncPeriod`); zero after one
+    /// that succeeded.
+    read_retry: Duration,
+    /// No observation beside the syncs starts before this (the last failed one's end plus
+    /// [`Engine::read_retry`]): the incremental syncs a steady stream of changes brings
+    /// would otherwise start one each, with no pause, while the kernel cannot be read.
+    next_read: Option<Instant>,
     /// When the node's addresses are read next while the proxier programs
     /// ([`ADDRESS_CHECK`] after the last read): a deadline, not a fresh timer per wait,
     /// so that changes sooner than it cannot postpone it.
@@ -230,6 +238,8 @@ impl<D: Dataplane> Engine<D> {
             unadmitted: None,
             reads_beside: false,
             observing: None,
+            read_retry: Duration::ZERO,
+            next_read: None,
             next_address_check: Instant::now() + ADDRESS_CHECK,
             next_drain_check: Instant::now() + DRAIN_CHECK_INTERVAL,
         }
@@ -454,7 +464,9 @@ impl<D: Dataplane> Engine<D> {
     /// observation ended syncs what it took, then finishes the full sync with it in slices
     /// ([`Engine::finish_in_slices`]: each slice reconciled with the writes made meanwhile,
     /// and what changed synced between slices). A re-plan of every Service meanwhile is
-    /// synced against the cache of the kernel's state, all of it in scope.
+    /// synced against the cache of the kernel's state, all of it in scope. After an observation
+    /// beside the syncs that failed, the next one starts no sooner than [`RETRY_INTERVAL`]
+    /// later, doubling while they fail, up to `ipvs.syncPeriod` ([`Engine::next_read`]).
     ///
     /// # Errors
     /// Only when the dataplane cannot be observed; nothing is changed then.
@@ -472,7 +484,10 @@ impl<D: Dataplane> Engine<D> {
             self.observing = None;
         }
         let finished = self.observing.take_if(|o| o.is_finished());
-        let starting = beside && period_over && self.observing.is_none() && finished.is_none();
+        let sync_period = self.planner.config().ipvs.sync_period;
+        let read_due = self.next_read.is_none_or(|at| Instant::now() >= at);
+        let starting =
+            beside && period_over && read_due && self.observing.is_none() && finished.is_none();
         if period_over && (!beside || starting) {
             self.refresh_other_interface_addresses().await;
         }
@@ -508,6 +523,7 @@ impl<D: Dataplane> Engine<D> {
             (None, Some(observing)) => {
                 let started = observing.started;
                 let observed = observing.finish().await;
+                self.next_read = read_ended(&mut self.read_retry, observed.is_err(), sync_period);
                 if let Ok(observed) = observed {
                     // What this call took from the store goes to the kernel first (a re-plan
                     // of everything goes with the slices).
@@ -547,6 +563,8 @@ impl<D: Dataplane> Engine<D> {
         };
         if full && result.is_ok() {
             self.last_full_sync = Some(Instant::now());
+            // However it read the kernel, no read waits for a backoff any more.
+            self.next_read = read_ended(&mut self.read_retry, false, sync_period);
         }
         self.tell_observers(&result, full, touched, &trigger_times);
         self.report_sync(&result);
@@ -800,7 +818,8 @@ impl<D: Dataplane> Engine<D> {
     /// How long after a sync the next one is due at the latest: `ipvs.syncPeriod`; after a
     /// failed sync `retry` (doubled, from [`RETRY_INTERVAL`] up to that period, and reset by a
     /// sync that succeeds); at once when a re-plan is pending; and no later than the syncer's
-    /// next retry of failed ops.
+    /// next retry of failed ops, nor than the next observation after a failed one beside the
+    /// syncs ([`Engine::next_read`]).
     fn next_sync_in(&self, failed: bool, retry: &mut Duration) -> Duration {
         let mut period = self.planner.config().ipvs.sync_period;
         if failed {
@@ -813,6 +832,10 @@ impl<D: Dataplane> Engine<D> {
         if self.planner.replan_pending() {
             // E.g. a scheduler was found missing: re-plan without waiting for a change.
             period = Duration::ZERO;
+        }
+        // A full sync whose read beside the syncs failed reads again when its backoff ends.
+        if let Some(at) = self.next_read {
+            period = period.min(at.saturating_duration_since(Instant::now()));
         }
         // Failed ops are retried per entry, when due (see `syncer`).
         if let Some(due) = self.syncer.next_retry() {
@@ -887,6 +910,23 @@ impl<D: Dataplane> Engine<D> {
         self.observing = observing;
         woke
     }
+}
+
+/// When the next observation beside the syncs may start after one that `failed`
+/// ([`Engine::next_read`]): `retry` later (doubled, from [`RETRY_INTERVAL`] up to
+/// `sync_period`, the failure logged); after one that succeeded, whenever due (`retry` reset).
+fn read_ended(retry: &mut Duration, failed: bool, sync_period: Duration) -> Option<Instant> {
+    if !failed {
+        *retry = Duration::ZERO;
+        return None;
+    }
+    *retry = (*retry * 2).clamp(RETRY_INTERVAL, sync_period);
+    tracing::warn!(
+        retry_in_ms = retry.as_millis() as u64,
+        "the full sync's read of the kernel failed: the next read waits (counted in \
+         kipvs_sync_errors_total{{cause=\"observe\"}})"
+    );
+    Some(Instant::now() + *retry)
 }
 
 /// Why a configuration cannot be put in force on this node (the message of its `Failed`
