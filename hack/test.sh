@@ -19,6 +19,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --workspace --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+step "cargo clippy of the shipped proxier alone (its own features: proxier-contract without harness) -D warnings"
+cargo clippy -p kipvs-proxier -p kipvs-proxier-contract --quiet -- -D warnings
 step "module layering of every crate (hack/check-imports.py: no import cycle; the proxier's plan/ and model/ stay below dataplane/)"
 hack/check-imports.py
 step "Markdown: relative links resolve, no path outside the repository (hack/check-doc-links.py)"
