@@ -434,10 +434,8 @@ pub async fn run(args: SourceArgs, cluster: ClusterArgs, once: bool) -> anyhow::
         DataplaneKind::Fake => {
             tracing::warn!("fake dataplane: nothing is programmed into the kernel");
             let started = start(&args, &cluster, &config, Ports::always()).await?;
-            let dataplane = FakeDataplane {
-                missing_schedulers: cluster.fake_missing_scheduler.iter().cloned().collect(),
-                ..Default::default()
-            };
+            let mut dataplane = FakeDataplane::default();
+            dataplane.missing_schedulers = cluster.fake_missing_scheduler.iter().cloned().collect();
             let kernel = Box::new(dataplane.kernel_settings());
             let engine = EngineParts {
                 dataplane,

@@ -13,6 +13,7 @@ use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// An IPVS table and a `kube-ipvs0` address list held in memory.
@@ -24,8 +25,15 @@ pub struct FakeDataplane {
     pub state: ObservedState,
     /// Every op applied successfully, in order.
     pub applied: Vec<Op>,
-    /// Addresses the fake node has on interfaces other than `kube-ipvs0`.
-    pub other_addresses: BTreeSet<IpAddr>,
+    /// Addresses the fake node has on interfaces other than `kube-ipvs0`; a test that runs the
+    /// engine's loop keeps a clone of the sender to change them (which wakes
+    /// [`Dataplane::interfaces_changed`]).
+    pub other_addresses: watch::Sender<BTreeSet<IpAddr>>,
+    /// What [`Dataplane::other_interface_addresses`] last read (its version marked seen).
+    pub(crate) seen_addresses: Option<watch::Receiver<BTreeSet<IpAddr>>>,
+    /// `kube-ipvs0` was deleted (a test clears `state.bound_addresses` with it): the next
+    /// [`Dataplane::kube_ipvs0_recreated`] makes it again and answers true.
+    pub kube_ipvs0_deleted: bool,
     /// IPVS schedulers this fake kernel lacks (as a kernel without the `ip_vs_<name>` module):
     /// adding or editing a virtual server with one fails with `ENOENT`, and
     /// [`FakeDataplane::kernel_settings`]'s scheduler check rejects it.
@@ -75,6 +83,17 @@ impl FakeDataplane {
         if let Some(events) = &self.events {
             let _ = events.send((Instant::now(), event));
         }
+    }
+
+    /// The receiver [`Dataplane::other_interface_addresses`] reads through (made at the first
+    /// use: a receiver made with the sender would not follow a sender a test put in place).
+    fn address_receiver(&mut self) -> &mut watch::Receiver<BTreeSet<IpAddr>> {
+        let sender = &self.other_addresses;
+        self.seen_addresses.get_or_insert_with(|| {
+            let mut receiver = sender.subscribe();
+            receiver.mark_changed();
+            receiver
+        })
     }
 
     /// A fake holding `state`.
@@ -310,7 +329,22 @@ impl Dataplane for FakeDataplane {
 
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
         self.address_reads += 1;
-        Ok(self.other_addresses.clone())
+        let seen = self.address_receiver();
+        let addresses = seen.borrow_and_update().clone();
+        Ok(addresses)
+    }
+
+    fn interfaces_changed(&mut self) -> impl Future<Output = ()> + Send + 'static {
+        let mut changes = self.address_receiver().clone();
+        async move {
+            if changes.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    async fn kube_ipvs0_recreated(&mut self) -> Result<bool, DataplaneError> {
+        Ok(std::mem::take(&mut self.kube_ipvs0_deleted))
     }
 
     /// [`FakeDataplane::apply_stages`], telling [`FakeDataplane::events`] of each op applied.

@@ -504,10 +504,30 @@ pub trait Dataplane {
     /// The node's addresses on every interface but `kube-ipvs0` (the local one of a
     /// point-to-point link): NodePorts are served on them (`plan::node_addresses`), and
     /// externalIPs and load-balancer IPs among them are not bound on `kube-ipvs0` (kube-proxy's
-    /// rule; kubernetes#88212).
+    /// rule; kubernetes#88212). As the dataplane knows them now (the kernel's: followed through
+    /// rtnetlink notifications, [`kernel::interfaces`], so that this reads no address), marked
+    /// seen for [`Dataplane::interfaces_changed`].
+    ///
+    /// # Errors
+    /// The addresses cannot be read.
     fn other_interface_addresses(
         &mut self,
     ) -> impl Future<Output = Result<BTreeSet<IpAddr>, DataplaneError>> + Send;
+
+    /// Resolves once the node's interfaces changed since the last
+    /// [`Dataplane::other_interface_addresses`] (at once if they did already): an address came
+    /// or went, or `kube-ipvs0` was deleted or made again. The future borrows nothing, so that
+    /// the engine waits on it beside its other work.
+    fn interfaces_changed(&mut self) -> impl Future<Output = ()> + Send + 'static;
+
+    /// Whether `kube-ipvs0` was deleted or made again (a new index) since the last call: it is
+    /// made again if missing, later ops use it, and every address it held is gone, so what the
+    /// caller knows of the bound addresses is stale (a full sync binds them again).
+    ///
+    /// # Errors
+    /// `kube-ipvs0` cannot be found or made.
+    fn kube_ipvs0_recreated(&mut self)
+    -> impl Future<Output = Result<bool, DataplaneError>> + Send;
 
     /// Whether the IPVS scheduler `scheduler` is available (its kernel module is there).
     ///

@@ -50,11 +50,6 @@ pub const ASSIGNMENT_WAIT: Duration = Duration::from_secs(5);
 /// How often draining real servers are checked for remaining connections.
 pub const DRAIN_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
-/// How often a proxier that programs reads the node's addresses again between syncs: an
-/// address that appears (a keepalived VIP failing over to this node) is served NodePorts
-/// within this, and one that goes loses them (kube-proxy reads them at each of its syncs).
-pub const ADDRESS_CHECK: Duration = Duration::from_secs(2);
-
 /// How the engine follows the node's NodeProxyConfig (see [`crate::source::node_config`]).
 pub struct ConfigFollower {
     /// What the NodeProxyConfig assigns ([`crate::source::node_config::watch_assigned`]).
@@ -120,12 +115,9 @@ pub struct Engine<D> {
     /// [`Engine::read_retry`]): the incremental syncs a steady stream of changes brings
     /// would otherwise start one each, with no pause, while the kernel cannot be read.
     next_read: Option<Instant>,
-    /// When the node's addresses are read next while the proxier programs
-    /// ([`ADDRESS_CHECK`] after the last read): a deadline, not a fresh timer per wait,
-    /// so that changes sooner than it cannot postpone it.
-    next_address_check: Instant,
-    /// When the draining real servers are checked next ([`DRAIN_CHECK_INTERVAL`]), kept
-    /// as [`Engine::next_address_check`] is.
+    /// When the draining real servers are checked next ([`DRAIN_CHECK_INTERVAL`] after the
+    /// last check): a deadline, not a fresh timer per wait, so that changes sooner than it
+    /// cannot postpone it.
     next_drain_check: Instant,
 }
 
@@ -240,7 +232,6 @@ impl<D: Dataplane> Engine<D> {
             observing: None,
             read_retry: Duration::ZERO,
             next_read: None,
-            next_address_check: Instant::now() + ADDRESS_CHECK,
             next_drain_check: Instant::now() + DRAIN_CHECK_INTERVAL,
         }
     }
@@ -474,6 +465,7 @@ impl<D: Dataplane> Engine<D> {
     /// The source's observer hears of the taken changes and of the outcome.
     #[tracing::instrument(name = "engine", skip_all)]
     pub async fn sync(&mut self) -> Result<SyncReport, DataplaneError> {
+        self.kube_ipvs0_looked_at().await;
         let period_over = self
             .last_full_sync
             .is_none_or(|t| t.elapsed() >= self.planner.config().ipvs.sync_period);
@@ -624,6 +616,38 @@ impl<D: Dataplane> Engine<D> {
         let touched = matches!(replanned, Replanned::Touched(_)).then_some(touched);
         self.tell_observers(&result, false, touched, trigger_times);
         self.report_sync(&result);
+    }
+
+    /// After a change of the node's interfaces: reads their addresses for the planner, and
+    /// whether `kube-ipvs0` was made again (the next sync is then a full one that reads the
+    /// kernel: the addresses it held are gone). Whether a sync is due now.
+    async fn interfaces_looked_at(&mut self) -> bool {
+        self.refresh_other_interface_addresses().await;
+        let recreated = self.kube_ipvs0_looked_at().await;
+        if self.planner.replan_pending() {
+            tracing::info!(
+                addresses = ?self.planner.other_interface_addresses(),
+                "the node's addresses changed: re-planning NodePorts"
+            );
+        }
+        recreated || self.planner.replan_pending()
+    }
+
+    /// Whether `kube-ipvs0` was deleted or made again ([`Dataplane::kube_ipvs0_recreated`]):
+    /// then the next sync is a full one that reads the kernel (a failure is logged).
+    async fn kube_ipvs0_looked_at(&mut self) -> bool {
+        match self.syncer.dataplane_mut().kube_ipvs0_recreated().await {
+            Ok(recreated) => {
+                if recreated {
+                    self.last_full_sync = None;
+                }
+                recreated
+            }
+            Err(e) => {
+                tracing::warn!("cannot look at kube-ipvs0 (or make it again): {e}");
+                false
+            }
+        }
     }
 
     /// Reads the node's addresses on other interfaces than `kube-ipvs0` for the planner (a
@@ -846,8 +870,10 @@ impl<D: Dataplane> Engine<D> {
 
     /// Waits for what triggers the next sync: a source change, `period` elapsed, or a new
     /// NodeProxyConfig assignment on `assigned` (applied here; `unreadable` is cleared once one
-    /// is known), or a change of the node's addresses (read every [`ADDRESS_CHECK`] while the
-    /// proxier programs). Checks the draining real servers every [`DRAIN_CHECK_INTERVAL`] meanwhile,
+    /// is known), or, while the proxier programs, a change of the node's interfaces
+    /// ([`Dataplane::interfaces_changed`]) that re-plans (an address that takes NodePorts came
+    /// or went: a keepalived VIP failing over) or finds `kube-ipvs0` made again
+    /// ([`Engine::interfaces_looked_at`]). Checks the draining real servers every [`DRAIN_CHECK_INTERVAL`] meanwhile,
     /// and, while the proxier programs on a node it may have taken over from kube-proxy, the
     /// takeover's progress and kube-proxy's return when due ([`Engine::look_due`]; kube-proxy
     /// back triggers the next turn, which writes nothing), and the end of a full sync's
@@ -869,6 +895,7 @@ impl<D: Dataplane> Engine<D> {
         let mut observing = self.observing.take();
         let woke = loop {
             let draining = programs && !self.syncer.drains().is_empty();
+            let interfaces = self.syncer.dataplane_mut().interfaces_changed();
             tokio::select! {
                 _ = &mut *shutdown => break false,
                 _ = source.changed(), if programs => break true,
@@ -889,14 +916,8 @@ impl<D: Dataplane> Engine<D> {
                         tracing::error!("drain check failed, will retry: {e}");
                     }
                 }
-                _ = tokio::time::sleep_until(self.next_address_check), if programs => {
-                    self.next_address_check = Instant::now() + ADDRESS_CHECK;
-                    self.refresh_other_interface_addresses().await;
-                    if self.planner.replan_pending() {
-                        tracing::info!(
-                            addresses = ?self.planner.other_interface_addresses(),
-                            "the node's addresses changed: re-planning NodePorts"
-                        );
+                _ = interfaces, if programs => {
+                    if self.interfaces_looked_at().await {
                         break true;
                     }
                 }

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod conntrack;
+pub mod interfaces;
 pub mod preflight;
 pub mod settings;
 pub mod sysctl;
@@ -19,12 +20,14 @@ use crate::model::{
 use batch::Batcher;
 use conntrack::{Conntrack, Listing, UdpEntry};
 use futures::{StreamExt, TryStreamExt};
+pub use interfaces::INTERFACE;
+use interfaces::{Interfaces, own_address};
 use ipvs::IpvsMessage;
 use ipvs::procfs::{ListedService, ProcListing};
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NetlinkMessage};
 use netlink_packet_generic::GenlMessage;
 use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::LinkAttribute;
 use netlink_proto::sys::protocols::{NETLINK_GENERIC, NETLINK_ROUTE};
 use rtnetlink::{AddressMessageBuilder, LinkDummy};
@@ -33,13 +36,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use tracing::Instrument;
-
-/// The dummy interface holding every ClusterIP, externalIP and VIP-mode load-balancer IP, as
-/// in kube-proxy (`netlink_linux.go`). It is created if missing and, like upstream, left DOWN
-/// (kubernetes#107662): local routes exist for its addresses regardless, so IPVS sees the
-/// packets in `LOCAL_IN` while the node never answers ARP through it.
-pub const INTERFACE: &str = "kube-ipvs0";
 
 /// How many netlink reads (the destinations of each virtual server) are in flight at once.
 const PIPELINE_DEPTH: usize = 256;
@@ -50,6 +48,10 @@ type Listed = BTreeMap<VirtualServerKey, BTreeMap<SocketAddr, ObservedRealServer
 /// errno values the dataplane treats as success.
 const EEXIST: i32 = libc::EEXIST;
 const EADDRNOTAVAIL: i32 = libc::EADDRNOTAVAIL;
+
+/// The errno of an address op on a link that is gone (`kube-ipvs0` deleted since its index
+/// was resolved).
+const ENODEV: i32 = libc::ENODEV;
 
 /// The kernel dataplane of one network namespace.
 pub struct KernelDataplane {
@@ -62,7 +64,15 @@ pub struct KernelDataplane {
     addresses: Batcher,
     /// Applies the IPVS ops in batches the same way (`ipvs` reads the table).
     ipvs_batches: Batcher,
-    link_index: u32,
+    /// `kube-ipvs0`'s index, shared with the [`Reader`]; resolved again (the link made again
+    /// if missing) when [`Interfaces`] says it changed or a bind meets `ENODEV`
+    /// ([`Dataplane::kube_ipvs0_recreated`]).
+    link_index: Arc<AtomicU32>,
+    /// The node's interfaces as rtnetlink notifications tell them; started at the first use.
+    interfaces: Option<Interfaces>,
+    /// Whether `kube-ipvs0` was found made again since the engine last asked
+    /// ([`Dataplane::kube_ipvs0_recreated`]).
+    link_recreated: bool,
     nft: Nft,
     /// Element-only nftables transactions go through this socket ([`nft_elements`]); opened
     /// at the first, `None` until then and after a socket failure (reopened at the next).
@@ -94,7 +104,7 @@ impl KernelDataplane {
             source,
         })?;
         tokio::spawn(conn.instrument(tracing::info_span!("rtnetlink")));
-        let link_index = ensure_dummy(&rtnl).await?;
+        let link_index = Arc::new(AtomicU32::new(ensure_dummy(&rtnl).await?));
         let batcher = |protocol, context: &str| {
             Batcher::open(protocol).map_err(|source| DataplaneError::Io {
                 context: format!("{context} netlink socket"),
@@ -107,7 +117,7 @@ impl KernelDataplane {
             ipvs: observing,
             listing: Arc::new(std::sync::Mutex::new(listing)),
             rtnl: rtnl.clone(),
-            link_index,
+            link_index: link_index.clone(),
             nft: Nft::default(),
         };
         Ok(KernelDataplane {
@@ -117,6 +127,8 @@ impl KernelDataplane {
             addresses,
             ipvs_batches,
             link_index,
+            interfaces: None,
+            link_recreated: false,
             nft: Nft::default(),
             set_elements: None,
             conntrack: conntrack_cleanup_enabled().then(Conntrack::connect),
@@ -160,7 +172,8 @@ impl KernelDataplane {
         {
             return Ok((ops, failures));
         }
-        self.rtnl.link().del(self.link_index).execute().await?;
+        let index = self.link_index.load(Ordering::Relaxed);
+        self.rtnl.link().del(index).execute().await?;
         self.nft.delete_table().await?;
         Ok((ops, failures))
     }
@@ -175,13 +188,14 @@ impl KernelDataplane {
     /// is a success.
     async fn apply_addresses(&mut self, stage: &[Op]) -> Vec<Result<(), DataplaneError>> {
         let mut flags = 0;
+        let index = self.link_index.load(Ordering::Relaxed);
         let requests: Vec<NetlinkMessage<RouteNetlinkMessage>> = stage
             .iter()
             .filter_map(|op| {
                 let (Op::BindAddress(a) | Op::UnbindAddress(a)) = op else {
                     return None;
                 };
-                let message = address_message(self.link_index, *a);
+                let message = address_message(index, *a);
                 Some(NetlinkMessage::from(if let Op::BindAddress(_) = op {
                     flags = NLM_F_CREATE | NLM_F_EXCL;
                     RouteNetlinkMessage::NewAddress(message)
@@ -192,24 +206,56 @@ impl KernelDataplane {
             .collect();
         debug_assert_eq!(requests.len(), stage.len(), "a stage of address ops");
         match self.addresses.send_all(requests, flags).await {
-            Ok(results) => stage
-                .iter()
-                .zip(results)
-                .map(|(op, result)| match (op, result) {
-                    (_, Ok(()))
-                    | (Op::BindAddress(_), Err(EEXIST))
-                    | (Op::UnbindAddress(_), Err(EADDRNOTAVAIL)) => Ok(()),
-                    (op, Err(errno)) => Err(DataplaneError::Io {
-                        context: format!("rtnetlink {}", op.name()),
-                        source: std::io::Error::from_raw_os_error(errno),
-                    }),
-                })
-                .collect(),
+            Ok(results) => {
+                if results.contains(&Err(ENODEV)) {
+                    // kube-ipvs0 is gone: made again for the retry of these ops; the engine's
+                    // next look at it ([`Dataplane::kube_ipvs0_recreated`]) binds every address
+                    // again.
+                    if let Err(error) = self.resolve_link().await {
+                        tracing::warn!(%error, "cannot make {INTERFACE} again");
+                    }
+                }
+                stage
+                    .iter()
+                    .zip(results)
+                    .map(|(op, result)| match (op, result) {
+                        (_, Ok(()))
+                        | (Op::BindAddress(_), Err(EEXIST))
+                        | (Op::UnbindAddress(_), Err(EADDRNOTAVAIL)) => Ok(()),
+                        (op, Err(errno)) => Err(DataplaneError::Io {
+                            context: format!("rtnetlink {}", op.name()),
+                            source: std::io::Error::from_raw_os_error(errno),
+                        }),
+                    })
+                    .collect()
+            }
             Err(e) => stage
                 .iter()
                 .map(|_| Err(socket_error("rtnetlink", &e)))
                 .collect(),
         }
+    }
+
+    /// The node's interfaces, followed from the first call on.
+    fn interfaces(&mut self) -> &mut Interfaces {
+        self.interfaces.get_or_insert_with(Interfaces::follow)
+    }
+
+    /// Finds `kube-ipvs0` (made again if missing) and keeps its index, noting whether it
+    /// changed ([`KernelDataplane::link_recreated`]).
+    async fn resolve_link(&mut self) -> Result<(), DataplaneError> {
+        let index = ensure_dummy(&self.rtnl).await?;
+        let before = self.link_index.swap(index, Ordering::Relaxed);
+        if before != index {
+            self.link_recreated = true;
+            tracing::warn!(
+                before,
+                index,
+                "{INTERFACE} was deleted or made again: it is back, and a full sync binds its \
+                 addresses again"
+            );
+        }
+        Ok(())
     }
 
     /// Apply a stage of IPVS ops in batches ([`Batcher`]), each op one generic-netlink request
@@ -347,15 +393,19 @@ impl Dataplane for KernelDataplane {
     }
 
     async fn other_interface_addresses(&mut self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
-        let mut stream = self.rtnl.address().get().execute();
-        let mut out = BTreeSet::new();
-        while let Some(msg) = stream.try_next().await? {
-            if msg.header.index == self.link_index {
-                continue;
-            }
-            out.extend(own_address(&msg));
+        Ok(self.interfaces().current().await?.others)
+    }
+
+    fn interfaces_changed(&mut self) -> impl Future<Output = ()> + Send + 'static {
+        self.interfaces().changed()
+    }
+
+    async fn kube_ipvs0_recreated(&mut self) -> Result<bool, DataplaneError> {
+        let followed = self.interfaces().current().await?.kube_ipvs0;
+        if followed != Some(self.link_index.load(Ordering::Relaxed)) {
+            self.resolve_link().await?;
         }
-        Ok(out)
+        Ok(std::mem::take(&mut self.link_recreated))
     }
 
     async fn apply(&mut self, ops: &[Op]) -> Vec<OpFailure> {
@@ -462,7 +512,8 @@ struct Reader {
     /// `None` when it cannot be opened or read (then one netlink dump per virtual server).
     listing: Arc<std::sync::Mutex<Option<ProcListing>>>,
     rtnl: rtnetlink::Handle,
-    link_index: u32,
+    /// `kube-ipvs0`'s index, as [`KernelDataplane`] resolves it.
+    link_index: Arc<AtomicU32>,
     nft: Nft,
 }
 
@@ -533,15 +584,16 @@ impl Reader {
     }
 
     async fn bound_addresses(&self) -> Result<BTreeSet<IpAddr>, DataplaneError> {
+        let index = self.link_index.load(Ordering::Relaxed);
         let mut stream = self
             .rtnl
             .address()
             .get()
-            .set_link_index_filter(self.link_index)
+            .set_link_index_filter(index)
             .execute();
         let mut out = BTreeSet::new();
         while let Some(msg) = stream.try_next().await? {
-            if msg.header.index != self.link_index {
+            if msg.header.index != index {
                 continue;
             }
             out.extend(own_address(&msg));
@@ -788,22 +840,6 @@ fn virtual_server_key(id: ipvs::ServiceId) -> Option<VirtualServerKey> {
         address,
         port,
         protocol,
-    })
-}
-
-/// The node's own address in one RTM_NEWADDR message: IFA_LOCAL, else IFA_ADDRESS.
-/// IFA_ADDRESS is the peer's on a point-to-point link (equal to IFA_LOCAL elsewhere;
-/// IPv6 has only it) — `linux/if_addr.h`.
-fn own_address(msg: &AddressMessage) -> Option<IpAddr> {
-    let local = msg.attributes.iter().find_map(|attr| match attr {
-        AddressAttribute::Local(a) => Some(*a),
-        _ => None,
-    });
-    local.or_else(|| {
-        msg.attributes.iter().find_map(|attr| match attr {
-            AddressAttribute::Address(a) => Some(*a),
-            _ => None,
-        })
     })
 }
 

@@ -150,8 +150,10 @@ async fn only_kube_proxys_node_ports_on_other_local_addresses_drain() {
             node_ips: vec![node_ip],
         };
         let planner = Planner::new(identity, ProxierConfiguration::default());
-        let mut dataplane = FakeDataplane::new(kernel.clone());
-        dataplane.other_addresses = [node_ip, other].into();
+        let dataplane = FakeDataplane::new(kernel.clone());
+        dataplane
+            .other_addresses
+            .send_replace([node_ip, other].into());
         let mut engine = Engine::new(m.handle.clone(), planner, dataplane);
         if let Some(ran) = takeover {
             let node = Arc::new(FakeNode::default());
@@ -245,8 +247,10 @@ async fn a_takeover_keeps_kube_proxys_node_ports_on_every_local_address() {
         node_ips: vec![],
     };
     let planner = Planner::new(identity, ProxierConfiguration::default());
-    let mut dataplane = FakeDataplane::new(kernel);
-    dataplane.other_addresses = [node_ip, second, loopback].into();
+    let dataplane = FakeDataplane::new(kernel);
+    dataplane
+        .other_addresses
+        .send_replace([node_ip, second, loopback].into());
     let node = Arc::new(FakeNode::default());
     let mut engine =
         Engine::new(m.handle.clone(), planner, dataplane).taking_over(fake_takeover(&node, true));
@@ -280,7 +284,13 @@ async fn a_takeover_keeps_kube_proxys_node_ports_on_every_local_address() {
         "every local address but loopback"
     );
     // A VIP comes up on an interface: served from the next full sync on.
-    engine.syncer.dataplane_mut().other_addresses.insert(vip);
+    engine
+        .syncer
+        .dataplane_mut()
+        .other_addresses
+        .send_modify(|addresses| {
+            addresses.insert(vip);
+        });
     tokio::time::advance(engine.planner().config().ipvs.sync_period).await;
     let mut added = Vec::new();
     for _ in 0..3 {
@@ -1299,8 +1309,10 @@ async fn a_drain_of_kube_proxys_node_ports_goes_on_after_a_restart() {
             real_servers: [("10.244.1.2:8080".parse().unwrap(), rs)].into(),
         };
         kernel.virtual_servers.insert(key, vs);
-        let mut dataplane = FakeDataplane::new(kernel);
-        dataplane.other_addresses = [node_ip, other].into();
+        let dataplane = FakeDataplane::new(kernel);
+        dataplane
+            .other_addresses
+            .send_replace([node_ip, other].into());
         let identity = NodeIdentity {
             name: "n1".into(),
             node_ips: vec![node_ip],
