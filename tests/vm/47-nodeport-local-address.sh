@@ -4,8 +4,9 @@
 # without --node-ip. A second address on the client's interface (a keepalived VIP, 192.168.100.10), added while
 # the proxier runs:
 #  1. control: before, no virtual server on it (the address is what brings the NodePort);
-#  2. it gets web's NodePort 30080 within 20 s (the proxier reads the node's addresses every 2 s while it
-#     programs; at its full syncs only, every 30 s, it would not), the table equals the plan with it, and it
+#  2. it gets web's NodePort 30080 within 20 s (the proxier follows the node's addresses through rtnetlink
+#     notifications while it programs; at its full syncs only, every 30 s, it would not), the table equals the
+#     plan with it, and it
 #     answers the client;
 #  3. removed, the NodePort goes with it, as fast.
 . /payload/tests/lib.sh
