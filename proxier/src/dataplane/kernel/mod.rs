@@ -740,18 +740,21 @@ async fn ensure_dummy(rtnl: &rtnetlink::Handle) -> Result<u32, DataplaneError> {
         .ok_or_else(|| DataplaneError::NoInterface(INTERFACE.into()))
 }
 
+/// `kube-ipvs0`'s index, if it exists. The dump is read to its end: a dump dropped half-way
+/// makes `netlink-proto` warn once per link it can no longer hand on.
 async fn find_link(rtnl: &rtnetlink::Handle) -> Result<Option<u32>, DataplaneError> {
     let mut links = rtnl.link().get().execute();
+    let mut found = None;
     while let Some(link) = links.try_next().await? {
         let named = link
             .attributes
             .iter()
             .any(|a| matches!(a, LinkAttribute::IfName(n) if n == INTERFACE));
         if named {
-            return Ok(Some(link.header.index));
+            found = Some(link.header.index);
         }
     }
-    Ok(None)
+    Ok(found)
 }
 
 fn address_message(index: u32, a: IpAddr) -> AddressMessage {
