@@ -72,6 +72,33 @@ impl Manifests {
     }
 }
 
+/// An engine running its loop (`Engine::run`) in a task of its own, until `stop`.
+struct Running<D: Dataplane> {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Engine<D>>,
+}
+
+impl<D: Dataplane + Send + 'static> Running<D> {
+    fn start(mut engine: Engine<D>) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            engine
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+            engine
+        });
+        Self { stop, task }
+    }
+
+    /// Ends the loop and gives the engine back, for its state to be checked.
+    async fn stop(self) -> Engine<D> {
+        self.stop.send(()).unwrap();
+        self.task.await.unwrap()
+    }
+}
+
 impl Drop for Manifests {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -176,18 +203,10 @@ async fn a_change_does_not_wait_for_the_full_syncs_read() {
         events: Some(events),
         ..Default::default()
     };
-    let mut engine = m.engine(fake);
+    let engine = m.engine(fake);
     let period = engine.planner().config().ipvs.sync_period;
     let seen = m.source.load_into(&m.handle, None).unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        engine
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-        engine
-    });
+    let running = Running::start(engine);
     let mut next = async || heard.recv().await.expect("the engine runs");
     // The first full sync reads inline (there is nothing to sync beside it yet).
     assert_eq!(next().await.1, FakeEvent::ObserveStarted);
@@ -224,8 +243,7 @@ async fn a_change_does_not_wait_for_the_full_syncs_read() {
     // The full sync ends with that read, and applies nothing: no op is repeated (the read
     // saw the real server still there) nor undone.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.send(()).unwrap();
-    let engine = running.await.unwrap();
+    let engine = running.stop().await;
     assert!(heard.try_recv().is_err(), "the full sync wrote again");
     assert!(engine.last_full_sync.is_some_and(|t| t >= read_ended));
     assert_eq!(engine.dataplane().full_observes, 2);
@@ -274,15 +292,7 @@ async fn a_change_does_not_wait_for_the_full_syncs_finish() {
     let fake = engine.syncer.dataplane_mut();
     fake.state.virtual_servers.clear();
     fake.events = Some(events);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        engine
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-        engine
-    });
+    let running = Running::start(engine);
     let mut next = async || heard.recv().await.expect("the engine runs").1;
     assert_eq!(next().await, FakeEvent::ObserveStarted);
     assert_eq!(next().await, FakeEvent::ObserveEnded);
@@ -315,8 +325,7 @@ async fn a_change_does_not_wait_for_the_full_syncs_finish() {
     );
     // The rest of the finish follows, and leaves the kernel as desired.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.send(()).unwrap();
-    let engine = running.await.unwrap();
+    let engine = running.stop().await;
     while let Ok((_, event)) = heard.try_recv() {
         if let FakeEvent::Applied(Op::AddVirtualServer(..)) = event {
             added += 1;
@@ -710,18 +719,10 @@ async fn an_address_change_is_served_at_once_under_steady_changes() {
     let addresses = fake.other_addresses.clone();
     addresses.send_replace(["192.168.0.10".parse().unwrap()].into());
     let vip: IpAddr = "192.168.0.100".parse().unwrap();
-    let mut engine = m.engine(fake);
+    let engine = m.engine(fake);
     let period = engine.planner().config().ipvs.sync_period;
     let mut seen = m.source.load_into(&m.handle, None).unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        engine
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-        engine
-    });
+    let running = Running::start(engine);
     let mut came = None;
     let mut went = None;
     for i in 0..24 {
@@ -744,8 +745,7 @@ async fn an_address_change_is_served_at_once_under_steady_changes() {
             went = Some(Instant::now());
         }
     }
-    stop.send(()).unwrap();
-    let engine = running.await.unwrap();
+    let engine = running.stop().await;
     assert!(
         Instant::now() < engine.last_full_sync.unwrap() + period,
         "no periodic full sync"
