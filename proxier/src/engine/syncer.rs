@@ -437,31 +437,14 @@ impl<D: Dataplane> Syncer<D> {
                     Next::SetElements(Bound::Unbounded)
                 }
                 Next::SetElements(from) => {
-                    let (keys, after) = chunk(
+                    let (keys, after) = reconcile_slice(
                         limit,
-                        [
-                            Box::new(
-                                desired
-                                    .set_elements
-                                    .range((from, Bound::Unbounded))
-                                    .copied(),
-                            ),
-                            Box::new(
-                                observed
-                                    .set_elements
-                                    .range((from, Bound::Unbounded))
-                                    .copied(),
-                            ),
-                            Box::new(cache.set_elements.range((from, Bound::Unbounded)).copied()),
-                        ],
+                        from,
+                        &desired.set_elements,
+                        &mut observed.set_elements,
+                        &mut cache.set_elements,
+                        |e| written.contains(&Entry::SetElement(e)),
                     );
-                    for element in keys
-                        .iter()
-                        .filter(|e| !written.contains(&Entry::SetElement(**e)))
-                    {
-                        let present = observed.set_elements.remove(element);
-                        set_membership(&mut cache.set_elements, *element, present);
-                    }
                     scope.set_elements = keys;
                     after.map_or(Next::VirtualServers(Bound::Unbounded), Next::SetElements)
                 }
@@ -488,36 +471,14 @@ impl<D: Dataplane> Syncer<D> {
                     after.map_or(Next::Addresses(Bound::Unbounded), Next::VirtualServers)
                 }
                 Next::Addresses(from) => {
-                    let (keys, after) = chunk(
+                    let (keys, after) = reconcile_slice(
                         limit,
-                        [
-                            Box::new(
-                                desired
-                                    .bind_addresses
-                                    .range((from, Bound::Unbounded))
-                                    .copied(),
-                            ),
-                            Box::new(
-                                observed
-                                    .bound_addresses
-                                    .range((from, Bound::Unbounded))
-                                    .copied(),
-                            ),
-                            Box::new(
-                                cache
-                                    .bound_addresses
-                                    .range((from, Bound::Unbounded))
-                                    .copied(),
-                            ),
-                        ],
+                        from,
+                        &desired.bind_addresses,
+                        &mut observed.bound_addresses,
+                        &mut cache.bound_addresses,
+                        |a| written.contains(&Entry::Address(a)),
                     );
-                    for address in keys
-                        .iter()
-                        .filter(|a| !written.contains(&Entry::Address(**a)))
-                    {
-                        let present = observed.bound_addresses.remove(address);
-                        set_membership(&mut cache.bound_addresses, *address, present);
-                    }
                     scope.addresses = keys;
                     after.map_or(Next::Done, Next::Addresses)
                 }
@@ -934,6 +895,34 @@ fn set_membership<T: Ord>(set: &mut BTreeSet<T>, item: T, present: bool) {
     } else {
         set.remove(&item);
     }
+}
+
+/// One slice of a set-like kind of entry (nftables set elements, addresses on `kube-ipvs0`)
+/// from `from`: its keys ([`chunk`] of `desired`, `observed` and `cache`) and the next slice's
+/// start; each key not `written` since the observation started takes the observation's
+/// membership in `cache` (taken out of `observed`).
+fn reconcile_slice<T: Ord + Copy>(
+    limit: usize,
+    from: Bound<T>,
+    desired: &BTreeSet<T>,
+    observed: &mut BTreeSet<T>,
+    cache: &mut BTreeSet<T>,
+    written: impl Fn(T) -> bool,
+) -> (BTreeSet<T>, Option<Bound<T>>) {
+    let range = (from, Bound::Unbounded);
+    let (keys, after) = chunk(
+        limit,
+        [
+            Box::new(desired.range(range).copied()),
+            Box::new(observed.range(range).copied()),
+            Box::new(cache.range(range).copied()),
+        ],
+    );
+    for &key in keys.iter().filter(|k| !written(**k)) {
+        let present = observed.remove(&key);
+        set_membership(cache, key, present);
+    }
+    (keys, after)
 }
 
 /// The keys of one slice of a full sync's finish: those of the three ascending `keys` (the
